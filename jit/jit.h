@@ -1,0 +1,76 @@
+// Public face of the JIT: render -> key -> cache lookup -> NVRTC -> cache publish -> load.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "jit/kernel_spec.h"
+
+namespace gj::jit {
+
+// Resource usage as reported by ptxas (-v) at compile time; -1 when unknown.
+struct KernelResources {
+    int registers = -1;
+    int spill_store_bytes = -1;
+    int spill_load_bytes = -1;
+    int shared_static_bytes = -1;
+    int stack_bytes = -1;
+};
+
+struct CompiledKernel {
+    KernelSpec spec;
+    std::string arch;        // "sm_90", "sm_90a", "sm_80"
+    std::string key;         // 64 hex chars, SHA-256 of the key record
+    std::string source;      // fully rendered source (helpers inlined)
+    std::string ptx;
+    std::string cubin;       // bytes
+    std::string log;         // NVRTC/ptxas log
+    std::vector<std::string> options;  // canonical NVRTC options used
+    std::vector<KernelResources> resources_per_entry;  // same order as spec.entries
+    KernelResources resources;  // the maximum over entries (what tables print)
+    double compile_ms = 0;   // NVRTC time (0 on a cache hit)
+    bool cache_hit = false;
+    std::string entry_dir;   // cache entry path, empty when running without a cache
+};
+
+enum class CacheState { Hit, Missing, Damaged, Disabled };
+
+struct PlanProgress {
+    size_t done = 0, total = 0;
+    const CompiledKernel* last = nullptr;
+};
+
+// Compiles and caches kernels. Thread-safe: compile() may run concurrently for distinct specs.
+class Jit {
+public:
+    Jit();  // configuration from the env-flag registry (cache dir/mode, arch, lineinfo, ...)
+    ~Jit();
+
+    // Target arch for this process: GEMMAJIT_ARCH, else the local GPU's, else "sm_90".
+    std::string default_arch() const;
+    std::string cache_root() const;  // effective cache root ("" when the cache is off)
+
+    std::string render(const KernelSpec& spec) const;
+    std::string key(const KernelSpec& spec, std::string_view arch) const;
+    CacheState cache_state(const KernelSpec& spec, std::string_view arch) const;
+
+    // Cache hit, or NVRTC compile + publish. Throws jit::CompileError (with the NVRTC log and a
+    // numbered listing) on failure.
+    CompiledKernel compile(const KernelSpec& spec, std::string_view arch);
+
+    // Whole plan on a thread pool (GEMMAJIT_THREADS / jobs), lowest priority value first. Prints
+    // one line before ("compiling N kernels for sm_90 into <cache>") and progress after via
+    // `progress`. Results are in the order of `specs`.
+    std::vector<CompiledKernel> compile_plan(const std::vector<KernelSpec>& specs,
+                                             std::string_view arch, int jobs = 0,
+                                             const std::function<void(const PlanProgress&)>& progress = {});
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gj::jit

@@ -1,0 +1,30 @@
+// KernelSpec: one specialization of one kernel template. The engine builds these from the model's
+// metadata; jit renders, compiles, caches and loads them without knowing anything about Gemma.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gj::jit {
+
+struct KernelSpec {
+    // Template family: the file kernel_templates/<family>.cu (embedded, or from
+    // GEMMAJIT_TEMPLATE_DIR when set).
+    std::string family;
+    // Readable unique name used in logs, cache paths and the CLI, e.g.
+    // "flash_decode.hd512.g4.win0.kv_f16". Characters: [a-z0-9_.-].
+    std::string name;
+    // Specialization values, emitted in this order as `#define NAME value` in the generated
+    // prologue, so loops unroll and divisions by them are constant.
+    std::vector<std::pair<std::string, int64_t>> constants;
+    // extern "C" __global__ entry points the template defines (checked after compilation).
+    std::vector<std::string> entries;
+    // Compile order: lower first. 0 = decode path (blocks the first token), 1 = prefill, 2 = rare.
+    int priority = 0;
+
+    bool operator==(const KernelSpec&) const = default;
+};
+
+}  // namespace gj::jit

@@ -1,0 +1,54 @@
+#include "tests/support/test_env.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+#include <system_error>
+
+namespace gj::test {
+
+std::filesystem::path data_dir() { return GJ_TEST_DATA_DIR; }
+std::filesystem::path source_dir() { return GJ_SOURCE_DIR; }
+std::string gemmajit_exe() { return GJ_GEMMAJIT_EXE; }
+
+ScratchDir::ScratchDir(const std::string& tag) {
+    static std::atomic<int> counter{0};
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            ("gemmajit-test-" + tag + "-" + std::to_string(::getpid()) + "-" +
+             std::to_string(counter++) + "-" + std::to_string(rd() % 100000));
+    std::filesystem::create_directories(path_);
+}
+
+ScratchDir::~ScratchDir() {
+    std::error_code ec;
+    // Tests may leave read-only directories behind (cache permission tests): make them writable.
+    for (auto it = std::filesystem::recursive_directory_iterator(path_, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+        std::filesystem::permissions(it->path(), std::filesystem::perms::owner_all,
+                                     std::filesystem::perm_options::add, ec);
+    }
+    std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::add, ec);
+    std::filesystem::remove_all(path_, ec);
+}
+
+CommandResult run_command(const std::string& cmdline) {
+    CommandResult r;
+    std::string full = cmdline + " 2>&1";
+    FILE* p = ::popen(full.c_str(), "r");
+    if (!p) throw std::runtime_error("popen failed for: " + cmdline);
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    int status = ::pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return r;
+}
+
+}  // namespace gj::test

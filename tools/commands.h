@@ -1,0 +1,13 @@
+// Each file tools/cmd_*.cpp adds its subcommands to the `gemmajit` CLI11 app.
+// A subcommand's callback returns normally on success and throws on failure; main() prints
+// "gemmajit: error: <what>" and exits 1, so every bad input ends in one clear sentence.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace gj::tools {
+
+void add_jit_commands(CLI::App& app);    // env, kernels, precompile, show, src, ptx, sass, cache
+void add_model_commands(CLI::App& app);  // synth, info, logits, run (chat, bench later)
+
+}  // namespace gj::tools

@@ -1,0 +1,22 @@
+#include <cstdio>
+#include <exception>
+
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+    CLI::App app{"gemmajit: Gemma 4 inference with runtime-specialized CUDA kernels"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", "gemmajit " GEMMAJIT_VERSION);
+    gj::tools::add_jit_commands(app);
+    gj::tools::add_model_commands(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "gemmajit: error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
