@@ -8,6 +8,7 @@
 namespace gj::tools {
 
 void add_jit_commands(CLI::App& app);    // env, kernels, precompile, show, src, ptx, sass, cache
-void add_model_commands(CLI::App& app);  // synth, info, logits, run (chat, bench later)
+void add_model_commands(CLI::App& app);  // synth, info, logits
+void add_run_commands(CLI::App& app);    // run (chat, bench later)
 
 }  // namespace gj::tools

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version", "gemmajit " GEMMAJIT_VERSION);
     gj::tools::add_jit_commands(app);
     gj::tools::add_model_commands(app);
+    gj::tools::add_run_commands(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
