@@ -26,6 +26,11 @@ struct DeviceUnavailable : std::runtime_error {
 struct DeviceError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+// The driver refused a module (cuModuleLoadData or cuModuleGetFunction failed): the binary is bad
+// for this device, so the caller evicts its cache entry and rebuilds it.
+struct ModuleRejected : DeviceError {
+    using DeviceError::DeviceError;
+};
 
 // True when a driver and at least one device exist; otherwise `why` gets the reason. Never throws.
 bool device_available(std::string* why = nullptr);
@@ -33,18 +38,21 @@ bool device_available(std::string* why = nullptr);
 // The process-wide device (ordinal 0 or GEMMAJIT_DEVICE), primary context made current on the
 // calling thread by every method that needs it.
 class Device {
-public:
+  public:
     static Device& get();  // throws DeviceUnavailable
     std::string name() const;
     std::string arch() const;  // "sm_90"
     int sm_count() const;
+    int compute_capability() const;          // 90 for sm_90
+    int max_shared_per_block_optin() const;  // largest dynamic smem a kernel may opt into
+    int driver_version() const;              // 13000
     size_t total_memory() const;
     size_t free_memory() const;
-    CUstream stream() const;   // the engine's compute stream (non-blocking)
-    void make_current() const; // binds the primary context to the calling thread
+    CUstream stream() const;    // the engine's compute stream (non-blocking)
+    void make_current() const;  // binds the primary context to the calling thread
     void synchronize() const;
 
-private:
+  private:
     Device();
     struct Impl;
     std::unique_ptr<Impl> impl_;
@@ -53,7 +61,7 @@ private:
 
 // RAII device allocation.
 class DeviceBuffer {
-public:
+  public:
     DeviceBuffer() = default;
     explicit DeviceBuffer(size_t bytes);
     ~DeviceBuffer();
@@ -65,7 +73,7 @@ public:
     void download(void* dst, size_t bytes, size_t offset = 0) const;  // synchronous
     void zero();
 
-private:
+  private:
     CUdeviceptr ptr_ = 0;
     size_t size_ = 0;
 };
@@ -76,38 +84,47 @@ struct LaunchDims {
 
 // A loaded entry point. launch() checks the return code and names the kernel in errors.
 class Kernel {
-public:
+  public:
     Kernel() = default;
     Kernel(CUfunction fn, std::string name) : fn_(fn), name_(std::move(name)) {}
     CUfunction handle() const { return fn_; }
     const std::string& name() const { return name_; }
     // Must be called before any graph capture that launches with more than 48 KiB dynamic smem.
+    // Throws DeviceError naming the kernel when the device cannot give that much.
     void set_max_dynamic_smem(int bytes);
+    int max_dynamic_smem() const { return max_dyn_smem_; }
     int attribute(CUfunction_attribute attr) const;
     void launch(LaunchDims grid, LaunchDims block, unsigned dyn_smem, CUstream stream,
                 void** args) const;
 
-private:
+  private:
     CUfunction fn_ = nullptr;
     std::string name_;
+    int max_dyn_smem_ = 48 * 1024;  // the default every kernel gets without opting in
 };
 
 // Modules loaded from compiled kernels; one module per spec. A cubin the driver rejects is
 // reported (so the caller can evict the cache entry and rebuild).
 class ModuleSet {
-public:
+  public:
     ModuleSet() = default;
     ~ModuleSet();
     ModuleSet(const ModuleSet&) = delete;
     ModuleSet& operator=(const ModuleSet&) = delete;
-    void load(const CompiledKernel& k);  // throws DeviceError naming the spec
-    // Entry lookup by "<spec name>/<entry>" or plain "<entry>" when unique.
+    void load(const CompiledKernel& k);  // throws ModuleRejected naming the spec
+    // Entry lookup by spec name and entry; an empty spec name finds an entry that only one
+    // loaded spec defines. Throws std::invalid_argument naming what is missing or ambiguous.
     const Kernel& kernel(std::string_view spec_name, std::string_view entry) const;
+    // Function attributes are set here, once, before any graph capture.
+    void set_max_dynamic_smem(std::string_view spec_name, std::string_view entry, int bytes);
     size_t size() const { return modules_.size(); }
 
-private:
+  private:
+    Kernel& find(std::string_view spec_name, std::string_view entry);
     std::vector<CUmodule> modules_;
-    std::unordered_map<std::string, Kernel> kernels_;
+    std::unordered_map<std::string, Kernel> kernels_;  // "<spec>/<entry>"
+    std::unordered_map<std::string, std::string>
+        by_entry_;  // entry -> "<spec>/<entry>" or "" if ambiguous
 };
 
 }  // namespace gj::jit

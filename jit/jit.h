@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -10,6 +11,27 @@
 #include "jit/kernel_spec.h"
 
 namespace gj::jit {
+
+class Flags;
+class ModuleSet;
+
+// NVRTC rejected a kernel (or it lacks a declared entry). what() holds the NVRTC log and a
+// numbered listing of the rendered source; log() and source() give the parts.
+class CompileError : public std::runtime_error {
+  public:
+    CompileError(const std::string& message, std::string log, std::string source)
+        : std::runtime_error(message), log_(std::move(log)), source_(std::move(source)) {}
+    const std::string& log() const { return log_; }
+    const std::string& source() const { return source_; }
+
+  private:
+    std::string log_, source_;
+};
+
+// GEMMAJIT_REQUIRE_CACHED=1 and a kernel is not in the cache; what() names the spec and arch.
+struct CacheMissError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
 
 // Resource usage as reported by ptxas (-v) at compile time; -1 when unknown.
 struct KernelResources {
@@ -22,18 +44,18 @@ struct KernelResources {
 
 struct CompiledKernel {
     KernelSpec spec;
-    std::string arch;        // "sm_90", "sm_90a", "sm_80"
-    std::string key;         // 64 hex chars, SHA-256 of the key record
-    std::string source;      // fully rendered source (helpers inlined)
+    std::string arch;    // "sm_90", "sm_90a", "sm_80"
+    std::string key;     // 64 hex chars, SHA-256 of the key record
+    std::string source;  // fully rendered source (helpers inlined)
     std::string ptx;
-    std::string cubin;       // bytes
-    std::string log;         // NVRTC/ptxas log
-    std::vector<std::string> options;  // canonical NVRTC options used
+    std::string cubin;                                 // bytes
+    std::string log;                                   // NVRTC/ptxas log
+    std::vector<std::string> options;                  // canonical NVRTC options used
     std::vector<KernelResources> resources_per_entry;  // same order as spec.entries
     KernelResources resources;  // the maximum over entries (what tables print)
-    double compile_ms = 0;   // NVRTC time (0 on a cache hit)
+    double compile_ms = 0;      // NVRTC time (0 on a cache hit)
     bool cache_hit = false;
-    std::string entry_dir;   // cache entry path, empty when running without a cache
+    std::string entry_dir;  // cache entry path, empty when running without a cache
 };
 
 enum class CacheState { Hit, Missing, Damaged, Disabled };
@@ -43,10 +65,16 @@ struct PlanProgress {
     const CompiledKernel* last = nullptr;
 };
 
+// Receives warnings, progress and GEMMAJIT_DEBUG lines (one line each, no trailing newline).
+using LogSink = std::function<void(const std::string&)>;
+
 // Compiles and caches kernels. Thread-safe: compile() may run concurrently for distinct specs.
 class Jit {
-public:
+  public:
     Jit();  // configuration from the env-flag registry (cache dir/mode, arch, lineinfo, ...)
+    // Configuration from `flags` (tests evaluate an explicit environment); `log` defaults to
+    // stderr with a "gemmajit: " prefix.
+    explicit Jit(const Flags& flags, LogSink log = {});
     ~Jit();
 
     // Target arch for this process: GEMMAJIT_ARCH, else the local GPU's, else "sm_90".
@@ -64,11 +92,20 @@ public:
     // Whole plan on a thread pool (GEMMAJIT_THREADS / jobs), lowest priority value first. Prints
     // one line before ("compiling N kernels for sm_90 into <cache>") and progress after via
     // `progress`. Results are in the order of `specs`.
-    std::vector<CompiledKernel> compile_plan(const std::vector<KernelSpec>& specs,
-                                             std::string_view arch, int jobs = 0,
-                                             const std::function<void(const PlanProgress&)>& progress = {});
+    std::vector<CompiledKernel> compile_plan(
+        const std::vector<KernelSpec>& specs, std::string_view arch, int jobs = 0,
+        const std::function<void(const PlanProgress&)>& progress = {});
 
-private:
+    // Loads compiled kernels into `modules`. A cache hit the driver rejects is evicted (one
+    // warning), recompiled and loaded again; the entry in `kernels` is replaced by the rebuild.
+    void load(ModuleSet& modules, std::vector<CompiledKernel>& kernels);
+    // Deletes the cache entry of `bad` (naming `reason` in one warning) and compiles it afresh.
+    CompiledKernel rebuild(const CompiledKernel& bad, std::string_view reason);
+
+    // Prunes the cache to GEMMAJIT_CACHE_MAX_SIZE when this Jit published anything.
+    void prune_if_needed();
+
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

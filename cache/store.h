@@ -1,0 +1,124 @@
+// The on-disk, content-addressed kernel store. Knows nothing about CUDA: an entry is a set of named
+// payload files plus a meta.json, addressed by an EntryId whose key is a caller-computed hash.
+//
+// Layout: <root>/v<abi>/<arch>/<compiler>/<family>/<name>-<key16>/{payload files, meta.json}
+// Publishing writes a temp dir next to the final one, fsyncs, then renames it into place, so a
+// reader (who takes no lock) sees either no entry or a complete one. An entry whose meta.json is
+// missing or invalid does not exist; one whose payload fails its checksum is deleted with a
+// warning.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gj::cache {
+
+enum class Mode { ReadWrite, ReadOnly, Off };
+
+using WarningSink = std::function<void(const std::string&)>;
+
+struct StoreConfig {
+    std::filesystem::path root;
+    Mode mode = Mode::ReadWrite;
+    uint64_t max_bytes = 0;  // 0: no cap
+    WarningSink warn;        // receives each warning once (nullptr: stderr)
+};
+
+struct EntryId {
+    int abi = 0;
+    std::string arch;      // "sm_90a"
+    std::string compiler;  // "nvrtc-13.0.88"
+    std::string family;
+    std::string name;  // readable spec name
+    std::string key;   // hex digest, at least 16 characters
+    std::filesystem::path relative_dir() const;
+};
+
+struct Entry {
+    std::map<std::string, std::string> files;  // payload: file name -> bytes
+    // Caller's metadata. On publish the store adds "key", "payload" (size + sha256 per file),
+    // "created" and "last_used" (Unix seconds); on load it is returned as stored.
+    nlohmann::json meta = nlohmann::json::object();
+    std::filesystem::path dir;  // where the entry lives (set by load/publish)
+};
+
+enum class Lookup { Hit, Missing, Damaged };
+
+struct EntrySummary {
+    std::filesystem::path dir;
+    uint64_t bytes = 0;
+    int64_t last_used = 0;
+    bool valid = false;
+    std::string problem;  // why it is not valid
+};
+
+struct StoreStats {
+    size_t entries = 0;
+    uint64_t bytes = 0;
+    std::map<std::string, size_t> entries_per_partition;  // "v1/sm_90/nvrtc-13.0.88" -> count
+};
+
+struct PruneResult {
+    size_t removed = 0;
+    uint64_t freed_bytes = 0;
+    uint64_t remaining_bytes = 0;
+};
+
+class Store {
+  public:
+    explicit Store(StoreConfig config);
+
+    const StoreConfig& config() const { return config_; }
+    bool enabled() const { return config_.mode != Mode::Off; }
+    std::filesystem::path entry_dir(const EntryId& id) const;
+
+    // Checks without changing anything (CLI status): Hit, Missing or Damaged.
+    Lookup probe(const EntryId& id) const;
+    // A verified entry, or nullopt. A damaged entry is deleted (unless read-only) with one warning.
+    // A hit refreshes the entry's last_used stamp when it is older than an hour.
+    std::optional<Entry> load(const EntryId& id);
+    // Publishes atomically; returns the entry dir (ours, or another writer's that won the race),
+    // or nullopt when nothing was written (cache off, read-only, or unwritable: warned once).
+    std::optional<std::filesystem::path> publish(const EntryId& id, const Entry& entry);
+    // Deletes an entry that a later stage rejected (e.g. the driver refused its binary).
+    void remove(const EntryId& id, std::string_view reason);
+
+    // Maintenance (the `cache` CLI).
+    std::vector<EntrySummary> list() const;  // every entry under the root, all partitions
+    StoreStats stat() const;
+    std::vector<EntrySummary> verify(bool remove_damaged);  // returns the damaged ones
+    // Deletes least recently used entries until the total is at most max_bytes; also removes
+    // abandoned temp dirs. max_bytes 0 keeps every valid entry.
+    PruneResult prune(uint64_t max_bytes);
+    PruneResult prune_to_cap() { return prune(config_.max_bytes); }
+    size_t clear();  // removes every entry; returns how many
+
+  private:
+    void warn_once(const std::string& topic, const std::string& message);
+    EntrySummary inspect(const std::filesystem::path& dir, const std::string* expected_key,
+                         Entry* out) const;
+    void delete_dir(const std::filesystem::path& dir);
+    void touch(const std::filesystem::path& dir, nlohmann::json meta);
+
+    StoreConfig config_;
+    std::mutex mutex_;
+    std::set<std::string> warned_;
+    bool unwritable_ = false;
+};
+
+// Reads a whole file; nullopt when it cannot be opened.
+std::optional<std::string> read_file(const std::filesystem::path& path);
+// Writes, fsyncs and closes a file; throws std::system_error naming the path.
+void write_file_synced(const std::filesystem::path& path, std::string_view bytes);
+
+}  // namespace gj::cache

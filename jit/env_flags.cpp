@@ -1,0 +1,384 @@
+#include "jit/env_flags.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <mutex>
+#include <regex>
+
+extern char** environ;
+
+namespace gj::jit {
+
+namespace {
+
+constexpr std::string_view kPrefix = "GEMMAJIT_";
+
+using T = FlagType;
+using C = FlagClass;
+
+}  // namespace
+
+const std::vector<FlagDef>& flag_table() {
+    static const std::vector<FlagDef> table = {
+        // cache
+        {.name = "GEMMAJIT_CACHE_DIR",
+         .family = "cache",
+         .type = T::Path,
+         .cls = C::Neutral,
+         .default_value = "",
+         .help = "kernel cache root (empty: ${XDG_CACHE_HOME:-~/.cache}/gemmajit)"},
+        {.name = "GEMMAJIT_CACHE",
+         .family = "cache",
+         .type = T::Enum,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "kernel cache: 1 read+write, ro read only, 0 off (compile every run)",
+         .choices = {"1", "0", "ro"}},
+        {.name = "GEMMAJIT_CACHE_MAX_SIZE",
+         .family = "cache",
+         .type = T::Size,
+         .cls = C::Neutral,
+         .default_value = "2G",
+         .help = "cache size cap; least recently used entries are pruned beyond it (0: no cap)"},
+        {.name = "GEMMAJIT_REQUIRE_CACHED",
+         .family = "cache",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "1: a kernel missing from the cache is an error instead of a compile"},
+        // compile: these change the cubin, so they are part of every cache key
+        {.name = "GEMMAJIT_ARCH",
+         .family = "compile",
+         .type = T::String,
+         .cls = C::OutputChanging,
+         .default_value = "",
+         .help = "target architecture, e.g. sm_90a (empty: the GPU's own, else sm_90)",
+         .pattern = "(sm_[0-9]{2,3}[af]?)?",
+         .pattern_help = "sm_<digits> with optional a/f suffix"},
+        {.name = "GEMMAJIT_LINEINFO",
+         .family = "compile",
+         .type = T::Bool,
+         .cls = C::OutputChanging,
+         .default_value = "0",
+         .help = "1: compile with -lineinfo (source lines in profilers)"},
+        {.name = "GEMMAJIT_MAXRREG",
+         .family = "compile",
+         .type = T::Int,
+         .cls = C::OutputChanging,
+         .default_value = "0",
+         .help = "register cap per thread passed as --maxrregcount (0: compiler's choice)",
+         .min = 0,
+         .max = 255},
+        {.name = "GEMMAJIT_NVRTC_FLAGS",
+         .family = "compile",
+         .type = T::String,
+         .cls = C::OutputChanging,
+         .default_value = "",
+         .help = "extra NVRTC options, space separated, appended to the canonical list"},
+        // debug / dump: never change a kernel
+        {.name = "GEMMAJIT_DEBUG",
+         .family = "debug",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "log level: 1 compile events, timings, hit/miss; 2 + registers/spills/smem; "
+                 "3 + rendered source; 4 + PTX",
+         .min = 0,
+         .max = 5},
+        {.name = "GEMMAJIT_DUMP_DIR",
+         .family = "debug",
+         .type = T::Path,
+         .cls = C::Neutral,
+         .default_value = "",
+         .help = "write every compiled kernel (.cu/.ptx/.cubin/log) and failed compiles here"},
+        {.name = "GEMMAJIT_TEMPLATE_DIR",
+         .family = "debug",
+         .type = T::Path,
+         .cls = C::Neutral,
+         .default_value = "",
+         .help = "read kernel templates from this directory before the embedded ones (the "
+                 "file's text enters the rendered source, so the cache key follows it)"},
+        // throughput
+        {.name = "GEMMAJIT_THREADS",
+         .family = "throughput",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "parallel NVRTC compiles (0: available CPUs)",
+         .min = 0,
+         .max = 1024},
+        // device
+        {.name = "GEMMAJIT_DEVICE",
+         .family = "device",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "CUDA device ordinal",
+         .min = 0,
+         .max = 255},
+        // paths (kill switches) and tuning
+        {.name = "GEMMAJIT_GRAPHS",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: launch the decode step eagerly instead of as a CUDA graph"},
+        {.name = "GEMMAJIT_KV_TYPE",
+         .family = "tuning",
+         .type = T::Enum,
+         .cls = C::OutputChanging,
+         .default_value = "f16",
+         .help = "KV cache element type (changes attention results)",
+         .choices = {"f16", "bf16", "q8_0"}},
+    };
+    return table;
+}
+
+const FlagDef* find_flag(std::string_view name) {
+    for (const auto& f : flag_table())
+        if (f.name == name) return &f;
+    return nullptr;
+}
+
+EnvMap process_environment() {
+    EnvMap env;
+    for (char** e = environ; e && *e; ++e) {
+        std::string_view kv(*e);
+        if (!kv.starts_with(kPrefix)) continue;
+        size_t eq = kv.find('=');
+        if (eq == std::string_view::npos) continue;
+        env.emplace(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+    }
+    return env;
+}
+
+uint64_t parse_size(std::string_view text) {
+    std::string s(text);
+    s.erase(std::remove_if(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); }),
+            s.end());
+    uint64_t number = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), number);
+    if (ec != std::errc() || end == s.data())
+        throw std::invalid_argument("not a size (expected e.g. 512M, 2G or a byte count)");
+    std::string unit(end, static_cast<const char*>(s.data() + s.size()));
+    std::transform(unit.begin(), unit.end(), unit.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    if (unit.ends_with("ib"))
+        unit.resize(unit.size() - 2);
+    else if (unit.size() > 1 && unit.ends_with("b"))
+        unit.resize(unit.size() - 1);
+    int shift = 0;
+    if (unit.empty() || unit == "b")
+        shift = 0;
+    else if (unit == "k")
+        shift = 10;
+    else if (unit == "m")
+        shift = 20;
+    else if (unit == "g")
+        shift = 30;
+    else if (unit == "t")
+        shift = 40;
+    else
+        throw std::invalid_argument("unknown size unit '" + unit + "' (use K, M, G or T)");
+    if (shift && number > (UINT64_MAX >> shift)) throw std::invalid_argument("size too large");
+    return number << shift;
+}
+
+std::string format_size(uint64_t bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(bytes);
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        ++u;
+    }
+    return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+namespace {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        cur[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j)
+            cur[j] = std::min(
+                {prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        std::swap(prev, cur);
+    }
+    return prev[b.size()];
+}
+
+std::string allowed_text(const FlagDef& def) {
+    switch (def.type) {
+        case T::Bool:
+            return "0 or 1 (also true/false, on/off, yes/no)";
+        case T::Int:
+            return fmt::format("an integer from {} to {}", def.min, def.max);
+        case T::Size:
+            return "a size such as 512M, 2G or a byte count";
+        case T::Enum: {
+            std::string s = "one of ";
+            for (size_t i = 0; i < def.choices.size(); ++i) {
+                if (i) s += '|';
+                s += def.choices[i];
+            }
+            return s;
+        }
+        case T::String:
+            return def.pattern_help.empty() ? "any text" : std::string(def.pattern_help);
+        case T::Path:
+            return "a directory path";
+    }
+    return "";
+}
+
+[[noreturn]] void bad_value(const FlagDef& def, std::string_view value, std::string_view why = {}) {
+    throw FlagError(fmt::format("{}='{}' is not valid{}{}: expected {}", def.name, value,
+                                why.empty() ? "" : " (", why.empty() ? "" : std::string(why) + ")",
+                                allowed_text(def)));
+}
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    return out;
+}
+
+}  // namespace
+
+Flags Flags::parse(const EnvMap& env, std::vector<std::string>* warnings) {
+    Flags flags;
+    for (const auto& def : flag_table()) {
+        Value v;
+        v.def = &def;
+        auto it = env.find(def.name);
+        v.set = it != env.end();
+        std::string raw = v.set ? it->second : std::string(def.default_value);
+        switch (def.type) {
+            case T::Bool: {
+                std::string l = lower(raw);
+                if (l == "1" || l == "true" || l == "on" || l == "yes")
+                    v.number = 1;
+                else if (l == "0" || l == "false" || l == "off" || l == "no" || l.empty())
+                    v.number = 0;
+                else
+                    bad_value(def, raw);
+                break;
+            }
+            case T::Int: {
+                int64_t n = 0;
+                auto [end, ec] = std::from_chars(raw.data(), raw.data() + raw.size(), n);
+                if (raw.empty())
+                    n = 0;
+                else if (ec != std::errc() || end != raw.data() + raw.size())
+                    bad_value(def, raw);
+                if (n < def.min || n > def.max) bad_value(def, raw, "out of range");
+                v.number = n;
+                break;
+            }
+            case T::Size:
+                try {
+                    v.number = static_cast<int64_t>(parse_size(raw));
+                } catch (const std::invalid_argument& e) {
+                    bad_value(def, raw, e.what());
+                }
+                break;
+            case T::Enum:
+                if (std::find(def.choices.begin(), def.choices.end(), raw) == def.choices.end())
+                    bad_value(def, raw);
+                v.text = raw;
+                break;
+            case T::String:
+                if (!def.pattern.empty() &&
+                    !std::regex_match(raw, std::regex(std::string(def.pattern))))
+                    bad_value(def, raw);
+                v.text = raw;
+                break;
+            case T::Path:
+                v.text = raw;
+                break;
+        }
+        flags.values_.emplace(std::string(def.name), std::move(v));
+    }
+    if (warnings) {
+        for (const auto& [name, value] : env) {
+            if (!name.starts_with(kPrefix) || find_flag(name)) continue;
+            const FlagDef* best = nullptr;
+            size_t best_d = SIZE_MAX;
+            for (const auto& def : flag_table()) {
+                size_t d = edit_distance(name, def.name);
+                if (d < best_d) best_d = d, best = &def;
+            }
+            warnings->push_back(
+                fmt::format("unknown environment variable {} (ignored){}", name,
+                            best && best_d <= std::max<size_t>(3, name.size() / 4)
+                                ? fmt::format("; did you mean {}?", best->name)
+                                : std::string("; `gemmajit env` lists the known ones")));
+        }
+    }
+    return flags;
+}
+
+const Flags& Flags::process() {
+    static const Flags flags = [] {
+        std::vector<std::string> warnings;
+        Flags f = parse(process_environment(), &warnings);
+        for (const auto& w : warnings) std::fprintf(stderr, "gemmajit: warning: %s\n", w.c_str());
+        return f;
+    }();
+    return flags;
+}
+
+const Flags::Value& Flags::value(std::string_view name,
+                                 std::initializer_list<FlagType> types) const {
+    auto it = values_.find(name);
+    if (it == values_.end())
+        throw std::logic_error(fmt::format("flag {} is not declared in jit/env_flags.cpp", name));
+    if (std::find(types.begin(), types.end(), it->second.def->type) == types.end())
+        throw std::logic_error(fmt::format("flag {} read with the wrong type", name));
+    return it->second;
+}
+
+bool Flags::get_bool(std::string_view name) const {
+    return value(name, {T::Bool}).number != 0;
+}
+int64_t Flags::get_int(std::string_view name) const {
+    return value(name, {T::Int}).number;
+}
+uint64_t Flags::get_size(std::string_view name) const {
+    return static_cast<uint64_t>(value(name, {T::Size}).number);
+}
+const std::string& Flags::get_string(std::string_view name) const {
+    return value(name, {T::String, T::Enum, T::Path}).text;
+}
+bool Flags::is_set(std::string_view name) const {
+    return value(name, {T::Bool, T::Int, T::Size, T::String, T::Enum, T::Path}).set;
+}
+
+std::string Flags::canonical(std::string_view name) const {
+    const Value& v = value(name, {T::Bool, T::Int, T::Size, T::String, T::Enum, T::Path});
+    switch (v.def->type) {
+        case T::Bool:
+        case T::Int:
+        case T::Size:
+            return std::to_string(v.number);
+        default:
+            return v.text;
+    }
+}
+
+std::vector<std::pair<std::string, std::string>> Flags::output_changing() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& def : flag_table())
+        if (def.cls == C::OutputChanging) out.emplace_back(def.name, canonical(def.name));
+    return out;
+}
+
+}  // namespace gj::jit

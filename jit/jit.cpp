@@ -1,0 +1,510 @@
+#include "jit/jit.h"
+
+#include <fmt/format.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cache/store.h"
+#include "jit/cache_key.h"
+#include "jit/device.h"
+#include "jit/env_flags.h"
+#include "jit/nvrtc_compiler.h"
+#include "jit/ptxas_resources.h"
+#include "jit/render.h"
+
+namespace fs = std::filesystem;
+
+namespace gj::jit {
+
+namespace {
+
+constexpr const char* kSourceFile = "kernel.cu";
+constexpr const char* kPtxFile = "kernel.ptx";
+constexpr const char* kCubinFile = "kernel.cubin";
+
+fs::path default_cache_root() {
+    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+        return fs::path(xdg) / "gemmajit";
+    if (const char* home = std::getenv("HOME"); home && *home)
+        return fs::path(home) / ".cache" / "gemmajit";
+    return {};
+}
+
+// CPUs this process may use: the affinity mask, capped by a cgroup v2 CPU quota.
+int available_cpus() {
+    int n = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    std::ifstream in("/sys/fs/cgroup/cpu.max");
+    std::string quota, period;
+    if (in >> quota >> period && quota != "max") {
+        long q = std::atol(quota.c_str()), p = std::atol(period.c_str());
+        if (q > 0 && p > 0) n = std::min<int>(n, static_cast<int>(std::max(1L, (q + p - 1) / p)));
+    }
+    return n;
+}
+
+std::vector<std::string> split_words(const std::string& s) {
+    std::istringstream in(s);
+    std::vector<std::string> out;
+    std::string w;
+    while (in >> w) out.push_back(w);
+    return out;
+}
+
+nlohmann::json resources_json(const KernelResources& r) {
+    return {{"registers", r.registers},
+            {"spill_store_bytes", r.spill_store_bytes},
+            {"spill_load_bytes", r.spill_load_bytes},
+            {"shared_static_bytes", r.shared_static_bytes},
+            {"stack_bytes", r.stack_bytes}};
+}
+
+KernelResources resources_from_json(const nlohmann::json& j) {
+    KernelResources r;
+    r.registers = j.value("registers", -1);
+    r.spill_store_bytes = j.value("spill_store_bytes", -1);
+    r.spill_load_bytes = j.value("spill_load_bytes", -1);
+    r.shared_static_bytes = j.value("shared_static_bytes", -1);
+    r.stack_bytes = j.value("stack_bytes", -1);
+    return r;
+}
+
+nlohmann::json spec_json(const KernelSpec& s) {
+    nlohmann::json constants = nlohmann::json::array();
+    for (const auto& [name, value] : s.constants) constants.push_back({name, value});
+    return {{"family", s.family},
+            {"name", s.name},
+            {"constants", constants},
+            {"entries", s.entries},
+            {"priority", s.priority}};
+}
+
+// Everything about one (spec, arch) that is known before compiling.
+struct Prepared {
+    KernelSpec spec;
+    std::string arch;
+    std::string source;
+    std::vector<std::string> options;
+    KeyRecord record;
+    std::string key;
+    cache::EntryId id;
+};
+
+}  // namespace
+
+struct Jit::Impl {
+    Flags flags;
+    LogSink log;
+    int debug = 0;
+    TemplateSource templates;
+    cache::Store store;
+    CompileOptions base;
+    bool require_cached = false;
+    fs::path dump_dir;
+    std::mutex mutex;
+    std::map<std::string, std::shared_future<CompiledKernel>> memo;  // key -> result
+    std::set<std::string> warned;
+    std::atomic<bool> published{false};
+
+    Impl(const Flags& f, LogSink sink)
+        : flags(f),
+          log(sink ? std::move(sink)
+                   : [](const std::string&
+                            line) { std::fprintf(stderr, "gemmajit: %s\n", line.c_str()); }),
+          debug(static_cast<int>(f.get_int("GEMMAJIT_DEBUG"))),
+          templates(f.get_string("GEMMAJIT_TEMPLATE_DIR")),
+          store(store_config(f)),
+          require_cached(f.get_bool("GEMMAJIT_REQUIRE_CACHED")),
+          dump_dir(f.get_string("GEMMAJIT_DUMP_DIR")) {
+        base.lineinfo = f.get_bool("GEMMAJIT_LINEINFO");
+        base.maxrregcount = static_cast<int>(f.get_int("GEMMAJIT_MAXRREG"));
+        base.extra = split_words(f.get_string("GEMMAJIT_NVRTC_FLAGS"));
+    }
+
+    cache::StoreConfig store_config(const Flags& f) {
+        cache::StoreConfig c;
+        const std::string& mode = f.get_string("GEMMAJIT_CACHE");
+        c.mode = mode == "0"    ? cache::Mode::Off
+                 : mode == "ro" ? cache::Mode::ReadOnly
+                                : cache::Mode::ReadWrite;
+        c.root = f.get_string("GEMMAJIT_CACHE_DIR");
+        if (c.root.empty()) c.root = default_cache_root();
+        if (c.root.empty() && c.mode != cache::Mode::Off)
+            warn_once("noroot",
+                      "neither GEMMAJIT_CACHE_DIR, XDG_CACHE_HOME nor HOME is set; "
+                      "the kernel cache is off");
+        c.max_bytes = f.get_size("GEMMAJIT_CACHE_MAX_SIZE");
+        c.warn = [this](const std::string& m) { log("warning: " + m); };
+        return c;
+    }
+
+    void warn_once(const std::string& topic, const std::string& message) {
+        {
+            std::lock_guard lock(mutex);
+            if (!warned.insert(topic).second) return;
+        }
+        log("warning: " + message);
+    }
+
+    Prepared prepare(const KernelSpec& spec, std::string_view arch) {
+        Prepared p;
+        p.spec = spec;
+        p.arch = std::string(arch);
+        p.source = jit::render(spec, templates);
+        CompileOptions opts = base;
+        opts.arch = p.arch;
+        p.options = canonical_options(opts);
+        p.record.source = p.source;
+        p.record.entries = spec.entries;
+        p.record.options = p.options;
+        p.record.nvrtc = nvrtc_identity().full();
+        p.record.arch = p.arch;
+        p.record.abi = kEngineAbi;
+        p.record.flags = flags.output_changing();
+        // GEMMAJIT_ARCH acts only by choosing the target, which the record holds as `arch`; keying
+        // the effective target keeps `precompile --arch X` and GEMMAJIT_ARCH=X on one entry.
+        for (auto& [name, value] : p.record.flags)
+            if (name == "GEMMAJIT_ARCH") value = p.arch;
+        p.key = p.record.hash();
+        p.id = {kEngineAbi,  p.arch,    "nvrtc-" + nvrtc_identity().build,
+                spec.family, spec.name, p.key};
+        return p;
+    }
+
+    std::optional<CompiledKernel> from_entry(const Prepared& p, cache::Entry& e) {
+        auto file = [&](const char* name) -> std::string* {
+            auto it = e.files.find(name);
+            return it == e.files.end() ? nullptr : &it->second;
+        };
+        std::string *src = file(kSourceFile), *ptx = file(kPtxFile), *cubin = file(kCubinFile);
+        if (!src || !ptx || !cubin || cubin->empty() || *src != p.source) return std::nullopt;
+        CompiledKernel k;
+        k.spec = p.spec;
+        k.arch = p.arch;
+        k.key = p.key;
+        k.source = std::move(*src);
+        k.ptx = std::move(*ptx);
+        k.cubin = std::move(*cubin);
+        k.log = e.meta.value("nvrtc_log", "");
+        k.options = p.options;
+        for (const auto& r : e.meta.value("resources", nlohmann::json::array()))
+            k.resources_per_entry.push_back(resources_from_json(r));
+        k.resources_per_entry.resize(p.spec.entries.size());
+        k.resources = max_resources(k.resources_per_entry);
+        k.cache_hit = true;
+        k.entry_dir = e.dir.string();
+        return k;
+    }
+
+    void dump(const Prepared& p, const std::string* ptx, const std::string* cubin,
+              const std::string& log_text, bool failed) {
+        if (dump_dir.empty()) return;
+        try {
+            fs::create_directories(dump_dir);
+            std::string stem = fmt::format("{}-{}", p.spec.name, p.key.substr(0, 16));
+            cache::write_file_synced(dump_dir / (stem + ".cu"), p.source);
+            if (ptx) cache::write_file_synced(dump_dir / (stem + ".ptx"), *ptx);
+            if (cubin) cache::write_file_synced(dump_dir / (stem + ".cubin"), *cubin);
+            std::string opts;
+            for (const auto& o : p.options) opts += o + "\n";
+            cache::write_file_synced(dump_dir / (stem + (failed ? ".failed.log" : ".log")),
+                                     "options:\n" + opts + "\nNVRTC log:\n" + log_text);
+        } catch (const std::exception& e) {
+            warn_once("dump", fmt::format("cannot write GEMMAJIT_DUMP_DIR {}: {}",
+                                          dump_dir.string(), e.what()));
+        }
+    }
+
+    CompiledKernel build(const Prepared& p, bool allow_load) {
+        auto t0 = std::chrono::steady_clock::now();
+        if (allow_load) {
+            if (auto e = store.load(p.id)) {
+                if (auto k = from_entry(p, *e)) {
+                    if (debug >= 1)
+                        log(fmt::format("jit: hit {} {} ({:.1f} ms)", p.spec.name, p.arch,
+                                        std::chrono::duration<double, std::milli>(
+                                            std::chrono::steady_clock::now() - t0)
+                                            .count()));
+                    trace(*k);
+                    return std::move(*k);
+                }
+                store.remove(p.id, "its files do not match the rendered kernel");
+            }
+        }
+        if (require_cached)
+            throw CacheMissError(fmt::format(
+                "kernel {} for {} is not in the cache {} and GEMMAJIT_REQUIRE_CACHED=1 forbids "
+                "compiling it (run `gemmajit precompile` first)",
+                p.spec.name, p.arch,
+                store.enabled() ? store.config().root.string() : std::string("(cache off)")));
+        NvrtcOutput out;
+        try {
+            out = nvrtc_compile(p.source, p.spec.name, p.options, p.spec.entries);
+        } catch (const CompileError& e) {
+            dump(p, nullptr, nullptr, e.log(), true);
+            throw;
+        }
+        CompiledKernel k;
+        k.spec = p.spec;
+        k.arch = p.arch;
+        k.key = p.key;
+        k.source = p.source;
+        k.ptx = std::move(out.ptx);
+        k.cubin = std::move(out.cubin);
+        k.log = std::move(out.log);
+        k.options = p.options;
+        k.resources_per_entry = std::move(out.resources);
+        k.resources = max_resources(k.resources_per_entry);
+        k.compile_ms = out.ms;
+        dump(p, &k.ptx, &k.cubin, k.log, false);
+        if (store.enabled()) {
+            cache::Entry e;
+            e.files = {{kSourceFile, k.source}, {kPtxFile, k.ptx}, {kCubinFile, k.cubin}};
+            nlohmann::json res = nlohmann::json::array();
+            for (const auto& r : k.resources_per_entry) res.push_back(resources_json(r));
+            e.meta = {{"spec", spec_json(p.spec)}, {"key_record", p.record.to_json()},
+                      {"options", p.options},      {"nvrtc_log", k.log},
+                      {"resources", res},          {"compile_ms", k.compile_ms}};
+            if (auto dir = store.publish(p.id, e)) {
+                k.entry_dir = dir->string();
+                published = true;
+            }
+        }
+        if (debug >= 1)
+            log(fmt::format("jit: miss {} {}: compiled in {:.0f} ms", p.spec.name, p.arch,
+                            k.compile_ms));
+        trace(k);
+        return k;
+    }
+
+    void trace(const CompiledKernel& k) {
+        if (debug >= 2)
+            for (size_t i = 0; i < k.resources_per_entry.size(); ++i) {
+                const auto& r = k.resources_per_entry[i];
+                log(
+                    fmt::format("jit: {}/{}: {} registers, spills {}/{} B (store/load), {} B "
+                                "static smem, {} B stack",
+                                k.spec.name, k.spec.entries[i], r.registers, r.spill_store_bytes,
+                                r.spill_load_bytes, r.shared_static_bytes, r.stack_bytes));
+            }
+        if (debug >= 3)
+            log(fmt::format("jit: {} source:\n{}", k.spec.name, numbered_listing(k.source)));
+        if (debug >= 4) log(fmt::format("jit: {} PTX:\n{}", k.spec.name, k.ptx));
+    }
+
+    // In-process dedupe: one build per key, concurrent callers wait for it; results are kept.
+    CompiledKernel compile(const Prepared& p) {
+        std::promise<CompiledKernel> promise;
+        std::shared_future<CompiledKernel> future;
+        bool owner = false;
+        {
+            std::lock_guard lock(mutex);
+            auto it = memo.find(p.key);
+            if (it != memo.end()) {
+                future = it->second;
+            } else {
+                future = promise.get_future().share();
+                memo.emplace(p.key, future);
+                owner = true;
+            }
+        }
+        if (!owner) return future.get();
+        try {
+            CompiledKernel k = build(p, true);
+            promise.set_value(k);
+            return k;
+        } catch (...) {
+            promise.set_exception(std::current_exception());
+            std::lock_guard lock(mutex);
+            memo.erase(p.key);
+            throw;
+        }
+    }
+};
+
+Jit::Jit() : Jit(Flags::process()) {}
+
+Jit::Jit(const Flags& flags, LogSink log) : impl_(std::make_unique<Impl>(flags, std::move(log))) {}
+
+Jit::~Jit() {
+    try {
+        prune_if_needed();
+    } catch (const std::exception&) {
+        // Pruning is housekeeping; never let it turn a clean exit into a crash.
+    }
+}
+
+std::string Jit::default_arch() const {
+    const std::string& forced = impl_->flags.get_string("GEMMAJIT_ARCH");
+    if (!forced.empty()) return forced;
+    if (device_available()) return Device::get().arch();
+    return "sm_90";
+}
+
+std::string Jit::cache_root() const {
+    return impl_->store.enabled() ? impl_->store.config().root.string() : std::string();
+}
+
+std::string Jit::render(const KernelSpec& spec) const {
+    return jit::render(spec, impl_->templates);
+}
+
+std::string Jit::key(const KernelSpec& spec, std::string_view arch) const {
+    return impl_->prepare(spec, arch).key;
+}
+
+CacheState Jit::cache_state(const KernelSpec& spec, std::string_view arch) const {
+    if (!impl_->store.enabled()) return CacheState::Disabled;
+    switch (impl_->store.probe(impl_->prepare(spec, arch).id)) {
+        case cache::Lookup::Hit:
+            return CacheState::Hit;
+        case cache::Lookup::Damaged:
+            return CacheState::Damaged;
+        case cache::Lookup::Missing:
+            break;
+    }
+    return CacheState::Missing;
+}
+
+CompiledKernel Jit::compile(const KernelSpec& spec, std::string_view arch) {
+    return impl_->compile(impl_->prepare(spec, arch));
+}
+
+CompiledKernel Jit::rebuild(const CompiledKernel& bad, std::string_view reason) {
+    Prepared p = impl_->prepare(bad.spec, bad.arch);
+    impl_->store.remove(p.id, reason);
+    CompiledKernel k = impl_->build(p, false);
+    std::promise<CompiledKernel> done;
+    done.set_value(k);
+    std::lock_guard lock(impl_->mutex);
+    impl_->memo.insert_or_assign(p.key, done.get_future().share());
+    return k;
+}
+
+void Jit::load(ModuleSet& modules, std::vector<CompiledKernel>& kernels) {
+    for (auto& k : kernels) {
+        try {
+            modules.load(k);
+        } catch (const ModuleRejected& e) {
+            if (!k.cache_hit) throw;
+            k = rebuild(k, e.what());
+            modules.load(k);
+        }
+    }
+}
+
+void Jit::prune_if_needed() {
+    if (!impl_->published.exchange(false) || impl_->store.config().max_bytes == 0) return;
+    cache::PruneResult r = impl_->store.prune_to_cap();
+    if (r.removed > 0 && impl_->debug >= 1)
+        impl_->log(fmt::format("jit: pruned {} cache entries ({} freed) to stay under {}",
+                               r.removed, format_size(r.freed_bytes),
+                               format_size(impl_->store.config().max_bytes)));
+}
+
+std::vector<CompiledKernel> Jit::compile_plan(
+    const std::vector<KernelSpec>& specs, std::string_view arch, int jobs,
+    const std::function<void(const PlanProgress&)>& progress) {
+    const size_t n = specs.size();
+    std::vector<Prepared> prepared;
+    prepared.reserve(n);
+    for (const auto& s : specs) prepared.push_back(impl_->prepare(s, arch));
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return specs[a].priority < specs[b].priority; });
+
+    size_t to_compile = 0;
+    std::set<std::string> keys;
+    for (const auto& p : prepared) {
+        if (!keys.insert(p.key).second) continue;
+        std::error_code ec;
+        bool cached = impl_->store.enabled() && fs::exists(impl_->store.entry_dir(p.id), ec);
+        bool in_memory;
+        {
+            std::lock_guard lock(impl_->mutex);
+            in_memory = impl_->memo.count(p.key) > 0;
+        }
+        if (!cached && !in_memory) ++to_compile;
+    }
+    if (jobs <= 0) jobs = static_cast<int>(impl_->flags.get_int("GEMMAJIT_THREADS"));
+    if (jobs <= 0) jobs = available_cpus();
+    size_t threads = std::clamp<size_t>(std::min<size_t>(jobs, n), 1, std::max<size_t>(n, 1));
+    auto t0 = std::chrono::steady_clock::now();
+    if (to_compile > 0 || impl_->debug >= 1)
+        impl_->log(fmt::format("compiling {} of {} kernel{} for {} into {} ({} thread{})",
+                               to_compile, n, n == 1 ? "" : "s", arch,
+                               impl_->store.enabled() ? impl_->store.config().root.string()
+                                                      : std::string("memory (cache off)"),
+                               threads, threads == 1 ? "" : "s"));
+
+    std::vector<CompiledKernel> results(n);
+    std::atomic<size_t> next{0};
+    std::atomic<bool> stop{false};
+    std::mutex progress_mutex;
+    size_t done = 0, compiled = 0;
+    std::set<std::string> reported;  // a key compiled once but planned twice is reported once
+    std::exception_ptr first_error;
+    size_t failures = 0;
+    auto worker = [&] {
+        while (!stop) {
+            size_t i = next++;
+            if (i >= n) return;
+            size_t idx = order[i];
+            try {
+                results[idx] = impl_->compile(prepared[idx]);
+            } catch (...) {
+                std::lock_guard lock(progress_mutex);
+                if (!first_error) first_error = std::current_exception();
+                ++failures;
+                stop = true;
+                return;
+            }
+            std::lock_guard lock(progress_mutex);
+            ++done;
+            PlanProgress pp{done, n, &results[idx]};
+            if (progress) {
+                progress(pp);
+            } else if (!results[idx].cache_hit && results[idx].compile_ms > 0 &&
+                       reported.insert(results[idx].key).second) {
+                ++compiled;
+                impl_->log(fmt::format("  [{}/{}] {} ({:.0f} ms)", compiled, to_compile,
+                                       results[idx].spec.name, results[idx].compile_ms));
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+    if (first_error) {
+        if (failures > 1)
+            impl_->log(
+                fmt::format("{} kernels failed to compile; the first error follows", failures));
+        std::rethrow_exception(first_error);
+    }
+    if (to_compile > 0 || impl_->debug >= 1)
+        impl_->log(fmt::format(
+            "{} kernels ready for {} in {:.1f} s", n, arch,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+    prune_if_needed();
+    return results;
+}
+
+}  // namespace gj::jit

@@ -1,0 +1,52 @@
+// NVRTC: canonical options, one compile straight to CUBIN (PTX kept for inspection), ptxas
+// resources, entry-point check, and the compiler identity that enters cache keys and paths.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "jit/jit.h"
+
+namespace gj::jit {
+
+struct CompileOptions {
+    std::string arch;                // "sm_90", "sm_90a"
+    bool lineinfo = false;           // GEMMAJIT_LINEINFO
+    int maxrregcount = 0;            // GEMMAJIT_MAXRREG (0: not passed)
+    std::vector<std::string> extra;  // GEMMAJIT_NVRTC_FLAGS, split on spaces
+};
+
+// The option list in canonical order: arch, -std, ptxas -v, then lineinfo, maxrregcount, extras.
+// Throws std::invalid_argument when the arch is malformed or this NVRTC cannot target it.
+std::vector<std::string> canonical_options(const CompileOptions& opts);
+
+struct NvrtcIdentity {
+    std::string version;   // "13.0"
+    std::string build;     // "13.0.88" (from __CUDACC_VER_BUILD__), the cache partition name part
+    std::string build_id;  // "CL-36424714" from the PTX header; empty if not found
+    std::vector<int> supported_archs;  // 75, 80, 86, ..., 120
+    std::string full() const { return build + (build_id.empty() ? "" : " " + build_id); }
+};
+// Probed once per process (a ~10 ms compile of an empty program).
+const NvrtcIdentity& nvrtc_identity();
+
+struct NvrtcOutput {
+    std::string ptx;
+    std::string cubin;
+    std::string log;
+    double ms = 0;
+    std::vector<KernelResources> resources;  // per entry
+};
+
+// Compiles `source` named `<program_name>.cu`. Throws CompileError (NVRTC log + numbered listing)
+// on a compile failure or when an entry in `entries` is not defined by the program.
+NvrtcOutput nvrtc_compile(const std::string& source, const std::string& program_name,
+                          const std::vector<std::string>& options,
+                          const std::vector<std::string>& entries);
+
+// "   1 | line" listing used by CompileError messages.
+std::string numbered_listing(const std::string& source);
+// Names of the .entry functions a PTX module defines.
+std::vector<std::string> ptx_entries(const std::string& ptx);
+
+}  // namespace gj::jit

@@ -1,0 +1,305 @@
+// The on-disk store alone (no CUDA): publish/load, corruption handling, modes, races, LRU pruning.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "cache/sha256.h"
+#include "cache/store.h"
+#include "tests/support/test_env.h"
+
+using namespace gj::cache;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Warnings {
+    std::vector<std::string> lines;
+    WarningSink sink() {
+        return [this](const std::string& m) { lines.push_back(m); };
+    }
+};
+
+EntryId make_id(const std::string& name, const std::string& payload_tag = "") {
+    EntryId id;
+    id.abi = 1;
+    id.arch = "sm_90";
+    id.compiler = "nvrtc-13.0.88";
+    id.family = "fam";
+    id.name = name;
+    id.key = sha256_hex(name + payload_tag);
+    return id;
+}
+
+Entry make_entry(const std::string& content, size_t cubin_bytes = 64) {
+    Entry e;
+    e.files = {{"kernel.cu", content}, {"kernel.cubin", std::string(cubin_bytes, 'c')}};
+    e.meta = {{"note", "test"}};
+    return e;
+}
+
+void set_last_used(const fs::path& dir, int64_t t) {
+    auto text = read_file(dir / "meta.json");
+    auto meta = nlohmann::json::parse(*text);
+    meta["last_used"] = t;
+    std::ofstream(dir / "meta.json") << meta.dump();
+}
+
+}  // namespace
+
+TEST(CacheStore, PublishThenLoadRoundTrips) {
+    gj::test::ScratchDir tmp("store");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    EntryId id = make_id("k.a");
+    EXPECT_EQ(store.probe(id), Lookup::Missing);
+    EXPECT_FALSE(store.load(id));
+    auto dir = store.publish(id, make_entry("src"));
+    ASSERT_TRUE(dir);
+    EXPECT_EQ(*dir, tmp.path() / "v1" / "sm_90" / "nvrtc-13.0.88" / "fam" /
+                        ("k.a-" + id.key.substr(0, 16)));
+    EXPECT_EQ(store.probe(id), Lookup::Hit);
+    auto e = store.load(id);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->files.at("kernel.cu"), "src");
+    EXPECT_EQ(e->files.at("kernel.cubin").size(), 64u);
+    EXPECT_EQ(e->meta["note"], "test");
+    EXPECT_EQ(e->meta["key"], id.key);
+    EXPECT_EQ(e->meta["payload"]["kernel.cu"]["sha256"], sha256_hex("src"));
+    EXPECT_TRUE(e->meta.contains("created"));
+    EXPECT_TRUE(e->meta.contains("last_used"));
+    // No temp dirs are left behind.
+    for (const auto& f : fs::directory_iterator(dir->parent_path()))
+        EXPECT_FALSE(f.path().filename().string().starts_with(".")) << f.path();
+}
+
+TEST(CacheStore, AbiArchAndCompilerPartitionThePath) {
+    EntryId a = make_id("k");
+    EntryId b = a;
+    b.abi = 2;
+    EntryId c = a;
+    c.arch = "sm_90a";
+    EntryId d = a;
+    d.compiler = "nvrtc-13.1.10";
+    EXPECT_EQ(a.relative_dir().begin()->string(), "v1");
+    EXPECT_EQ(b.relative_dir().begin()->string(), "v2");
+    EXPECT_NE(a.relative_dir(), c.relative_dir());
+    EXPECT_NE(a.relative_dir(), d.relative_dir());
+    EXPECT_NE(c.relative_dir().string().find("/sm_90a/"), std::string::npos);
+}
+
+namespace {
+// Damages one file of a published entry and checks load() detects it, deletes it with exactly
+// one warning, and that a new publish restores a valid entry.
+void expect_damage_is_repaired(const std::function<void(const fs::path&)>& damage,
+                               const std::string& expected_problem) {
+    gj::test::ScratchDir tmp("damage");
+    Warnings w;
+    Store store({tmp.path(), Mode::ReadWrite, 0, w.sink()});
+    EntryId id = make_id("k.d");
+    auto dir = store.publish(id, make_entry("the source", 4096));
+    ASSERT_TRUE(dir);
+    damage(*dir);
+    EXPECT_EQ(store.probe(id), Lookup::Damaged);
+    EXPECT_FALSE(store.load(id));
+    ASSERT_EQ(w.lines.size(), 1u);
+    EXPECT_NE(w.lines[0].find(expected_problem), std::string::npos) << w.lines[0];
+    EXPECT_NE(w.lines[0].find("deleting"), std::string::npos) << w.lines[0];
+    EXPECT_FALSE(fs::exists(*dir));
+    ASSERT_TRUE(store.publish(id, make_entry("the source", 4096)));
+    EXPECT_TRUE(store.load(id));
+    EXPECT_EQ(w.lines.size(), 1u);
+}
+}  // namespace
+
+TEST(CacheStore, TruncatedPayloadIsDeletedAndRebuilt) {
+    expect_damage_is_repaired([](const fs::path& d) { fs::resize_file(d / "kernel.cubin", 100); },
+                              "truncated");
+}
+
+TEST(CacheStore, BitFlippedPayloadIsDeletedAndRebuilt) {
+    expect_damage_is_repaired(
+        [](const fs::path& d) {
+            std::fstream f(d / "kernel.cubin", std::ios::in | std::ios::out | std::ios::binary);
+            f.seekp(1000);
+            f.put('c' ^ 0x10);
+        },
+        "sha256");
+}
+
+TEST(CacheStore, MissingPayloadFileIsDeletedAndRebuilt) {
+    expect_damage_is_repaired([](const fs::path& d) { fs::remove(d / "kernel.cu"); }, "missing");
+}
+
+TEST(CacheStore, GarbledMetaIsDeletedAndRebuilt) {
+    expect_damage_is_repaired([](const fs::path& d) { std::ofstream(d / "meta.json") << "{\"ke"; },
+                              "meta.json");
+}
+
+TEST(CacheStore, ReadOnlyModeReadsButNeverWrites) {
+    gj::test::ScratchDir tmp("ro");
+    EntryId id = make_id("k.ro");
+    {
+        Store rw({tmp.path(), Mode::ReadWrite, 0, nullptr});
+        ASSERT_TRUE(rw.publish(id, make_entry("x")));
+    }
+    Warnings w;
+    Store ro({tmp.path(), Mode::ReadOnly, 0, w.sink()});
+    EXPECT_TRUE(ro.load(id));
+    EntryId other = make_id("k.other");
+    EXPECT_FALSE(ro.publish(other, make_entry("y")));
+    EXPECT_FALSE(fs::exists(ro.entry_dir(other)));
+    // A damaged entry is reported but left alone in read-only mode.
+    fs::resize_file(ro.entry_dir(id) / "kernel.cubin", 1);
+    EXPECT_FALSE(ro.load(id));
+    EXPECT_TRUE(fs::exists(ro.entry_dir(id)));
+    EXPECT_EQ(w.lines.size(), 1u);
+}
+
+TEST(CacheStore, OffModeDoesNothing) {
+    gj::test::ScratchDir tmp("off");
+    Store off({tmp.path() / "c", Mode::Off, 0, nullptr});
+    EntryId id = make_id("k");
+    EXPECT_FALSE(off.publish(id, make_entry("x")));
+    EXPECT_FALSE(off.load(id));
+    EXPECT_FALSE(fs::exists(tmp.path() / "c"));
+}
+
+TEST(CacheStore, UnwritableRootWarnsOnceAndKeepsGoing) {
+    gj::test::ScratchDir tmp("unwritable");
+    std::ofstream(tmp.path() / "a_file") << "x";  // a root below a file can never be created
+    Warnings w;
+    Store store({tmp.path() / "a_file" / "cache", Mode::ReadWrite, 0, w.sink()});
+    EXPECT_FALSE(store.publish(make_id("k1"), make_entry("x")));
+    EXPECT_FALSE(store.publish(make_id("k2"), make_entry("y")));
+    EXPECT_FALSE(store.load(make_id("k1")));
+    ASSERT_EQ(w.lines.size(), 1u);
+    EXPECT_NE(w.lines[0].find("not writable"), std::string::npos) << w.lines[0];
+    EXPECT_NE(w.lines[0].find("in memory"), std::string::npos) << w.lines[0];
+}
+
+TEST(CacheStore, PermissionDeniedRootWarnsOnce) {
+    if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+    gj::test::ScratchDir tmp("perm");
+    fs::create_directories(tmp.path() / "c");
+    fs::permissions(tmp.path() / "c", fs::perms::owner_read | fs::perms::owner_exec);
+    Warnings w;
+    Store store({tmp.path() / "c", Mode::ReadWrite, 0, w.sink()});
+    EXPECT_FALSE(store.publish(make_id("k1"), make_entry("x")));
+    EXPECT_FALSE(store.publish(make_id("k2"), make_entry("x")));
+    EXPECT_EQ(w.lines.size(), 1u);
+}
+
+TEST(CacheStore, ConcurrentPublishersInOneProcessEndWithOneEntry) {
+    gj::test::ScratchDir tmp("threads");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    EntryId id = make_id("k.race");
+    std::vector<std::thread> threads;
+    std::vector<std::optional<fs::path>> dirs(8);
+    for (int t = 0; t < 8; ++t)
+        threads.emplace_back([&, t] { dirs[t] = store.publish(id, make_entry("same", 20000)); });
+    for (auto& t : threads) t.join();
+    for (const auto& d : dirs) {
+        ASSERT_TRUE(d);
+        EXPECT_EQ(*d, store.entry_dir(id));
+    }
+    EXPECT_EQ(store.stat().entries, 1u);
+    size_t leftovers = 0;
+    for (const auto& f : fs::directory_iterator(store.entry_dir(id).parent_path()))
+        leftovers += f.path().filename().string().starts_with(".");
+    EXPECT_EQ(leftovers, 0u);
+}
+
+TEST(CacheStore, ConcurrentProcessesOnAnEmptyCacheEndWithOneValidEntry) {
+    gj::test::ScratchDir tmp("procs");
+    fs::path root = tmp.path() / "fresh";
+    EntryId id = make_id("k.procs");
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    std::vector<pid_t> kids;
+    for (int i = 0; i < 4; ++i) {
+        pid_t pid = ::fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            ::close(go[1]);
+            char c;
+            (void)!::read(go[0], &c, 1);  // all children start together
+            Store store({root, Mode::ReadWrite, 0, nullptr});
+            auto dir = store.publish(id, make_entry("same", 1 << 20));
+            bool ok = dir && store.load(id).has_value();
+            ::_exit(ok ? 0 : 1);
+        }
+        kids.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(go[1]);  // EOF releases every child at once
+    for (pid_t pid : kids) {
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    Store store({root, Mode::ReadWrite, 0, nullptr});
+    EXPECT_EQ(store.probe(id), Lookup::Hit);
+    EXPECT_EQ(store.stat().entries, 1u);
+    EXPECT_TRUE(store.verify(false).empty());
+}
+
+TEST(CacheStore, PruneRemovesLeastRecentlyUsedUntilUnderTheCap) {
+    gj::test::ScratchDir tmp("prune");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    std::vector<EntryId> ids;
+    for (int i = 0; i < 5; ++i) {
+        ids.push_back(make_id("k" + std::to_string(i)));
+        auto dir = store.publish(ids.back(), make_entry("s", 10000));
+        ASSERT_TRUE(dir);
+        // k2 is the most recently used, k0 the least; the others in between.
+        int64_t age[] = {5000, 4000, 10, 3000, 2000};
+        set_last_used(*dir, 1'700'000'000 - age[i]);
+    }
+    uint64_t one = store.list().front().bytes;
+    PruneResult r = store.prune(one * 3 + one / 2);
+    EXPECT_EQ(r.removed, 2u);
+    EXPECT_LE(r.remaining_bytes, one * 3 + one / 2);
+    EXPECT_EQ(store.probe(ids[0]), Lookup::Missing);
+    EXPECT_EQ(store.probe(ids[1]), Lookup::Missing);
+    EXPECT_EQ(store.probe(ids[2]), Lookup::Hit);
+    EXPECT_EQ(store.probe(ids[3]), Lookup::Hit);
+    EXPECT_EQ(store.probe(ids[4]), Lookup::Hit);
+    EXPECT_EQ(store.prune(0).removed, 0u);  // no cap: nothing valid goes
+}
+
+TEST(CacheStore, LoadRefreshesAStaleLastUsedStampOnlyHourly) {
+    gj::test::ScratchDir tmp("touch");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    EntryId id = make_id("k.t");
+    auto dir = store.publish(id, make_entry("s"));
+    ASSERT_TRUE(dir);
+    int64_t fresh = store.load(id)->meta["last_used"].get<int64_t>();
+    set_last_used(*dir, fresh - 60);  // a minute ago: left alone
+    store.load(id);
+    EXPECT_EQ(store.list().front().last_used, fresh - 60);
+    set_last_used(*dir, fresh - 7200);  // two hours ago: refreshed
+    store.load(id);
+    EXPECT_GE(store.list().front().last_used, fresh);
+    EXPECT_EQ(store.probe(id), Lookup::Hit);
+}
+
+TEST(CacheStore, StatVerifyClear) {
+    gj::test::ScratchDir tmp("stat");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    ASSERT_TRUE(store.publish(make_id("a"), make_entry("s")));
+    ASSERT_TRUE(store.publish(make_id("b"), make_entry("s")));
+    auto st = store.stat();
+    EXPECT_EQ(st.entries, 2u);
+    EXPECT_GT(st.bytes, 128u);
+    EXPECT_EQ(st.entries_per_partition.at("v1/sm_90/nvrtc-13.0.88"), 2u);
+    fs::resize_file(store.entry_dir(make_id("b")) / "kernel.cubin", 3);
+    auto bad = store.verify(true);
+    ASSERT_EQ(bad.size(), 1u);
+    EXPECT_NE(bad[0].problem.find("truncated"), std::string::npos);
+    EXPECT_EQ(store.stat().entries, 1u);
+    EXPECT_EQ(store.clear(), 1u);
+    EXPECT_EQ(store.stat().entries, 0u);
+    EXPECT_FALSE(fs::exists(tmp.path() / "v1"));
+}
