@@ -3,7 +3,8 @@
 // can assert that each helper really emits the instruction it is named after.
 //
 // Constants: none. Launch geometry is given per entry below. Not a model kernel: it is compiled
-// only by the tests and `gemmajit jit` tooling.
+// only by the tests and `gemmajit jit` tooling. (quantize_q8_1_group8 is tested through the
+// production kernel quantize_q8_1.cu.)
 #include "gj_ptx.cuh"
 
 // Scalar conversions, one element per thread (any grid covering n):
@@ -160,17 +161,4 @@ extern "C" __global__ void selftest_loads(const uint8* bytes, int n, uint32* a2,
     const uint4 v = ld_stream_u32x4(bytes + 16 * (i / 4));
     const int c = i % 4;
     s128[i] = c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
-}
-
-// quantize_q8_1_group8 over n_blocks 32-blocks of x: 8 threads per block, any grid of full warps
-// covering 8 * n_blocks threads.
-extern "C" __global__ void selftest_quantize(const float* x, int n_blocks, uint32* q, float2* ds) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // index of 4 consecutive values
-    const bool live = i < n_blocks * 8;                   // whole groups of 8 share liveness
-    const float4 v = live ? ((const float4*)x)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    float2 bds;
-    const uint32 packed = quantize_q8_1_group8(v, &bds);
-    if (!live) return;
-    q[i] = packed;
-    if (i % 8 == 0) ds[i / 8] = bds;
 }
