@@ -219,7 +219,7 @@ private:
 
 std::string dims_str(const std::vector<uint64_t>& dims) {
     std::string s = "{";
-    for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+    for (size_t i = 0; i < dims.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", dims[i]);
     return s + "}";
 }
 
@@ -243,7 +243,7 @@ Config Config::preset(std::string_view name) {
     for (const auto& p : kPresets)
         if (name == p.name) return build_preset(p);
     std::string known;
-    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    for (const auto& n : preset_names()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
     throw ConfigError(fmt::format("unknown model variant '{}' (known: {})", name, known));
 }
 
@@ -311,7 +311,7 @@ std::string Config::summary() const {
         name, n_layers, n_layers - n_global, n_global, d_model, n_heads, head_dim_swa,
         head_dim_global, vocab_size, sliding_window, context_length);
     std::string kv;
-    for (int l = 0; l < n_layers; ++l) kv += (l ? "," : "") + std::to_string(layers[l].n_kv_heads);
+    for (int l = 0; l < n_layers; ++l) kv += fmt::format("{}{}", l ? "," : "", layers[l].n_kv_heads);
     s += fmt::format("; KV heads per layer [{}]", kv);
     if (n_keqv) s += fmt::format("; {} k_eq_v layers", n_keqv);
     if (n_kv_shared_layers) {

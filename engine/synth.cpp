@@ -126,8 +126,7 @@ void write_metadata(gguf::Writer& w, const Config& c, const Options& opts) {
     w.set_u32("general.file_type", llama_file_type(opts.wtype));
     w.set_u32("general.quantization_version", 2);
     w.set_string("gemmajit.synth.variant", opts.variant);
-    w.set("gemmajit.synth.seed", gguf::Value{gguf::ValueType::UINT64, gguf::ValueType::UINT32,
-                                             uint64_t(opts.seed)});
+    w.set("gemmajit.synth.seed", gguf::Value::make_u64(opts.seed));
 
     w.set_u32(p + "context_length", c.context_length);
     w.set_u32(p + "embedding_length", c.d_model);
@@ -242,7 +241,7 @@ Config write_model(const Options& opts, const std::filesystem::path& path) {
             vals.resize(nr * cols);
             Stream rng(opts.seed, t.name, chunk);
             draw(t, cfg, rng, r0 * cols, vals.data(), nr * cols);
-            quant::quantize(type, vals.data(), buf.data() + r0 * row_bytes, nr * cols);
+            ggml::quantize_row(type, vals.data(), buf.data() + r0 * row_bytes, int64_t(nr * cols));
         });
         if (pending_write.valid()) pending_write.get();
         pending_buf = std::move(buf);

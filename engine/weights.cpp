@@ -12,13 +12,9 @@ namespace gj::gemma4 {
 
 namespace {
 
-void dequantize_row(ggml::Type type, const uint8_t* src, float* dst, uint64_t n) {
-    dequant::dequantize(type, src, dst, n);
-}
-
 std::vector<float> to_f32_vector(const gguf::TensorInfo& t) {
     std::vector<float> v(t.n_elements);
-    dequantize_row(t.type, t.data, v.data(), t.n_elements);
+    ggml::dequantize_row(t.type, t.data, v.data(), int64_t(t.n_elements));
     return v;
 }
 
@@ -69,7 +65,7 @@ Matrix::Matrix(std::string name, ggml::Type type, uint64_t cols, uint64_t rows,
 
 const float* Matrix::row(uint64_t r, float* scratch) const {
     if (f32_rows_) return f32_rows_ + r * cols_;
-    dequantize_row(type_, data_ + r * row_bytes_, scratch, cols_);
+    ggml::dequantize_row(type_, data_ + r * row_bytes_, scratch, int64_t(cols_));
     return scratch;
 }
 
@@ -88,7 +84,8 @@ void Matrix::make_f32_copy() {
     if (f32_rows_ || !data_) return;
     auto copy = std::make_shared<std::vector<float>>(cols_ * rows_);
     for (uint64_t r = 0; r < rows_; ++r)
-        dequantize_row(type_, data_ + r * row_bytes_, copy->data() + r * cols_, cols_);
+        ggml::dequantize_row(type_, data_ + r * row_bytes_, copy->data() + r * cols_,
+                             int64_t(cols_));
     f32_rows_ = copy->data();
     f32_ = std::move(copy);
 }
