@@ -17,7 +17,7 @@
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
 // Entry: rmsnorm(x, w, residual, y, yq, yds, rows, eps). Rows are contiguous (stride N). y may be
 // null when only the quantized output is wanted; y may alias x (every element is read and written
-// by the same thread).
+// by the same thread; hence no __restrict__ on x, y or residual).
 #include "gj_ptx.cuh"
 
 #ifndef TPR
@@ -51,7 +51,7 @@ static_assert(!(QUANT && ADD), "rmsnorm: QUANT and ADD together make no sense (q
 #define WARPS_PER_ROW (TPR > 32 ? TPR / 32 : 1)
 
 extern "C" __global__ void __launch_bounds__(TPR * RPB)
-    rmsnorm(const float* __restrict__ x, const float* __restrict__ w, const float* residual,
+    rmsnorm(const float* x, const float* __restrict__ w, const float* residual,
             float* y, uint32* __restrict__ yq, float2* __restrict__ yds, int rows, float eps) {
     const int tr = threadIdx.x % TPR;  // thread within its row
     const int row = blockIdx.x * RPB + threadIdx.x / TPR;
