@@ -1,0 +1,191 @@
+// matvec_common.cuh: the decode matvec y = W . x for ggml 32-element quant blocks (Q8_0, Q4_0)
+// against Q8_1 activations (see quantize_q8_1_group8 in gj_ptx.cuh), with dp4a and fp32
+// accumulation. A template (matvec_q8_0.cu, matvec_q4_0.cu) supplies the block format as a traits
+// struct and defines the entry points through GJ_MATVEC_ENTRIES.
+//
+// Constants (prologue #defines):
+//   K        input width (row length in elements); a multiple of 64, so that every row of a
+//            contiguous ggml-layout matrix starts on a 4-byte boundary
+//   LAYOUT   0: ggml blocks exactly as in the GGUF (base 4-byte aligned);
+//            1: "split" planes made once at load by the template's repack entry (base 16-byte
+//               aligned): all rows' payload bytes [n_rows][payload bytes per row], then all rows'
+//               fp16 scales [n_rows][K / 32]. Every payload load is a coalesced 16-byte vector.
+//   THREADS  threads per block (multiple of 32); they split K between them
+//   ROWS     output rows per block
+//   NCOLS    activation vectors per launch (1 for single-sequence decode); the weights are read
+//            once for all of them
+//   UNROLL   loop iterations whose loads are issued together (bytes in flight per thread)
+// Launch: block THREADS, grid ceil(n_rows / ROWS).
+//
+// Entry points (one signature for all, so the engine launches them the same way):
+//   <name>(w, w_up, xq, xds, residual, y, n_rows)
+//     w, w_up   weights [n_rows][K] in LAYOUT; w_up only for _geglu
+//     xq, xds   Q8_1 activations: int8 [NCOLS][K] and float2 {d, d*sum(q)} [NCOLS][K / 32]
+//     residual  only for _add (may alias y)
+//     y         fp32 [NCOLS][n_rows]
+//   <name>        y = W x
+//   <name>_add    y = residual + W x
+//   <name>_geglu  y = gelu_tanh(W x) * (W_up x)   (the FFN gate|up pair in one pass)
+// Each thread handles "units" (a fixed slice of one block: 8 payload bytes in the ggml layout, 16
+// in the split layout) of every row of the block, so a warp reads one contiguous stretch of each
+// row per iteration; a warp-shuffle + shared-memory reduction ends the block.
+#ifndef GJ_MATVEC_COMMON_CUH
+#define GJ_MATVEC_COMMON_CUH
+
+#include "gj_ptx.cuh"
+
+#ifndef LAYOUT
+#define LAYOUT 0
+#endif
+#ifndef THREADS
+#define THREADS 128
+#endif
+#ifndef ROWS
+#define ROWS 1
+#endif
+#ifndef NCOLS
+#define NCOLS 1
+#endif
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+
+static_assert(K % 64 == 0, "matvec: K must be a multiple of 64 (rows start 4-byte aligned)");
+static_assert(LAYOUT == 0 || LAYOUT == 1, "matvec: LAYOUT must be 0 (ggml) or 1 (split)");
+static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024,
+              "matvec: THREADS must be a multiple of 32 in [32, 1024]");
+static_assert(ROWS >= 1 && ROWS <= 8, "matvec: ROWS must be in [1, 8]");
+static_assert(NCOLS >= 1 && NCOLS <= 8, "matvec: NCOLS must be in [1, 8]");
+static_assert(UNROLL >= 1 && UNROLL <= 16, "matvec: UNROLL must be in [1, 16]");
+
+enum { gj_epi_store = 0, gj_epi_add = 1, gj_epi_geglu = 2 };
+
+// Weight-format traits (matvec_q8_0.cu, matvec_q4_0.cu define them):
+//   kUnits                       units per row (the work items threads split K into)
+//   struct Row                   per-row pointers;  row(w, n_rows, r) -> Row
+//   struct WFrag, struct XFrag   registers of one unit's weights / activations
+//   load_w(Row, u) -> WFrag      issue the unit's weight loads
+//   scale(WFrag, lane) -> float  the unit's weight scale (may shuffle: called by the whole warp)
+//   load_x(xq, xds, u) -> XFrag  the unit's activations
+//   dot(WFrag, XFrag) -> float   the unit's contribution before the weight scale
+
+// ggml block layout helper: the 8 payload bytes at byte `part8 * 8` of the block at `blk`, and
+// the raw fp16 scale bits as seen by the block's part-0 lane (meaningless on the other lanes).
+// The payload of every other block starts 2 bytes past a word boundary (34- and 18-byte blocks),
+// so a lane reads the two aligned words under its 8 bytes plus the neighbour word on the side
+// that needs it, and funnel-shifts. The third word is the tail of the 8 bytes when misaligned, or
+// else the word just before the payload, whose upper half is the scale. All three hit the same L1
+// lines as the neighbouring lanes' loads, so DRAM sees each weight byte once.
+GJ_DEVICE void gj_load_ggml_unit(const uint8* blk, int part8, uint32& q0, uint32& q1,
+                                 uint32& dbits) {
+    const uint8* s = blk + 2 + 8 * part8;       // first payload byte of the unit
+    const uint32 mis = (uint32)(uint64)s & 2u;  // 0 or 2
+    const uint32* p = (const uint32*)(s - mis);
+    // Loaded unconditionally (branch-free), so a whole batch of units can be in flight at once.
+    const uint32 w0 = __ldg(p), w1 = __ldg(p + 1), w2 = __ldg(p + (mis ? 2 : -1));
+    q0 = __funnelshift_r(w0, w1, mis * 8);
+    q1 = __funnelshift_r(w1, w2, mis * 8);
+    dbits = mis ? (w0 & 0xffffu) : (w2 >> 16);
+}
+
+template <class F, int kEpi>
+GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
+                         const int8* __restrict__ xq, const float2* __restrict__ xds,
+                         const float* residual, float* y, int n_rows) {
+    constexpr int kVr = kEpi == gj_epi_geglu ? 2 * ROWS : ROWS;  // rows read per block
+    constexpr int kUnits = F::kUnits;
+    constexpr int kIters = (kUnits + THREADS - 1) / THREADS;
+    constexpr int kWarps = THREADS / 32;
+    const int lane = threadIdx.x % 32;
+    const int row0 = blockIdx.x * ROWS;
+
+    // Rows past n_rows read the last row (valid memory) and are not written.
+    typename F::Row rows[kVr];
+#pragma unroll
+    for (int v = 0; v < kVr; ++v)
+        rows[v] = F::row(v < ROWS ? w : w_up, n_rows, min(row0 + v % ROWS, n_rows - 1));
+
+    float acc[kVr][NCOLS];
+#pragma unroll
+    for (int v = 0; v < kVr; ++v)
+#pragma unroll
+        for (int c = 0; c < NCOLS; ++c) acc[v][c] = 0.0f;
+
+    // Batches of UNROLL iterations: all loads of a batch are issued before any of its math, so
+    // each thread keeps UNROLL * kVr units of weights in flight (the kernel is bound by memory
+    // latency x bytes in flight).
+    constexpr int kBatch = UNROLL < kIters ? UNROLL : kIters;
+#pragma unroll 1
+    for (int it0 = 0; it0 < kIters; it0 += kBatch) {
+        typename F::XFrag xf[kBatch][NCOLS];
+        typename F::WFrag wf[kBatch][kVr];
+        bool live[kBatch];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            const int u_raw = (it0 + b) * THREADS + (int)threadIdx.x;
+            // Lanes past the row end (last iteration only, or a batch overhanging kIters) reread
+            // unit 0 and add nothing; they still join any warp shuffle in F::scale.
+            live[b] = (kUnits % THREADS == 0 && kIters % kBatch == 0) || u_raw < kUnits;
+            const int u = live[b] ? u_raw : 0;
+#pragma unroll
+            for (int c = 0; c < NCOLS; ++c)
+                xf[b][c] = F::load_x(xq + c * K, xds + c * (K / 32), u);
+#pragma unroll
+            for (int v = 0; v < kVr; ++v) wf[b][v] = F::load_w(rows[v], u);
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+            for (int v = 0; v < kVr; ++v) {
+                const float dw = F::scale(wf[b][v], lane);
+#pragma unroll
+                for (int c = 0; c < NCOLS; ++c) {
+                    const float part = F::dot(wf[b][v], xf[b][c]);
+                    acc[v][c] = live[b] ? fmaf(dw, part, acc[v][c]) : acc[v][c];
+                }
+            }
+    }
+
+    // Block reduction: warp shuffles, then one partial per warp through shared memory.
+    __shared__ float partial[kWarps][kVr * NCOLS];
+#pragma unroll
+    for (int v = 0; v < kVr; ++v)
+#pragma unroll
+        for (int c = 0; c < NCOLS; ++c) {
+            const float s = warp_sum<32>(acc[v][c]);
+            if (lane == 0) partial[threadIdx.x / 32][v * NCOLS + c] = s;
+        }
+    __syncthreads();
+    if ((int)threadIdx.x >= ROWS * NCOLS) return;
+    const int r = threadIdx.x / NCOLS, c = threadIdx.x % NCOLS;
+    const int row = row0 + r;
+    if (row >= n_rows) return;
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) s += partial[k][r * NCOLS + c];
+    const size_t out = (size_t)c * n_rows + row;
+    if (kEpi == gj_epi_add) {
+        y[out] = residual[out] + s;
+    } else if (kEpi == gj_epi_geglu) {
+        float up = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kWarps; ++k) up += partial[k][(r + ROWS) * NCOLS + c];
+        y[out] = gelu_tanh(s) * up;
+    } else {
+        y[out] = s;
+    }
+}
+
+// Defines the three entry points <name>, <name>_add, <name>_geglu for traits F.
+#define GJ_MATVEC_ENTRY(NAME, F, EPI)                                                         \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                     \
+        NAME(const void* w, const void* w_up, const int8* xq, const float2* xds,            \
+             const float* residual, float* y, int n_rows) {                                  \
+        gj_matvec<F, EPI>((const uint8*)w, (const uint8*)w_up, xq, xds, residual, y, n_rows); \
+    }
+#define GJ_MATVEC_ENTRIES(NAME, F)                 \
+    GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)         \
+    GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add)     \
+    GJ_MATVEC_ENTRY(NAME##_geglu, F, gj_epi_geglu)
+
+#endif  // GJ_MATVEC_COMMON_CUH
