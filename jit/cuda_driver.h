@@ -11,21 +11,22 @@
 
 namespace gj::jit {
 
-#define GJ_DRIVER_FUNCTIONS(X)                                                                     \
-    X(cuGetErrorName)                                                                              \
-    X(cuGetErrorString) X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount)         \
-        X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) \
-            X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc)      \
-                X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync)                  \
-                    X(cuMemcpyDtoHAsync) X(cuMemsetD8) X(cuMemGetInfo) X(cuMemAllocHost)           \
-                        X(cuMemFreeHost) X(cuStreamCreate) X(cuStreamDestroy)                      \
-                            X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord)               \
-                                X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)      \
-                                    X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)   \
-                                        X(cuFuncGetAttribute) X(cuFuncSetAttribute)                \
-                                            X(cuLaunchKernel) X(cuStreamBeginCapture)              \
-                                                X(cuStreamEndCapture) X(cuGraphInstantiate)        \
-                                                    X(cuGraphLaunch) X(cuGraphExecDestroy)         \
+#define GJ_DRIVER_FUNCTIONS(X)                                                                   \
+    X(cuGetErrorName)                                                                            \
+    X(cuGetErrorString)                                                                          \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName)        \
+        X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain)                  \
+            X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemAlloc)    \
+                X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync)                \
+                    X(cuMemcpyDtoHAsync) X(cuMemsetD8) X(cuMemGetInfo) X(cuMemAllocHost)         \
+                        X(cuMemFreeHost) X(cuStreamCreate) X(cuStreamDestroy)                    \
+                            X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord)             \
+                                X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)    \
+                                    X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) \
+                                        X(cuFuncGetAttribute) X(cuFuncSetAttribute)              \
+                                            X(cuLaunchKernel) X(cuStreamBeginCapture)            \
+                                                X(cuStreamEndCapture) X(cuGraphInstantiate)      \
+                                                    X(cuGraphLaunch) X(cuGraphExecDestroy)       \
                                                         X(cuGraphDestroy)
 
 struct DriverApi {

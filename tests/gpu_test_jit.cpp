@@ -15,8 +15,11 @@ using namespace gj::jit;
 
 namespace {
 KernelSpec affine_spec() {
-    return {"jit_selftest", "jit_selftest.s3.o5", {{"SCALE", 3}, {"OFFSET", 5}},
-            {"gj_selftest_axpb"}, 0};
+    return {"jit_selftest",
+            "jit_selftest.s3.o5",
+            {{"SCALE", 3}, {"OFFSET", 5}},
+            {"gj_selftest_axpb"},
+            0};
 }
 }  // namespace
 
@@ -46,8 +49,8 @@ TEST(GpuJit, WarmCacheHitLoadsAndLaunches) {
     ASSERT_TRUE(kernels[0].cache_hit);
     ModuleSet modules;
     warm.load(modules, kernels);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("warm cache hit to loaded module: %.2f ms\n", ms);
     ASSERT_EQ(modules.size(), 1u);
     const Kernel& k = modules.kernel("jit_selftest.s3.o5", "gj_selftest_axpb");
@@ -77,7 +80,7 @@ TEST(GpuJit, DriverRejectedCubinIsEvictedAndRebuilt) {
     std::vector<std::string> warnings;
     Jit jit(flags, [&](const std::string& l) { warnings.push_back(l); });
     std::vector<CompiledKernel> kernels = {jit.compile(affine_spec(), arch)};
-    kernels[0].cache_hit = true;  // pretend it came from disk
+    kernels[0].cache_hit = true;                   // pretend it came from disk
     kernels[0].cubin = std::string(4096, '\x7f');  // garbage the driver must refuse
     ModuleSet modules;
     jit.load(modules, kernels);

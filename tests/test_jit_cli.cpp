@@ -33,8 +33,7 @@ TEST(JitCli, BadFlagValueIsOneClearErrorAndTyposWarn) {
     gj::test::ScratchDir tmp("clibad");
     auto r = run_command(cli(tmp.path(), "env", "GEMMAJIT_CACHE=maybe"));
     EXPECT_EQ(r.exit_code, 1) << r.out;
-    EXPECT_NE(r.out.find("gemmajit: error: GEMMAJIT_CACHE='maybe' is not valid"),
-              std::string::npos)
+    EXPECT_NE(r.out.find("gemmajit: error: GEMMAJIT_CACHE='maybe' is not valid"), std::string::npos)
         << r.out;
     r = run_command(cli(tmp.path(), "cache stat", "GEMMAJIT_DEBGU=1"));
     EXPECT_EQ(r.exit_code, 0) << r.out;
@@ -56,4 +55,79 @@ TEST(JitCli, CacheStatVerifyPruneClearOnAnEmptyCache) {
     EXPECT_EQ(r.exit_code, 0) << r.out;
     r = run_command(cli(tmp.path(), "cache explode"));
     EXPECT_NE(r.exit_code, 0) << r.out;
+}
+
+TEST(JitCli, KernelsPrecompileShowOnTheRealPlan) {
+    gj::test::ScratchDir tmp("cliplan");
+    auto r = run_command(cli(tmp.path(), "kernels --variant e2b --status"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("missing"), std::string::npos) << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\n0 +(rmsnorm\.\S+))"))) << r.out;
+    std::string spec = m[1].str();
+
+    r = run_command(cli(tmp.path(), "precompile --variant e2b --jobs 2"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("compiling "), std::string::npos) << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("total: (\\d+) kernels, 0 hits, \\1 misses")))
+        << r.out;
+    r = run_command(cli(tmp.path(), "precompile --variant e2b"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("total: (\\d+) kernels, \\1 hits, 0 misses")))
+        << r.out;
+    EXPECT_EQ(r.out.find("compiling "), std::string::npos) << r.out;  // all hits: no banner
+
+    r = run_command(cli(tmp.path(), "kernels --variant e2b --status"));
+    EXPECT_EQ(r.out.find("missing"), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "show " + spec + " --variant e2b"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("key record:"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--gpu-architecture=sm_"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("registers"), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "src " + spec + " --variant e2b"));
+    EXPECT_NE(r.out.find("// gemmajit kernel " + spec), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "ptx " + spec + " --variant e2b"));
+    EXPECT_NE(r.out.find(".entry"), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "show no_such_kernel --variant e2b"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("no_such_kernel is not in the plan"), std::string::npos) << r.out;
+
+    r = run_command(cli(tmp.path(), "cache stat"));
+    EXPECT_FALSE(std::regex_search(r.out, std::regex("entries +0\n"))) << r.out;
+    r = run_command(cli(tmp.path(), "precompile --variant e2b", "GEMMAJIT_REQUIRE_CACHED=1"));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    r = run_command(
+        cli(tmp.path(), "precompile --variant e2b --arch sm_80", "GEMMAJIT_REQUIRE_CACHED=1"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("GEMMAJIT_REQUIRE_CACHED"), std::string::npos) << r.out;
+}
+
+TEST(JitCli, TwoPrecompilesRacingOnOneEmptyCacheBothSucceed) {
+    gj::test::ScratchDir tmp("clirace");
+    fs::path root = tmp.path() / "fresh";
+    auto a = std::async(std::launch::async, [&] {
+        return run_command(cli(root, "precompile --variant e2b --jobs 1"));
+    });
+    auto b = std::async(std::launch::async, [&] {
+        return run_command(cli(root, "precompile --variant e2b --jobs 1"));
+    });
+    auto ra = a.get(), rb = b.get();
+    EXPECT_EQ(ra.exit_code, 0) << ra.out;
+    EXPECT_EQ(rb.exit_code, 0) << rb.out;
+    auto v = run_command(cli(root, "cache verify"));
+    EXPECT_EQ(v.exit_code, 0) << v.out;
+    EXPECT_NE(v.out.find(" 0 damaged"), std::string::npos) << v.out;
+    auto k = run_command(cli(root, "kernels --variant e2b --status"));
+    EXPECT_EQ(k.out.find("missing"), std::string::npos) << k.out;
+    // Exactly one entry per kernel: no duplicates, no leftover temp dirs.
+    size_t entries = 0, hidden = 0;
+    for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator();
+         ++it) {
+        if (it->path().filename() == "meta.json") ++entries;
+        if (it->path().filename().string().starts_with(".")) ++hidden;
+    }
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(ra.out, m, std::regex("total: (\\d+) kernels"))) << ra.out;
+    EXPECT_EQ(entries, std::stoul(m[1].str()));
+    EXPECT_EQ(hidden, 0u);
 }

@@ -15,8 +15,11 @@ using namespace gj::jit;
 TEST(JitRace, ProcessesFillingOneEmptyCacheAgree) {
     gj::test::ScratchDir tmp("jitrace");
     std::string root = (tmp.path() / "fresh").string();
-    KernelSpec spec{"jit_selftest", "jit_selftest.race", {{"SCALE", 9}, {"OFFSET", 2}},
-                    {"gj_selftest_axpb"}, 0};
+    KernelSpec spec{"jit_selftest",
+                    "jit_selftest.race",
+                    {{"SCALE", 9}, {"OFFSET", 2}},
+                    {"gj_selftest_axpb"},
+                    0};
     int go[2];
     ASSERT_EQ(::pipe(go), 0);
     std::vector<pid_t> kids;

@@ -65,7 +65,8 @@ Plan load_plan(const PlanSource& src) {
     std::optional<ggml::Type> wtype;
     if (!src.wtype.empty()) {
         wtype = ggml::type_from_name(src.wtype);
-        if (!wtype) throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name");
+        if (!wtype)
+            throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name");
     }
     if (!src.model.empty()) {
         auto file = gguf::File::open(src.model);
@@ -94,31 +95,41 @@ std::vector<std::string> split_list(const std::string& s) {
 
 const char* state_name(jit::CacheState s) {
     switch (s) {
-        case jit::CacheState::Hit: return "cached";
-        case jit::CacheState::Missing: return "missing";
-        case jit::CacheState::Damaged: return "damaged";
-        case jit::CacheState::Disabled: return "cache off";
+        case jit::CacheState::Hit:
+            return "cached";
+        case jit::CacheState::Missing:
+            return "missing";
+        case jit::CacheState::Damaged:
+            return "damaged";
+        case jit::CacheState::Disabled:
+            return "cache off";
     }
     return "?";
 }
 
-std::string or_dash(int v) { return v < 0 ? "-" : std::to_string(v); }
+std::string or_dash(int v) {
+    return v < 0 ? "-" : std::to_string(v);
+}
 
 const jit::KernelSpec& find_spec(const Plan& plan, const std::string& name) {
     for (const auto& s : plan.specs)
         if (s.name == name) return s;
     std::string names;
     for (const auto& s : plan.specs) names += "\n  " + s.name;
-    throw std::invalid_argument(fmt::format("kernel {} is not in the plan of {}; its kernels are:{}",
-                                            name, plan.label, names));
+    throw std::invalid_argument(fmt::format(
+        "kernel {} is not in the plan of {}; its kernels are:{}", name, plan.label, names));
 }
 
 void cmd_env() {
     const jit::Flags& flags = jit::Flags::process();
-    fmt::print("{:<26} {:<14} {:<8} {:<15} {}\n", "FLAG", "VALUE", "DEFAULT", "CLASS", "HELP");
+    size_t width = 5;
+    for (const auto& d : jit::flag_table())
+        if (flags.is_set(d.name)) width = std::max(width, flags.raw(d.name).size());
+    fmt::print("{:<26} {:<{}} {:<8} {:<15} {}\n", "FLAG", "VALUE", width, "DEFAULT", "CLASS",
+               "HELP");
     for (const auto& d : jit::flag_table()) {
-        std::string value = flags.is_set(d.name) ? flags.raw(d.name) : "";
-        fmt::print("{:<26} {:<14} {:<8} {:<15} {}\n", d.name, value.empty() ? "-" : value,
+        std::string value = flags.is_set(d.name) ? flags.raw(d.name) : "-";
+        fmt::print("{:<26} {:<{}} {:<8} {:<15} {}\n", d.name, value, width,
                    d.default_value.empty() ? "\"\"" : std::string(d.default_value),
                    d.cls == jit::FlagClass::OutputChanging ? "output-changing" : "neutral", d.help);
     }
@@ -133,13 +144,16 @@ void cmd_kernels(const PlanSource& src, std::string arch, bool status) {
     jit::Jit jit;
     if (arch.empty()) arch = jit.default_arch();
     fmt::print("{} kernels for {} on {}\n", plan.specs.size(), plan.label, arch);
-    fmt::print("{:<4} {:<48} {:<16} {}{}\n", "PRIO", "SPEC", "FAMILY", "ENTRIES",
-               status ? "  [CACHE]" : "");
+    size_t width = 4;
+    for (const auto& s : plan.specs) width = std::max(width, s.name.size());
+    fmt::print("{:<4} {:<{}} {:<16} {}{}\n", "PRIO", "SPEC", width, "FAMILY",
+               status ? "CACHE     " : "", "ENTRIES");
     for (const auto& s : plan.specs) {
         std::string entries;
         for (const auto& e : s.entries) entries += (entries.empty() ? "" : ",") + e;
-        fmt::print("{:<4} {:<48} {:<16} {}{}\n", s.priority, s.name, s.family, entries,
-                   status ? fmt::format("  [{}]", state_name(jit.cache_state(s, arch))) : "");
+        fmt::print("{:<4} {:<{}} {:<16} {}{}\n", s.priority, s.name, width, s.family,
+                   status ? fmt::format("{:<10}", state_name(jit.cache_state(s, arch))) : "",
+                   entries);
     }
 }
 
@@ -157,16 +171,16 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs) {
         for (const auto& k : out) {
             (k.cache_hit ? hits : misses)++;
             const auto& r = k.resources;
-            fmt::print("{:<48} {:<7} {:>5} {:>11} {:>9} {:>10} {}\n", k.spec.name, k.arch,
-                       or_dash(r.registers),
-                       fmt::format("{}/{}", or_dash(r.spill_store_bytes), or_dash(r.spill_load_bytes)),
-                       or_dash(r.shared_static_bytes),
-                       k.cache_hit ? std::string("-") : fmt::format("{:.0f}", k.compile_ms),
-                       k.cache_hit ? "hit" : "miss");
+            fmt::print(
+                "{:<48} {:<7} {:>5} {:>11} {:>9} {:>10} {}\n", k.spec.name, k.arch,
+                or_dash(r.registers),
+                fmt::format("{}/{}", or_dash(r.spill_store_bytes), or_dash(r.spill_load_bytes)),
+                or_dash(r.shared_static_bytes),
+                k.cache_hit ? std::string("-") : fmt::format("{:.0f}", k.compile_ms),
+                k.cache_hit ? "hit" : "miss");
         }
     }
-    double wall =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("total: {} kernels, {} hits, {} misses, wall {:.2f} s ({})\n", hits + misses, hits,
                misses, wall, jit.cache_root().empty() ? "cache off" : jit.cache_root());
 }
@@ -203,8 +217,10 @@ void cmd_show(const jit::CompiledKernel& k) {
             fmt::print("key record:\n  abi {}\n  nvrtc {}\n  source sha256 {} ({} bytes)\n",
                        kr.value("abi", 0), kr.value("nvrtc", ""), kr.value("source_sha256", ""),
                        kr.value("source_bytes", 0));
-            for (const auto& [name, value] : kr.value("flags", nlohmann::json::object()).items())
-                fmt::print("  {}={}\n", name, value.get<std::string>());
+            const nlohmann::json flags = kr.value("flags", nlohmann::json::object());
+            for (const auto& [name, value] : flags.items())
+                fmt::print("  {}={}\n", name,
+                           value.is_string() ? value.get<std::string>() : value.dump());
         }
     }
     fmt::print("constants:\n");
@@ -243,8 +259,8 @@ void cmd_sass(const jit::CompiledKernel& k) {
     fs::path cubin = k.entry_dir.empty() ? fs::path() : fs::path(k.entry_dir) / "kernel.cubin";
     std::optional<fs::path> scratch;
     if (cubin.empty() || !fs::exists(cubin)) {
-        scratch = fs::temp_directory_path() / fmt::format("gemmajit-{}-{}.cubin", k.spec.name,
-                                                          ::getpid());
+        scratch = fs::temp_directory_path() /
+                  fmt::format("gemmajit-{}-{}.cubin", k.spec.name, ::getpid());
         cache::write_file_synced(*scratch, k.cubin);
         cubin = *scratch;
     }
@@ -254,8 +270,9 @@ void cmd_sass(const jit::CompiledKernel& k) {
             "/usr/local/cuda/bin. Install the CUDA toolkit's cuobjdump/nvdisasm (packages "
             "cuda-cuobjdump-13-0 / cuda-nvdisasm-13-0) and run `cuobjdump -sass {}`",
             cubin.string()));
-    std::string cmd = tool.ends_with("cuobjdump") ? fmt::format("'{}' -sass '{}'", tool, cubin.string())
-                                                  : fmt::format("'{}' '{}'", tool, cubin.string());
+    std::string cmd = tool.ends_with("cuobjdump")
+                          ? fmt::format("'{}' -sass '{}'", tool, cubin.string())
+                          : fmt::format("'{}' '{}'", tool, cubin.string());
     std::fflush(stdout);
     int rc = std::system(cmd.c_str());
     if (scratch) fs::remove(*scratch);
@@ -270,7 +287,8 @@ cache::Store open_store() {
 
 void cmd_cache(const std::string& action, const std::string& max_size) {
     cache::Store store = open_store();
-    if (store.config().root.empty()) throw std::runtime_error("the kernel cache has no root directory");
+    if (store.config().root.empty())
+        throw std::runtime_error("the kernel cache has no root directory");
     const fs::path& root = store.config().root;
     if (action == "stat") {
         cache::StoreStats st = store.stat();
@@ -317,7 +335,8 @@ void add_jit_commands(CLI::App& app) {
         auto status = std::make_shared<bool>(false);
         auto* sub = app.add_subcommand("kernels", "list the kernel plan of a model");
         add_plan_options(sub, *src);
-        sub->add_option("--arch", *arch, "target architecture (default: GEMMAJIT_ARCH or the GPU's)");
+        sub->add_option("--arch", *arch,
+                        "target architecture (default: GEMMAJIT_ARCH or the GPU's)");
         sub->add_flag("--status", *status, "show whether each kernel is in the cache");
         sub->callback([=] { cmd_kernels(*src, *arch, *status); });
     }
@@ -351,7 +370,8 @@ void add_jit_commands(CLI::App& app) {
         auto* sub = app.add_subcommand(stage.name, stage.help);
         sub->add_option("SPEC", *spec, "kernel spec name (see `gemmajit kernels`)")->required();
         add_plan_options(sub, *src);
-        sub->add_option("--arch", *arch, "target architecture (default: GEMMAJIT_ARCH or the GPU's)");
+        sub->add_option("--arch", *arch,
+                        "target architecture (default: GEMMAJIT_ARCH or the GPU's)");
         auto run = stage.run;
         sub->callback([=] { run(compiled_spec(*src, *spec, *arch)); });
     }
@@ -362,7 +382,8 @@ void add_jit_commands(CLI::App& app) {
         sub->add_option("ACTION", *action, "stat | verify | prune | clear")
             ->required()
             ->check(CLI::IsMember({"stat", "verify", "prune", "clear"}));
-        sub->add_option("--max-size", *max_size, "prune: cap to prune to (default GEMMAJIT_CACHE_MAX_SIZE)");
+        sub->add_option("--max-size", *max_size,
+                        "prune: cap to prune to (default GEMMAJIT_CACHE_MAX_SIZE)");
         sub->callback([=] { cmd_cache(*action, *max_size); });
     }
 }
