@@ -86,7 +86,7 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::Neutral,
          .default_value = "0",
          .help = "log level: 1 compile events, timings, hit/miss; 2 + registers/spills/smem; "
-                 "3 + rendered source; 4 + PTX",
+                 "3 + rendered source; 4 + PTX; 5 + cache entry paths and key records",
          .min = 0,
          .max = 5},
         {.name = "GEMMAJIT_DUMP_DIR",

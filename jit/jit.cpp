@@ -217,7 +217,7 @@ struct Jit::Impl {
                                         std::chrono::duration<double, std::milli>(
                                             std::chrono::steady_clock::now() - t0)
                                             .count()));
-                    trace(*k);
+                    trace(*k, p);
                     return std::move(*k);
                 }
                 store.remove(p.id, "its files do not match the rendered kernel");
@@ -265,11 +265,11 @@ struct Jit::Impl {
         if (debug >= 1)
             log(fmt::format("jit: miss {} {}: compiled in {:.0f} ms", p.spec.name, p.arch,
                             k.compile_ms));
-        trace(k);
+        trace(k, p);
         return k;
     }
 
-    void trace(const CompiledKernel& k) {
+    void trace(const CompiledKernel& k, const Prepared& p) {
         if (debug >= 2)
             for (size_t i = 0; i < k.resources_per_entry.size(); ++i) {
                 const auto& r = k.resources_per_entry[i];
@@ -282,6 +282,10 @@ struct Jit::Impl {
         if (debug >= 3)
             log(fmt::format("jit: {} source:\n{}", k.spec.name, numbered_listing(k.source)));
         if (debug >= 4) log(fmt::format("jit: {} PTX:\n{}", k.spec.name, k.ptx));
+        if (debug >= 5)
+            log(fmt::format("jit: {} cache entry {}\nkey {} over record:\n{}", k.spec.name,
+                            k.entry_dir.empty() ? std::string("(none)") : k.entry_dir, k.key,
+                            p.record.to_json().dump(2)));
     }
 
     // In-process dedupe: one build per key, concurrent callers wait for it; results are kept.

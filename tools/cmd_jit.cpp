@@ -16,6 +16,7 @@
 #include "engine/gguf.h"
 #include "engine/kernel_plan.h"
 #include "jit/cache_config.h"
+#include "jit/device.h"
 #include "jit/env_flags.h"
 #include "jit/jit.h"
 #include "tools/commands.h"
@@ -157,8 +158,9 @@ void cmd_kernels(const PlanSource& src, std::string arch, bool status) {
     }
 }
 
-void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs) {
+void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, bool load) {
     Plan plan = load_plan(src);
+    if (load) jit::Device::get();  // no GPU: fail before compiling anything
     jit::Jit jit;
     std::vector<std::string> arch_list = split_list(archs);
     if (arch_list.empty()) arch_list.push_back(jit.default_arch());
@@ -166,8 +168,17 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs) {
     size_t hits = 0, misses = 0;
     fmt::print("{:<48} {:<7} {:>5} {:>11} {:>9} {:>10} {}\n", "SPEC", "ARCH", "REGS",
                "SPILL(st/ld)", "SMEM", "COMPILE_MS", "CACHE");
+    jit::ModuleSet modules;
+    double load_ms = -1;
     for (const auto& arch : arch_list) {
         std::vector<jit::CompiledKernel> out = jit.compile_plan(plan.specs, arch, jobs);
+        if (load && arch == jit::Device::get().arch()) {
+            auto l0 = std::chrono::steady_clock::now();
+            jit.load(modules, out);
+            load_ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l0)
+                    .count();
+        }
         for (const auto& k : out) {
             (k.cache_hit ? hits : misses)++;
             const auto& r = k.resources;
@@ -183,6 +194,13 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs) {
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("total: {} kernels, {} hits, {} misses, wall {:.2f} s ({})\n", hits + misses, hits,
                misses, wall, jit.cache_root().empty() ? "cache off" : jit.cache_root());
+    if (load) {
+        if (load_ms < 0)
+            throw std::invalid_argument(fmt::format(
+                "--load needs the GPU's own arch ({}) among --arch", jit::Device::get().arch()));
+        fmt::print("loaded {} modules on {} in {:.1f} ms (included in the wall time)\n",
+                   modules.size(), jit::Device::get().name(), load_ms);
+    }
 }
 
 // The kernel named on the command line, compiled (or loaded) for the requested arch.
@@ -344,12 +362,14 @@ void add_jit_commands(CLI::App& app) {
         auto src = std::make_shared<PlanSource>();
         auto archs = std::make_shared<std::string>();
         auto jobs = std::make_shared<int>(0);
+        auto load = std::make_shared<bool>(false);
         auto* sub = app.add_subcommand("precompile", "compile a model's kernels into the cache");
         add_plan_options(sub, *src);
         sub->add_option("--arch", *archs, "comma-separated architectures, e.g. sm_80,sm_90");
         sub->add_option("--jobs", *jobs, "parallel compiles (default GEMMAJIT_THREADS or CPUs)")
             ->check(CLI::Range(0, 1024));
-        sub->callback([=] { cmd_precompile(*src, *archs, *jobs); });
+        sub->add_flag("--load", *load, "also load every module on the GPU (measures a warm start)");
+        sub->callback([=] { cmd_precompile(*src, *archs, *jobs, *load); });
     }
     struct Stage {
         const char* name;
