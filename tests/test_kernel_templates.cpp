@@ -1,0 +1,242 @@
+// Kernel plan contents, and NVRTC compilation of every kernel template specialization the five
+// released models need (q8_0 and q4_0, sm_80 and sm_90), on the CPU: each kernel must compile,
+// contain the instructions it exists for, and (hot kernels) spill nothing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "engine/kernel_plan.h"
+#include "jit/env_flags.h"
+#include "jit/jit.h"
+
+using gj::gemma4::build_kernel_plan;
+using gj::gemma4::Config;
+using gj::gemma4::MatvecLayout;
+using gj::jit::KernelSpec;
+namespace ggml = gj::ggml;
+
+namespace {
+
+const std::vector<std::string> kVariants = {"e2b", "e4b", "12b", "26b-a4b", "31b"};
+
+std::set<std::string> names_of(const std::vector<KernelSpec>& plan) {
+    std::set<std::string> s;
+    for (const auto& k : plan) s.insert(k.name);
+    return s;
+}
+
+// The PTX text of one entry: from its ".entry name(" to the next ".entry" (or the end).
+std::string entry_ptx(const std::string& ptx, const std::string& entry) {
+    const auto start = ptx.find(".entry " + entry + "(");
+    if (start == std::string::npos) return {};
+    const auto end = ptx.find(".entry ", start + 1);
+    return ptx.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+KernelSpec ptx_selftest_spec() {
+    KernelSpec s;
+    s.family = "ptx_selftest";
+    s.name = "ptx_selftest";
+    s.entries = {"selftest_convert",  "selftest_pack",        "selftest_dp4a",
+                 "selftest_mma_s8",   "selftest_mma_f16",     "selftest_ldmatrix",
+                 "selftest_cp_async", "selftest_warp_reduce", "selftest_fast_math",
+                 "selftest_loads"};
+    return s;
+}
+
+// Every distinct spec of every variant's plan for both weight types, plus the selftest and the
+// split-layout / multi-column matvec forms (not in any plan yet, but shipped templates).
+std::vector<KernelSpec> all_specs() {
+    std::vector<KernelSpec> specs;
+    std::set<std::string> seen;
+    auto add = [&](const KernelSpec& s) {
+        if (seen.insert(s.name).second) specs.push_back(s);
+    };
+    for (const auto& v : kVariants)
+        for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+            for (const auto& s : build_kernel_plan(Config::preset(v), t)) add(s);
+    add(ptx_selftest_spec());
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        add(gj::gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Split));
+        add(gj::gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));
+    }
+    return specs;
+}
+
+}  // namespace
+
+TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
+    const auto plan = build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0);
+    const auto names = names_of(plan);
+    EXPECT_EQ(names.size(), plan.size()) << "duplicate spec names";
+    for (const char* want :
+         {"rmsnorm.n2560.w1.q8", "rmsnorm.n2560.w1.add", "rmsnorm.n256.w1", "rmsnorm.n512.w1",
+          "rmsnorm.n256.w0", "rmsnorm.n512.w0", "quantize_q8_1", "matvec_q8_0.k2560",
+          "matvec_q8_0.k2048", "matvec_q8_0.k4096", "matvec_q8_0.k10240", "matvec_q8_0.k256"})
+        EXPECT_TRUE(names.count(want)) << want;
+    // Dense model: no MoE-only norms.
+    EXPECT_FALSE(names.count("rmsnorm.n2560.w0"));
+    for (const auto& k : plan) {
+        EXPECT_EQ(k.priority, 0) << k.name;
+        EXPECT_FALSE(k.entries.empty()) << k.name;
+    }
+    // Exactly the matvec widths the model has: d, o-proj inputs (2048, 4096), FFN, PLE.
+    size_t matvecs = std::count_if(plan.begin(), plan.end(),
+                                   [](const KernelSpec& k) { return k.family == "matvec_q8_0"; });
+    EXPECT_EQ(matvecs, 5u);
+}
+
+TEST(KernelPlan, PerVariantWidths) {
+    auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q4_0));
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144"));   // layers 0-14
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288"));  // double-wide KV-shared layers
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k1536"));
+    EXPECT_TRUE(e2b.count("rmsnorm.n1536.w1.q8"));
+
+    auto moe = names_of(build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(moe.count("matvec_q8_0.k2112"));  // dense MLP down: not a multiple of 256
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w0"));   // router norm
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));   // post_ffw_norm_1/2
+    EXPECT_FALSE(moe.count("matvec_q8_0.k256"));  // no PLE
+
+    auto b31 = names_of(build_kernel_plan(Config::preset("31b"), ggml::Type::Q8_0));
+    for (const char* want :
+         {"matvec_q8_0.k5376", "matvec_q8_0.k8192", "matvec_q8_0.k16384", "matvec_q8_0.k21504"})
+        EXPECT_TRUE(b31.count(want)) << want;
+}
+
+TEST(KernelPlan, UnsupportedWeightTypeIsNamed) {
+    try {
+        build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(build_kernel_plan(Config{}, ggml::Type::Q8_0), gj::gemma4::ConfigError);
+}
+
+TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
+    using gj::gemma4::matvec_spec;
+    using gj::gemma4::rmsnorm_spec;
+    EXPECT_THROW(rmsnorm_spec(100, true, true, false), std::invalid_argument);  // q8 needs %32
+    EXPECT_THROW(rmsnorm_spec(256, true, true, true), std::invalid_argument);   // q8 + add
+    EXPECT_THROW(rmsnorm_spec(6, true), std::invalid_argument);
+    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080), std::invalid_argument);  // 2080 % 64 != 0
+    EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::spec_constant(rmsnorm_spec(256, true), "NOPE"), std::out_of_range);
+}
+
+TEST(KernelPlan, LaunchGeometryIsConsistent) {
+    for (const auto& k : all_specs()) {
+        if (k.family == "rmsnorm") {
+            const auto tpr = gj::gemma4::spec_constant(k, "TPR");
+            const auto rpb = gj::gemma4::spec_constant(k, "RPB");
+            const auto n = gj::gemma4::spec_constant(k, "N");
+            EXPECT_LE(tpr * rpb, 1024) << k.name;
+            EXPECT_TRUE(tpr <= 32 ? 32 % tpr == 0 : tpr % 32 == 0) << k.name;
+            EXPECT_LE((n / 4 + tpr - 1) / tpr, 8) << k.name << ": too many float4 per thread";
+        } else if (k.family.starts_with("matvec_")) {
+            const auto threads = gj::gemma4::spec_constant(k, "THREADS");
+            EXPECT_EQ(threads % 32, 0) << k.name;
+            EXPECT_EQ(gj::gemma4::spec_constant(k, "K") % 64, 0) << k.name;
+        }
+    }
+}
+
+// The one expensive test: NVRTC for every spec, both archs. Bounded by deduplication across
+// variants (about 50 specs) and run on 2 threads.
+TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
+    const auto specs = all_specs();
+    gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
+    for (const std::string arch : {"sm_80", "sm_90"}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto compiled = jit.compile_plan(specs, arch, 2);
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("[ timing   ] %zu specs for %s compiled in %.1f s\n", specs.size(),
+                    arch.c_str(), secs);
+        ASSERT_EQ(compiled.size(), specs.size());
+        for (const auto& c : compiled) {
+            const auto& s = c.spec;
+            SCOPED_TRACE(s.name + " " + arch);
+            ASSERT_FALSE(c.cubin.empty());
+            for (const auto& e : s.entries)
+                EXPECT_FALSE(entry_ptx(c.ptx, e).empty()) << "entry " << e << " missing from PTX";
+            const bool hot = s.family == "rmsnorm" || s.family.starts_with("matvec_") ||
+                             s.family == "quantize_q8_1";
+            if (hot) {
+                ASSERT_EQ(c.resources_per_entry.size(), s.entries.size());
+                for (size_t i = 0; i < s.entries.size(); ++i) {
+                    EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << s.entries[i];
+                    EXPECT_EQ(c.resources_per_entry[i].spill_load_bytes, 0) << s.entries[i];
+                    EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << s.entries[i];
+                }
+            }
+            if (s.family.starts_with("matvec_")) {
+                for (const auto& e : s.entries) {
+                    if (e.starts_with("repack_")) continue;
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("dp4a.s32.s32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos) << e;
+                    if (gj::gemma4::spec_constant(s, "LAYOUT") == 1)
+                        EXPECT_NE(body.find("ld.global.nc.L1::no_allocate.v4.u32"),
+                                  std::string::npos)
+                            << e << ": split layout must use 16-byte streaming loads";
+                    else
+                        EXPECT_NE(body.find("shf.r."), std::string::npos)
+                            << e << ": ggml layout joins unaligned words with funnel shifts";
+                }
+                // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one.
+                auto count = [](const std::string& text, const std::string& what) {
+                    size_t n = 0;
+                    for (auto p = text.find(what); p != std::string::npos;
+                         p = text.find(what, p + 1))
+                        ++n;
+                    return n;
+                };
+                EXPECT_EQ(count(entry_ptx(c.ptx, s.entries[2]), "dp4a"),
+                          2 * count(entry_ptx(c.ptx, s.entries[0]), "dp4a"));
+            } else if (s.family == "rmsnorm") {
+                const bool quant = gj::gemma4::spec_constant(s, "QUANT") == 1;
+                EXPECT_EQ(c.ptx.find("cvt.rni.sat.s8.f32") != std::string::npos, quant);
+                EXPECT_NE(c.ptx.find("sqrt.rn.f32"), std::string::npos);
+            } else if (s.family == "quantize_q8_1") {
+                EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
+                EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);
+            } else if (s.family == "ptx_selftest") {
+                const std::map<std::string, std::vector<std::string>> want = {
+                    {"selftest_convert",
+                     {"cvt.rn.f16.f32", "cvt.f32.f16", "cvt.rn.bf16.f32", "cvt.rni.sat.s8.f32"}},
+                    {"selftest_pack", {"cvt.rn.f16x2.f32", "fma.rn.f16x2", "prmt.b32"}},
+                    {"selftest_dp4a", {"dp4a.s32.s32"}},
+                    {"selftest_mma_s8", {"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"}},
+                    {"selftest_mma_f16", {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"}},
+                    {"selftest_ldmatrix",
+                     {"ldmatrix.sync.aligned.m8n8.x1.shared.b16",
+                      "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
+                      "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                      "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
+                      "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cvta.to.shared"}},
+                    {"selftest_cp_async",
+                     {"cp.async.ca.shared.global", "cp.async.cg.shared.global",
+                      "cp.async.commit_group", "cp.async.wait_group 0"}},
+                    {"selftest_warp_reduce", {"shfl.sync.bfly.b32"}},
+                    {"selftest_fast_math", {"ex2.approx.ftz.f32", "tanh.approx.f32", "rcp.approx"}},
+                    {"selftest_loads",
+                     {"ld.global.nc.L1::no_allocate.v4.u32", "ld.global.nc.L1::no_allocate.u32",
+                      "ld.global.nc.u16", "shf.r."}},
+                };
+                ASSERT_EQ(want.size(), s.entries.size());
+                for (const auto& [entry, instrs] : want) {
+                    const auto body = entry_ptx(c.ptx, entry);
+                    for (const auto& i : instrs)
+                        EXPECT_NE(body.find(i), std::string::npos) << entry << " lacks " << i;
+                }
+            }
+        }
+    }
+}
