@@ -94,7 +94,9 @@ class Store {
     void remove(const EntryId& id, std::string_view reason);
 
     // Maintenance (the `cache` CLI).
-    std::vector<EntrySummary> list() const;  // every entry under the root, all partitions
+    // Every entry under the root, all partitions. Without `checksums` only sizes are checked
+    // (stat and prune walk the whole cache; verify and load hash every payload).
+    std::vector<EntrySummary> list(bool checksums = false) const;
     StoreStats stat() const;
     std::vector<EntrySummary> verify(bool remove_damaged);  // returns the damaged ones
     // Deletes least recently used entries until the total is at most max_bytes; also removes
@@ -106,7 +108,7 @@ class Store {
   private:
     void warn_once(const std::string& topic, const std::string& message);
     EntrySummary inspect(const std::filesystem::path& dir, const std::string* expected_key,
-                         Entry* out) const;
+                         Entry* out, bool checksums = true) const;
     void delete_dir(const std::filesystem::path& dir);
     void touch(const std::filesystem::path& dir, nlohmann::json meta);
 

@@ -45,19 +45,18 @@ LoadResult load_driver() {
         return out;
     }
     DriverApi& api = out.api;
-#define GJ_DRIVER_FETCH(name)                                                                  \
-    {                                                                                          \
-        void* fn = nullptr;                                                                    \
-        CUdriverProcAddressQueryResult status{};                                               \
-        CUresult r = get_proc(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status); \
-        if (r != CUDA_SUCCESS || !fn || status != CU_GET_PROC_ADDRESS_SUCCESS) {               \
-            out.error = fmt::format(                                                           \
-                "the NVIDIA driver lacks {} for CUDA {}.{} (too old for this build); "         \
-                "this command needs a newer driver",                                           \
-                #name, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10);                         \
-            return out;                                                                        \
-        }                                                                                      \
-        api.name = reinterpret_cast<decltype(api.name)>(fn);                                   \
+#define GJ_DRIVER_FETCH(name, version)                                                       \
+    {                                                                                        \
+        void* fn = nullptr;                                                                  \
+        CUdriverProcAddressQueryResult status{};                                             \
+        CUresult r = get_proc(#name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);    \
+        if (r != CUDA_SUCCESS || !fn || status != CU_GET_PROC_ADDRESS_SUCCESS) {             \
+            out.error = fmt::format(                                                         \
+                "the NVIDIA driver lacks {} (ABI {}.{}); this command needs a newer driver", \
+                #name, version / 1000, version % 1000 / 10);                                 \
+            return out;                                                                      \
+        }                                                                                    \
+        api.name = reinterpret_cast<decltype(api.name)>(fn);                                 \
     }
     GJ_DRIVER_FUNCTIONS(GJ_DRIVER_FETCH)
 #undef GJ_DRIVER_FETCH

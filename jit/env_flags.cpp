@@ -86,7 +86,7 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::Neutral,
          .default_value = "0",
          .help = "log level: 1 compile events, timings, hit/miss; 2 + registers/spills/smem; "
-                 "3 + rendered source; 4 + PTX",
+                 "3 + rendered source; 4 + PTX; 5 + cache entry paths and key records",
          .min = 0,
          .max = 5},
         {.name = "GEMMAJIT_DUMP_DIR",
@@ -261,6 +261,7 @@ Flags Flags::parse(const EnvMap& env, std::vector<std::string>* warnings) {
         auto it = env.find(def.name);
         v.set = it != env.end();
         std::string raw = v.set ? it->second : std::string(def.default_value);
+        v.raw = raw;
         switch (def.type) {
             case T::Bool: {
                 std::string l = lower(raw);
@@ -360,6 +361,10 @@ const std::string& Flags::get_string(std::string_view name) const {
 }
 bool Flags::is_set(std::string_view name) const {
     return value(name, {T::Bool, T::Int, T::Size, T::String, T::Enum, T::Path}).set;
+}
+
+const std::string& Flags::raw(std::string_view name) const {
+    return value(name, {T::Bool, T::Int, T::Size, T::String, T::Enum, T::Path}).raw;
 }
 
 std::string Flags::canonical(std::string_view name) const {

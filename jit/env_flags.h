@@ -59,6 +59,8 @@ class Flags {
     uint64_t get_size(std::string_view name) const;              // bytes
     const std::string& get_string(std::string_view name) const;  // String, Enum, Path
     bool is_set(std::string_view name) const;  // given in the environment (not defaulted)
+    // The text as the environment (or, when unset, the default) spells it.
+    const std::string& raw(std::string_view name) const;
 
     // Canonical "NAME=value" of every output-changing flag, in table order: the cache key's share.
     std::vector<std::pair<std::string, std::string>> output_changing() const;
@@ -71,6 +73,7 @@ class Flags {
         bool set = false;
         int64_t number = 0;  // Bool (0/1), Int, Size
         std::string text;    // String, Enum, Path
+        std::string raw;     // as written
     };
     const Value& value(std::string_view name, std::initializer_list<FlagType> types) const;
     std::map<std::string, Value, std::less<>> values_;

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cache/store.h"
+#include "jit/cache_config.h"
 #include "jit/cache_key.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
@@ -35,14 +36,6 @@ namespace {
 constexpr const char* kSourceFile = "kernel.cu";
 constexpr const char* kPtxFile = "kernel.ptx";
 constexpr const char* kCubinFile = "kernel.cubin";
-
-fs::path default_cache_root() {
-    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-        return fs::path(xdg) / "gemmajit";
-    if (const char* home = std::getenv("HOME"); home && *home)
-        return fs::path(home) / ".cache" / "gemmajit";
-    return {};
-}
 
 // CPUs this process may use: the affinity mask, capped by a cgroup v2 CPU quota.
 int available_cpus() {
@@ -129,29 +122,12 @@ struct Jit::Impl {
                             line) { std::fprintf(stderr, "gemmajit: %s\n", line.c_str()); }),
           debug(static_cast<int>(f.get_int("GEMMAJIT_DEBUG"))),
           templates(f.get_string("GEMMAJIT_TEMPLATE_DIR")),
-          store(store_config(f)),
+          store(cache_config(f, [this](const std::string& m) { log("warning: " + m); })),
           require_cached(f.get_bool("GEMMAJIT_REQUIRE_CACHED")),
           dump_dir(f.get_string("GEMMAJIT_DUMP_DIR")) {
         base.lineinfo = f.get_bool("GEMMAJIT_LINEINFO");
         base.maxrregcount = static_cast<int>(f.get_int("GEMMAJIT_MAXRREG"));
         base.extra = split_words(f.get_string("GEMMAJIT_NVRTC_FLAGS"));
-    }
-
-    cache::StoreConfig store_config(const Flags& f) {
-        cache::StoreConfig c;
-        const std::string& mode = f.get_string("GEMMAJIT_CACHE");
-        c.mode = mode == "0"    ? cache::Mode::Off
-                 : mode == "ro" ? cache::Mode::ReadOnly
-                                : cache::Mode::ReadWrite;
-        c.root = f.get_string("GEMMAJIT_CACHE_DIR");
-        if (c.root.empty()) c.root = default_cache_root();
-        if (c.root.empty() && c.mode != cache::Mode::Off)
-            warn_once("noroot",
-                      "neither GEMMAJIT_CACHE_DIR, XDG_CACHE_HOME nor HOME is set; "
-                      "the kernel cache is off");
-        c.max_bytes = f.get_size("GEMMAJIT_CACHE_MAX_SIZE");
-        c.warn = [this](const std::string& m) { log("warning: " + m); };
-        return c;
     }
 
     void warn_once(const std::string& topic, const std::string& message) {
@@ -241,7 +217,7 @@ struct Jit::Impl {
                                         std::chrono::duration<double, std::milli>(
                                             std::chrono::steady_clock::now() - t0)
                                             .count()));
-                    trace(*k);
+                    trace(*k, p);
                     return std::move(*k);
                 }
                 store.remove(p.id, "its files do not match the rendered kernel");
@@ -289,11 +265,11 @@ struct Jit::Impl {
         if (debug >= 1)
             log(fmt::format("jit: miss {} {}: compiled in {:.0f} ms", p.spec.name, p.arch,
                             k.compile_ms));
-        trace(k);
+        trace(k, p);
         return k;
     }
 
-    void trace(const CompiledKernel& k) {
+    void trace(const CompiledKernel& k, const Prepared& p) {
         if (debug >= 2)
             for (size_t i = 0; i < k.resources_per_entry.size(); ++i) {
                 const auto& r = k.resources_per_entry[i];
@@ -306,6 +282,10 @@ struct Jit::Impl {
         if (debug >= 3)
             log(fmt::format("jit: {} source:\n{}", k.spec.name, numbered_listing(k.source)));
         if (debug >= 4) log(fmt::format("jit: {} PTX:\n{}", k.spec.name, k.ptx));
+        if (debug >= 5)
+            log(fmt::format("jit: {} cache entry {}\nkey {} over record:\n{}", k.spec.name,
+                            k.entry_dir.empty() ? std::string("(none)") : k.entry_dir, k.key,
+                            p.record.to_json().dump(2)));
     }
 
     // In-process dedupe: one build per key, concurrent callers wait for it; results are kept.

@@ -3,6 +3,7 @@
 // the key or tensor.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <string>

@@ -1,6 +1,411 @@
-// Placeholder until the JIT-core work lands: env, kernels, precompile, show/src/ptx/sass, cache.
+// JIT and cache commands: env, kernels, precompile, show, src, ptx, sass, cache.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "cache/store.h"
+#include "engine/gemma4_config.h"
+#include "engine/gguf.h"
+#include "engine/kernel_plan.h"
+#include "jit/cache_config.h"
+#include "jit/device.h"
+#include "jit/env_flags.h"
+#include "jit/jit.h"
 #include "tools/commands.h"
 
+namespace fs = std::filesystem;
+
 namespace gj::tools {
-void add_jit_commands(CLI::App&) {}
+
+namespace {
+
+// Where the kernel plan comes from: a named preset or a GGUF file, plus the weight type.
+struct PlanSource {
+    std::string variant;
+    std::string model;
+    std::string wtype;
+};
+
+void add_plan_options(CLI::App* sub, PlanSource& src) {
+    auto* v = sub->add_option("--variant", src.variant,
+                              "model preset (e2b, e4b, 12b, 26b-a4b, 31b; default e4b)");
+    auto* m = sub->add_option("--model", src.model, "GGUF file whose metadata defines the plan");
+    v->excludes(m);
+    sub->add_option("--wtype", src.wtype,
+                    "weight type of the matrices (q8_0, q4_0, ...; default: the model's, or q8_0)");
+}
+
+struct Plan {
+    std::string label;
+    std::vector<jit::KernelSpec> specs;
+};
+
+// The weight type most matrices of a GGUF use (what the matvec kernels must read).
+ggml::Type dominant_weight_type(const gguf::File& file) {
+    std::map<ggml::Type, uint64_t> bytes;
+    for (const auto& t : file.tensors())
+        if (t.name.starts_with("blk.") && t.dims.size() >= 2) bytes[t.type] += t.n_bytes;
+    if (bytes.empty())
+        throw std::runtime_error(file.path().string() + " has no blk.* weight matrices");
+    return std::max_element(bytes.begin(), bytes.end(),
+                            [](const auto& a, const auto& b) { return a.second < b.second; })
+        ->first;
+}
+
+Plan load_plan(const PlanSource& src) {
+    Plan plan;
+    gemma4::Config cfg;
+    std::optional<ggml::Type> wtype;
+    if (!src.wtype.empty()) {
+        wtype = ggml::type_from_name(src.wtype);
+        if (!wtype)
+            throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name");
+    }
+    if (!src.model.empty()) {
+        auto file = gguf::File::open(src.model);
+        cfg = gemma4::Config::from_gguf(*file);
+        if (!wtype) wtype = dominant_weight_type(*file);
+        plan.label = src.model;
+    } else {
+        std::string variant = src.variant.empty() ? "e4b" : src.variant;
+        cfg = gemma4::Config::preset(variant);
+        plan.label = variant;
+    }
+    if (!wtype) wtype = ggml::Type::Q8_0;
+    plan.label += " (" + ggml::type_name(*wtype) + ")";
+    plan.specs = gemma4::build_kernel_plan(cfg, *wtype);
+    return plan;
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+const char* state_name(jit::CacheState s) {
+    switch (s) {
+        case jit::CacheState::Hit:
+            return "cached";
+        case jit::CacheState::Missing:
+            return "missing";
+        case jit::CacheState::Damaged:
+            return "damaged";
+        case jit::CacheState::Disabled:
+            return "cache off";
+    }
+    return "?";
+}
+
+std::string or_dash(int v) {
+    return v < 0 ? "-" : std::to_string(v);
+}
+
+const jit::KernelSpec& find_spec(const Plan& plan, const std::string& name) {
+    for (const auto& s : plan.specs)
+        if (s.name == name) return s;
+    std::string names;
+    for (const auto& s : plan.specs) names += "\n  " + s.name;
+    throw std::invalid_argument(fmt::format(
+        "kernel {} is not in the plan of {}; its kernels are:{}", name, plan.label, names));
+}
+
+void cmd_env() {
+    const jit::Flags& flags = jit::Flags::process();
+    size_t width = 5;
+    for (const auto& d : jit::flag_table())
+        if (flags.is_set(d.name)) width = std::max(width, flags.raw(d.name).size());
+    fmt::print("{:<26} {:<{}} {:<8} {:<15} {}\n", "FLAG", "VALUE", width, "DEFAULT", "CLASS",
+               "HELP");
+    for (const auto& d : jit::flag_table()) {
+        std::string value = flags.is_set(d.name) ? flags.raw(d.name) : "-";
+        fmt::print("{:<26} {:<{}} {:<8} {:<15} {}\n", d.name, value, width,
+                   d.default_value.empty() ? "\"\"" : std::string(d.default_value),
+                   d.cls == jit::FlagClass::OutputChanging ? "output-changing" : "neutral", d.help);
+    }
+    jit::Jit jit;
+    fmt::print("\ncache: {}\ntarget: {}\n",
+               jit.cache_root().empty() ? std::string("off") : jit.cache_root(),
+               jit.default_arch());
+}
+
+void cmd_kernels(const PlanSource& src, std::string arch, bool status) {
+    Plan plan = load_plan(src);
+    jit::Jit jit;
+    if (arch.empty()) arch = jit.default_arch();
+    fmt::print("{} kernels for {} on {}\n", plan.specs.size(), plan.label, arch);
+    size_t width = 4;
+    for (const auto& s : plan.specs) width = std::max(width, s.name.size());
+    fmt::print("{:<4} {:<{}} {:<16} {}{}\n", "PRIO", "SPEC", width, "FAMILY",
+               status ? "CACHE     " : "", "ENTRIES");
+    for (const auto& s : plan.specs) {
+        std::string entries;
+        for (const auto& e : s.entries) entries += (entries.empty() ? "" : ",") + e;
+        fmt::print("{:<4} {:<{}} {:<16} {}{}\n", s.priority, s.name, width, s.family,
+                   status ? fmt::format("{:<10}", state_name(jit.cache_state(s, arch))) : "",
+                   entries);
+    }
+}
+
+void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, bool load) {
+    Plan plan = load_plan(src);
+    if (load) jit::Device::get();  // no GPU: fail before compiling anything
+    jit::Jit jit;
+    std::vector<std::string> arch_list = split_list(archs);
+    if (arch_list.empty()) arch_list.push_back(jit.default_arch());
+    auto t0 = std::chrono::steady_clock::now();
+    size_t hits = 0, misses = 0;
+    fmt::print("{:<48} {:<7} {:>5} {:>11} {:>9} {:>10} {}\n", "SPEC", "ARCH", "REGS",
+               "SPILL(st/ld)", "SMEM", "COMPILE_MS", "CACHE");
+    jit::ModuleSet modules;
+    double load_ms = -1;
+    for (const auto& arch : arch_list) {
+        std::vector<jit::CompiledKernel> out = jit.compile_plan(plan.specs, arch, jobs);
+        if (load && arch == jit::Device::get().arch()) {
+            auto l0 = std::chrono::steady_clock::now();
+            jit.load(modules, out);
+            load_ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - l0)
+                    .count();
+        }
+        for (const auto& k : out) {
+            (k.cache_hit ? hits : misses)++;
+            const auto& r = k.resources;
+            fmt::print(
+                "{:<48} {:<7} {:>5} {:>11} {:>9} {:>10} {}\n", k.spec.name, k.arch,
+                or_dash(r.registers),
+                fmt::format("{}/{}", or_dash(r.spill_store_bytes), or_dash(r.spill_load_bytes)),
+                or_dash(r.shared_static_bytes),
+                k.cache_hit ? std::string("-") : fmt::format("{:.0f}", k.compile_ms),
+                k.cache_hit ? "hit" : "miss");
+        }
+    }
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fmt::print("total: {} kernels, {} hits, {} misses, wall {:.2f} s ({})\n", hits + misses, hits,
+               misses, wall, jit.cache_root().empty() ? "cache off" : jit.cache_root());
+    if (load) {
+        if (load_ms < 0)
+            throw std::invalid_argument(fmt::format(
+                "--load needs the GPU's own arch ({}) among --arch", jit::Device::get().arch()));
+        fmt::print("loaded {} modules on {} in {:.1f} ms (included in the wall time)\n",
+                   modules.size(), jit::Device::get().name(), load_ms);
+    }
+}
+
+// The kernel named on the command line, compiled (or loaded) for the requested arch.
+jit::CompiledKernel compiled_spec(const PlanSource& src, const std::string& name,
+                                  std::string arch) {
+    Plan plan = load_plan(src);
+    jit::Jit jit;
+    if (arch.empty()) arch = jit.default_arch();
+    return jit.compile(find_spec(plan, name), arch);
+}
+
+void cmd_show(const jit::CompiledKernel& k) {
+    nlohmann::json meta;
+    if (!k.entry_dir.empty())
+        if (auto text = cache::read_file(fs::path(k.entry_dir) / "meta.json"))
+            meta = nlohmann::json::parse(*text, nullptr, false);
+    fmt::print("spec      {}\nfamily    {}\narch      {}\nkey       {}\nentry     {}\n",
+               k.spec.name, k.spec.family, k.arch, k.key,
+               k.entry_dir.empty() ? std::string("(not cached)") : k.entry_dir);
+    if (meta.is_object()) {
+        auto when = [&](const char* field) {
+            if (!meta.contains(field)) return std::string("-");
+            std::time_t t = meta[field].get<int64_t>();
+            char buf[64];
+            std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+            return std::string(buf);
+        };
+        fmt::print("created   {}\nlast used {}\ncompile   {:.0f} ms\n", when("created"),
+                   when("last_used"), meta.value("compile_ms", 0.0));
+        if (meta.contains("key_record")) {
+            const auto& kr = meta["key_record"];
+            fmt::print("key record:\n  abi {}\n  nvrtc {}\n  source sha256 {} ({} bytes)\n",
+                       kr.value("abi", 0), kr.value("nvrtc", ""), kr.value("source_sha256", ""),
+                       kr.value("source_bytes", 0));
+            const nlohmann::json flags = kr.value("flags", nlohmann::json::object());
+            for (const auto& [name, value] : flags.items())
+                fmt::print("  {}={}\n", name,
+                           value.is_string() ? value.get<std::string>() : value.dump());
+        }
+    }
+    fmt::print("constants:\n");
+    for (const auto& [name, value] : k.spec.constants) fmt::print("  {} = {}\n", name, value);
+    fmt::print("options:\n");
+    for (const auto& o : k.options) fmt::print("  {}\n", o);
+    fmt::print("entries:\n");
+    for (size_t i = 0; i < k.spec.entries.size(); ++i) {
+        const auto& r = k.resources_per_entry.at(i);
+        fmt::print("  {}: {} registers, spill {}/{} B (store/load), {} B static smem, {} B stack\n",
+                   k.spec.entries[i], or_dash(r.registers), or_dash(r.spill_store_bytes),
+                   or_dash(r.spill_load_bytes), or_dash(r.shared_static_bytes),
+                   or_dash(r.stack_bytes));
+    }
+    fmt::print("NVRTC log:\n{}\n", k.log.empty() ? "  (empty)" : k.log);
+}
+
+// cuobjdump or nvdisasm from PATH or the default toolkit location; empty when neither exists.
+std::string find_disassembler() {
+    std::vector<fs::path> dirs;
+    if (const char* path = std::getenv("PATH")) {
+        std::stringstream ss(path);
+        std::string dir;
+        while (std::getline(ss, dir, ':'))
+            if (!dir.empty()) dirs.emplace_back(dir);
+    }
+    dirs.emplace_back("/usr/local/cuda/bin");
+    for (const char* tool : {"cuobjdump", "nvdisasm"})
+        for (const auto& d : dirs)
+            if (::access((d / tool).c_str(), X_OK) == 0) return (d / tool).string();
+    return {};
+}
+
+void cmd_sass(const jit::CompiledKernel& k) {
+    std::string tool = find_disassembler();
+    fs::path cubin = k.entry_dir.empty() ? fs::path() : fs::path(k.entry_dir) / "kernel.cubin";
+    std::optional<fs::path> scratch;
+    if (cubin.empty() || !fs::exists(cubin)) {
+        scratch = fs::temp_directory_path() /
+                  fmt::format("gemmajit-{}-{}.cubin", k.spec.name, ::getpid());
+        cache::write_file_synced(*scratch, k.cubin);
+        cubin = *scratch;
+    }
+    if (tool.empty())
+        throw std::runtime_error(fmt::format(
+            "no SASS disassembler: neither cuobjdump nor nvdisasm is on PATH or in "
+            "/usr/local/cuda/bin. Install the CUDA toolkit's cuobjdump/nvdisasm (packages "
+            "cuda-cuobjdump-13-0 / cuda-nvdisasm-13-0) and run `cuobjdump -sass {}`",
+            cubin.string()));
+    std::string cmd = tool.ends_with("cuobjdump")
+                          ? fmt::format("'{}' -sass '{}'", tool, cubin.string())
+                          : fmt::format("'{}' '{}'", tool, cubin.string());
+    std::fflush(stdout);
+    int rc = std::system(cmd.c_str());
+    if (scratch) fs::remove(*scratch);
+    if (rc != 0) throw std::runtime_error(fmt::format("`{}` failed (status {})", cmd, rc));
+}
+
+cache::Store open_store() {
+    return cache::Store(jit::cache_config(jit::Flags::process(), [](const std::string& m) {
+        std::fprintf(stderr, "gemmajit: warning: %s\n", m.c_str());
+    }));
+}
+
+void cmd_cache(const std::string& action, const std::string& max_size) {
+    cache::Store store = open_store();
+    if (store.config().root.empty())
+        throw std::runtime_error("the kernel cache has no root directory");
+    const fs::path& root = store.config().root;
+    if (action == "stat") {
+        cache::StoreStats st = store.stat();
+        const char* mode = store.config().mode == cache::Mode::Off        ? "off (GEMMAJIT_CACHE=0)"
+                           : store.config().mode == cache::Mode::ReadOnly ? "read-only"
+                                                                          : "read-write";
+        fmt::print("root       {}\nmode       {}\nentries    {}\nsize       {}\ncap        {}\n",
+                   root.string(), mode, st.entries, jit::format_size(st.bytes),
+                   store.config().max_bytes ? jit::format_size(store.config().max_bytes)
+                                            : std::string("none"));
+        for (const auto& [partition, n] : st.entries_per_partition)
+            fmt::print("  {:<40} {} entries\n", partition, n);
+    } else if (action == "verify") {
+        auto damaged = store.verify(store.config().mode == cache::Mode::ReadWrite);
+        size_t total = store.list().size() + damaged.size();
+        for (const auto& e : damaged) fmt::print("damaged: {} ({})\n", e.dir.string(), e.problem);
+        fmt::print("{} entries checked, {} damaged{}\n", total, damaged.size(),
+                   damaged.empty() || store.config().mode != cache::Mode::ReadWrite
+                       ? ""
+                       : " (removed; they are rebuilt on next use)");
+        if (!damaged.empty() && store.config().mode != cache::Mode::ReadWrite)
+            throw std::runtime_error("damaged entries left in place (cache is not read-write)");
+    } else if (action == "prune") {
+        uint64_t cap = max_size.empty() ? store.config().max_bytes : jit::parse_size(max_size);
+        cache::PruneResult r = store.prune(cap);
+        fmt::print("removed {} entries ({}); {} remain under {}\n", r.removed,
+                   jit::format_size(r.freed_bytes), jit::format_size(r.remaining_bytes),
+                   cap ? jit::format_size(cap) : std::string("no cap"));
+    } else if (action == "clear") {
+        size_t n = store.clear();
+        fmt::print("removed {} entries from {}\n", n, root.string());
+    }
+}
+
+}  // namespace
+
+void add_jit_commands(CLI::App& app) {
+    app.add_subcommand("env", "list every GEMMAJIT_* flag: value, default, class, help")
+        ->callback(cmd_env);
+
+    {
+        auto src = std::make_shared<PlanSource>();
+        auto arch = std::make_shared<std::string>();
+        auto status = std::make_shared<bool>(false);
+        auto* sub = app.add_subcommand("kernels", "list the kernel plan of a model");
+        add_plan_options(sub, *src);
+        sub->add_option("--arch", *arch,
+                        "target architecture (default: GEMMAJIT_ARCH or the GPU's)");
+        sub->add_flag("--status", *status, "show whether each kernel is in the cache");
+        sub->callback([=] { cmd_kernels(*src, *arch, *status); });
+    }
+    {
+        auto src = std::make_shared<PlanSource>();
+        auto archs = std::make_shared<std::string>();
+        auto jobs = std::make_shared<int>(0);
+        auto load = std::make_shared<bool>(false);
+        auto* sub = app.add_subcommand("precompile", "compile a model's kernels into the cache");
+        add_plan_options(sub, *src);
+        sub->add_option("--arch", *archs, "comma-separated architectures, e.g. sm_80,sm_90");
+        sub->add_option("--jobs", *jobs, "parallel compiles (default GEMMAJIT_THREADS or CPUs)")
+            ->check(CLI::Range(0, 1024));
+        sub->add_flag("--load", *load, "also load every module on the GPU (measures a warm start)");
+        sub->callback([=] { cmd_precompile(*src, *archs, *jobs, *load); });
+    }
+    struct Stage {
+        const char* name;
+        const char* help;
+        void (*run)(const jit::CompiledKernel&);
+    };
+    static const Stage stages[] = {
+        {"show", "a cached kernel's metadata: options, key record, resources, NVRTC log", cmd_show},
+        {"src", "a kernel's rendered CUDA source",
+         [](const jit::CompiledKernel& k) { fmt::print("{}", k.source); }},
+        {"ptx", "a kernel's PTX", [](const jit::CompiledKernel& k) { fmt::print("{}", k.ptx); }},
+        {"sass", "a kernel's SASS (needs cuobjdump or nvdisasm)", cmd_sass},
+    };
+    for (const Stage& stage : stages) {
+        auto src = std::make_shared<PlanSource>();
+        auto spec = std::make_shared<std::string>();
+        auto arch = std::make_shared<std::string>();
+        auto* sub = app.add_subcommand(stage.name, stage.help);
+        sub->add_option("SPEC", *spec, "kernel spec name (see `gemmajit kernels`)")->required();
+        add_plan_options(sub, *src);
+        sub->add_option("--arch", *arch,
+                        "target architecture (default: GEMMAJIT_ARCH or the GPU's)");
+        auto run = stage.run;
+        sub->callback([=] { run(compiled_spec(*src, *spec, *arch)); });
+    }
+    {
+        auto action = std::make_shared<std::string>();
+        auto max_size = std::make_shared<std::string>();
+        auto* sub = app.add_subcommand("cache", "inspect or maintain the kernel cache");
+        sub->add_option("ACTION", *action, "stat | verify | prune | clear")
+            ->required()
+            ->check(CLI::IsMember({"stat", "verify", "prune", "clear"}));
+        sub->add_option("--max-size", *max_size,
+                        "prune: cap to prune to (default GEMMAJIT_CACHE_MAX_SIZE)");
+        sub->callback([=] { cmd_cache(*action, *max_size); });
+    }
+}
+
 }  // namespace gj::tools

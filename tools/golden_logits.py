@@ -7,7 +7,8 @@ the CPU, loads the weights (GGUF -> HF names per reference/gemma4-spec.md sectio
 are reversed torch shapes), runs one token sequence several sliding windows long and writes
 
   <out>/<variant>.json        how the model was made (variant, wtype, seed, FNV-1a 64 of the
-                              GGUF file), the tokens, versions, HF-side structure checks
+                              GGUF's tensor data section), the tokens, versions, HF-side
+                              structure checks
   <out>/<variant>.logits.f32  logits, [positions][vocab] little-endian f32
   <out>/<variant>.hidden.f32  (debug, not committed) HF hidden states [L+1][positions][d]
 
@@ -353,7 +354,7 @@ def build_hf_model(desc, log):
     while cfg is None:
         try:
             cfg = g4.Gemma4TextConfig(**kwargs)
-        except TypeError as e:  # a kwarg this transformers version does not know
+        except Exception as e:  # noqa: BLE001 - a kwarg this transformers version rejects
             bad = [k for k in kwargs if f"'{k}'" in str(e)]
             if not bad:
                 raise
@@ -375,35 +376,63 @@ def build_hf_model(desc, log):
             log(f"set_attn_implementation('eager') failed: {e}")
     model = model.float().eval()
     log(f"attention implementation: {getattr(model.config, '_attn_implementation', '?')}")
-    log(f"Gemma4TextConfig signature: {inspect.signature(g4.Gemma4TextConfig)}")
+    print(f"Gemma4TextConfig signature: {inspect.signature(g4.Gemma4TextConfig)}")
     return model
 
 
-def load_weights(model, weights, log):
+def load_weights(model, weights, desc, log):
     import numpy as np
     import torch
     sd = model.state_dict()
     problems = []
+    direct = {}  # weights HF keeps as non-persistent buffers (absent from the state dict)
     for k, v in weights.items():
         if k not in sd:
-            problems.append(f"HF model has no {k} (GGUF shape {list(v.shape)})")
+            owner, _, attr = k.rpartition(".")
+            target = getattr(model.get_submodule(owner), attr, None) if owner else None
+            if isinstance(target, torch.Tensor) and tuple(target.shape) == tuple(v.shape):
+                direct[k] = target
+                log(f"{k}: not in the state dict, set as a buffer")
+            else:
+                problems.append(f"HF model has no {k} (GGUF shape {list(v.shape)})")
         elif tuple(sd[k].shape) != tuple(v.shape):
             problems.append(f"{k}: HF shape {list(sd[k].shape)} vs GGUF {list(v.shape)}")
     tied = {"lm_head.weight"}
+    first_shared = desc.L - desc.shared
+
+    def unused_by_hf(k):
+        # HF ignores K/V projections that a version may still create on KV-shared layers.
+        parts = k.split(".")
+        return (len(parts) > 4 and parts[:2] == ["model", "layers"] and
+                int(parts[2]) >= first_shared and parts[3] == "self_attn" and
+                parts[4] in ("k_proj", "v_proj", "k_norm", "v_norm"))
+
     unset = [k for k in sd if k not in weights and k not in tied]
+    for k in [k for k in unset if unused_by_hf(k)]:
+        log(f"{k}: exists in HF but is unused on a KV-shared layer; left at init")
+    unset = [k for k in unset if not unused_by_hf(k)]
     if unset:
         problems.append(f"HF tensors left at random init: {unset}")
     if problems:
         log("HF state dict keys: " + ", ".join(f"{k}{list(t.shape)}" for k, t in sd.items()))
         raise RuntimeError("weight mapping failed:\n  " + "\n  ".join(problems))
-    missing, unexpected = model.load_state_dict(
-        {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()}, strict=False)
-    if unexpected or set(missing) - tied:
+    loadable = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()
+                if k not in direct}
+    missing, unexpected = model.load_state_dict(loadable, strict=False)
+    missing = [k for k in missing if k not in tied and not unused_by_hf(k)]
+    if unexpected or missing:
         raise RuntimeError(f"load_state_dict: missing {missing}, unexpected {unexpected}")
+    for k, target in direct.items():
+        target.copy_(torch.from_numpy(np.ascontiguousarray(weights[k])))
     lm = model.lm_head.weight.detach()
     emb = model.model.embed_tokens.weight.detach()
     if not torch.equal(lm, emb):
-        raise RuntimeError("lm_head is not tied to embed_tokens after loading")
+        # GGUF embeddings are tied; some versions tie only inside from_pretrained.
+        if hasattr(model, "tie_weights"):
+            model.tie_weights()
+        if not torch.equal(model.lm_head.weight.detach(), emb):
+            model.lm_head.weight.copy_(emb)
+            log("lm_head was not tied after loading; copied embed_tokens into it")
 
 
 def hf_structure(model, desc):
@@ -449,7 +478,7 @@ def run(args):
         raise ValueError("not a gemmajit synthetic GGUF (gemmajit.synth.* / file_type missing)")
     torch.set_grad_enabled(False)
     model = build_hf_model(desc, log)
-    load_weights(model, hf_weights(g), log)
+    load_weights(model, hf_weights(g), desc, log)
     structure, hf_donors = hf_structure(model, desc)
 
     tokens = golden_tokens(args.positions, desc.V)
@@ -468,7 +497,7 @@ def run(args):
         "variant": variant,
         "wtype": wtype,
         "seed": seed,
-        "gguf_fnv1a64": fnv1a64(g.data),
+        "tensor_data_fnv1a64": fnv1a64(g.data[g.data_start:]),
         "tokens": tokens,
         "vocab_size": desc.V,
         "logits_file": f"{variant}.logits.f32",
@@ -496,7 +525,7 @@ def parse_only(args):
     print("donors", desc.donors, "rope_pairs", desc.rope_pairs)
     for k, v in sorted(weights.items()):
         print(f"{k} {list(v.shape)} mean {float(v.mean()):.5f} std {float(v.std()):.5f}")
-    print("fnv1a64", fnv1a64(g.data))
+    print("tensor_data_fnv1a64", fnv1a64(g.data[g.data_start:]))
 
 
 def main():
