@@ -28,6 +28,10 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
 constexpr int kMaxArrayDepth = 8;         // nested arrays deeper than this are refused
 constexpr size_t kMaxTensorNameLen = 63;  // GGML_MAX_NAME - 1: llama.cpp refuses longer names
+// Each array element becomes a Value (~48 bytes), so a file made of one huge u8 array would cost
+// ~48x its size in memory. Real files hold ~1.5M elements (vocabulary, scores, types, merges);
+// this cap keeps a hostile file's metadata under ~1 GB while leaving ten times that headroom.
+constexpr uint64_t kMaxMetadataElements = uint64_t{1} << 24;
 
 bool valid_value_type(uint32_t t) {
     return t <= static_cast<uint32_t>(ValueType::FLOAT64);
@@ -229,6 +233,7 @@ struct FileParser {
     size_t pos = 0;
     const std::filesystem::path& name;
     File& out;
+    uint64_t elements_left = kMaxMetadataElements;  // array elements still allowed
 
     [[noreturn]] void fail(size_t at, const std::string& what) const {
         throw FormatError(fmt::format("{}: {} (at byte offset {})", name.string(), what, at));
@@ -333,6 +338,11 @@ struct FileParser {
                                      "only {} bytes remain",
                                      printable(key), count, value_type_name(v.array_type),
                                      remaining()));
+                if (count > elements_left)
+                    fail(count_at, fmt::format("array metadata key '{}' has {} elements; all "
+                                               "arrays together may hold at most {}",
+                                               printable(key), count, kMaxMetadataElements));
+                elements_left -= count;
                 std::vector<Value> elems;
                 elems.reserve(static_cast<size_t>(count));
                 for (uint64_t i = 0; i < count; ++i)
@@ -430,12 +440,12 @@ struct FileParser {
             const auto info = ggml::type_info(raw_type);
             if (!info) fail(type_at, fmt::format("{} has unknown ggml type id {}", who, raw_type));
             t.type = info->type;
-            const auto row = ggml::row_bytes(t.type, t.dims[0]);
-            if (!row)
+            if (t.dims[0] % info->block_elems != 0)
                 fail(type_at, fmt::format("{} of type {}: first dimension {} is not a multiple "
                                           "of the block size {}",
                                           who, info->name, t.dims[0], info->block_elems));
-            const auto n_bytes = checked_mul(*row, n_elements / t.dims[0]);
+            const auto row = ggml::row_bytes(t.type, t.dims[0]);
+            const auto n_bytes = row ? checked_mul(*row, n_elements / t.dims[0]) : std::nullopt;
             if (!n_bytes) fail(type_at, fmt::format("{} byte size overflows", who));
             t.n_elements = n_elements;
             t.n_bytes = *n_bytes;
@@ -875,11 +885,11 @@ uint64_t Writer::add_tensor(std::string name, ggml::Type type, std::vector<uint6
             throw bad("zero dimension or element count overflow");
         n = *p;
     }
-    const auto row = ggml::row_bytes(type, dims[0]);
-    if (!row)
+    if (dims[0] % ggml::type_info(type).block_elems != 0)
         throw bad(fmt::format("first dimension {} is not a multiple of the {} block size {}",
                               dims[0], ggml::type_name(type), ggml::type_info(type).block_elems));
-    const auto n_bytes = checked_mul(*row, n / dims[0]);
+    const auto row = ggml::row_bytes(type, dims[0]);
+    const auto n_bytes = row ? checked_mul(*row, n / dims[0]) : std::nullopt;
     const auto padded = n_bytes ? align_up(*n_bytes, impl_->alignment) : std::nullopt;
     const auto end = padded ? checked_add(impl_->data_size, *padded) : std::nullopt;
     if (!end) throw bad("byte size overflows");
