@@ -202,9 +202,15 @@ const std::vector<Value>& Value::as_array(std::string_view key) const {
 std::string Value::to_display(size_t max_elems) const {
     struct Visitor {
         size_t max_elems;
+        ValueType type;
         std::string operator()(uint64_t v) const { return std::to_string(v); }
         std::string operator()(int64_t v) const { return std::to_string(v); }
-        std::string operator()(double v) const { return fmt::format("{}", v); }
+        std::string operator()(double v) const {
+            // A float32 prints as the shortest float that reads back the same (1e-06, not the
+            // double expansion 9.99999997e-07 of the same bits).
+            if (type == ValueType::FLOAT32) return fmt::format("{}", static_cast<float>(v));
+            return fmt::format("{}", v);
+        }
         std::string operator()(bool v) const { return v ? "true" : "false"; }
         std::string operator()(const std::string& v) const {
             return fmt::format("\"{}\"", printable(v, 120));
@@ -219,7 +225,7 @@ std::string Value::to_display(size_t max_elems) const {
             return out + "]";
         }
     };
-    return std::visit(Visitor{max_elems}, data);
+    return std::visit(Visitor{max_elems, type}, data);
 }
 
 // ------------------------------------------------------------------------------------------------

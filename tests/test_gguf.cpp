@@ -202,6 +202,10 @@ TEST(GgufValue, ConversionsRefuseLossAndNameTheKey) {
     EXPECT_THROW(Value::make_u8(1).as_string("k"), FormatError);
     EXPECT_THROW(Value::make_u8(1).as_array("k"), FormatError);
     EXPECT_EQ(Value::make_string("a\nb").to_display(), "\"a\\x0ab\"");
+    EXPECT_EQ(Value::make_f32(1e-6f).to_display(), "1e-06");
+    EXPECT_EQ(Value::make_f64(0.1).to_display(), "0.1");
+    EXPECT_EQ(Value::make_i8(-3).to_display(), "-3");
+    EXPECT_EQ(Value::make_bool(false).to_display(), "false");
     std::vector<Value> many;
     for (int i = 0; i < 10; ++i) many.push_back(Value::make_u32(i));
     EXPECT_EQ(Value::make_array(ValueType::UINT32, many).to_display(3),

@@ -2,6 +2,13 @@
 // without a crash, sanitizer report, hang or huge allocation. On success every metadata value is
 // read through every accessor and every tensor's bytes are read and dequantized, so a tensor
 // table that points outside the input shows up as an ASan report.
+//
+// Build and run for a bounded time (new inputs go to the scratch corpus, the committed seeds in
+// tests/fuzz/corpus_gguf are only read; regenerate them with tests/fuzz/make_gguf_corpus.py):
+//   CC=clang CXX=clang++ cmake -G Ninja -S . -B build-fuzz -DGEMMAJIT_FUZZ=ON -DGEMMAJIT_SANITIZE=ON
+//   ninja -C build-fuzz fuzz_gguf && mkdir -p build-fuzz/corpus_gguf
+//   ./build-fuzz/tests/fuzz_gguf -max_total_time=60 -rss_limit_mb=2048 -timeout=10 \
+//       -dict=tests/fuzz/gguf.dict build-fuzz/corpus_gguf tests/fuzz/corpus_gguf
 #include <cstddef>
 #include <cstdint>
 #include <vector>
