@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace gj::gguf {
 
@@ -247,14 +248,26 @@ struct FileParser {
 
     size_t remaining() const { return size - pos; }
 
-    void need(uint64_t n, const std::string& what) const {
-        if (n > remaining())
-            fail(pos, fmt::format("file truncated: {} needs {} bytes but only {} remain", what, n,
-                                  remaining()));
+    // Field descriptions for messages are built only on failure: reading a vocabulary touches
+    // over a million values, and formatting a description for each would dominate load time.
+    // `what` is a string or a callable returning one.
+    template <typename Describe>
+    static std::string describe(const Describe& what) {
+        if constexpr (std::is_invocable_v<const Describe&>)
+            return what();
+        else
+            return std::string(what);
     }
 
-    template <typename T>
-    T read(const std::string& what) {
+    template <typename Describe>
+    void need(uint64_t n, const Describe& what) const {
+        if (n > remaining())
+            fail(pos, fmt::format("file truncated: {} needs {} bytes but only {} remain",
+                                  describe(what), n, remaining()));
+    }
+
+    template <typename T, typename Describe>
+    T read(const Describe& what) {
         need(sizeof(T), what);
         T v;
         std::memcpy(&v, data + pos, sizeof(T));
@@ -262,21 +275,24 @@ struct FileParser {
         return v;
     }
 
-    std::string read_string(const std::string& what) {
+    template <typename Describe>
+    std::string read_string(const Describe& what) {
         const size_t at = pos;
-        const auto len = read<uint64_t>(what + " length");
+        const auto len = read<uint64_t>([&] { return describe(what) + " length"; });
         if (len > remaining())
-            fail(at,
-                 fmt::format("{} has length {} but only {} bytes remain", what, len, remaining()));
+            fail(at, fmt::format("{} has length {} but only {} bytes remain", describe(what), len,
+                                 remaining()));
         std::string s(reinterpret_cast<const char*>(data + pos), static_cast<size_t>(len));
         pos += static_cast<size_t>(len);
         return s;
     }
 
-    ValueType read_value_type(const std::string& what) {
+    template <typename Describe>
+    ValueType read_value_type(const Describe& what) {
         const size_t at = pos;
         const auto raw = read<uint32_t>(what);
-        if (!valid_value_type(raw)) fail(at, fmt::format("{} is invalid ({})", what, raw));
+        if (!valid_value_type(raw))
+            fail(at, fmt::format("{} is invalid ({})", describe(what), raw));
         return static_cast<ValueType>(raw);
     }
 
@@ -284,7 +300,7 @@ struct FileParser {
     Value read_value(ValueType t, const std::string& key, int depth) {
         Value v;
         v.type = t;
-        const std::string what = fmt::format("value of metadata key '{}'", printable(key));
+        const auto what = [&] { return fmt::format("value of metadata key '{}'", printable(key)); };
         switch (t) {
             case ValueType::UINT8:
                 v.data = uint64_t{read<uint8_t>(what)};
@@ -319,7 +335,7 @@ struct FileParser {
             case ValueType::BOOL: {
                 const size_t at = pos;
                 const auto b = read<uint8_t>(what);
-                if (b > 1) fail(at, fmt::format("{}: bool byte is {}, not 0 or 1", what, b));
+                if (b > 1) fail(at, fmt::format("{}: bool byte is {}, not 0 or 1", what(), b));
                 v.data = b != 0;
                 break;
             }
@@ -331,11 +347,13 @@ struct FileParser {
                 if (depth >= kMaxArrayDepth)
                     fail(at, fmt::format("metadata key '{}': arrays nested deeper than {}",
                                          printable(key), kMaxArrayDepth));
-                v.array_type = read_value_type(
-                    fmt::format("element type of array metadata key '{}'", printable(key)));
+                v.array_type = read_value_type([&] {
+                    return fmt::format("element type of array metadata key '{}'", printable(key));
+                });
                 const size_t count_at = pos;
-                const auto count = read<uint64_t>(
-                    fmt::format("element count of array metadata key '{}'", printable(key)));
+                const auto count = read<uint64_t>([&] {
+                    return fmt::format("element count of array metadata key '{}'", printable(key));
+                });
                 // Each element takes at least min_encoded_size bytes, so a count the rest of the
                 // file cannot hold is refused before anything is reserved.
                 if (count > remaining() / min_encoded_size(v.array_type))
@@ -393,9 +411,9 @@ struct FileParser {
         size_t alignment_at = 0;
         for (uint64_t i = 0; i < n_kv; ++i) {
             const size_t at = pos;
-            auto key = read_string(fmt::format("key of metadata entry {}", i));
-            const auto type =
-                read_value_type(fmt::format("value type of metadata key '{}'", printable(key)));
+            auto key = read_string([&] { return fmt::format("key of metadata entry {}", i); });
+            const auto type = read_value_type(
+                [&] { return fmt::format("value type of metadata key '{}'", printable(key)); });
             auto value = read_value(type, key, 0);
             if (out.kv_.contains(key))
                 fail(at, fmt::format("duplicate metadata key '{}'", printable(key)));
@@ -421,17 +439,18 @@ struct FileParser {
         for (uint64_t i = 0; i < n_tensors; ++i) {
             const size_t at = pos;
             TensorInfo t;
-            t.name = read_string(fmt::format("name of tensor {}", i));
+            t.name = read_string([&] { return fmt::format("name of tensor {}", i); });
             const std::string who = fmt::format("tensor '{}'", printable(t.name));
             const size_t dims_at = pos;
-            const auto n_dims = read<uint32_t>(who + " dimension count");
+            const auto n_dims = read<uint32_t>([&] { return who + " dimension count"; });
             if (n_dims == 0 || n_dims > kMaxDims)
                 fail(dims_at,
                      fmt::format("{} has {} dimensions (1 to {} allowed)", who, n_dims, kMaxDims));
             uint64_t n_elements = 1;
             for (uint32_t d = 0; d < n_dims; ++d) {
                 const size_t dim_at = pos;
-                const auto dim = read<uint64_t>(fmt::format("{} dimension {}", who, d));
+                const auto dim =
+                    read<uint64_t>([&] { return fmt::format("{} dimension {}", who, d); });
                 if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
                     fail(dim_at, fmt::format("{} dimension {} is {}", who, d, dim));
                 auto prod = checked_mul(n_elements, dim);
@@ -442,7 +461,7 @@ struct FileParser {
                 t.dims.push_back(dim);
             }
             const size_t type_at = pos;
-            const auto raw_type = read<uint32_t>(who + " type");
+            const auto raw_type = read<uint32_t>([&] { return who + " type"; });
             const auto info = ggml::type_info(raw_type);
             if (!info) fail(type_at, fmt::format("{} has unknown ggml type id {}", who, raw_type));
             t.type = info->type;
@@ -455,7 +474,7 @@ struct FileParser {
             if (!n_bytes) fail(type_at, fmt::format("{} byte size overflows", who));
             t.n_elements = n_elements;
             t.n_bytes = *n_bytes;
-            t.offset = read<uint64_t>(who + " data offset");
+            t.offset = read<uint64_t>([&] { return who + " data offset"; });
             if (out.tensor_index_.contains(t.name))
                 fail(at, fmt::format("duplicate tensor name '{}'", printable(t.name)));
             out.tensor_index_.emplace(t.name, out.tensors_.size());
