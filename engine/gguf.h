@@ -107,7 +107,7 @@ class File {
     const std::map<std::string, Value, std::less<>>& metadata() const { return kv_; }
     const Value* find(std::string_view key) const;
     const Value& get(std::string_view key) const;  // throws FormatError "missing metadata key ..."
-    // Convenience typed getters; the *_or forms return the fallback when the key is absent.
+    // Convenience typed getters; the *_opt forms return nullopt when the key is absent.
     uint64_t get_u64(std::string_view key) const;
     std::optional<uint64_t> get_u64_opt(std::string_view key) const;
     double get_f64(std::string_view key) const;
