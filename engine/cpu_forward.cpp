@@ -139,15 +139,23 @@ std::vector<float> CpuSession::prefill(std::span<const int32_t> tokens) {
     std::vector<float> ple;
     if (cfg_.has_ple()) ple = ple_inputs(tokens, x);
 
-    // 3. Decoder layers.
+    // 3. Decoder layers. A failure part-way (e.g. out of memory) leaves the cache as it was.
     layer_outputs_.assign(size_t(cfg_.n_layers) * T * d, 0.0f);
-    for (int l = 0; l < cfg_.n_layers; ++l) {
-        attention_block(l, x, T);
-        ffn_block(l, x, T);
-        if (cfg_.has_ple()) ple_block(l, x, ple, T);
-        const float s = w_.layers[l].output_scale;  // scales the whole residual stream
-        for (float& v : x) v *= s;
-        std::copy(x.begin(), x.end(), layer_outputs_.begin() + size_t(l) * T * d);
+    try {
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            attention_block(l, x, T);
+            ffn_block(l, x, T);
+            if (cfg_.has_ple()) ple_block(l, x, ple, T);
+            const float s = w_.layers[l].output_scale;  // scales the whole residual stream
+            for (float& v : x) v *= s;
+            std::copy(x.begin(), x.end(), layer_outputs_.begin() + size_t(l) * T * d);
+        }
+    } catch (...) {
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            const size_t keep = size_t(n_past_) * cfg_.kv_dim(l);
+            if (cache_[l].k.size() > keep) cache_[l].k.resize(keep), cache_[l].v.resize(keep);
+        }
+        throw;
     }
 
     // 4. Final norm, tied LM head, softcap.

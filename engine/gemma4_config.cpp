@@ -497,6 +497,17 @@ Config Config::from_gguf(const gguf::File& file) {
                                    want.name, info.name));
         }
     }
+    // An untied LM head is optional but, when present, must fit like token_embd.
+    if (const gguf::TensorInfo* out = file.find_tensor("output.weight")) {
+        if (out->dims != embd->dims)
+            m.fail(fmt::format("tensor output.weight has shape {}, expected {}",
+                               dims_str(out->dims), dims_str(embd->dims)));
+        if (!ggml::type_info(out->type).dequant_supported)
+            m.fail(
+                fmt::format("tensor output.weight has type {}, which this engine cannot "
+                            "dequantize",
+                            ggml::type_name(out->type)));
+    }
     // Extra tensors are tolerated: e.g. KV-shared layers of some exports still carry attn_k /
     // attn_v / attn_k_norm, which HF and llama.cpp ignore, and so do we.
     return c;
