@@ -5,12 +5,20 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <type_traits>
 
 #include "jit/device.h"
 
 namespace gj::jit {
 
 namespace {
+
+// The pointer type of every entry is exactly the prototype cuda.h declares for that name.
+#define GJ_DRIVER_CHECK(name, version)                                        \
+    static_assert(std::is_same_v<PFN_##name##_v##version, decltype(&::name)>, \
+                  #name " v" #version " does not match the prototype in cuda.h");
+GJ_DRIVER_FUNCTIONS(GJ_DRIVER_CHECK)
+#undef GJ_DRIVER_CHECK
 
 using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult*);
@@ -45,18 +53,18 @@ LoadResult load_driver() {
         return out;
     }
     DriverApi& api = out.api;
-#define GJ_DRIVER_FETCH(name, version)                                                       \
-    {                                                                                        \
-        void* fn = nullptr;                                                                  \
-        CUdriverProcAddressQueryResult status{};                                             \
-        CUresult r = get_proc(#name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &status);    \
-        if (r != CUDA_SUCCESS || !fn || status != CU_GET_PROC_ADDRESS_SUCCESS) {             \
-            out.error = fmt::format(                                                         \
-                "the NVIDIA driver lacks {} (ABI {}.{}); this command needs a newer driver", \
-                #name, version / 1000, version % 1000 / 10);                                 \
-            return out;                                                                      \
-        }                                                                                    \
-        api.name = reinterpret_cast<decltype(api.name)>(fn);                                 \
+#define GJ_DRIVER_FETCH(name, version)                                                          \
+    {                                                                                           \
+        void* fn = nullptr;                                                                     \
+        CUdriverProcAddressQueryResult status{};                                                \
+        CUresult r = get_proc(#name, &fn, version, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &status); \
+        if (r != CUDA_SUCCESS || !fn || status != CU_GET_PROC_ADDRESS_SUCCESS) {                \
+            out.error = fmt::format(                                                            \
+                "the NVIDIA driver lacks {} (ABI {}.{}); this command needs a newer driver",    \
+                #name, version / 1000, version % 1000 / 10);                                    \
+            return out;                                                                         \
+        }                                                                                       \
+        api.name = reinterpret_cast<decltype(api.name)>(fn);                                    \
     }
     GJ_DRIVER_FUNCTIONS(GJ_DRIVER_FETCH)
 #undef GJ_DRIVER_FETCH

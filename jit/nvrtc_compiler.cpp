@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -105,6 +106,12 @@ int arch_number(const std::string& arch) {
 
 }  // namespace
 
+int NvrtcIdentity::version_number() const {
+    int major = 0, minor = 0;
+    std::sscanf(version.c_str(), "%d.%d", &major, &minor);
+    return major * 1000 + minor * 10;
+}
+
 const NvrtcIdentity& nvrtc_identity() {
     static const NvrtcIdentity id = probe_identity();
     return id;
@@ -122,6 +129,10 @@ std::vector<std::string> canonical_options(const CompileOptions& opts) {
     }
     std::vector<std::string> o = {"--gpu-architecture=" + opts.arch, "-std=c++17",
                                   "--ptxas-options=-v"};
+    // NVRTC 12.9+ keeps its own cache in the driver's compute cache when a driver is loaded: a
+    // hit there skips ptxas, so the log loses the register/spill report, and it duplicates what
+    // our cache stores. Ours is the cache; NVRTC must compile.
+    if (nvrtc_identity().version_number() >= 12090) o.push_back("--no-cache");
     if (opts.lineinfo) o.push_back("-lineinfo");
     if (opts.maxrregcount > 0) o.push_back(fmt::format("--maxrregcount={}", opts.maxrregcount));
     o.insert(o.end(), opts.extra.begin(), opts.extra.end());

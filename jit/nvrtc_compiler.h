@@ -16,7 +16,8 @@ struct CompileOptions {
     std::vector<std::string> extra;  // GEMMAJIT_NVRTC_FLAGS, split on spaces
 };
 
-// The option list in canonical order: arch, -std, ptxas -v, then lineinfo, maxrregcount, extras.
+// The option list in canonical order: arch, -std, ptxas -v, --no-cache (NVRTC 12.9+), then
+// lineinfo, maxrregcount, extras.
 // Throws std::invalid_argument when the arch is malformed or this NVRTC cannot target it.
 std::vector<std::string> canonical_options(const CompileOptions& opts);
 
@@ -26,6 +27,7 @@ struct NvrtcIdentity {
     std::string build_id;  // "CL-36424714" from the PTX header; empty if not found
     std::vector<int> supported_archs;  // 75, 80, 86, ..., 120
     std::string full() const { return build + (build_id.empty() ? "" : " " + build_id); }
+    int version_number() const;  // 13000 for "13.0"
 };
 // Probed once per process (a ~10 ms compile of an empty program).
 const NvrtcIdentity& nvrtc_identity();
