@@ -1,12 +1,11 @@
 #include "engine/ggml_types.h"
 
-#include <array>
-
 namespace gj::ggml {
 
 namespace {
-// Block geometry as ggml defines it (QK_K = 256 super-blocks for the K-quants).
-constexpr std::array<TypeInfo, 15> kTypes = {{
+// Block geometry as ggml defines it (ggml-common.h block structs; QK_K = 256 super-blocks for
+// the K-, IQ- and TQ-quants).
+constexpr TypeInfo kTypes[] = {
     {Type::F32, "f32", 1, 4, true},
     {Type::F16, "f16", 1, 2, true},
     {Type::Q4_0, "q4_0", 32, 18, true},
@@ -21,8 +20,25 @@ constexpr std::array<TypeInfo, 15> kTypes = {{
     {Type::Q5_K, "q5_k", 256, 176, true},
     {Type::Q6_K, "q6_k", 256, 210, true},
     {Type::Q8_K, "q8_k", 256, 292, false},
+    {Type::IQ2_XXS, "iq2_xxs", 256, 66, false},
+    {Type::IQ2_XS, "iq2_xs", 256, 74, false},
+    {Type::IQ3_XXS, "iq3_xxs", 256, 98, false},
+    {Type::IQ1_S, "iq1_s", 256, 50, false},
+    {Type::IQ4_NL, "iq4_nl", 32, 18, false},
+    {Type::IQ3_S, "iq3_s", 256, 110, false},
+    {Type::IQ2_S, "iq2_s", 256, 82, false},
+    {Type::IQ4_XS, "iq4_xs", 256, 136, false},
+    {Type::I8, "i8", 1, 1, false},
+    {Type::I16, "i16", 1, 2, false},
+    {Type::I32, "i32", 1, 4, false},
+    {Type::I64, "i64", 1, 8, false},
+    {Type::F64, "f64", 1, 8, false},
+    {Type::IQ1_M, "iq1_m", 256, 56, false},
     {Type::BF16, "bf16", 1, 2, true},
-}};
+    {Type::TQ1_0, "tq1_0", 256, 54, false},
+    {Type::TQ2_0, "tq2_0", 256, 66, false},
+    {Type::MXFP4, "mxfp4", 32, 17, false},
+};
 }  // namespace
 
 std::optional<TypeInfo> type_info(uint32_t raw_type) {
@@ -43,7 +59,9 @@ std::optional<Type> type_from_name(std::string_view name) {
     return std::nullopt;
 }
 
-std::string type_name(Type t) { return type_info(t).name; }
+std::string type_name(Type t) {
+    return type_info(t).name;
+}
 
 std::optional<uint64_t> row_bytes(Type t, uint64_t n) {
     const auto& info = type_info(t);

@@ -9,7 +9,9 @@
 
 namespace gj::ggml {
 
-// Numeric ids are ggml's (they are what a GGUF tensor table stores).
+// Numeric ids are ggml's (they are what a GGUF tensor table stores). Every id ggml currently
+// defines is listed so that any llama.cpp file parses; TypeInfo::dequant_supported says which
+// ones this engine can compute with. Gaps (4, 5, 31-33, 36-38) are ids ggml removed.
 enum class Type : uint32_t {
     F32 = 0,
     F16 = 1,
@@ -25,15 +27,32 @@ enum class Type : uint32_t {
     Q5_K = 13,
     Q6_K = 14,
     Q8_K = 15,
+    IQ2_XXS = 16,
+    IQ2_XS = 17,
+    IQ3_XXS = 18,
+    IQ1_S = 19,
+    IQ4_NL = 20,
+    IQ3_S = 21,
+    IQ2_S = 22,
+    IQ4_XS = 23,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    IQ1_M = 29,
     BF16 = 30,
+    TQ1_0 = 34,
+    TQ2_0 = 35,
+    MXFP4 = 39,
 };
 
 struct TypeInfo {
     Type type;
-    const char* name;       // "q8_0", "bf16" ... (lower case, as CLI flags spell them)
-    uint32_t block_elems;   // elements per block (1 for float types)
-    uint32_t block_bytes;   // bytes per block
-    bool dequant_supported; // engine/dequant.cpp can turn it into f32
+    const char* name;        // "q8_0", "bf16" ... (lower case, as CLI flags spell them)
+    uint32_t block_elems;    // elements per block (1 for float types)
+    uint32_t block_bytes;    // bytes per block
+    bool dequant_supported;  // engine/dequant.cpp can turn it into f32
 };
 
 // nullopt for an id this engine does not know (the GGUF reader turns that into a clear error).
