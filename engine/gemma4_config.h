@@ -31,6 +31,8 @@ struct LayerConfig {
     bool has_v_proj = true;  // false on k_eq_v layers: V comes from the raw K projection
     float rope_base = 10000.0f;
     int rope_pairs = 0;      // rotated (j, j + head_dim/2) pairs: head_dim/2 sliding, 64 global
+    // has_v_proj is meaningful only when has_kv; KV-shared layers own no projections at all and
+    // report false.
 };
 
 struct Config {
@@ -57,6 +59,9 @@ struct Config {
     std::vector<LayerConfig> layers;
 
     bool is_moe() const { return n_experts > 0; }
+    bool has_ple() const { return ple_dim > 0; }
+    // llama.cpp multiplies the token embedding by the exact f32 sqrtf(d) (HF in fp32 agrees).
+    float embed_scale() const;
     int q_dim(int layer) const { return n_heads * layers.at(layer).head_dim; }
     int kv_dim(int layer) const { return layers.at(layer).n_kv_heads * layers.at(layer).head_dim; }
     int first_shared_layer() const { return n_layers - n_kv_shared_layers; }
@@ -67,6 +72,11 @@ struct Config {
     // "e2b", "e4b", "12b", "26b-a4b", "31b" and the small "tiny*" presets used by tests.
     static Config preset(std::string_view name);
     static std::vector<std::string> preset_names();
+    // The first n layers of this model as a model of their own (for smaller synthetic files):
+    // the layer pattern, widths and donors stay those of the first n layers, the KV-shared tail
+    // shrinks to the shared layers among them. Throws ConfigError when a shared layer would
+    // lose its donor or n is out of range.
+    Config first_layers(int n) const;
     void validate() const;  // internal consistency; throws ConfigError
     std::string summary() const;  // one-paragraph human description for logs
 };

@@ -1,0 +1,47 @@
+// A fixed set of worker threads running parallel_for over an index range. Used by the CPU
+// reference forward (matrix rows, attention heads) and the synthetic-model writer (tensor chunks).
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace gj {
+
+class ThreadPool {
+public:
+    // n_threads <= 0: one per hardware thread.
+    explicit ThreadPool(int n_threads = 0);
+    ~ThreadPool();
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
+
+    int size() const { return int(workers_.size()) + 1; }  // the caller works too
+
+    // Calls fn(i) for every i in [0, n), spread over the workers and the calling thread, and
+    // returns when all calls have finished. Indices are handed out dynamically, so fn must not
+    // depend on which thread runs it. The first exception thrown by fn is rethrown here.
+    // Not reentrant: fn must not call parallel_for on the same pool.
+    void parallel_for(size_t n, const std::function<void(size_t)>& fn);
+
+private:
+    void worker_loop();
+    void run_items();
+
+    std::vector<std::thread> workers_;
+    std::mutex mu_;
+    std::condition_variable work_cv_, done_cv_;
+    const std::function<void(size_t)>* fn_ = nullptr;
+    size_t n_ = 0, next_ = 0;
+    int busy_workers_ = 0;
+    uint64_t generation_ = 0;
+    bool stop_ = false;
+    std::exception_ptr error_;
+};
+
+}  // namespace gj
