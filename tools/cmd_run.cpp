@@ -1,12 +1,17 @@
 // Text in, text out: `gemmajit tokenize` (inspect the tokenizer) and `gemmajit run` (chat-format a
 // prompt, generate with streaming output).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/chat_format.h"
+#include "engine/cpu_forward.h"
+#include "engine/generate.h"
 #include "engine/gguf.h"
+#include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/vocab_json.h"
 #include "tools/commands.h"
@@ -93,9 +98,149 @@ void add_tokenize_command(CLI::App& app) {
     cmd->callback([a] { run_tokenize(*a); });
 }
 
+// ---- run ---------------------------------------------------------------------------------------
+
+struct RunArgs {
+    std::string model;
+    std::string prompt;
+    std::string prompt_file;
+    std::string system;
+    int n_predict = 256;
+    sample::SamplerParams sampling;
+    bool think = false;
+    bool no_think = false;
+    bool cpu = false;
+    int threads = 0;
+};
+
+// The CPU reference forward behind the generation loop's interface.
+class CpuForward : public gen::Forward {
+  public:
+    explicit CpuForward(const gemma4::CpuModel& model) : model_(model), session_(model) {}
+    int vocab_size() const override { return model_.config().vocab_size; }
+    int context_length() const override { return model_.config().context_length; }
+    std::vector<float> prefill(std::span<const int32_t> tokens) override {
+        std::vector<float> all = session_.prefill(tokens);
+        const auto v = static_cast<std::ptrdiff_t>(vocab_size());
+        return std::vector<float>(all.end() - v, all.end());  // the last position's row
+    }
+    std::vector<float> decode(int32_t token) override { return session_.decode(token); }
+
+  private:
+    const gemma4::CpuModel& model_;
+    gemma4::CpuSession session_;
+};
+
+std::string read_text_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error("cannot read prompt file " + path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+void run_generate(RunArgs a) {
+    // Everything that can be wrong with the arguments is reported before any file is read.
+    a.sampling.validate();
+    if (a.n_predict < -1) {
+        throw std::invalid_argument("-n must be >= 0, or -1 for no limit; got " +
+                                    std::to_string(a.n_predict));
+    }
+    if (a.think && a.no_think) {
+        throw std::invalid_argument("--think and --no-think exclude each other");
+    }
+    if (!a.prompt.empty() && !a.prompt_file.empty()) {
+        throw std::invalid_argument("give the prompt with -p or --file, not both");
+    }
+    if (!a.prompt_file.empty()) a.prompt = read_text_file(a.prompt_file);
+    if (a.prompt.empty()) {
+        throw std::invalid_argument("the prompt is empty (give -p TEXT or --file FILE)");
+    }
+    if (!std::filesystem::is_regular_file(a.model)) {
+        throw std::runtime_error("model file " + a.model + " does not exist or is not a file");
+    }
+    if (!a.cpu) {
+        std::fprintf(stderr,
+                     "gemmajit: the GPU path is not available yet; running the CPU reference "
+                     "forward (--cpu silences this notice)\n");
+    }
+
+    // Tokenizer, chat format and prompt length first: a prompt that cannot fit fails before the
+    // weights are loaded.
+    auto file = gguf::File::open(a.model);
+    const gemma4::Config cfg = gemma4::Config::from_gguf(*file);
+    tok::Tokenizer tokenizer(tok::read_vocab(*file));
+    file.reset();
+    const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
+    if (!style.recognized) {
+        std::fprintf(stderr,
+                     "gemmajit: the model's chat template does not look like Gemma 4's; using the "
+                     "built-in Gemma 4 format\n");
+    }
+    std::vector<chat::Message> messages;
+    if (!a.system.empty()) messages.push_back({"system", a.system, {}, {}});
+    messages.push_back({"user", a.prompt, {}, {}});
+    chat::ChatOptions chat_opts;
+    chat_opts.enable_thinking = a.think;
+    const std::string rendered = chat::render(messages, chat_opts, style);
+    // The rendered text starts with "<bos>" itself, so no BOS is added.
+    const std::vector<int32_t> prompt = tokenizer.encode(rendered, /*add_bos=*/false);
+    gen::check_prompt_fits(prompt.size(), cfg.context_length);
+
+    gemma4::CpuOptions cpu_opts;
+    cpu_opts.threads = a.threads;
+    auto model = gemma4::CpuModel::load(a.model, cpu_opts);
+    CpuForward forward(*model);
+    sample::Sampler sampler(a.sampling);
+    gen::GenerateOptions gen_opts;
+    gen_opts.max_tokens = a.n_predict;
+    const gen::GenerateResult r =
+        gen::generate(forward, tokenizer, sampler, prompt, gen_opts, [](std::string_view text) {
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            std::fflush(stdout);
+        });
+    std::printf("\n");
+    std::fflush(stdout);
+    auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+    std::fprintf(stderr,
+                 "prompt: %d tokens in %.3f s (%.2f tokens/s)\n"
+                 "generation: %zu tokens in %.3f s (%.2f tokens/s), stopped by %s\n",
+                 r.prompt_tokens, r.prompt_seconds, rate(r.prompt_tokens, r.prompt_seconds),
+                 r.tokens.size(), r.generate_seconds,
+                 rate(static_cast<double>(r.tokens.size()), r.generate_seconds),
+                 gen::stop_reason_name(r.reason));
+}
+
+void add_run_command(CLI::App& app) {
+    auto a = std::make_shared<RunArgs>();
+    auto* cmd = app.add_subcommand("run", "chat-format a prompt and generate a reply (streamed)");
+    cmd->add_option("--model,-m", a->model, "GGUF model file")->required();
+    cmd->add_option("-p,--prompt", a->prompt, "the user message");
+    cmd->add_option("-f,--file", a->prompt_file, "read the user message from FILE");
+    cmd->add_option("--system", a->system, "system message");
+    cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most (-1 = no limit)")
+        ->capture_default_str();
+    auto& s = a->sampling;
+    cmd->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();
+    cmd->add_option("--top-k", s.top_k, "top-k (0 = off)")->capture_default_str();
+    cmd->add_option("--top-p", s.top_p, "top-p in (0, 1] (1 = off)")->capture_default_str();
+    cmd->add_option("--min-p", s.min_p, "min-p in [0, 1] (0 = off)")->capture_default_str();
+    cmd->add_option("--repeat-penalty", s.repeat_penalty, "repetition penalty (1 = off)")
+        ->capture_default_str();
+    cmd->add_option("--repeat-last-n", s.repeat_last_n, "tokens the repetition penalty looks at")
+        ->capture_default_str();
+    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+    cmd->add_flag("--think", a->think, "let the model reason first (<|think|> in the system turn)");
+    cmd->add_flag("--no-think", a->no_think, "no reasoning (the default)");
+    cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward");
+    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    cmd->callback([a] { run_generate(*a); });
+}
+
 }  // namespace
 
 void add_run_commands(CLI::App& app) {
+    add_run_command(app);
     add_tokenize_command(app);
 }
 
