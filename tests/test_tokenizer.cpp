@@ -335,7 +335,9 @@ TEST(Tokenizer, RealSizedVocabularyLoadsFast) {
     Tokenizer t(std::move(v));
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("load of 262144 tokens + %zu merges: %.3f s\n", t.vocab().merges.size(), s);
-    EXPECT_LT(s, 5.0);  // generous for sanitizer builds; about 0.2 s in Release
+    // About 0.3 s in an idle Release build; the bound only catches a blow-up (a quadratic load
+    // would take minutes), not noise from loaded CI machines or sanitizers.
+    EXPECT_LT(s, 30.0);
     std::string text;
     for (int i = 0; i < 2000; ++i) text += "The quick brown fox jumps over the lazy dog. ";
     t0 = std::chrono::steady_clock::now();
