@@ -185,6 +185,207 @@ bool contains(std::string_view s, std::string_view what) {
     return s.find(what) != s.npos;
 }
 
+// ---- tool declarations (the template's format_function_declaration / format_parameters) -------
+
+// Python truthiness of an optional JSON value (absent = Jinja's Undefined = false).
+bool truthy(const Json* v) {
+    if (!v) return false;
+    switch (v->type()) {
+        case Json::value_t::boolean:
+            return v->get<bool>();
+        case Json::value_t::number_integer:
+        case Json::value_t::number_unsigned:
+        case Json::value_t::number_float:
+            return v->get<double>() != 0.0;
+        case Json::value_t::string:
+        case Json::value_t::array:
+        case Json::value_t::object:
+            return !v->empty();
+        default:
+            return false;
+    }
+}
+
+const Json* member(const Json& obj, const char* key) {
+    if (!obj.is_object()) return nullptr;
+    auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+}
+
+// What `{{ value }}` prints for a scalar (Python's str()).
+std::string python_str(const Json* v, const std::string& what) {
+    if (!v) return "";  // Undefined prints as nothing
+    switch (v->type()) {
+        case Json::value_t::string:
+            return v->get<std::string>();
+        case Json::value_t::boolean:
+            return v->get<bool>() ? "True" : "False";
+        case Json::value_t::number_integer:
+            return std::to_string(v->get<int64_t>());
+        case Json::value_t::number_unsigned:
+            return std::to_string(v->get<uint64_t>());
+        case Json::value_t::number_float:
+            return python_float(v->get<double>());
+        case Json::value_t::null:
+            return "None";
+        default:
+            throw ChatError(what + " must be a string, number or boolean");
+    }
+}
+
+std::string ascii_upper(std::string s) {
+    for (char& c : s) {
+        if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+    }
+    return s;
+}
+
+void quoted_list(const Json& items, std::string& out) {
+    bool first = true;
+    for (const auto& item : items) {
+        if (!first) out += ',';
+        first = false;
+        out.append(kQuote).append(python_str(&item, "a 'required' entry")).append(kQuote);
+    }
+}
+
+void format_parameters(const Json& properties, std::string& out) {
+    static const char* standard[] = {"description", "type", "properties", "required", "nullable"};
+    bool found_first = false;
+    for (const auto& [key, value_ptr] : dictsort(properties)) {
+        if (std::find(std::begin(standard), std::end(standard), key) != std::end(standard))
+            continue;
+        const Json& value = *value_ptr;
+        if (found_first) out += ',';
+        found_first = true;
+        out += key + ":{";
+        bool add_comma = false;
+        auto comma = [&] {
+            if (add_comma) {
+                out += ',';
+            } else {
+                add_comma = true;
+            }
+        };
+        if (const Json* d = member(value, "description"); truthy(d)) {
+            out.append("description:").append(kQuote);
+            out.append(python_str(d, "parameter '" + key + "' description")).append(kQuote);
+            add_comma = true;
+        }
+        if (truthy(member(value, "nullable"))) {
+            comma();
+            out += "nullable:true";
+        }
+        const Json* type = member(value, "type");
+        if (!type || !(type->is_string() ||
+                       (type->is_array() && !type->empty() && (*type)[0].is_string()))) {
+            throw ChatError("tool parameter '" + key + "' needs a 'type' (a string or a list)");
+        }
+        const std::string upper = ascii_upper(type->is_string() ? type->get<std::string>()
+                                                                : (*type)[0].get<std::string>());
+        if (upper == "STRING") {
+            if (const Json* e = member(value, "enum"); truthy(e)) {
+                comma();
+                out += "enum:";
+                format_argument(*e, true, out);
+            }
+        } else if (upper == "OBJECT") {
+            out += ",properties:{";
+            if (const Json* props = member(value, "properties"); props && props->is_object()) {
+                format_parameters(*props, out);
+            } else {
+                format_parameters(value, out);  // as the template does: the schema's own keys
+            }
+            out += '}';
+            if (const Json* req = member(value, "required"); truthy(req)) {
+                out += ",required:[";
+                quoted_list(*req, out);
+                out += ']';
+            }
+        } else if (upper == "ARRAY") {
+            const Json* items = member(value, "items");
+            if (items && items->is_object() && !items->empty()) {
+                out += ",items:{";
+                bool items_first = true;
+                for (const auto& [item_key, item_value] : dictsort(*items)) {
+                    if (item_value->is_null()) continue;
+                    if (!items_first) out += ',';
+                    items_first = false;
+                    if (item_key == "properties") {
+                        out += "properties:{";
+                        if (item_value->is_object()) format_parameters(*item_value, out);
+                        out += '}';
+                    } else if (item_key == "required") {
+                        out += "required:[";
+                        quoted_list(*item_value, out);
+                        out += ']';
+                    } else if (item_key == "type") {
+                        out += "type:";
+                        Json upper_type;
+                        if (item_value->is_string()) {
+                            upper_type = ascii_upper(item_value->get<std::string>());
+                        } else {
+                            upper_type = Json::array();
+                            for (const auto& t : *item_value) {
+                                upper_type.push_back(ascii_upper(python_str(&t, "an items type")));
+                            }
+                        }
+                        format_argument(upper_type, true, out);
+                    } else {
+                        out += item_key + ":";
+                        format_argument(*item_value, true, out);
+                    }
+                }
+                out += '}';
+            }
+        }
+        comma();
+        out.append("type:").append(kQuote).append(upper).append(kQuote).append("}");
+    }
+}
+
+std::string format_function_declaration(const Json& tool) {
+    const Json* fn = member(tool, "function");
+    const Json* name = fn ? member(*fn, "name") : nullptr;
+    if (!name || !name->is_string()) {
+        throw ChatError("a tool declaration needs {\"function\": {\"name\": ...}}");
+    }
+    std::string out = "declaration:" + name->get<std::string>() + "{description:";
+    out.append(kQuote).append(python_str(member(*fn, "description"), "a tool description"));
+    out.append(kQuote);
+    if (const Json* params = member(*fn, "parameters"); truthy(params)) {
+        out += ",parameters:{";
+        if (const Json* props = member(*params, "properties"); truthy(props)) {
+            out += "properties:{";
+            format_parameters(*props, out);
+            out += "},";
+        }
+        if (const Json* req = member(*params, "required"); truthy(req)) {
+            out += "required:[";
+            quoted_list(*req, out);
+            out += "],";
+        }
+        if (const Json* type = member(*params, "type"); truthy(type)) {
+            out.append("type:").append(kQuote);
+            out.append(ascii_upper(python_str(type, "the parameters type"))).append(kQuote);
+            out += '}';
+        }
+    }
+    if (const Json* response = member(*fn, "response")) {
+        out += ",response:{";
+        if (const Json* d = member(*response, "description"); truthy(d)) {
+            out.append("description:").append(kQuote);
+            out.append(python_str(d, "a response description")).append(kQuote).append(",");
+        }
+        const Json* type = member(*response, "type");
+        if (type && ascii_upper(python_str(type, "the response type")) == "OBJECT") {
+            out.append("type:").append(kQuote).append("OBJECT").append(kQuote).append("}");
+        }
+    }
+    out += '}';
+    return trim(out);
+}
+
 }  // namespace
 
 ChatStyle ChatStyle::from_template(std::string_view src) {
@@ -209,12 +410,17 @@ std::string render(const std::vector<Message>& messages, const ChatOptions& opti
     std::string out = "<bos>";
     size_t first = 0;
     const bool leading_system = messages[0].role == "system" || messages[0].role == "developer";
-    if (options.enable_thinking || leading_system) {
+    if (!options.tools.is_array()) throw ChatError("tools must be a JSON array");
+    const bool has_tools = !options.tools.empty();
+    if (options.enable_thinking || leading_system || has_tools) {
         out += "<|turn>system\n";
         if (options.enable_thinking) out += style.newline_after_think ? "<|think|>\n" : "<|think|>";
         if (leading_system) {
             out += trim(messages[0].content);
             first = 1;
+        }
+        for (const Json& tool : options.tools) {
+            out += "<|tool>" + format_function_declaration(tool) + "<tool|>";
         }
         out += "<turn|>\n";
     }

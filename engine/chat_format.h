@@ -6,9 +6,10 @@
 //   <|turn>model\n[<|channel>thought\n<channel|>]          (generation prompt; the empty thought
 //                                                            block only when thinking is off)
 //
-// Past model turns lose their reasoning (<|channel>...<channel|> spans). Tool calls and tool
-// responses given as structured data are written in Gemma's call:NAME{k:v} syntax with <|"|>
-// around strings; tool-call text already inside a message's content passes through unchanged.
+// Past model turns lose their reasoning (<|channel>...<channel|> spans). Tool declarations, tool
+// calls and tool responses given as structured data are written in Gemma's call:NAME{k:v} syntax
+// with <|"|> around strings; tool-call text already inside a message's content passes through
+// unchanged.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -43,6 +44,10 @@ struct Message {
 struct ChatOptions {
     bool enable_thinking = false;
     bool add_generation_prompt = true;
+    // Tool declarations, OpenAI-style: [{"type": "function", "function": {"name", "description",
+    // "parameters": <JSON schema>, "response": {...}}}]; written into the system turn as
+    // <|tool>declaration:NAME{...}<tool|>. Empty: no tools.
+    nlohmann::ordered_json tools = nlohmann::ordered_json::array();
 };
 
 // Where template revisions differ. The defaults follow llama.cpp's gemma4.jinja (and the
@@ -56,7 +61,8 @@ struct ChatStyle {
     static ChatStyle from_template(std::string_view jinja_source);  // "" -> defaults
 };
 
-// Throws ChatError for an empty conversation or a message without a role.
+// Throws ChatError for an empty conversation, a message without a role, or a tool declaration the
+// template could not render (no function name, a parameter without a type).
 std::string render(const std::vector<Message>& messages, const ChatOptions& options,
                    const ChatStyle& style = {});
 

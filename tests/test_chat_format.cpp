@@ -45,6 +45,7 @@ TEST(ChatFormat, MatchesPublicTemplateGoldens) {
         ChatOptions opt;
         opt.enable_thinking = c.value("enable_thinking", false);
         opt.add_generation_prompt = c.value("add_generation_prompt", true);
+        if (c.contains("tools")) opt.tools = c["tools"];
         auto messages = gj::chat::messages_from_json(c["messages"]);
         EXPECT_EQ(gj::chat::render(messages, opt, style), golden[name].get<std::string>())
             << "case " << name;
@@ -81,6 +82,20 @@ TEST(ChatFormat, StyleFromTemplate) {
 TEST(ChatFormat, BadInputIsAClearError) {
     EXPECT_THROW(gj::chat::render({}, {}), ChatError);
     EXPECT_THROW(gj::chat::render({{"", "x", {}, {}}}, {}), ChatError);
+    auto tools_error = [](const char* tools, const std::string& needle) {
+        ChatOptions opt;
+        opt.tools = Json::parse(tools);
+        try {
+            gj::chat::render({{"user", "x", {}, {}}}, opt);
+            FAIL() << "no error for tools " << tools;
+        } catch (const ChatError& e) {
+            EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+        }
+    };
+    tools_error(R"([{"function": {"description": "no name"}}])", "needs {\"function\": {\"name\"");
+    tools_error(R"([{"function": {"name": "f", "parameters": {"properties": {"x": {}}}}}])",
+                "tool parameter 'x' needs a 'type'");
+    tools_error(R"({"function": {}})", "tools must be a JSON array");
     auto expect_error = [](const char* json, const std::string& needle) {
         try {
             gj::chat::messages_from_json(Json::parse(json));

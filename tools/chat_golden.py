@@ -42,6 +42,7 @@ def render_all():
             messages=case["messages"],
             add_generation_prompt=case.get("add_generation_prompt", True),
             enable_thinking=case.get("enable_thinking", False),
+            tools=case.get("tools"),
             bos_token="<bos>",
             eos_token="<eos>",
         )
