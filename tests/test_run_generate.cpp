@@ -1,10 +1,13 @@
 // The generation loop over a scripted Forward: stop tokens, token limits, the end of the context,
-// streaming text, and the checks made before any work.
+// streaming text, and the checks made before any work; the CPU forward adapter's chunked prefill.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "engine/generate.h"
+#include "engine/generate_cpu.h"
+#include "engine/synth.h"
+#include "tests/support/test_env.h"
 
 using gj::gen::Forward;
 using gj::gen::GenerateError;
@@ -158,4 +161,24 @@ TEST(Generate, ChecksBeforeAnyWork) {
     expect_error(wrong_vocab, {2}, "2048 output logits but its tokenizer 1024");
     EXPECT_EQ(f.prefills, 0);
     EXPECT_EQ(wrong_vocab.prefills, 0);
+}
+
+TEST(GenerateCpu, ChunkedPrefillGivesTheWholePrefillsLogits) {
+    gj::test::ScratchDir dir("generate-cpu");
+    const auto path = dir.path() / "tiny.gguf";
+    gj::synth::Options o;
+    o.variant = "tiny";
+    o.seed = 3;
+    gj::synth::write_model(o, path);
+    auto model = gj::gemma4::CpuModel::load(path);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 150; ++i) prompt.push_back(2 + (i * 37) % 1000);  // three chunks
+    ASSERT_GT(prompt.size(), 2 * gj::gen::CpuForward::kPrefillChunk);
+    gj::gen::CpuForward chunked(*model);
+    std::vector<float> last = chunked.prefill(prompt);
+    gj::gemma4::CpuSession whole(*model);
+    std::vector<float> all = whole.prefill(prompt);
+    ASSERT_EQ(last.size(), 1024u);
+    EXPECT_TRUE(std::equal(last.begin(), last.end(), all.end() - 1024));
+    EXPECT_EQ(chunked.decode(5), whole.decode(5));
 }

@@ -10,6 +10,7 @@
 #include "engine/chat_format.h"
 #include "engine/cpu_forward.h"
 #include "engine/generate.h"
+#include "engine/generate_cpu.h"
 #include "engine/gguf.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
@@ -113,24 +114,6 @@ struct RunArgs {
     int threads = 0;
 };
 
-// The CPU reference forward behind the generation loop's interface.
-class CpuForward : public gen::Forward {
-  public:
-    explicit CpuForward(const gemma4::CpuModel& model) : model_(model), session_(model) {}
-    int vocab_size() const override { return model_.config().vocab_size; }
-    int context_length() const override { return model_.config().context_length; }
-    std::vector<float> prefill(std::span<const int32_t> tokens) override {
-        std::vector<float> all = session_.prefill(tokens);
-        const auto v = static_cast<std::ptrdiff_t>(vocab_size());
-        return std::vector<float>(all.end() - v, all.end());  // the last position's row
-    }
-    std::vector<float> decode(int32_t token) override { return session_.decode(token); }
-
-  private:
-    const gemma4::CpuModel& model_;
-    gemma4::CpuSession session_;
-};
-
 std::string read_text_file(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error("cannot read prompt file " + path);
@@ -190,7 +173,7 @@ void run_generate(RunArgs a) {
     gemma4::CpuOptions cpu_opts;
     cpu_opts.threads = a.threads;
     auto model = gemma4::CpuModel::load(a.model, cpu_opts);
-    CpuForward forward(*model);
+    gen::CpuForward forward(*model);
     sample::Sampler sampler(a.sampling);
     gen::GenerateOptions gen_opts;
     gen_opts.max_tokens = a.n_predict;
