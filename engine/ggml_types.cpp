@@ -65,8 +65,11 @@ std::string type_name(Type t) {
 
 std::optional<uint64_t> row_bytes(Type t, uint64_t n) {
     const auto& info = type_info(t);
-    if (n % info.block_elems != 0) return std::nullopt;
-    return n / info.block_elems * info.block_bytes;
+    uint64_t bytes;
+    if (n % info.block_elems != 0 ||
+        __builtin_mul_overflow(n / info.block_elems, uint64_t{info.block_bytes}, &bytes))
+        return std::nullopt;
+    return bytes;
 }
 
 }  // namespace gj::ggml

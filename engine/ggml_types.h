@@ -61,7 +61,8 @@ const TypeInfo& type_info(Type t);
 std::optional<Type> type_from_name(std::string_view name);  // "q8_0" -> Q8_0
 std::string type_name(Type t);
 
-// Bytes of one row of n elements; nullopt when n is not a multiple of the block size.
+// Bytes of one row of n elements; nullopt when n is not a multiple of the block size or the
+// byte count does not fit in 64 bits.
 std::optional<uint64_t> row_bytes(Type t, uint64_t n);
 
 }  // namespace gj::ggml

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace gj::gguf {
 
@@ -28,6 +29,10 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;          // GGML_MAX_DIMS
 constexpr int kMaxArrayDepth = 8;         // nested arrays deeper than this are refused
 constexpr size_t kMaxTensorNameLen = 63;  // GGML_MAX_NAME - 1: llama.cpp refuses longer names
+// Each array element becomes a Value (~48 bytes), so a file made of one huge u8 array would cost
+// ~48x its size in memory. Real files hold ~1.5M elements (vocabulary, scores, types, merges);
+// this cap keeps a hostile file's metadata under ~1 GB while leaving ten times that headroom.
+constexpr uint64_t kMaxMetadataElements = uint64_t{1} << 24;
 
 bool valid_value_type(uint32_t t) {
     return t <= static_cast<uint32_t>(ValueType::FLOAT64);
@@ -198,9 +203,15 @@ const std::vector<Value>& Value::as_array(std::string_view key) const {
 std::string Value::to_display(size_t max_elems) const {
     struct Visitor {
         size_t max_elems;
+        ValueType type;
         std::string operator()(uint64_t v) const { return std::to_string(v); }
         std::string operator()(int64_t v) const { return std::to_string(v); }
-        std::string operator()(double v) const { return fmt::format("{}", v); }
+        std::string operator()(double v) const {
+            // A float32 prints as the shortest float that reads back the same (1e-06, not the
+            // double expansion 9.99999997e-07 of the same bits).
+            if (type == ValueType::FLOAT32) return fmt::format("{}", static_cast<float>(v));
+            return fmt::format("{}", v);
+        }
         std::string operator()(bool v) const { return v ? "true" : "false"; }
         std::string operator()(const std::string& v) const {
             return fmt::format("\"{}\"", printable(v, 120));
@@ -215,7 +226,7 @@ std::string Value::to_display(size_t max_elems) const {
             return out + "]";
         }
     };
-    return std::visit(Visitor{max_elems}, data);
+    return std::visit(Visitor{max_elems, type}, data);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -229,6 +240,7 @@ struct FileParser {
     size_t pos = 0;
     const std::filesystem::path& name;
     File& out;
+    uint64_t elements_left = kMaxMetadataElements;  // array elements still allowed
 
     [[noreturn]] void fail(size_t at, const std::string& what) const {
         throw FormatError(fmt::format("{}: {} (at byte offset {})", name.string(), what, at));
@@ -236,14 +248,26 @@ struct FileParser {
 
     size_t remaining() const { return size - pos; }
 
-    void need(uint64_t n, const std::string& what) const {
-        if (n > remaining())
-            fail(pos, fmt::format("file truncated: {} needs {} bytes but only {} remain", what, n,
-                                  remaining()));
+    // Field descriptions for messages are built only on failure: reading a vocabulary touches
+    // over a million values, and formatting a description for each would dominate load time.
+    // `what` is a string or a callable returning one.
+    template <typename Describe>
+    static std::string describe(const Describe& what) {
+        if constexpr (std::is_invocable_v<const Describe&>)
+            return what();
+        else
+            return std::string(what);
     }
 
-    template <typename T>
-    T read(const std::string& what) {
+    template <typename Describe>
+    void need(uint64_t n, const Describe& what) const {
+        if (n > remaining())
+            fail(pos, fmt::format("file truncated: {} needs {} bytes but only {} remain",
+                                  describe(what), n, remaining()));
+    }
+
+    template <typename T, typename Describe>
+    T read(const Describe& what) {
         need(sizeof(T), what);
         T v;
         std::memcpy(&v, data + pos, sizeof(T));
@@ -251,21 +275,24 @@ struct FileParser {
         return v;
     }
 
-    std::string read_string(const std::string& what) {
+    template <typename Describe>
+    std::string read_string(const Describe& what) {
         const size_t at = pos;
-        const auto len = read<uint64_t>(what + " length");
+        const auto len = read<uint64_t>([&] { return describe(what) + " length"; });
         if (len > remaining())
-            fail(at,
-                 fmt::format("{} has length {} but only {} bytes remain", what, len, remaining()));
+            fail(at, fmt::format("{} has length {} but only {} bytes remain", describe(what), len,
+                                 remaining()));
         std::string s(reinterpret_cast<const char*>(data + pos), static_cast<size_t>(len));
         pos += static_cast<size_t>(len);
         return s;
     }
 
-    ValueType read_value_type(const std::string& what) {
+    template <typename Describe>
+    ValueType read_value_type(const Describe& what) {
         const size_t at = pos;
         const auto raw = read<uint32_t>(what);
-        if (!valid_value_type(raw)) fail(at, fmt::format("{} is invalid ({})", what, raw));
+        if (!valid_value_type(raw))
+            fail(at, fmt::format("{} is invalid ({})", describe(what), raw));
         return static_cast<ValueType>(raw);
     }
 
@@ -273,7 +300,7 @@ struct FileParser {
     Value read_value(ValueType t, const std::string& key, int depth) {
         Value v;
         v.type = t;
-        const std::string what = fmt::format("value of metadata key '{}'", printable(key));
+        const auto what = [&] { return fmt::format("value of metadata key '{}'", printable(key)); };
         switch (t) {
             case ValueType::UINT8:
                 v.data = uint64_t{read<uint8_t>(what)};
@@ -308,7 +335,7 @@ struct FileParser {
             case ValueType::BOOL: {
                 const size_t at = pos;
                 const auto b = read<uint8_t>(what);
-                if (b > 1) fail(at, fmt::format("{}: bool byte is {}, not 0 or 1", what, b));
+                if (b > 1) fail(at, fmt::format("{}: bool byte is {}, not 0 or 1", what(), b));
                 v.data = b != 0;
                 break;
             }
@@ -320,11 +347,13 @@ struct FileParser {
                 if (depth >= kMaxArrayDepth)
                     fail(at, fmt::format("metadata key '{}': arrays nested deeper than {}",
                                          printable(key), kMaxArrayDepth));
-                v.array_type = read_value_type(
-                    fmt::format("element type of array metadata key '{}'", printable(key)));
+                v.array_type = read_value_type([&] {
+                    return fmt::format("element type of array metadata key '{}'", printable(key));
+                });
                 const size_t count_at = pos;
-                const auto count = read<uint64_t>(
-                    fmt::format("element count of array metadata key '{}'", printable(key)));
+                const auto count = read<uint64_t>([&] {
+                    return fmt::format("element count of array metadata key '{}'", printable(key));
+                });
                 // Each element takes at least min_encoded_size bytes, so a count the rest of the
                 // file cannot hold is refused before anything is reserved.
                 if (count > remaining() / min_encoded_size(v.array_type))
@@ -333,6 +362,11 @@ struct FileParser {
                                      "only {} bytes remain",
                                      printable(key), count, value_type_name(v.array_type),
                                      remaining()));
+                if (count > elements_left)
+                    fail(count_at, fmt::format("array metadata key '{}' has {} elements; all "
+                                               "arrays together may hold at most {}",
+                                               printable(key), count, kMaxMetadataElements));
+                elements_left -= count;
                 std::vector<Value> elems;
                 elems.reserve(static_cast<size_t>(count));
                 for (uint64_t i = 0; i < count; ++i)
@@ -377,9 +411,9 @@ struct FileParser {
         size_t alignment_at = 0;
         for (uint64_t i = 0; i < n_kv; ++i) {
             const size_t at = pos;
-            auto key = read_string(fmt::format("key of metadata entry {}", i));
-            const auto type =
-                read_value_type(fmt::format("value type of metadata key '{}'", printable(key)));
+            auto key = read_string([&] { return fmt::format("key of metadata entry {}", i); });
+            const auto type = read_value_type(
+                [&] { return fmt::format("value type of metadata key '{}'", printable(key)); });
             auto value = read_value(type, key, 0);
             if (out.kv_.contains(key))
                 fail(at, fmt::format("duplicate metadata key '{}'", printable(key)));
@@ -405,17 +439,18 @@ struct FileParser {
         for (uint64_t i = 0; i < n_tensors; ++i) {
             const size_t at = pos;
             TensorInfo t;
-            t.name = read_string(fmt::format("name of tensor {}", i));
+            t.name = read_string([&] { return fmt::format("name of tensor {}", i); });
             const std::string who = fmt::format("tensor '{}'", printable(t.name));
             const size_t dims_at = pos;
-            const auto n_dims = read<uint32_t>(who + " dimension count");
+            const auto n_dims = read<uint32_t>([&] { return who + " dimension count"; });
             if (n_dims == 0 || n_dims > kMaxDims)
                 fail(dims_at,
                      fmt::format("{} has {} dimensions (1 to {} allowed)", who, n_dims, kMaxDims));
             uint64_t n_elements = 1;
             for (uint32_t d = 0; d < n_dims; ++d) {
                 const size_t dim_at = pos;
-                const auto dim = read<uint64_t>(fmt::format("{} dimension {}", who, d));
+                const auto dim =
+                    read<uint64_t>([&] { return fmt::format("{} dimension {}", who, d); });
                 if (dim == 0 || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
                     fail(dim_at, fmt::format("{} dimension {} is {}", who, d, dim));
                 auto prod = checked_mul(n_elements, dim);
@@ -426,20 +461,20 @@ struct FileParser {
                 t.dims.push_back(dim);
             }
             const size_t type_at = pos;
-            const auto raw_type = read<uint32_t>(who + " type");
+            const auto raw_type = read<uint32_t>([&] { return who + " type"; });
             const auto info = ggml::type_info(raw_type);
             if (!info) fail(type_at, fmt::format("{} has unknown ggml type id {}", who, raw_type));
             t.type = info->type;
-            const auto row = ggml::row_bytes(t.type, t.dims[0]);
-            if (!row)
+            if (t.dims[0] % info->block_elems != 0)
                 fail(type_at, fmt::format("{} of type {}: first dimension {} is not a multiple "
                                           "of the block size {}",
                                           who, info->name, t.dims[0], info->block_elems));
-            const auto n_bytes = checked_mul(*row, n_elements / t.dims[0]);
+            const auto row = ggml::row_bytes(t.type, t.dims[0]);
+            const auto n_bytes = row ? checked_mul(*row, n_elements / t.dims[0]) : std::nullopt;
             if (!n_bytes) fail(type_at, fmt::format("{} byte size overflows", who));
             t.n_elements = n_elements;
             t.n_bytes = *n_bytes;
-            t.offset = read<uint64_t>(who + " data offset");
+            t.offset = read<uint64_t>([&] { return who + " data offset"; });
             if (out.tensor_index_.contains(t.name))
                 fail(at, fmt::format("duplicate tensor name '{}'", printable(t.name)));
             out.tensor_index_.emplace(t.name, out.tensors_.size());
@@ -875,11 +910,11 @@ uint64_t Writer::add_tensor(std::string name, ggml::Type type, std::vector<uint6
             throw bad("zero dimension or element count overflow");
         n = *p;
     }
-    const auto row = ggml::row_bytes(type, dims[0]);
-    if (!row)
+    if (dims[0] % ggml::type_info(type).block_elems != 0)
         throw bad(fmt::format("first dimension {} is not a multiple of the {} block size {}",
                               dims[0], ggml::type_name(type), ggml::type_info(type).block_elems));
-    const auto n_bytes = checked_mul(*row, n / dims[0]);
+    const auto row = ggml::row_bytes(type, dims[0]);
+    const auto n_bytes = row ? checked_mul(*row, n / dims[0]) : std::nullopt;
     const auto padded = n_bytes ? align_up(*n_bytes, impl_->alignment) : std::nullopt;
     const auto end = padded ? checked_add(impl_->data_size, *padded) : std::nullopt;
     if (!end) throw bad("byte size overflows");

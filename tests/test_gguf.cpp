@@ -202,6 +202,10 @@ TEST(GgufValue, ConversionsRefuseLossAndNameTheKey) {
     EXPECT_THROW(Value::make_u8(1).as_string("k"), FormatError);
     EXPECT_THROW(Value::make_u8(1).as_array("k"), FormatError);
     EXPECT_EQ(Value::make_string("a\nb").to_display(), "\"a\\x0ab\"");
+    EXPECT_EQ(Value::make_f32(1e-6f).to_display(), "1e-06");
+    EXPECT_EQ(Value::make_f64(0.1).to_display(), "0.1");
+    EXPECT_EQ(Value::make_i8(-3).to_display(), "-3");
+    EXPECT_EQ(Value::make_bool(false).to_display(), "false");
     std::vector<Value> many;
     for (int i = 0; i < 10; ++i) many.push_back(Value::make_u32(i));
     EXPECT_EQ(Value::make_array(ValueType::UINT32, many).to_display(3),
@@ -336,6 +340,8 @@ TEST(GgufWriter, RefusesMisuseAndRemovesThePartialFile) {
         EXPECT_THROW(w.add_tensor("none", Type::F32, {}), std::invalid_argument);
         EXPECT_THROW(w.add_tensor(std::string(64, 'n'), Type::F32, {1}), std::invalid_argument);
         EXPECT_THROW(w.add_tensor("huge", Type::F32, {uint64_t{1} << 32, uint64_t{1} << 32}),
+                     std::invalid_argument);
+        EXPECT_THROW(w.add_tensor("bytes", Type::F32, {(uint64_t{1} << 62) + 3}),
                      std::invalid_argument);
         w.add_tensor("a", Type::F32, {4});
         w.add_tensor("b", Type::F32, {4});
@@ -500,6 +506,9 @@ TEST(GgufReader, HostileHeadersNameTheProblem) {
         {"dims overflow",
          Raw().header(1, 0).tensor("t", {uint64_t{1} << 32, uint64_t{1} << 32}, 0, 0).pad(32).b,
          {"tensor 't' element count overflows"}},
+        {"byte size overflow",  // found by fuzz_gguf: 4 * (2^62 + 3) wrapped around to 12
+         Raw().header(1, 0).tensor("t", {(uint64_t{1} << 62) + 3}, 0, 0).pad(32).zeros(64).b,
+         {"tensor 't' byte size overflows"}},
         {"unknown type",
          Raw().header(1, 0).tensor("blk.0.w", {32}, 99, 0).pad(32).zeros(64).b,
          {"tensor 'blk.0.w' has unknown ggml type id 99", "at byte offset"}},
@@ -556,4 +565,35 @@ TEST(GgufReader, NestedArraysAreDepthLimited) {
     r.header(0, 1).str("bomb").put<uint32_t>(9);
     for (int i = 0; i < 100000; ++i) r.put<uint32_t>(9).put<uint64_t>(1);
     EXPECT_THAT(parse_error(r.b), HasSubstr("nested deeper"));
+}
+
+TEST(GgufReader, CapsTheTotalNumberOfArrayElements) {
+    // Every byte of a u8 array would become a ~48-byte Value; the total is capped at 2^24.
+    const uint64_t n = (uint64_t{1} << 24) + 1;
+    auto bytes = Raw().header(0, 1).str("big").put<uint32_t>(9).put<uint32_t>(0).put<uint64_t>(n).b;
+    bytes.resize(bytes.size() + n);
+    EXPECT_THAT(parse_error(bytes), HasSubstr("'big' has 16777217 elements"));
+}
+
+TEST(GgufReader, ReadsTheIndependentlyWrittenSeedCorpus) {
+    // tests/fuzz/corpus_gguf is written by a Python script that shares no code with the reader.
+    const auto dir = gj::test::source_dir() / "tests/fuzz/corpus_gguf";
+    auto kv = gj::gguf::File::open(dir / "kv_every_type");
+    EXPECT_EQ(kv->get_u64("u64"), uint64_t{1} << 63);
+    EXPECT_EQ(kv->get("i64").as_i64("i64"), -(int64_t{1} << 40));
+    EXPECT_EQ(kv->get_f64("f64"), 1e-300);
+    EXPECT_EQ(kv->get("arr.nested").as_array("")[1].as_array("")[0].as_string(""), "x");
+    auto t = gj::gguf::File::open(dir / "tensors_every_dequant_type");
+    ASSERT_EQ(t->tensors().size(), 8u);
+    EXPECT_EQ(t->tensor("h.q6_k").type, Type::Q6_K);
+    EXPECT_EQ(t->tensor("e.q4_0").rows(), 2u);
+    auto v2 = gj::gguf::File::open(dir / "v2_align64");
+    EXPECT_EQ(v2->version(), 2u);
+    EXPECT_EQ(v2->alignment(), 64u);
+    EXPECT_EQ(v2->tensor("n").offset, 128u);  // 2 * 2 * 34 = 136 bytes of q8_0 padded to 64
+    EXPECT_EQ(v2->tensor("w").dims, (std::vector<uint64_t>{32, 1, 1, 2}));
+    auto tok = gj::gguf::File::open(dir / "tokenizer_like");
+    EXPECT_EQ(tok->get("tokenizer.ggml.tokens").as_array("")[3].as_string(""),
+              "\xe2\x96\x81"
+              "a");
 }
