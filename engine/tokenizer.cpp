@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <queue>
-#include <unordered_map>
 
 namespace gj::tok {
 
@@ -11,14 +10,37 @@ namespace {
 
 constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // ▁ U+2581
 
-// Heterogeneous lookup so encode can probe with string_views without allocating.
-struct StringHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const noexcept {
-        return std::hash<std::string_view>{}(s);
+// Open-addressing table from token text to id (the texts stay in VocabData::tokens): one array
+// of ids, no per-entry allocation, so a 262144-token vocabulary indexes in milliseconds.
+class TextIndex {
+  public:
+    void build(const std::vector<std::string>& tokens) {
+        tokens_ = &tokens;
+        size_t cap = 16;
+        while (cap < tokens.size() * 2) cap *= 2;
+        slots_.assign(cap, -1);
+        mask_ = cap - 1;
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            size_t h = hash(tokens[i]);
+            while (slots_[h] >= 0 && tokens[static_cast<size_t>(slots_[h])] != tokens[i]) {
+                h = (h + 1) & mask_;
+            }
+            if (slots_[h] < 0) slots_[h] = static_cast<int32_t>(i);  // the first duplicate wins
+        }
     }
+    int32_t find(std::string_view s) const {
+        for (size_t h = hash(s);; h = (h + 1) & mask_) {
+            const int32_t id = slots_[h];
+            if (id < 0 || (*tokens_)[static_cast<size_t>(id)] == s) return id;
+        }
+    }
+
+  private:
+    size_t hash(std::string_view s) const { return std::hash<std::string_view>{}(s)&mask_; }
+    const std::vector<std::string>* tokens_ = nullptr;
+    std::vector<int32_t> slots_;
+    size_t mask_ = 0;
 };
-using TokenIndex = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
@@ -27,6 +49,40 @@ uint64_t pair_key(int32_t a, int32_t b) {
 struct Merge {
     int32_t rank;
     int32_t result;
+};
+
+// Open-addressing table from a (left id, right id) pair to its merge.
+class MergeTable {
+  public:
+    void reserve(size_t n) {
+        size_t cap = 16;
+        while (cap < n * 2) cap *= 2;
+        slots_.assign(cap, Slot{kEmpty, {0, 0}});
+        mask_ = cap - 1;
+    }
+    void insert(uint64_t key, Merge m) {  // the first (lowest rank) of duplicate pairs wins
+        size_t h = hash(key);
+        while (slots_[h].key != kEmpty && slots_[h].key != key) h = (h + 1) & mask_;
+        if (slots_[h].key == kEmpty) slots_[h] = {key, m};
+    }
+    const Merge* find(uint64_t key) const {
+        for (size_t h = hash(key);; h = (h + 1) & mask_) {
+            if (slots_[h].key == key) return &slots_[h].merge;
+            if (slots_[h].key == kEmpty) return nullptr;
+        }
+    }
+
+  private:
+    static constexpr uint64_t kEmpty = ~uint64_t{0};  // ids are < 2^31: no real key is all ones
+    struct Slot {
+        uint64_t key;
+        Merge merge;
+    };
+    size_t hash(uint64_t k) const {
+        return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20) & mask_;
+    }
+    std::vector<Slot> slots_;
+    size_t mask_ = 0;
 };
 
 struct SpecialToken {
@@ -92,8 +148,8 @@ size_t utf8_char_length(std::string_view s) {
 
 struct Tokenizer::Impl {
     VocabData v;
-    TokenIndex index;
-    std::unordered_map<uint64_t, Merge> merges;
+    TextIndex index;
+    MergeTable merges;
     std::array<int32_t, 256> byte_ids{};
     // Special tokens bucketed by first byte, longest first within a bucket.
     std::array<std::vector<SpecialToken>, 256> specials;
@@ -129,13 +185,12 @@ Tokenizer::Tokenizer(VocabData vocab) : impl_(std::make_unique<Impl>()) {
         }
     }
 
-    m.index.reserve(n);
+    m.index.build(v.tokens);
     m.byte_ids.fill(-1);
     m.byte_of_token.assign(n, -1);
     for (size_t i = 0; i < n; ++i) {
         const auto id = static_cast<int32_t>(i);
         const std::string& t = v.tokens[i];
-        m.index.emplace(t, id);  // the first of duplicate texts wins
         const auto type = static_cast<TokenType>(v.types[i]);
         if (type == TokenType::Byte) {
             int b = parse_byte_token(t);
@@ -155,9 +210,7 @@ Tokenizer::Tokenizer(VocabData vocab) : impl_(std::make_unique<Impl>()) {
     for (unsigned b = 0; b < 256; ++b) {
         static const char* hex = "0123456789ABCDEF";
         const char name[7] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>', 0};
-        if (auto it = m.index.find(std::string_view(name, 6)); it != m.index.end()) {
-            m.byte_ids[b] = it->second;
-        }
+        m.byte_ids[b] = m.index.find(std::string_view(name, 6));
     }
     for (auto& bucket : m.specials) {
         std::stable_sort(bucket.begin(), bucket.end(), [](const auto& a, const auto& b) {
@@ -166,6 +219,7 @@ Tokenizer::Tokenizer(VocabData vocab) : impl_(std::make_unique<Impl>()) {
     }
 
     m.merges.reserve(v.merges.size());
+    std::string joined;  // reused: no allocation per merge
     for (size_t r = 0; r < v.merges.size(); ++r) {
         const std::string& line = v.merges[r];
         // Split at the first space after the first character, as llama.cpp does, so a merge whose
@@ -178,16 +232,12 @@ Tokenizer::Tokenizer(VocabData vocab) : impl_(std::make_unique<Impl>()) {
         if (sp == std::string::npos) throw bad("is not of the form 'left right'");
         const std::string_view left(line.data(), sp),
             right(line.data() + sp + 1, line.size() - sp - 1);
-        auto li = m.index.find(left), ri = m.index.find(right);
-        if (li == m.index.end() || ri == m.index.end())
-            throw bad("names a part that is not a token");
-        std::string joined;
-        joined.reserve(left.size() + right.size());
-        joined.append(left).append(right);
-        auto ji = m.index.find(std::string_view(joined));
-        if (ji == m.index.end()) throw bad("produces '" + joined + "', which is not a token");
-        m.merges.emplace(pair_key(li->second, ri->second),
-                         Merge{static_cast<int32_t>(r), ji->second});  // first rank wins
+        const int32_t li = m.index.find(left), ri = m.index.find(right);
+        if (li < 0 || ri < 0) throw bad("names a part that is not a token");
+        joined.assign(left).append(right);
+        const int32_t ji = m.index.find(joined);
+        if (ji < 0) throw bad("produces '" + joined + "', which is not a token");
+        m.merges.insert(pair_key(li, ri), Merge{static_cast<int32_t>(r), ji});
     }
 }
 
@@ -203,8 +253,7 @@ const VocabData& Tokenizer::vocab() const {
 }
 
 int32_t Tokenizer::find(std::string_view text) const {
-    auto it = impl_->index.find(text);
-    return it == impl_->index.end() ? -1 : it->second;
+    return impl_->index.find(text);
 }
 
 TokenType Tokenizer::type(int32_t id) const {
@@ -267,8 +316,8 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& o
         size_t j = i;
         while (j < s.size() && (s[j] == '\n') == newline) ++j;
         const std::string_view chunk = s.substr(i, j - i);
-        if (auto it = newline ? index.find(chunk) : index.end(); it != index.end()) {
-            out.push_back(it->second);  // a newline run that is a token stays whole
+        if (const int32_t id = newline ? index.find(chunk) : -1; id >= 0) {
+            out.push_back(id);  // a newline run that is a token stays whole
         } else {
             encode_chunk(chunk, out);
         }
@@ -302,10 +351,9 @@ void Tokenizer::Impl::encode_chunk(std::string_view chunk, std::vector<int32_t>&
     for (size_t i = 0; i < chunk.size();) {
         size_t len = scan_utf8(chunk.substr(i)).length;
         if (len == 0) len = 1;  // an invalid byte is a symbol of its own
-        auto it = index.find(chunk.substr(i, len));
+        const int32_t id = index.find(chunk.substr(i, len));
         const auto k = static_cast<int32_t>(sym.size());
-        sym.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(len),
-                       it == index.end() ? -1 : it->second, k - 1, k + 1});
+        sym.push_back({static_cast<uint32_t>(i), static_cast<uint32_t>(len), id, k - 1, k + 1});
         i += len;
     }
     if (sym.empty()) return;
@@ -314,8 +362,9 @@ void Tokenizer::Impl::encode_chunk(std::string_view chunk, std::vector<int32_t>&
     std::priority_queue<Candidate> queue;
     auto consider = [&](int32_t l, int32_t r) {
         if (l < 0 || r < 0 || sym[l].id < 0 || sym[r].id < 0) return;
-        auto it = merges.find(pair_key(sym[l].id, sym[r].id));
-        if (it != merges.end()) queue.push({it->second.rank, l, r, sym[l].id, sym[r].id});
+        if (const Merge* m = merges.find(pair_key(sym[l].id, sym[r].id))) {
+            queue.push({m->rank, l, r, sym[l].id, sym[r].id});
+        }
     };
     for (int32_t i = 0; i + 1 < static_cast<int32_t>(sym.size()); ++i) consider(i, i + 1);
 
@@ -329,7 +378,7 @@ void Tokenizer::Impl::encode_chunk(std::string_view chunk, std::vector<int32_t>&
             r.id != c.right_id) {
             continue;
         }
-        l.id = merges.at(pair_key(c.left_id, c.right_id)).result;
+        l.id = merges.find(pair_key(c.left_id, c.right_id))->result;
         l.len += r.len;
         r.len = 0;
         l.next = r.next;
