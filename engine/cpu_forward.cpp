@@ -37,7 +37,8 @@ void matmul(ThreadPool& pool, const Matrix& W, const float* X, int T, float* Y) 
         const uint64_t end = std::min(rows, (item + 1) * kRowsPerItem);
         for (uint64_t r = item * kRowsPerItem; r < end; ++r) {
             const float* w = W.row(r, scratch.data());
-            for (int t = 0; t < T; ++t) Y[uint64_t(t) * rows + r] = dot(w, X + uint64_t(t) * cols, cols);
+            for (int t = 0; t < T; ++t)
+                Y[uint64_t(t) * rows + r] = dot(w, X + uint64_t(t) * cols, cols);
         }
     });
 }
@@ -110,7 +111,9 @@ void CpuSession::reset() {
     n_past_ = 0;
 }
 
-std::vector<float> CpuSession::decode(int32_t token) { return prefill({&token, 1}); }
+std::vector<float> CpuSession::decode(int32_t token) {
+    return prefill({&token, 1});
+}
 
 std::vector<float> CpuSession::prefill(std::span<const int32_t> tokens) {
     if (tokens.empty()) throw std::invalid_argument("prefill needs at least one token");
@@ -136,15 +139,23 @@ std::vector<float> CpuSession::prefill(std::span<const int32_t> tokens) {
     std::vector<float> ple;
     if (cfg_.has_ple()) ple = ple_inputs(tokens, x);
 
-    // 3. Decoder layers.
+    // 3. Decoder layers. A failure part-way (e.g. out of memory) leaves the cache as it was.
     layer_outputs_.assign(size_t(cfg_.n_layers) * T * d, 0.0f);
-    for (int l = 0; l < cfg_.n_layers; ++l) {
-        attention_block(l, x, T);
-        ffn_block(l, x, T);
-        if (cfg_.has_ple()) ple_block(l, x, ple, T);
-        const float s = w_.layers[l].output_scale;  // scales the whole residual stream
-        for (float& v : x) v *= s;
-        std::copy(x.begin(), x.end(), layer_outputs_.begin() + size_t(l) * T * d);
+    try {
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            attention_block(l, x, T);
+            ffn_block(l, x, T);
+            if (cfg_.has_ple()) ple_block(l, x, ple, T);
+            const float s = w_.layers[l].output_scale;  // scales the whole residual stream
+            for (float& v : x) v *= s;
+            std::copy(x.begin(), x.end(), layer_outputs_.begin() + size_t(l) * T * d);
+        }
+    } catch (...) {
+        for (int l = 0; l < cfg_.n_layers; ++l) {
+            const size_t keep = size_t(n_past_) * cfg_.kv_dim(l);
+            if (cache_[l].k.size() > keep) cache_[l].k.resize(keep), cache_[l].v.resize(keep);
+        }
+        throw;
     }
 
     // 4. Final norm, tied LM head, softcap.
@@ -189,8 +200,7 @@ void CpuSession::attention_block(int l, std::vector<float>& x, int T) {
     const size_t kv_dim = size_t(Hkv) * hd, q_dim = size_t(H) * hd;
 
     std::vector<float> h(x.size());
-    for (int t = 0; t < T; ++t)
-        rms_norm(&x[t * d], d, w.attn_norm.data(), cfg_.rms_eps, &h[t * d]);
+    for (int t = 0; t < T; ++t) rms_norm(&x[t * d], d, w.attn_norm.data(), cfg_.rms_eps, &h[t * d]);
 
     // Q: per-head RMSNorm with the q_norm gain, then RoPE.
     std::vector<float> q = matmul(pool, w.attn_q, h, T);
@@ -327,8 +337,7 @@ void CpuSession::moe_block(int l, const std::vector<float>& x, std::vector<float
         if (toks.empty()) continue;
         const int n = int(toks.size());
         std::vector<float> in(size_t(n) * d);
-        for (int i = 0; i < n; ++i)
-            std::copy_n(&z2[size_t(toks[i]) * d], d, &in[size_t(i) * d]);
+        for (int i = 0; i < n; ++i) std::copy_n(&z2[size_t(toks[i]) * d], d, &in[size_t(i) * d]);
         std::vector<float> g = matmul(pool, w.gate_exps[e], in, n);
         std::vector<float> u = matmul(pool, w.up_exps[e], in, n);
         for (size_t i = 0; i < g.size(); ++i) g[i] = gelu_tanh(g[i]) * u[i];

@@ -32,7 +32,7 @@ struct CpuOptions {
 
 // A loaded model: config, bound weights and the worker threads. Sessions borrow it.
 class CpuModel {
-public:
+  public:
     // Opens and validates the GGUF (ConfigError / gguf::FormatError name the problem).
     static std::unique_ptr<CpuModel> load(const std::filesystem::path& path,
                                           const CpuOptions& opts = {});
@@ -42,7 +42,7 @@ public:
     const Weights& weights() const { return *weights_; }
     ThreadPool& pool() const { return *pool_; }
 
-private:
+  private:
     CpuModel() = default;
     std::unique_ptr<gguf::File> file_;
     Config cfg_;
@@ -52,7 +52,7 @@ private:
 
 // One sequence: a KV cache (all positions kept; sliding layers mask by position) and its length.
 class CpuSession {
-public:
+  public:
     explicit CpuSession(const CpuModel& model);
 
     // Runs `tokens` at positions position() .. position()+T-1 and returns their logits, row-major
@@ -68,7 +68,7 @@ public:
     // mismatch against another implementation layer by layer).
     const std::vector<float>& layer_outputs() const { return layer_outputs_; }
 
-private:
+  private:
     struct LayerCache {
         std::vector<float> k, v;  // [position][n_kv_heads * head_dim]
     };

@@ -63,7 +63,7 @@ struct PresetSpec {
     int ple_dim, n_kv_shared;
     int window, global_period;  // layer i is global when (i + 1) % period == 0; last layer global
     int context_length, vocab_size;
-    bool k_eq_v;                // global layers have no V projection
+    bool k_eq_v;  // global layers have no V projection
     int n_experts, n_experts_used, expert_ffn_dim;
 };
 
@@ -71,16 +71,18 @@ struct PresetSpec {
 // presets that keep every structural feature at test size: sliding head dim 32 / global 64
 // (4 rotated pairs of 32 ... 8 of 32 on globals by the same 0.25 rule), window 8.
 constexpr PresetSpec kPresets[] = {
-    // name     L   d     H  kvS kvG hdS  hdG  ffn    2x    P   shr W     per ctx     V       keqv E  k  Fe
-    {"e2b", 35, 1536, 8, 1, 1, 256, 512, 6144, true, 256, 20, 512, 5, 131072, 262144, false, 0, 0, 0},
-    {"e4b", 42, 2560, 8, 2, 2, 256, 512, 10240, false, 256, 18, 512, 6, 131072, 262144, false, 0, 0,
-     0},
-    {"12b", 48, 3840, 16, 8, 1, 256, 512, 15360, false, 0, 0, 1024, 6, 262144, 262144, true, 0, 0,
-     0},
-    {"26b-a4b", 30, 2816, 16, 8, 2, 256, 512, 2112, false, 0, 0, 1024, 6, 262144, 262144, true, 128,
-     8, 704},
-    {"31b", 60, 5376, 32, 16, 4, 256, 512, 21504, false, 0, 0, 1024, 6, 262144, 262144, true, 0, 0,
-     0},
+    // name     L   d     H  kvS kvG hdS  hdG  ffn    2x    P   shr W     per ctx     V       keqv E
+    // k  Fe
+    {"e2b", 35, 1536, 8, 1,      1,      256,   512, 6144, true,
+     256,   20, 512,  5, 131072, 262144, false, 0,   0,    0},
+    {"e4b", 42, 2560, 8, 2,      2,      256,   512, 10240, false,
+     256,   18, 512,  6, 131072, 262144, false, 0,   0,     0},
+    {"12b", 48, 3840, 16, 8,      1,      256,  512, 15360, false,
+     0,     0,  1024, 6,  262144, 262144, true, 0,   0,     0},
+    {"26b-a4b", 30, 2816, 16, 8,      2,      256,  512, 2112, false,
+     0,         0,  1024, 6,  262144, 262144, true, 128, 8,    704},
+    {"31b", 60, 5376, 32, 16,     4,      256,  512, 21504, false,
+     0,     0,  1024, 6,  262144, 262144, true, 0,   0,     0},
     // tiny: PLE + KV sharing whose donors differ from llama.cpp's fixed offset (pattern
     // s s g s s | g s g, first shared layer 5: global donor 2, sliding donor 4), proportional RoPE.
     {"tiny", 8, 128, 4, 2, 2, 32, 64, 256, false, 32, 3, 8, 3, 4096, 1024, false, 0, 0, 0},
@@ -133,7 +135,7 @@ Config build_preset(const PresetSpec& p) {
 // GGUF metadata access with errors that name the file and key.
 
 class MetaReader {
-public:
+  public:
     explicit MetaReader(const gguf::File& f) : f_(f) {}
 
     [[noreturn]] void fail(const std::string& msg) const {
@@ -180,9 +182,8 @@ public:
             int x = checked_int(key, convert(key, [&] { return v.as_u64(key); }));
             return std::vector<int>(n_layers, x);
         }
-        const auto& arr = convert(key, [&]() -> const std::vector<gguf::Value>& {
-            return v.as_array(key);
-        });
+        const auto& arr =
+            convert(key, [&]() -> const std::vector<gguf::Value>& { return v.as_array(key); });
         if (int(arr.size()) != n_layers)
             fail(fmt::format("metadata key {} has {} entries, expected one per layer ({})", key,
                              arr.size(), n_layers));
@@ -195,12 +196,12 @@ public:
     std::vector<bool> bool_per_layer(const std::string& key, int n_layers) const {
         const gguf::Value& v = require(key);
         if (v.type != gguf::ValueType::ARRAY)
-            fail(fmt::format("metadata key {} must be a bool array (one entry per layer, true = "
-                             "sliding), found {}",
-                             key, gguf::value_type_name(v.type)));
-        const auto& arr = convert(key, [&]() -> const std::vector<gguf::Value>& {
-            return v.as_array(key);
-        });
+            fail(
+                fmt::format("metadata key {} must be a bool array (one entry per layer, true = "
+                            "sliding), found {}",
+                            key, gguf::value_type_name(v.type)));
+        const auto& arr =
+            convert(key, [&]() -> const std::vector<gguf::Value>& { return v.as_array(key); });
         if (int(arr.size()) != n_layers)
             fail(fmt::format("metadata key {} has {} entries, expected one per layer ({})", key,
                              arr.size(), n_layers));
@@ -209,9 +210,10 @@ public:
         return out;
     }
 
-private:
+  private:
     int checked_int(const std::string& key, uint64_t x) const {
-        if (x > uint64_t(1) << 30) fail(fmt::format("metadata key {} = {} is out of range", key, x));
+        if (x > uint64_t(1) << 30)
+            fail(fmt::format("metadata key {} = {} is out of range", key, x));
         return int(x);
     }
     const gguf::File& f_;
@@ -231,7 +233,9 @@ bool is_float_type(ggml::Type t) {
 
 // ---------------------------------------------------------------------------------------------
 
-float Config::embed_scale() const { return std::sqrt(float(d_model)); }
+float Config::embed_scale() const {
+    return std::sqrt(float(d_model));
+}
 
 std::vector<std::string> Config::preset_names() {
     std::vector<std::string> names;
@@ -249,7 +253,8 @@ Config Config::preset(std::string_view name) {
 
 Config Config::first_layers(int n) const {
     if (n < 1 || n > n_layers)
-        throw ConfigError(fmt::format("cannot keep {} layers of {} ({} layers)", n, name, n_layers));
+        throw ConfigError(
+            fmt::format("cannot keep {} layers of {} ({} layers)", n, name, n_layers));
     if (n == n_layers) return *this;
     Config c = *this;
     c.name = fmt::format("{}-{}l", name, n);
@@ -273,12 +278,14 @@ void Config::validate() const {
     if (sliding_window < 1) fail("sliding window must be positive");
     if (ple_dim < 0) fail("PLE width must not be negative");
     if (is_moe() && (n_experts_used < 1 || n_experts_used > n_experts || expert_ffn_dim < 1))
-        fail(fmt::format("MoE needs 1 <= experts used ({}) <= experts ({}) and an expert width ({})",
-                         n_experts_used, n_experts, expert_ffn_dim));
+        fail(
+            fmt::format("MoE needs 1 <= experts used ({}) <= experts ({}) and an expert width ({})",
+                        n_experts_used, n_experts, expert_ffn_dim));
     for (int l = 0; l < n_layers; ++l) {
         const LayerConfig& lc = layers[l];
         auto lfail = [&](const std::string& msg) { fail(fmt::format("layer {}: {}", l, msg)); };
-        if (lc.head_dim < 2 || lc.head_dim % 2) lfail(fmt::format("head dim {} must be even", lc.head_dim));
+        if (lc.head_dim < 2 || lc.head_dim % 2)
+            lfail(fmt::format("head dim {} must be even", lc.head_dim));
         if (lc.head_dim != (lc.sliding ? head_dim_swa : head_dim_global))
             lfail(fmt::format("head dim {} differs from the {} head dim", lc.head_dim,
                               lc.sliding ? "sliding" : "global"));
@@ -294,7 +301,8 @@ void Config::validate() const {
             const int s = lc.kv_source;
             if (s < 0 || s >= first_shared_layer() || layers[s].sliding != lc.sliding ||
                 layers[s].head_dim != lc.head_dim || layers[s].n_kv_heads != lc.n_kv_heads)
-                lfail(fmt::format("KV donor {} is not an earlier own-KV layer of the same shape", s));
+                lfail(
+                    fmt::format("KV donor {} is not an earlier own-KV layer of the same shape", s));
         }
     }
 }
@@ -310,9 +318,16 @@ std::string Config::summary() const {
         "vocab {}, window {}, context {}",
         name, n_layers, n_layers - n_global, n_global, d_model, n_heads, head_dim_swa,
         head_dim_global, vocab_size, sliding_window, context_length);
-    std::string kv;
-    for (int l = 0; l < n_layers; ++l) kv += fmt::format("{}{}", l ? "," : "", layers[l].n_kv_heads);
-    s += fmt::format("; KV heads per layer [{}]", kv);
+    bool uniform_kv = true;
+    for (const auto& l : layers) uniform_kv &= l.n_kv_heads == layers[0].n_kv_heads;
+    if (uniform_kv) {
+        s += fmt::format("; KV heads {}", layers[0].n_kv_heads);
+    } else {
+        std::string kv;
+        for (int l = 0; l < n_layers; ++l)
+            kv += fmt::format("{}{}", l ? "," : "", layers[l].n_kv_heads);
+        s += fmt::format("; KV heads per layer [{}]", kv);
+    }
     if (n_keqv) s += fmt::format("; {} k_eq_v layers", n_keqv);
     if (n_kv_shared_layers) {
         s += fmt::format("; last {} layers share KV (donors", n_kv_shared_layers);
@@ -333,11 +348,13 @@ std::string Config::summary() const {
     if (is_moe())
         s += fmt::format("; MoE {} experts, top {}, expert FFN {}", n_experts, n_experts_used,
                          expert_ffn_dim);
-    int global_pairs = 0;
+    s += fmt::format("; RoPE base {:g} sliding", rope_base_swa);
     for (const auto& l : layers)
-        if (!l.sliding) global_pairs = l.rope_pairs;
-    s += fmt::format("; RoPE base {:g} sliding / {:g} global ({} of {} pairs rotate)", rope_base_swa,
-                     rope_base_global, global_pairs, head_dim_global / 2);
+        if (!l.sliding) {
+            s += fmt::format(" / {:g} global ({} of {} pairs rotate)", rope_base_global,
+                             l.rope_pairs, head_dim_global / 2);
+            break;
+        }
     return s;
 }
 
@@ -374,12 +391,14 @@ Config Config::from_gguf(const gguf::File& file) {
     c.rope_base_swa = m.f32_or(p + "rope.freq_base_swa", 1e4f);
     if (m.u32_or(p + "attention.value_length", c.head_dim_global) != c.head_dim_global ||
         m.u32_or(p + "attention.value_length_swa", c.head_dim_swa) != c.head_dim_swa)
-        m.fail("Gemma 4 needs value_length == key_length (and the same for _swa); this file "
-               "differs");
+        m.fail(
+            "Gemma 4 needs value_length == key_length (and the same for _swa); this file "
+            "differs");
     if (m.u32_or(p + "rope.dimension_count", c.head_dim_global) != c.head_dim_global ||
         m.u32_or(p + "rope.dimension_count_swa", c.head_dim_swa) != c.head_dim_swa)
-        m.fail("unsupported rope.dimension_count(_swa): partial rotation is expressed through "
-               "rope_freqs, the dimension counts must equal the head dims");
+        m.fail(
+            "unsupported rope.dimension_count(_swa): partial rotation is expressed through "
+            "rope_freqs, the dimension counts must equal the head dims");
     if (m.find(p + "expert_count")) {
         c.n_experts = m.u32(p + "expert_count");
         if (c.n_experts > 0) {
@@ -418,9 +437,10 @@ Config Config::from_gguf(const gguf::File& file) {
         while (n_one < int(rf->dims[0]) && f[n_one] == 1.0f) ++n_one;
         for (int j = n_one; j < int(rf->dims[0]); ++j)
             if (!(f[j] >= 1e20f))
-                m.fail(fmt::format("unsupported rope_freqs.weight: entry {} is {} (only leading "
-                                   "1.0 entries followed by >= 1e20 entries are supported)",
-                                   j, f[j]));
+                m.fail(
+                    fmt::format("unsupported rope_freqs.weight: entry {} is {} (only leading "
+                                "1.0 entries followed by >= 1e20 entries are supported)",
+                                j, f[j]));
         global_pairs = n_one;
         c.rope_partial_factor = float(2.0 * n_one / c.head_dim_global);
     }
@@ -452,7 +472,9 @@ Config Config::from_gguf(const gguf::File& file) {
             const uint64_t half = spec.dims[1] / 2;
             for (const char* s : {"ffn_gate_exps.weight", "ffn_up_exps.weight"})
                 alternatives.push_back({layer_tensor_name(spec.layer, s),
-                                        {spec.dims[0], half, spec.dims[2]}, spec.role, spec.layer});
+                                        {spec.dims[0], half, spec.dims[2]},
+                                        spec.role,
+                                        spec.layer});
         } else {
             alternatives.push_back(spec);
         }
@@ -474,6 +496,17 @@ Config Config::from_gguf(const gguf::File& file) {
                 m.fail(fmt::format("tensor {} is a vector stored as {}; expected F32, F16 or BF16",
                                    want.name, info.name));
         }
+    }
+    // An untied LM head is optional but, when present, must fit like token_embd.
+    if (const gguf::TensorInfo* out = file.find_tensor("output.weight")) {
+        if (out->dims != embd->dims)
+            m.fail(fmt::format("tensor output.weight has shape {}, expected {}",
+                               dims_str(out->dims), dims_str(embd->dims)));
+        if (!ggml::type_info(out->type).dequant_supported)
+            m.fail(
+                fmt::format("tensor output.weight has type {}, which this engine cannot "
+                            "dequantize",
+                            ggml::type_name(out->type)));
     }
     // Extra tensors are tolerated: e.g. KV-shared layers of some exports still carry attn_k /
     // attn_v / attn_k_norm, which HF and llama.cpp ignore, and so do we.

@@ -30,20 +30,20 @@ struct LayerConfig {
     int kv_source = 0;       // layer whose cache this layer reads (itself when has_kv)
     bool has_v_proj = true;  // false on k_eq_v layers: V comes from the raw K projection
     float rope_base = 10000.0f;
-    int rope_pairs = 0;      // rotated (j, j + head_dim/2) pairs: head_dim/2 sliding, 64 global
+    int rope_pairs = 0;  // rotated (j, j + head_dim/2) pairs: head_dim/2 sliding, 64 global
     // has_v_proj is meaningful only when has_kv; KV-shared layers own no projections at all and
     // report false.
 };
 
 struct Config {
-    std::string name;               // preset name or the GGUF's general.name
+    std::string name;  // preset name or the GGUF's general.name
     int n_layers = 0;
     int d_model = 0;
     int n_heads = 0;
-    int vocab_size = 0;             // from token_embd's shape when loaded from a file
+    int vocab_size = 0;  // from token_embd's shape when loaded from a file
     int context_length = 0;
     int sliding_window = 0;
-    int ple_dim = 0;                // per-layer-embedding width P (0 = no PLE)
+    int ple_dim = 0;  // per-layer-embedding width P (0 = no PLE)
     int n_kv_shared_layers = 0;
     int head_dim_global = 512;
     int head_dim_swa = 256;
@@ -77,7 +77,7 @@ struct Config {
     // shrinks to the shared layers among them. Throws ConfigError when a shared layer would
     // lose its donor or n is out of range.
     Config first_layers(int n) const;
-    void validate() const;  // internal consistency; throws ConfigError
+    void validate() const;        // internal consistency; throws ConfigError
     std::string summary() const;  // one-paragraph human description for logs
 };
 

@@ -38,7 +38,7 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 class Stream {
-public:
+  public:
     Stream(uint64_t seed, const std::string& tensor, uint64_t chunk) {
         state_ = seed ^ fnv1a(tensor);
         splitmix64(state_);
@@ -52,11 +52,12 @@ public:
     float normal() {
         const uint64_t r = next();
         float s = 0;
-        for (int i = 0; i < 4; ++i) s += (float((r >> (16 * i)) & 0xffff) + 0.5f) * (1.0f / 65536.0f);
+        for (int i = 0; i < 4; ++i)
+            s += (float((r >> (16 * i)) & 0xffff) + 0.5f) * (1.0f / 65536.0f);
         return (s - 2.0f) * 1.7320508075688772f;
     }
 
-private:
+  private:
     uint64_t state_;
 };
 
@@ -66,8 +67,8 @@ void draw(const TensorSpec& t, const Config& cfg, Stream& rng, uint64_t first, f
     switch (t.role) {
         case TensorRole::Embedding: {
             const bool ple = t.name.starts_with("per_layer");
-            const float sd = ple ? 1.0f / std::sqrt(float(cfg.ple_dim))
-                                 : 2.0f / std::sqrt(float(cfg.d_model));
+            const float sd =
+                ple ? 1.0f / std::sqrt(float(cfg.ple_dim)) : 2.0f / std::sqrt(float(cfg.d_model));
             for (uint64_t i = 0; i < n; ++i) out[i] = sd * rng.normal();
             return;
         }
@@ -107,16 +108,23 @@ void draw(const TensorSpec& t, const Config& cfg, Stream& rng, uint64_t first, f
 
 uint32_t llama_file_type(ggml::Type wtype) {
     switch (wtype) {
-        case ggml::Type::F32: return 0;   // LLAMA_FTYPE_ALL_F32
-        case ggml::Type::F16: return 1;   // MOSTLY_F16
-        case ggml::Type::Q4_0: return 2;  // MOSTLY_Q4_0
-        case ggml::Type::Q8_0: return 7;  // MOSTLY_Q8_0
-        case ggml::Type::BF16: return 32; // MOSTLY_BF16
-        default: break;
+        case ggml::Type::F32:
+            return 0;  // LLAMA_FTYPE_ALL_F32
+        case ggml::Type::F16:
+            return 1;  // MOSTLY_F16
+        case ggml::Type::Q4_0:
+            return 2;  // MOSTLY_Q4_0
+        case ggml::Type::Q8_0:
+            return 7;  // MOSTLY_Q8_0
+        case ggml::Type::BF16:
+            return 32;  // MOSTLY_BF16
+        default:
+            break;
     }
-    throw std::invalid_argument(fmt::format("unsupported synthetic weight type {} (use q8_0, q4_0, "
-                                            "bf16, f16 or f32)",
-                                            ggml::type_name(wtype)));
+    throw std::invalid_argument(
+        fmt::format("unsupported synthetic weight type {} (use q8_0, q4_0, "
+                    "bf16, f16 or f32)",
+                    ggml::type_name(wtype)));
 }
 
 void write_metadata(gguf::Writer& w, const Config& c, const Options& opts) {
@@ -171,7 +179,9 @@ void write_metadata(gguf::Writer& w, const Config& c, const Options& opts) {
     tok::write_vocab(w, tok::make_synthetic_vocab(c.vocab_size));
 }
 
-std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30)); }
+std::string gib(uint64_t bytes) {
+    return fmt::format("{:.2f} GiB", double(bytes) / (1ull << 30));
+}
 
 }  // namespace
 
@@ -180,10 +190,14 @@ ggml::Type tensor_type(TensorRole role, ggml::Type wtype) {
     switch (role) {
         case TensorRole::Embedding:
         case TensorRole::Linear:
-        case TensorRole::Experts: return wtype;
-        case TensorRole::PleModelProj: return quantized ? ggml::Type::BF16 : wtype;
-        case TensorRole::PleLayerProj: return quantized ? ggml::Type::F32 : wtype;
-        default: return ggml::Type::F32;
+        case TensorRole::Experts:
+            return wtype;
+        case TensorRole::PleModelProj:
+            return quantized ? ggml::Type::BF16 : wtype;
+        case TensorRole::PleLayerProj:
+            return quantized ? ggml::Type::F32 : wtype;
+        default:
+            return ggml::Type::F32;
     }
 }
 
@@ -208,8 +222,8 @@ Config write_model(const Options& opts, const std::filesystem::path& path) {
             total += w.add_tensor(t.name, types.back(), t.dims);
         } catch (const std::exception& e) {
             throw std::invalid_argument(fmt::format("{}: cannot store tensor {} as {}: {}",
-                                                    cfg.name, t.name,
-                                                    ggml::type_name(types.back()), e.what()));
+                                                    cfg.name, t.name, ggml::type_name(types.back()),
+                                                    e.what()));
         }
     }
     w.begin(path);

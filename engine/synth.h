@@ -37,11 +37,11 @@
 namespace gj::synth {
 
 struct Options {
-    std::string variant = "tiny";           // a gemma4::Config preset name
-    ggml::Type wtype = ggml::Type::Q8_0;    // q8_0, q4_0, bf16, f16 or f32
-    int layers = 0;                          // keep only the first N layers (0 = all)
+    std::string variant = "tiny";         // a gemma4::Config preset name
+    ggml::Type wtype = ggml::Type::Q8_0;  // q8_0, q4_0, bf16, f16 or f32
+    int layers = 0;                       // keep only the first N layers (0 = all)
     uint64_t seed = 1;
-    int threads = 0;                         // <= 0: one per hardware thread
+    int threads = 0;                                   // <= 0: one per hardware thread
     std::function<void(const std::string&)> progress;  // progress lines for big files; may be null
 };
 

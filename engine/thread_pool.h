@@ -14,7 +14,7 @@
 namespace gj {
 
 class ThreadPool {
-public:
+  public:
     // n_threads <= 0: one per hardware thread.
     explicit ThreadPool(int n_threads = 0);
     ~ThreadPool();
@@ -29,7 +29,7 @@ public:
     // Not reentrant: fn must not call parallel_for on the same pool.
     void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
-private:
+  private:
     void worker_loop();
     void run_items();
 

@@ -19,7 +19,7 @@ std::vector<float> to_f32_vector(const gguf::TensorInfo& t) {
 }
 
 class Binder {
-public:
+  public:
     explicit Binder(const gguf::File& f) : f_(f) {}
 
     const gguf::TensorInfo* find(const std::string& name) const { return f_.find_tensor(name); }
@@ -47,14 +47,13 @@ public:
         return out;
     }
 
-private:
+  private:
     const gguf::File& f_;
 };
 
 }  // namespace
 
-Matrix::Matrix(std::string name, ggml::Type type, uint64_t cols, uint64_t rows,
-               const uint8_t* data)
+Matrix::Matrix(std::string name, ggml::Type type, uint64_t cols, uint64_t rows, const uint8_t* data)
     : name_(std::move(name)), type_(type), cols_(cols), rows_(rows), data_(data) {
     auto rb = ggml::row_bytes(type, cols);
     if (!rb)
@@ -71,8 +70,8 @@ const float* Matrix::row(uint64_t r, float* scratch) const {
 
 Matrix Matrix::slice_rows(uint64_t first, uint64_t count) const {
     if (first + count > rows_)
-        throw ConfigError(fmt::format("tensor {}: rows [{}, {}) out of {}", name_, first,
-                                      first + count, rows_));
+        throw ConfigError(
+            fmt::format("tensor {}: rows [{}, {}) out of {}", name_, first, first + count, rows_));
     Matrix m = *this;
     m.rows_ = count;
     m.data_ = data_ + first * row_bytes_;

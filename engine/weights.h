@@ -21,7 +21,7 @@ namespace gj::gemma4 {
 
 // `rows` rows of `cols` elements (ggml: cols = ne0), possibly one expert's slice of a 3-D tensor.
 class Matrix {
-public:
+  public:
     Matrix() = default;
     Matrix(std::string name, ggml::Type type, uint64_t cols, uint64_t rows, const uint8_t* data);
 
@@ -42,7 +42,7 @@ public:
     bool has_f32_copy() const { return f32_ != nullptr; }
     uint64_t f32_bytes() const { return cols_ * rows_ * sizeof(float); }
 
-private:
+  private:
     std::string name_;
     ggml::Type type_ = ggml::Type::F32;
     uint64_t cols_ = 0, rows_ = 0, row_bytes_ = 0;
@@ -63,8 +63,7 @@ struct LayerWeights {
     std::vector<float> post_norm;
     // MoE: per expert e, gate_exps[e] and up_exps[e] are {d -> F}, down_exps[e] is {F -> d}.
     Matrix router;  // ffn_gate_inp {d -> E}
-    std::vector<float> router_scale, expert_scale, pre_ffw_norm_2, post_ffw_norm_1,
-        post_ffw_norm_2;
+    std::vector<float> router_scale, expert_scale, pre_ffw_norm_2, post_ffw_norm_1, post_ffw_norm_2;
     std::vector<Matrix> gate_exps, up_exps, down_exps;
 };
 
@@ -76,7 +75,7 @@ struct WeightOptions {
 };
 
 class Weights {
-public:
+  public:
     // Binds every tensor of `cfg` (from Config::from_gguf(file)); throws ConfigError naming a
     // tensor that is missing or mis-shaped. `file` must outlive the Weights.
     Weights(const gguf::File& file, const Config& cfg, const WeightOptions& opts = {});
@@ -90,7 +89,7 @@ public:
 
     bool uses_f32_copies() const { return f32_copies_; }
 
-private:
+  private:
     bool f32_copies_ = false;
 };
 

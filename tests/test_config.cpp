@@ -182,10 +182,10 @@ struct TensorDecl {
     bool keep = true;
 };
 
-void rewrite(const std::filesystem::path& src, const std::filesystem::path& dst,
-             const std::function<void(std::map<std::string, gj::gguf::Value, std::less<>>&)>&
-                 edit_meta,
-             const std::function<void(TensorDecl&)>& edit_tensor) {
+void rewrite(
+    const std::filesystem::path& src, const std::filesystem::path& dst,
+    const std::function<void(std::map<std::string, gj::gguf::Value, std::less<>>&)>& edit_meta,
+    const std::function<void(TensorDecl&)>& edit_tensor) {
     auto f = gj::gguf::File::open(src);
     auto meta = f->metadata();
     if (edit_meta) edit_meta(meta);
@@ -224,7 +224,7 @@ std::string config_error(const std::filesystem::path& p) {
 }
 
 class FromGguf : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         gj::synth::Options o;
         o.variant = "tiny-keqv";
@@ -278,16 +278,18 @@ TEST(ConfigFromGguf, EveryTinyPresetRoundTrips) {
 }
 
 TEST_F(FromGguf, MissingKeyIsNamed) {
-    rewrite(model(), bad(), [](auto& m) { m.erase("gemma4.attention.sliding_window"); }, nullptr);
+    rewrite(
+        model(), bad(), [](auto& m) { m.erase("gemma4.attention.sliding_window"); }, nullptr);
     EXPECT_NE(config_error(bad()).find("missing metadata key gemma4.attention.sliding_window"),
               std::string::npos)
         << config_error(bad());
 }
 
 TEST_F(FromGguf, WrongArchitectureIsNamed) {
-    rewrite(model(), bad(),
-            [](auto& m) { m["general.architecture"] = gj::gguf::Value::make_string("llama"); },
-            nullptr);
+    rewrite(
+        model(), bad(),
+        [](auto& m) { m["general.architecture"] = gj::gguf::Value::make_string("llama"); },
+        nullptr);
     const std::string e = config_error(bad());
     EXPECT_NE(e.find("general.architecture is 'llama'"), std::string::npos) << e;
 }
@@ -319,13 +321,14 @@ TEST_F(FromGguf, UnsupportedTensorTypeIsNamed) {
 }
 
 TEST_F(FromGguf, PerLayerArrayOfWrongLengthIsNamed) {
-    rewrite(model(), bad(),
-            [](auto& m) {
-                using gj::gguf::Value;
-                m["gemma4.attention.head_count_kv"] = Value::make_array(
-                    gj::gguf::ValueType::UINT32, {Value::make_u32(4), Value::make_u32(1)});
-            },
-            nullptr);
+    rewrite(
+        model(), bad(),
+        [](auto& m) {
+            using gj::gguf::Value;
+            m["gemma4.attention.head_count_kv"] = Value::make_array(
+                gj::gguf::ValueType::UINT32, {Value::make_u32(4), Value::make_u32(1)});
+        },
+        nullptr);
     const std::string e = config_error(bad());
     EXPECT_NE(e.find("gemma4.attention.head_count_kv has 2 entries"), std::string::npos) << e;
 }

@@ -31,7 +31,7 @@ std::vector<int32_t> test_tokens(int n, int vocab) {
 }
 
 class TinyModels : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     std::filesystem::path synth(gj::ggml::Type wtype = gj::ggml::Type::Q8_0) {
         gj::synth::Options o;
         o.variant = GetParam();
@@ -111,7 +111,8 @@ TEST_P(TinyModels, LogitsAreFiniteSoftcappedAndNotDegenerate) {
         sum += v;
         sum2 += double(v) * v;
     }
-    const double sd = std::sqrt(sum2 / logits.size() - (sum / logits.size()) * (sum / logits.size()));
+    const double sd =
+        std::sqrt(sum2 / logits.size() - (sum / logits.size()) * (sum / logits.size()));
     EXPECT_LT(max_abs, c.final_softcap);
     // Well-conditioned synthetic weights: logits spread (std ~2), far from the cap of 30.
     EXPECT_GT(sd, 0.5) << GetParam();

@@ -1,8 +1,8 @@
 // The CPU reference forward against golden logits from Hugging Face transformers' gemma4
 // implementation (tools/golden_logits.py, fp32, eager attention), for every tiny preset.
 // Each golden records how its model was synthesized; the test synthesizes the same file,
-// checks its weights are byte-identical (FNV-1a of the tensor data) and requires at every position the same
-// argmax and max |delta logit| <= 1e-3 * max |logit| (fp32 vs fp32 in different summation
+// checks its weights are byte-identical (FNV-1a of the tensor data) and requires at every position
+// the same argmax and max |delta logit| <= 1e-3 * max |logit| (fp32 vs fp32 in different summation
 // orders: ~1e-5 relative is expected).
 #include <gtest/gtest.h>
 
@@ -97,9 +97,8 @@ TEST_P(Golden, CpuForwardMatchesTransformers) {
             max_diff = std::max(max_diff, std::fabs(a[v] - b[v]));
         }
         EXPECT_EQ(arg_a, arg_b) << GetParam() << " position " << t;
-        EXPECT_LE(max_diff, 1e-3f * max_abs)
-            << GetParam() << " position " << t << ": max |delta| " << max_diff
-            << " vs max |logit| " << max_abs;
+        EXPECT_LE(max_diff, 1e-3f * max_abs) << GetParam() << " position " << t << ": max |delta| "
+                                             << max_diff << " vs max |logit| " << max_abs;
         worst_rel = std::max(worst_rel, double(max_diff) / max_abs);
     }
     RecordProperty("worst_relative_delta", std::to_string(worst_rel));

@@ -67,8 +67,8 @@ void write_logits_json(const std::string& path, const std::string& model,
     j["vocab_size"] = vocab;
     auto rows = nlohmann::json::array();
     for (size_t t = 0; t < tokens.size(); ++t)
-        rows.push_back(std::vector<float>(logits.begin() + t * vocab,
-                                          logits.begin() + (t + 1) * vocab));
+        rows.push_back(
+            std::vector<float>(logits.begin() + t * vocab, logits.begin() + (t + 1) * vocab));
     j["logits"] = std::move(rows);
     std::ofstream out(path);
     if (!out) throw std::runtime_error("cannot write " + path);
@@ -176,8 +176,9 @@ void cmd_logits(const std::string& path, const std::string& token_text, bool cpu
 
 void add_model_commands(CLI::App& app) {
     {
-        auto* cmd = app.add_subcommand("synth", "write a synthetic Gemma 4 GGUF (random, "
-                                                "well-conditioned weights at a preset's shapes)");
+        auto* cmd = app.add_subcommand("synth",
+                                       "write a synthetic Gemma 4 GGUF (random, "
+                                       "well-conditioned weights at a preset's shapes)");
         auto opts = std::make_shared<synth::Options>();
         auto wtype = std::make_shared<std::string>("q8_0");
         auto out = std::make_shared<std::string>();
@@ -200,16 +201,16 @@ void add_model_commands(CLI::App& app) {
     }
     {
         auto* cmd = app.add_subcommand(
-            "logits", "logits of every position of a token list (CPU reference until the GPU "
-                      "path lands; without --cpu a note says so and the CPU is used)");
+            "logits",
+            "logits of every position of a token list (CPU reference until the GPU "
+            "path lands; without --cpu a note says so and the CPU is used)");
         auto model = std::make_shared<std::string>();
         auto tokens = std::make_shared<std::string>();
         auto out = std::make_shared<std::string>();
         auto cpu = std::make_shared<bool>(false);
         auto threads = std::make_shared<int>(0);
         cmd->add_option("--model,-m", *model, "GGUF file")->required();
-        cmd->add_option("--tokens", *tokens, "comma-separated token ids, e.g. 2,10,20")
-            ->required();
+        cmd->add_option("--tokens", *tokens, "comma-separated token ids, e.g. 2,10,20")->required();
         cmd->add_flag("--cpu", *cpu, "use the CPU fp32 reference forward");
         cmd->add_option("--threads", *threads, "CPU worker threads (0 = all cores)");
         cmd->add_option("-o,--output", *out,
