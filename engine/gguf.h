@@ -107,7 +107,7 @@ class File {
     const std::map<std::string, Value, std::less<>>& metadata() const { return kv_; }
     const Value* find(std::string_view key) const;
     const Value& get(std::string_view key) const;  // throws FormatError "missing metadata key ..."
-    // Convenience typed getters; the *_or forms return the fallback when the key is absent.
+    // Convenience typed getters; the *_opt forms return nullopt when the key is absent.
     uint64_t get_u64(std::string_view key) const;
     std::optional<uint64_t> get_u64_opt(std::string_view key) const;
     double get_f64(std::string_view key) const;
@@ -117,8 +117,8 @@ class File {
 
     const std::vector<TensorInfo>& tensors() const { return tensors_; }
     const TensorInfo* find_tensor(std::string_view name) const;
-    const TensorInfo& tensor(
-        std::string_view name) const;  // throws FormatError "missing tensor ..."
+    // Throws FormatError "missing tensor ...".
+    const TensorInfo& tensor(std::string_view name) const;
 
   private:
     File() = default;
@@ -139,14 +139,14 @@ class File {
 // result.
 std::unique_ptr<File> parse(const uint8_t* data, size_t size, const std::filesystem::path& name);
 
-// Streaming writer: metadata and tensor descriptors first, then tensor payloads in declaration
-// order. Payloads may be produced in parallel into caller buffers and written with
-// write_tensor_data. The layout is gguf-py's (llama.cpp loads it): header, metadata, tensor table,
-// padding to the alignment, then each tensor at its offset, padded to the alignment. The file is
-// written under
-// "<path>.partial" and renamed to <path> by finish(); on error or destruction without finish()
-// the partial file is removed. Misuse (bad key/shape/value) throws std::invalid_argument,
-// I/O failure std::runtime_error naming the path.
+// Streaming writer: metadata and tensor descriptors first, then tensor payloads in any order.
+// Payloads may be produced in parallel into caller buffers and written with write_tensor_data.
+// The layout is gguf-py's, which llama.cpp loads: header, metadata, tensor table, padding to the
+// alignment, then each tensor at the running offset, padded to the alignment. (Nested arrays are
+// valid GGUF and written as given, but llama.cpp's reader refuses them.) The file is written as
+// "<path>.partial" and renamed to <path> by finish(); on error, or destruction without finish(),
+// the partial file is removed. Misuse (bad key, shape or value; calls out of order) throws
+// std::invalid_argument / std::logic_error, I/O failure std::runtime_error naming the path.
 class Writer {
   public:
     explicit Writer(uint64_t alignment = 32);  // a power of two; != 32 adds general.alignment
