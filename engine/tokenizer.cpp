@@ -36,7 +36,10 @@ class TextIndex {
     }
 
   private:
-    size_t hash(std::string_view s) const { return std::hash<std::string_view>{}(s)&mask_; }
+    size_t hash(std::string_view s) const {
+        const size_t h = std::hash<std::string_view>{}(s);
+        return h & mask_;
+    }
     const std::vector<std::string>* tokens_ = nullptr;
     std::vector<int32_t> slots_;
     size_t mask_ = 0;
