@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: Release build + every test (GPU tests skip with a reason where no GPU is
-# present), then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, then the GGUF
-# parser fuzzer for a bounded time. Exit status is non-zero if any part fails.
+# present), then the same suite under AddressSanitizer + UndefinedBehaviorSanitizer, then the
+# GGUF-parser and tokenizer fuzzers for a bounded time. Exit status is non-zero if any part fails.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/ensure_build.sh"
 FUZZ_SECONDS="${GJ_FUZZ_SECONDS:-60}"
