@@ -239,7 +239,13 @@ INSTANTIATE_TEST_SUITE_P(
                       NormCase{256, 24, true, false, false, true},    // Q/K norm per head
                       NormCase{512, 5, false, false, false, false},   // V-norm, rows % RPB != 0
                       NormCase{256, 13, false, false, false, false},
-                      NormCase{256, 9, true, true, false, false}));  // PLE slices, quantized
+                      NormCase{256, 9, true, true, false, false}),  // PLE slices, quantized
+    [](const ::testing::TestParamInfo<NormCase>& i) {
+        const NormCase& c = i.param;
+        return "n" + std::to_string(c.n) + "_rows" + std::to_string(c.rows) +
+               (c.weight ? "_w" : "") + (c.quant ? "_q8" : "") + (c.add ? "_add" : "") +
+               (c.in_place ? "_inplace" : "");
+    });
 
 class MatvecTest : public ::testing::TestWithParam<MatvecCase> {};
 
@@ -265,7 +271,14 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 704, 99, 32, 1, 1},  // MoE expert width
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 256, 77, 32, 1, 1},
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 1000, 32, 3, 1},
-        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 10240, 301, 64, 2, 1}));
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 10240, 301, 64, 2, 1}),
+    [](const ::testing::TestParamInfo<MatvecCase>& i) {
+        const MatvecCase& c = i.param;
+        return gj::ggml::type_name(c.type) + (c.layout == MatvecLayout::Split ? "_split" : "") +
+               "_k" + std::to_string(c.k) + "_n" + std::to_string(c.n) + "_t" +
+               std::to_string(c.threads) + "_r" + std::to_string(c.rows) + "_c" +
+               std::to_string(c.ncols);
+    });
 
 // The plan's own choice of THREADS/ROWS, for the E4B widths.
 TEST(MatvecPlanSpecs, E4bWidthsMatchCpu) {
