@@ -175,6 +175,15 @@ struct NormCase {
     bool weight, quant, add, in_place;
 };
 
+std::string case_name(const NormCase& c) {
+    return "n" + std::to_string(c.n) + "_rows" + std::to_string(c.rows) + (c.weight ? "_w" : "") +
+           (c.quant ? "_q8" : "") + (c.add ? "_add" : "") + (c.in_place ? "_inplace" : "");
+}
+// gtest prints parameters (and ctest shows them in test names) through PrintTo.
+void PrintTo(const NormCase& c, std::ostream* os) {
+    *os << case_name(c);
+}
+
 class RmsNormTest : public ::testing::TestWithParam<NormCase> {};
 
 TEST_P(RmsNormTest, MatchesCpu) {
@@ -240,12 +249,16 @@ INSTANTIATE_TEST_SUITE_P(
                       NormCase{512, 5, false, false, false, false},   // V-norm, rows % RPB != 0
                       NormCase{256, 13, false, false, false, false},
                       NormCase{256, 9, true, true, false, false}),  // PLE slices, quantized
-    [](const ::testing::TestParamInfo<NormCase>& i) {
-        const NormCase& c = i.param;
-        return "n" + std::to_string(c.n) + "_rows" + std::to_string(c.rows) +
-               (c.weight ? "_w" : "") + (c.quant ? "_q8" : "") + (c.add ? "_add" : "") +
-               (c.in_place ? "_inplace" : "");
-    });
+    [](const ::testing::TestParamInfo<NormCase>& i) { return case_name(i.param); });
+
+std::string case_name(const MatvecCase& c) {
+    return gj::ggml::type_name(c.type) + (c.layout == MatvecLayout::Split ? "_split" : "") + "_k" +
+           std::to_string(c.k) + "_n" + std::to_string(c.n) + "_t" + std::to_string(c.threads) +
+           "_r" + std::to_string(c.rows) + "_c" + std::to_string(c.ncols);
+}
+void PrintTo(const MatvecCase& c, std::ostream* os) {
+    *os << case_name(c);
+}
 
 class MatvecTest : public ::testing::TestWithParam<MatvecCase> {};
 
@@ -272,13 +285,7 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 256, 77, 32, 1, 1},
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 1000, 32, 3, 1},
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 10240, 301, 64, 2, 1}),
-    [](const ::testing::TestParamInfo<MatvecCase>& i) {
-        const MatvecCase& c = i.param;
-        return gj::ggml::type_name(c.type) + (c.layout == MatvecLayout::Split ? "_split" : "") +
-               "_k" + std::to_string(c.k) + "_n" + std::to_string(c.n) + "_t" +
-               std::to_string(c.threads) + "_r" + std::to_string(c.rows) + "_c" +
-               std::to_string(c.ncols);
-    });
+    [](const ::testing::TestParamInfo<MatvecCase>& i) { return case_name(i.param); });
 
 // The plan's own choice of THREADS/ROWS, for the E4B widths.
 TEST(MatvecPlanSpecs, E4bWidthsMatchCpu) {
