@@ -1,11 +1,39 @@
 #include "jit/ptxas_resources.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <map>
-#include <regex>
-#include <sstream>
 
 namespace gj::jit {
+
+namespace {
+
+// The decimal number written right before `suffix` in `line` ("... 12 bytes smem"), or -1.
+int number_before(std::string_view line, std::string_view suffix) {
+    const size_t at = line.find(suffix);
+    if (at == std::string_view::npos) return -1;
+    size_t begin = at;
+    while (begin > 0 && std::isdigit(static_cast<unsigned char>(line[begin - 1]))) --begin;
+    if (begin == at) return -1;
+    int value = 0;
+    std::from_chars(line.data() + begin, line.data() + at, value);
+    return value;
+}
+
+// The function name after `marker` in `line`, up to a quote or the end of the name; "" if absent.
+std::string name_after(std::string_view line, std::string_view marker) {
+    const size_t at = line.find(marker);
+    if (at == std::string_view::npos) return {};
+    std::string_view rest = line.substr(at + marker.size());
+    size_t n = 0;
+    while (n < rest.size() &&
+           (std::isalnum(static_cast<unsigned char>(rest[n])) || rest[n] == '_' || rest[n] == '$'))
+        ++n;
+    return std::string(rest.substr(0, n));
+}
+
+}  // namespace
 
 std::vector<KernelResources> parse_ptxas_resources(std::string_view log,
                                                    const std::vector<std::string>& entries) {
@@ -14,32 +42,28 @@ std::vector<KernelResources> parse_ptxas_resources(std::string_view log,
     //   ptxas info    : Function properties for add1
     //   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
     //   ptxas info    : Used 8 registers, used 1 barriers, 4096 bytes smem, 400 bytes cmem[0]
-    static const std::regex compiling_re(R"(Compiling entry function '([^']+)')");
-    static const std::regex properties_re(R"(Function properties for ([A-Za-z0-9_$]+))");
-    static const std::regex frame_re(
-        R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
-    static const std::regex used_re(R"(Used (\d+) registers)");
-    static const std::regex smem_re(R"((\d+) bytes smem)");
     std::map<std::string, KernelResources, std::less<>> found;
     std::string current;
-    std::istringstream in{std::string(log)};
-    std::string line;
-    while (std::getline(in, line)) {
-        std::smatch m;
-        if (std::regex_search(line, m, compiling_re) || std::regex_search(line, m, properties_re)) {
-            current = m[1].str();
+    while (!log.empty()) {
+        const size_t eol = log.find('\n');
+        const std::string_view line = log.substr(0, eol);
+        log = eol == std::string_view::npos ? std::string_view{} : log.substr(eol + 1);
+        std::string name = name_after(line, "Compiling entry function '");
+        if (name.empty()) name = name_after(line, "Function properties for ");
+        if (!name.empty()) {
+            current = std::move(name);
             continue;
         }
         if (current.empty()) continue;
         KernelResources& r = found[current];
-        if (std::regex_search(line, m, frame_re)) {
-            r.stack_bytes = std::stoi(m[1].str());
-            r.spill_store_bytes = std::stoi(m[2].str());
-            r.spill_load_bytes = std::stoi(m[3].str());
+        if (line.find("bytes stack frame") != std::string_view::npos) {
+            r.stack_bytes = number_before(line, " bytes stack frame");
+            r.spill_store_bytes = number_before(line, " bytes spill stores");
+            r.spill_load_bytes = number_before(line, " bytes spill loads");
         }
-        if (std::regex_search(line, m, used_re)) {
-            r.registers = std::stoi(m[1].str());
-            r.shared_static_bytes = std::regex_search(line, m, smem_re) ? std::stoi(m[1].str()) : 0;
+        if (const int regs = number_before(line, " registers"); regs >= 0) {
+            r.registers = regs;
+            r.shared_static_bytes = std::max(0, number_before(line, " bytes smem"));
         }
     }
     std::vector<KernelResources> out;
