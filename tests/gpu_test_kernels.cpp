@@ -2,6 +2,7 @@
 // without weight, per head, residual add, fused quantization) and the Q8_0 / Q4_0 matvecs (both
 // layouts, all epilogues, several widths, row counts that do not fill the last block).
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -176,8 +177,8 @@ struct NormCase {
 };
 
 std::string case_name(const NormCase& c) {
-    return "n" + std::to_string(c.n) + "_rows" + std::to_string(c.rows) + (c.weight ? "_w" : "") +
-           (c.quant ? "_q8" : "") + (c.add ? "_add" : "") + (c.in_place ? "_inplace" : "");
+    return fmt::format("n{}_rows{}{}{}{}{}", c.n, c.rows, c.weight ? "_w" : "",
+                       c.quant ? "_q8" : "", c.add ? "_add" : "", c.in_place ? "_inplace" : "");
 }
 // gtest prints parameters (and ctest shows them in test names) through PrintTo.
 void PrintTo(const NormCase& c, std::ostream* os) {
@@ -252,9 +253,9 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<NormCase>& i) { return case_name(i.param); });
 
 std::string case_name(const MatvecCase& c) {
-    return gj::ggml::type_name(c.type) + (c.layout == MatvecLayout::Split ? "_split" : "") + "_k" +
-           std::to_string(c.k) + "_n" + std::to_string(c.n) + "_t" + std::to_string(c.threads) +
-           "_r" + std::to_string(c.rows) + "_c" + std::to_string(c.ncols);
+    return fmt::format("{}{}_k{}_n{}_t{}_r{}_c{}", gj::ggml::type_name(c.type),
+                       c.layout == MatvecLayout::Split ? "_split" : "", c.k, c.n, c.threads, c.rows,
+                       c.ncols);
 }
 void PrintTo(const MatvecCase& c, std::ostream* os) {
     *os << case_name(c);
