@@ -252,6 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
                       NormCase{256, 9, true, true, false, false}),  // PLE slices, quantized
     [](const ::testing::TestParamInfo<NormCase>& i) { return case_name(i.param); });
 
+namespace {  // beside MatvecCase, so gtest finds PrintTo by argument-dependent lookup
 std::string case_name(const MatvecCase& c) {
     return fmt::format("{}{}_k{}_n{}_t{}_r{}_c{}", gj::ggml::type_name(c.type),
                        c.layout == MatvecLayout::Split ? "_split" : "", c.k, c.n, c.threads, c.rows,
@@ -260,6 +261,7 @@ std::string case_name(const MatvecCase& c) {
 void PrintTo(const MatvecCase& c, std::ostream* os) {
     *os << case_name(c);
 }
+}  // namespace
 
 class MatvecTest : public ::testing::TestWithParam<MatvecCase> {};
 
