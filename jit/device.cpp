@@ -137,24 +137,37 @@ void check_range(size_t offset, size_t bytes, size_t size, const char* what) {
 }
 }  // namespace
 
+// The synchronous copies and memsets run on the engine's stream and wait for it. The legacy
+// cuMemcpyHtoD/cuMemsetD8 would run on the NULL stream, which the engine's non-blocking stream
+// does not order against: a kernel could read a half-uploaded buffer, and a download could read
+// results a kernel has not written yet. (A pageable HtoD copy may also return before its DMA
+// lands.)
 void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
     check_range(offset, bytes, size_, "upload");
     if (bytes == 0) return;
-    Device::get().make_current();
-    check_driver(driver().cuMemcpyHtoD(ptr_ + offset, src, bytes), "cuMemcpyHtoD");
+    const Device& dev = Device::get();
+    dev.make_current();
+    check_driver(driver().cuMemcpyHtoDAsync(ptr_ + offset, src, bytes, dev.stream()),
+                 "cuMemcpyHtoDAsync");
+    check_driver(driver().cuStreamSynchronize(dev.stream()), "cuStreamSynchronize after upload");
 }
 
 void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
     check_range(offset, bytes, size_, "download");
     if (bytes == 0) return;
-    Device::get().make_current();
-    check_driver(driver().cuMemcpyDtoH(dst, ptr_ + offset, bytes), "cuMemcpyDtoH");
+    const Device& dev = Device::get();
+    dev.make_current();
+    check_driver(driver().cuMemcpyDtoHAsync(dst, ptr_ + offset, bytes, dev.stream()),
+                 "cuMemcpyDtoHAsync");
+    check_driver(driver().cuStreamSynchronize(dev.stream()), "cuStreamSynchronize after download");
 }
 
 void DeviceBuffer::zero() {
     if (size_ == 0) return;
-    Device::get().make_current();
-    check_driver(driver().cuMemsetD8(ptr_, 0, size_), "cuMemsetD8");
+    const Device& dev = Device::get();
+    dev.make_current();
+    check_driver(driver().cuMemsetD8Async(ptr_, 0, size_, dev.stream()), "cuMemsetD8Async");
+    check_driver(driver().cuStreamSynchronize(dev.stream()), "cuStreamSynchronize after memset");
 }
 
 void Kernel::set_max_dynamic_smem(int bytes) {
