@@ -57,7 +57,6 @@ constexpr int kMaxNewlineRun = 31;
 constexpr int kSpaceRunFirstId = 138;  // ▁▁ .. 31 ▁ at 138..167
 constexpr int kMaxSpaceRun = 31;
 constexpr int kByteFirstId = 238;  // <0x00>..<0xFF> at 238..493, as in the real file
-constexpr int kFirstFreeId = kByteFirstId + 256;
 
 // Non-ASCII characters given their own tokens so that text with accents, typographic punctuation
 // and a little CJK tokenizes without byte fallback (anything else, e.g. emoji, falls back).

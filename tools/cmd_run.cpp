@@ -1,6 +1,230 @@
-// Placeholder until the tokenizer/chat/sampler work lands: run.
+// Text in, text out: `gemmajit tokenize` (inspect the tokenizer) and `gemmajit run` (chat-format a
+// prompt, generate with streaming output).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/chat_format.h"
+#include "engine/cpu_forward.h"
+#include "engine/generate.h"
+#include "engine/generate_cpu.h"
+#include "engine/gguf.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "engine/vocab_json.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
-void add_run_commands(CLI::App&) {}
+
+namespace {
+
+struct TokenizeArgs {
+    std::string model;
+    int synthetic_vocab = 0;
+    uint64_t seed = 0;
+    bool no_bos = false;
+    bool no_special = false;
+    bool ids_only = false;
+    std::string export_vocab;
+    std::string text;
+};
+
+tok::VocabData load_vocab(const TokenizeArgs& a) {
+    if (!a.model.empty() && a.synthetic_vocab > 0) {
+        throw std::invalid_argument("give either --model or --synthetic-vocab, not both");
+    }
+    if (a.synthetic_vocab > 0) return tok::make_synthetic_vocab(a.synthetic_vocab, a.seed);
+    if (a.model.empty()) throw std::invalid_argument("give --model FILE or --synthetic-vocab N");
+    auto file = gguf::File::open(a.model);
+    return tok::read_vocab(*file);
+}
+
+// A token's text for display: control characters escaped, so one token is one line.
+std::string printable(std::string_view s) {
+    std::string out;
+    for (unsigned char c : s) {
+        if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else if (c < 0x20 || c == 0x7F) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\x%02X", c);
+            out += buf;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out;
+}
+
+void run_tokenize(const TokenizeArgs& a) {
+    tok::VocabData vocab = load_vocab(a);
+    if (!a.export_vocab.empty()) {
+        std::ofstream out(a.export_vocab, std::ios::binary);
+        out << tok::vocab_to_json(vocab);
+        out.close();
+        if (!out) throw std::runtime_error("cannot write " + a.export_vocab);
+    }
+    tok::Tokenizer t(std::move(vocab));
+    if (a.text.empty() && !a.export_vocab.empty()) return;
+    auto ids = t.encode(a.text, !a.no_bos, !a.no_special);
+    if (a.ids_only) {
+        for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? "," : "", ids[i]);
+        std::printf("\n");
+        return;
+    }
+    for (int32_t id : ids) {
+        std::printf("%7d  %s\n", id, printable(t.vocab().tokens[static_cast<size_t>(id)]).c_str());
+    }
+    std::printf("%zu tokens\n", ids.size());
+}
+
+void add_tokenize_command(CLI::App& app) {
+    auto a = std::make_shared<TokenizeArgs>();
+    auto* cmd = app.add_subcommand("tokenize", "show how text tokenizes (ids and token texts)");
+    cmd->add_option("--model,-m", a->model, "GGUF file whose tokenizer to use");
+    cmd->add_option("--synthetic-vocab", a->synthetic_vocab,
+                    "use the synthetic Gemma 4 vocabulary of N tokens instead of a model");
+    cmd->add_option("--seed", a->seed, "seed of the synthetic vocabulary");
+    cmd->add_flag("--no-bos", a->no_bos, "do not prepend <bos>");
+    cmd->add_flag("--no-special", a->no_special,
+                  "treat control-token text (<|turn>, <bos>, ...) as plain text");
+    cmd->add_flag("--ids", a->ids_only, "print only the comma-separated ids");
+    cmd->add_option("--export-vocab", a->export_vocab, "write the vocabulary as JSON to FILE");
+    cmd->add_option("text", a->text, "text to tokenize");
+    cmd->callback([a] { run_tokenize(*a); });
+}
+
+// ---- run ---------------------------------------------------------------------------------------
+
+struct RunArgs {
+    std::string model;
+    std::string prompt;
+    std::string prompt_file;
+    std::string system;
+    int n_predict = 256;
+    sample::SamplerParams sampling;
+    bool think = false;
+    bool no_think = false;
+    bool cpu = false;
+    int threads = 0;
+};
+
+std::string read_text_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error("cannot read prompt file " + path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+void run_generate(RunArgs a) {
+    // Everything that can be wrong with the arguments is reported before any file is read.
+    a.sampling.validate();
+    if (a.n_predict < -1) {
+        throw std::invalid_argument("-n must be >= 0, or -1 for no limit; got " +
+                                    std::to_string(a.n_predict));
+    }
+    if (a.think && a.no_think) {
+        throw std::invalid_argument("--think and --no-think exclude each other");
+    }
+    if (!a.prompt.empty() && !a.prompt_file.empty()) {
+        throw std::invalid_argument("give the prompt with -p or --file, not both");
+    }
+    if (!a.prompt_file.empty()) a.prompt = read_text_file(a.prompt_file);
+    if (a.prompt.empty()) {
+        throw std::invalid_argument("the prompt is empty (give -p TEXT or --file FILE)");
+    }
+    if (!std::filesystem::is_regular_file(a.model)) {
+        throw std::runtime_error("model file " + a.model + " does not exist or is not a file");
+    }
+    if (!a.cpu) {
+        std::fprintf(stderr,
+                     "gemmajit: the GPU path is not available yet; running the CPU reference "
+                     "forward (--cpu silences this notice)\n");
+    }
+
+    // Tokenizer, chat format and prompt length first: a prompt that cannot fit fails before the
+    // weights are loaded.
+    auto file = gguf::File::open(a.model);
+    const gemma4::Config cfg = gemma4::Config::from_gguf(*file);
+    tok::Tokenizer tokenizer(tok::read_vocab(*file));
+    file.reset();
+    const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
+    if (!style.recognized) {
+        std::fprintf(stderr,
+                     "gemmajit: the model's chat template does not look like Gemma 4's; using the "
+                     "built-in Gemma 4 format\n");
+    }
+    std::vector<chat::Message> messages;
+    if (!a.system.empty()) messages.push_back({"system", a.system, {}, {}});
+    messages.push_back({"user", a.prompt, {}, {}});
+    chat::ChatOptions chat_opts;
+    chat_opts.enable_thinking = a.think;
+    const std::string rendered = chat::render(messages, chat_opts, style);
+    // The rendered text starts with "<bos>" itself, so no BOS is added.
+    const std::vector<int32_t> prompt = tokenizer.encode(rendered, /*add_bos=*/false);
+    gen::check_prompt_fits(prompt.size(), cfg.context_length);
+
+    gemma4::CpuOptions cpu_opts;
+    cpu_opts.threads = a.threads;
+    auto model = gemma4::CpuModel::load(a.model, cpu_opts);
+    gen::CpuForward forward(*model);
+    sample::Sampler sampler(a.sampling);
+    gen::GenerateOptions gen_opts;
+    gen_opts.max_tokens = a.n_predict;
+    const gen::GenerateResult r =
+        gen::generate(forward, tokenizer, sampler, prompt, gen_opts, [](std::string_view text) {
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            std::fflush(stdout);
+        });
+    std::printf("\n");
+    std::fflush(stdout);
+    auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+    std::fprintf(stderr,
+                 "prompt: %d tokens in %.3f s (%.2f tokens/s)\n"
+                 "generation: %zu tokens in %.3f s (%.2f tokens/s), stopped by %s\n",
+                 r.prompt_tokens, r.prompt_seconds, rate(r.prompt_tokens, r.prompt_seconds),
+                 r.tokens.size(), r.generate_seconds,
+                 rate(static_cast<double>(r.tokens.size()), r.generate_seconds),
+                 gen::stop_reason_name(r.reason));
+}
+
+void add_run_command(CLI::App& app) {
+    auto a = std::make_shared<RunArgs>();
+    auto* cmd = app.add_subcommand("run", "chat-format a prompt and generate a reply (streamed)");
+    cmd->add_option("--model,-m", a->model, "GGUF model file")->required();
+    cmd->add_option("-p,--prompt", a->prompt, "the user message");
+    cmd->add_option("-f,--file", a->prompt_file, "read the user message from FILE");
+    cmd->add_option("--system", a->system, "system message");
+    cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most (-1 = no limit)")
+        ->capture_default_str();
+    auto& s = a->sampling;
+    cmd->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();
+    cmd->add_option("--top-k", s.top_k, "top-k (0 = off)")->capture_default_str();
+    cmd->add_option("--top-p", s.top_p, "top-p in (0, 1] (1 = off)")->capture_default_str();
+    cmd->add_option("--min-p", s.min_p, "min-p in [0, 1] (0 = off)")->capture_default_str();
+    cmd->add_option("--repeat-penalty", s.repeat_penalty, "repetition penalty (1 = off)")
+        ->capture_default_str();
+    cmd->add_option("--repeat-last-n", s.repeat_last_n, "tokens the repetition penalty looks at")
+        ->capture_default_str();
+    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+    cmd->add_flag("--think", a->think, "let the model reason first (<|think|> in the system turn)");
+    cmd->add_flag("--no-think", a->no_think, "no reasoning (the default)");
+    cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward");
+    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    cmd->callback([a] { run_generate(*a); });
+}
+
+}  // namespace
+
+void add_run_commands(CLI::App& app) {
+    add_run_command(app);
+    add_tokenize_command(app);
+}
+
 }  // namespace gj::tools
