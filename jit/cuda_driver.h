@@ -37,6 +37,7 @@ namespace gj::jit {
     X(cuMemcpyDtoH, 3020) \
     X(cuMemcpyHtoDAsync, 3020) \
     X(cuMemcpyDtoHAsync, 3020) \
+    X(cuMemcpyDtoDAsync, 3020) \
     X(cuMemsetD8, 3020) \
     X(cuMemGetInfo, 3020) \
     X(cuMemAllocHost, 3020) \
