@@ -34,26 +34,52 @@ const char* matvec_type_tag(ggml::Type t) {
     }
 }
 
+bool is_float_type(ggml::Type t) {
+    return t == ggml::Type::F32 || t == ggml::Type::F16 || t == ggml::Type::BF16;
+}
+
+bool has_matvec(ggml::Type t) {
+    return matvec_type_tag(t) || is_float_type(t);
+}
+
 // Units (the per-thread work items of matvec_common.cuh) per row.
 int matvec_units(ggml::Type t, int k, MatvecLayout layout) {
+    if (is_float_type(t)) return k / (t == ggml::Type::F32 ? 4 : 8);  // 16 bytes each
     if (layout == MatvecLayout::Split) return t == ggml::Type::Q8_0 ? k / 16 : k / 32;
     return k / (t == ggml::Type::Q8_0 ? 8 : 16);
 }
 
+// Threads split a row's units; enough of them per thread (>= 4) to keep UNROLL batches of loads
+// in flight, and not more threads than a quarter of the units.
+int matvec_threads(int units) {
+    return std::clamp(next_pow2(units / 4 + 1) / 2, 32, 256);
+}
+
+void check_matvec_shape(const std::string& what, int k, int ncols) {
+    if (k <= 0 || k % 32 != 0)
+        throw std::invalid_argument(
+            fmt::format("{}: input width {} is not a positive multiple of 32", what, k));
+    if (ncols < 1 || ncols > 8)
+        throw std::invalid_argument(fmt::format("{}: {} columns (1..8 supported)", what, ncols));
+}
+
+std::string supported_types() {
+    return "f32, f16, bf16, q8_0, q4_0";
+}
+
 }  // namespace
 
-jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add) {
+jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2) {
     if (n <= 0 || n % 4 != 0)
         throw std::invalid_argument(
             fmt::format("rmsnorm: width {} is not a positive multiple of 4", n));
     if (quant && n % 32 != 0)
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: quantized output needs a width that is a multiple of 32, got {}", n));
+    if ((scale || norm2) && !add)
         throw std::invalid_argument(
-            fmt::format("rmsnorm: quantized output needs a width that is a "
-                        "multiple of 32, got {}",
-                        n));
-    if (quant && add)
-        throw std::invalid_argument(
-            "rmsnorm: quantized output and residual add exclude each other");
+            "rmsnorm: the output scale and the chained second norm apply to a residual update "
+            "(add)");
     if (n > 16 * 1024 * 4)
         throw std::invalid_argument(
             fmt::format("rmsnorm: width {} is above the 65536 supported", n));
@@ -69,34 +95,34 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add) {
     }
     jit::KernelSpec s;
     s.family = "rmsnorm";
-    s.name = fmt::format("rmsnorm.n{}.w{}{}{}", n, weight ? 1 : 0, quant ? ".q8" : "",
-                         add ? ".add" : "");
+    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
+                         scale ? ".scale" : "", norm2 ? ".n2" : "", quant ? ".q8" : "");
     s.constants = {{"N", n},
                    {"TPR", tpr},
                    {"RPB", rpb},
                    {"WEIGHT", weight ? 1 : 0},
                    {"QUANT", quant ? 1 : 0},
-                   {"ADD", add ? 1 : 0}};
-    s.entries = {"rmsnorm"};
+                   {"ADD", add ? 1 : 0},
+                   {"SCALE", scale ? 1 : 0},
+                   {"NORM2", norm2 ? 1 : 0}};
+    s.entries = {scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
     s.priority = 0;
     return s;
 }
 
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
+    if (is_float_type(weight_type)) {
+        if (layout != MatvecLayout::Ggml)
+            throw std::invalid_argument(fmt::format("matvec: {} weights have no split layout",
+                                                    ggml::type_name(weight_type)));
+        return matvec_f_spec(weight_type, k, ncols);
+    }
     const char* tag = matvec_type_tag(weight_type);
     if (!tag)
-        throw ConfigError(fmt::format("no matvec kernel for weight type {} (supported: q8_0, q4_0)",
-                                      ggml::type_name(weight_type)));
-    if (k <= 0 || k % 64 != 0)
-        throw std::invalid_argument(
-            fmt::format("matvec_{}: input width {} is not a positive multiple of 64", tag, k));
-    if (ncols < 1 || ncols > 8)
-        throw std::invalid_argument(
-            fmt::format("matvec_{}: {} columns (1..8 supported)", tag, ncols));
-    // Threads split a row's units; enough of them per thread (>= 4) to keep UNROLL batches of
-    // loads in flight, and not more threads than a quarter of the units.
-    const int units = matvec_units(weight_type, k, layout);
-    const int threads = std::clamp(next_pow2(units / 4 + 1) / 2, 32, 256);
+        throw ConfigError(fmt::format("no matvec kernel for weight type {} (supported: {})",
+                                      ggml::type_name(weight_type), supported_types()));
+    check_matvec_shape(fmt::format("matvec_{}", tag), k, ncols);
+    const int threads = matvec_threads(matvec_units(weight_type, k, layout));
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
@@ -114,12 +140,112 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
     return s;
 }
 
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
+    if (!is_float_type(weight_type))
+        throw ConfigError(fmt::format("matvec_f: weight type {} is not f32, f16 or bf16",
+                                      ggml::type_name(weight_type)));
+    const std::string tag = ggml::type_name(weight_type);
+    check_matvec_shape("matvec_f." + tag, k, ncols);
+    const int threads = matvec_threads(matvec_units(weight_type, k, MatvecLayout::Ggml));
+    // Each column keeps a unit's 4 or 8 fp32 activations per batch step in registers: fewer
+    // batched iterations for wide batches keep the kernel free of spills.
+    const int unroll = ncols <= 2 ? 4 : ncols <= 4 ? 2 : 1;
+    jit::KernelSpec s;
+    s.family = "matvec_f";
+    s.name = fmt::format("matvec_f.{}.k{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "");
+    s.constants = {{"K", k},
+                   {"WTYPE", static_cast<int64_t>(weight_type)},
+                   {"THREADS", threads},
+                   {"ROWS", 1},
+                   {"NCOLS", ncols},
+                   {"UNROLL", unroll}};
+    s.entries = {"matvec_f", "matvec_f_add", "matvec_f_geglu"};
+    s.priority = 0;
+    return s;
+}
+
 jit::KernelSpec quantize_spec() {
     jit::KernelSpec s;
     s.family = "quantize_q8_1";
     s.name = "quantize_q8_1";
     s.constants = {{"THREADS", 256}};
     s.entries = {"quantize_q8_1"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab) {
+    if (!has_matvec(table_type))
+        throw ConfigError(fmt::format("no embedding gather for table type {} (supported: {})",
+                                      ggml::type_name(table_type), supported_types()));
+    const bool quantized = matvec_type_tag(table_type) != nullptr;
+    if (n <= 0 || n % (quantized ? 32 : 4) != 0)
+        throw std::invalid_argument(
+            fmt::format("embed_rows: row width {} is not a positive multiple of {} ({} table)", n,
+                        quantized ? 32 : 4, ggml::type_name(table_type)));
+    if (vocab <= 0)
+        throw std::invalid_argument(fmt::format("embed_rows: vocabulary of {} rows", vocab));
+    jit::KernelSpec s;
+    s.family = "embed";
+    s.name = fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(table_type), n, vocab);
+    s.constants = {{"N", n},
+                   {"WTYPE", static_cast<int64_t>(table_type)},
+                   {"VOCAB", vocab},
+                   {"THREADS", std::clamp(round_up(n / 4, 32), 32, 256)}};
+    s.entries = {"embed_rows"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec ple_finish_spec(int n_layers, int ple_dim) {
+    if (n_layers <= 0 || ple_dim <= 0 || ple_dim % 32 != 0)
+        throw std::invalid_argument(fmt::format(
+            "ple_finish: {} layers of width {} (width must be a positive multiple of 32)", n_layers,
+            ple_dim));
+    jit::KernelSpec s;
+    s.family = "ple";
+    s.name = fmt::format("ple_finish.l{}.p{}", n_layers, ple_dim);
+    s.constants = {{"P", ple_dim}, {"N_LAYERS", n_layers}};
+    s.entries = {"ple_finish"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec gelu_mul_spec(int ple_dim) {
+    if (ple_dim <= 0 || ple_dim % 32 != 0)
+        throw std::invalid_argument(
+            fmt::format("gelu_mul: width {} is not a positive multiple of 32", ple_dim));
+    jit::KernelSpec s;
+    s.family = "ple";
+    s.name = fmt::format("gelu_mul.p{}", ple_dim);
+    s.constants = {{"P", ple_dim}};
+    s.entries = {"gelu_mul", "gelu_mul_q8"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec logits_spec(int vocab, int topk) {
+    if (vocab <= 0 || vocab % 4 != 0)
+        throw std::invalid_argument(
+            fmt::format("logits: vocabulary size {} is not a positive multiple of 4", vocab));
+    if (topk < 1 || topk > 64 || topk > vocab)
+        throw std::invalid_argument(
+            fmt::format("logits: top-k of {} (1..64 and at most the vocabulary {})", topk, vocab));
+    constexpr int threads = 256;
+    // argmax: 2 float4 per thread and block; top-k: slices of up to 4096 logits (16 candidates
+    // per thread), and the merge of all blocks' candidates no larger than that.
+    const int argmax_blocks = std::clamp(vocab / (threads * 8), 1, 1024);
+    const int topk_blocks = std::clamp(vocab / 4096, 1, 4096 / topk);
+    jit::KernelSpec s;
+    s.family = "logits";
+    s.name = fmt::format("logits.v{}.k{}", vocab, topk);
+    s.constants = {{"V", vocab},
+                   {"THREADS", threads},
+                   {"ARGMAX_BLOCKS", argmax_blocks},
+                   {"TOPK", topk},
+                   {"TOPK_BLOCKS", topk_blocks},
+                   {"WORK_BYTES", 16 + 8 * (argmax_blocks + int64_t(topk_blocks) * topk)}};
+    s.entries = {"softcap_argmax", "softcap_topk", "softcap"};
     s.priority = 0;
     return s;
 }
@@ -131,15 +257,25 @@ int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type) {
-    if (!matvec_type_tag(weight_type))
+    return build_kernel_plan(cfg, PlanTypes{weight_type, weight_type, weight_type, weight_type});
+}
+
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types) {
+    for (const auto& [role, t] :
+         {std::pair{"matrices", types.matmul}, std::pair{"token_embd", types.token_embd},
+          std::pair{"per_layer_token_embd", types.ple_token_embd},
+          std::pair{"per_layer_model_proj", types.ple_model_proj}})
+        if (!has_matvec(t))
+            throw ConfigError(fmt::format("model {}: no kernel for {} stored as {} (supported: {})",
+                                          cfg.name, role, ggml::type_name(t), supported_types()));
+    if (cfg.d_model <= 0 || cfg.n_heads <= 0 || cfg.layers.empty() || cfg.vocab_size <= 0)
         throw ConfigError(
-            fmt::format("model {}: no matvec kernel for weight type {} (supported: q8_0, q4_0)",
-                        cfg.name, ggml::type_name(weight_type)));
-    if (cfg.d_model <= 0 || cfg.n_heads <= 0 || cfg.layers.empty())
-        throw ConfigError(
-            fmt::format("model {}: config has no shape (d_model {}, heads {}, {} "
-                        "layers)",
-                        cfg.name, cfg.d_model, cfg.n_heads, cfg.layers.size()));
+            fmt::format("model {}: config has no shape (d_model {}, heads {}, {} layers, "
+                        "vocabulary {})",
+                        cfg.name, cfg.d_model, cfg.n_heads, cfg.layers.size(), cfg.vocab_size));
+    if (types.max_cols < 1 || types.max_cols > 8)
+        throw std::invalid_argument(
+            fmt::format("kernel plan: batches of {} columns (1..8 supported)", types.max_cols));
 
     std::vector<jit::KernelSpec> plan;
     std::set<std::string> names;
@@ -147,13 +283,31 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type wei
         if (names.insert(s.name).second) plan.push_back(std::move(s));
     };
     const int d = cfg.d_model;
+    const bool q_mat = matvec_type_tag(types.matmul) != nullptr;  // int8 activations
+    std::vector<int> col_counts = {1};
+    if (types.max_cols > 1) col_counts.push_back(types.max_cols);
+    auto add_matvec = [&](ggml::Type t, int k) {
+        for (int ncols : col_counts)
+            add(matvec_spec(t, k, ncols, is_float_type(t) ? MatvecLayout::Ggml : types.layout));
+    };
 
-    // Norms over the residual stream: pre-norms feeding matvecs quantize their output
-    // (attn_norm, ffn_norm, output_norm; MoE pre_ffw_norm_2); post-norms add into the stream
-    // (post_attention_norm, post_ffw_norm, PLE post_norm). The MoE block also has a plain
-    // weighted norm (post_ffw_norm_1/2) and the router's weightless one.
-    add(rmsnorm_spec(d, true, true, false));
+    // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide).
+    add(embed_rows_spec(d, types.token_embd, cfg.vocab_size));
+    if (cfg.has_ple())
+        add(embed_rows_spec(cfg.n_layers * cfg.ple_dim, types.ple_token_embd, cfg.vocab_size));
+
+    // Norms over the residual stream. Pre-norms feeding matvecs (attn_norm, ffn_norm,
+    // output_norm) quantize their output for int8 matrices. Post-norms add into the stream
+    // (post_attention_norm, post_ffw_norm, PLE post_norm); the layer's last one also applies
+    // layer_output_scale; each may chain the next pre-norm (.n2). With PLE, the stream after the
+    // FFN is itself the PLE gate's input (quantized for int8 matrices). The MoE block also has
+    // a plain weighted norm (post_ffw_norm_1/2) and the router's weightless one.
+    add(rmsnorm_spec(d, true, q_mat, false));
     add(rmsnorm_spec(d, true, false, true));
+    add(rmsnorm_spec(d, true, false, true, true));
+    add(rmsnorm_spec(d, true, q_mat, true, false, true));
+    add(rmsnorm_spec(d, true, q_mat, true, true, true));
+    if (cfg.has_ple() && q_mat) add(rmsnorm_spec(d, true, true, true));
     if (cfg.is_moe()) {
         add(rmsnorm_spec(d, true, false, false));
         add(rmsnorm_spec(d, false, false, false));
@@ -167,22 +321,32 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type wei
         add(rmsnorm_spec(l.head_dim, true));
         if (l.has_kv) add(rmsnorm_spec(l.head_dim, false));
     }
-    // PLE: RMS-normalize each layer's P-slice of the projected context.
-    if (cfg.ple_dim > 0) add(rmsnorm_spec(cfg.ple_dim, true));
 
-    // Activations not produced by a quantizing norm (attention output, GeGLU output, PLE gate).
-    add(quantize_spec());
+    // Activations not produced by a quantizing norm (attention output, GeGLU output, the PLE
+    // context projection's input).
+    if (q_mat || matvec_type_tag(types.token_embd) || matvec_type_tag(types.ple_model_proj))
+        add(quantize_spec());
 
-    // One matvec per distinct input width: d (q/k/v, gate/up, PLE inp_gate, LM head), the
-    // attention output width per layer type (o-proj), each FFN width (down; E2B's double-wide
-    // layers and the MoE model's dense MLP included) and P (PLE proj).
+    // One matvec per distinct input width: d (q/k/v, gate/up, PLE inp_gate), the attention
+    // output width per layer type (o-proj), each FFN width (down; E2B's double-wide layers and
+    // the MoE model's dense MLP included) and P (PLE proj). Then the tied LM head and the PLE
+    // context projection (both d wide) in their own types.
     std::set<int> widths = {d};
     for (size_t i = 0; i < cfg.layers.size(); ++i) {
         widths.insert(cfg.q_dim(static_cast<int>(i)));
         if (cfg.layers[i].ffn_dim > 0) widths.insert(cfg.layers[i].ffn_dim);
     }
-    if (cfg.ple_dim > 0) widths.insert(cfg.ple_dim);
-    for (int k : widths) add(matvec_spec(weight_type, k));
+    if (cfg.has_ple()) widths.insert(cfg.ple_dim);
+    for (int k : widths) add_matvec(types.matmul, k);
+    add_matvec(types.token_embd, d);
+    if (cfg.has_ple()) add_matvec(types.ple_model_proj, d);
+
+    // PLE precompute and injection; the final softcap with the token choice.
+    if (cfg.has_ple()) {
+        add(ple_finish_spec(cfg.n_layers, cfg.ple_dim));
+        add(gelu_mul_spec(cfg.ple_dim));
+    }
+    add(logits_spec(cfg.vocab_size));
     return plan;
 }
 

@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "engine/kernel_plan.h"
 #include "jit/env_flags.h"
 #include "jit/jit.h"
@@ -48,23 +50,35 @@ KernelSpec ptx_selftest_spec() {
     return s;
 }
 
-// Every distinct spec of every variant's plan for both weight types, plus the selftest and the
-// split-layout / multi-column matvec forms (not in any plan yet, but shipped templates).
+const std::vector<ggml::Type> kWeightTypes = {ggml::Type::F32, ggml::Type::F16, ggml::Type::BF16,
+                                              ggml::Type::Q8_0, ggml::Type::Q4_0};
+
+// Every distinct spec of every preset's plan (the five released models and the tiny test presets)
+// for every weight type, plus the selftest and the matvec forms no plan uses by default (ggml
+// layout, odd column counts).
 std::vector<KernelSpec> all_specs() {
     std::vector<KernelSpec> specs;
     std::set<std::string> seen;
     auto add = [&](const KernelSpec& s) {
         if (seen.insert(s.name).second) specs.push_back(s);
     };
-    for (const auto& v : kVariants)
-        for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+    for (const auto& v : Config::preset_names())
+        for (auto t : kWeightTypes)
             for (const auto& s : build_kernel_plan(Config::preset(v), t)) add(s);
     add(ptx_selftest_spec());
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
-        add(gj::gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Split));
+        add(gj::gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gj::gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));
+        add(gj::gemma4::matvec_spec(t, 96, 1, MatvecLayout::Ggml));
     }
+    add(gj::gemma4::matvec_f_spec(ggml::Type::BF16, 2560, 4));
     return specs;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
 }
 
 }  // namespace
@@ -73,10 +87,28 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
     const auto plan = build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0);
     const auto names = names_of(plan);
     EXPECT_EQ(names.size(), plan.size()) << "duplicate spec names";
-    for (const char* want :
-         {"rmsnorm.n2560.w1.q8", "rmsnorm.n2560.w1.add", "rmsnorm.n256.w1", "rmsnorm.n512.w1",
-          "rmsnorm.n256.w0", "rmsnorm.n512.w0", "quantize_q8_1", "matvec_q8_0.k2560",
-          "matvec_q8_0.k2048", "matvec_q8_0.k4096", "matvec_q8_0.k10240", "matvec_q8_0.k256"})
+    for (const char* want : {"rmsnorm.n2560.w1.q8",
+                             "rmsnorm.n2560.w1.add",
+                             "rmsnorm.n2560.w1.add.scale",
+                             "rmsnorm.n2560.w1.add.n2.q8",
+                             "rmsnorm.n2560.w1.add.scale.n2.q8",
+                             "rmsnorm.n2560.w1.add.q8",
+                             "rmsnorm.n256.w1",
+                             "rmsnorm.n512.w1",
+                             "rmsnorm.n256.w0",
+                             "rmsnorm.n512.w0",
+                             "quantize_q8_1",
+                             "matvec_q8_0.k2560.split",
+                             "matvec_q8_0.k2048.split",
+                             "matvec_q8_0.k4096.split",
+                             "matvec_q8_0.k10240.split",
+                             "matvec_q8_0.k256.split",
+                             "matvec_q8_0.k2560.b8.split",
+                             "embed_rows.q8_0.n2560.v262144",
+                             "embed_rows.q8_0.n10752.v262144",
+                             "ple_finish.l42.p256",
+                             "gelu_mul.p256",
+                             "logits.v262144.k64"})
         EXPECT_TRUE(names.count(want)) << want;
     // Dense model: no MoE-only norms.
     EXPECT_FALSE(names.count("rmsnorm.n2560.w0"));
@@ -84,37 +116,98 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
         EXPECT_EQ(k.priority, 0) << k.name;
         EXPECT_FALSE(k.entries.empty()) << k.name;
     }
-    // Exactly the matvec widths the model has: d, o-proj inputs (2048, 4096), FFN, PLE.
+    // Exactly the matvec widths the model has: d (also the LM head and the PLE context
+    // projection), o-proj inputs (2048, 4096), FFN, PLE; for 1 and 8 columns.
     size_t matvecs = std::count_if(plan.begin(), plan.end(),
                                    [](const KernelSpec& k) { return k.family == "matvec_q8_0"; });
-    EXPECT_EQ(matvecs, 5u);
+    EXPECT_EQ(matvecs, 10u);
 }
 
 TEST(KernelPlan, PerVariantWidths) {
     auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q4_0));
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144"));   // layers 0-14
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288"));  // double-wide KV-shared layers
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k1536"));
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144.split"));   // layers 0-14
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288.split"));  // double-wide KV-shared layers
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k1536.split"));
     EXPECT_TRUE(e2b.count("rmsnorm.n1536.w1.q8"));
+    EXPECT_TRUE(e2b.count("embed_rows.q4_0.n8960.v262144"));  // PLE table: 35 * 256
 
     auto moe = names_of(build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q8_0));
-    EXPECT_TRUE(moe.count("matvec_q8_0.k2112"));  // dense MLP down: not a multiple of 256
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w0"));   // router norm
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));   // post_ffw_norm_1/2
-    EXPECT_FALSE(moe.count("matvec_q8_0.k256"));  // no PLE
+    EXPECT_TRUE(moe.count("matvec_q8_0.k2112.split"));  // dense MLP down: not a multiple of 256
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w0"));         // router norm
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));         // post_ffw_norm_1/2
+    EXPECT_FALSE(moe.count("matvec_q8_0.k256.split"));  // no PLE
+    EXPECT_FALSE(moe.count("gelu_mul.p256"));
 
     auto b31 = names_of(build_kernel_plan(Config::preset("31b"), ggml::Type::Q8_0));
-    for (const char* want :
-         {"matvec_q8_0.k5376", "matvec_q8_0.k8192", "matvec_q8_0.k16384", "matvec_q8_0.k21504"})
+    for (const char* want : {"matvec_q8_0.k5376.split", "matvec_q8_0.k8192.split",
+                             "matvec_q8_0.k16384.split", "matvec_q8_0.k21504.split"})
         EXPECT_TRUE(b31.count(want)) << want;
+
+    // Float weights: matvec_f everywhere, fp32 norms, no activation quantization.
+    auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16));
+    for (const char* want :
+         {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240", "matvec_f.bf16.k256",
+          "matvec_f.bf16.k2560.b8", "rmsnorm.n2560.w1", "rmsnorm.n2560.w1.add.scale.n2",
+          "embed_rows.bf16.n2560.v262144", "logits.v262144.k64"})
+        EXPECT_TRUE(bf.count(want)) << want;
+    EXPECT_FALSE(bf.count("quantize_q8_1"));
+    EXPECT_FALSE(bf.count("rmsnorm.n2560.w1.q8"));
+}
+
+TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        for (auto t : kWeightTypes) {
+            SCOPED_TRACE(v + " " + ggml::type_name(t));
+            const auto names = names_of(build_kernel_plan(cfg, t));
+            const bool quant = t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
+            const std::string mv = quant ? "matvec_" + ggml::type_name(t) + ".k"
+                                         : "matvec_f." + ggml::type_name(t) + ".k";
+            const std::string sfx = quant ? ".split" : "";
+            EXPECT_TRUE(names.count(mv + std::to_string(cfg.d_model) + sfx));
+            for (size_t l = 0; l < cfg.layers.size(); ++l) {
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.q_dim(int(l))) + sfx));
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.layers[l].ffn_dim) + sfx));
+            }
+            EXPECT_TRUE(names.count(fmt::format("logits.v{}.k64", cfg.vocab_size)));
+            EXPECT_TRUE(names.count(fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(t),
+                                                cfg.d_model, cfg.vocab_size)));
+            if (cfg.has_ple()) {
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.ple_dim) + sfx));  // K = 32
+                EXPECT_TRUE(
+                    names.count(fmt::format("ple_finish.l{}.p{}", cfg.n_layers, cfg.ple_dim)));
+            }
+        }
+    }
+}
+
+TEST(KernelPlan, MixedWeightTypes) {
+    // A Q4_0 file whose embeddings were dequantized to F16 and whose PLE projection is BF16.
+    gj::gemma4::PlanTypes types{ggml::Type::Q4_0, ggml::Type::F16, ggml::Type::F16,
+                                ggml::Type::BF16};
+    types.layout = MatvecLayout::Ggml;
+    types.max_cols = 1;
+    const auto names = names_of(build_kernel_plan(Config::preset("e4b"), types));
+    for (const char* want : {"matvec_q4_0.k2560", "matvec_f.f16.k2560", "matvec_f.bf16.k2560",
+                             "embed_rows.f16.n2560.v262144", "embed_rows.f16.n10752.v262144"})
+        EXPECT_TRUE(names.count(want)) << want;
+    EXPECT_FALSE(names.count("matvec_q4_0.k2560.b8"));
+    types.token_embd = ggml::Type::Q6_K;
+    try {
+        build_kernel_plan(Config::preset("e4b"), types);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("token_embd stored as q6_k"), std::string::npos)
+            << e.what();
+    }
 }
 
 TEST(KernelPlan, UnsupportedWeightTypeIsNamed) {
     try {
-        build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16);
+        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q6_K);
         FAIL() << "expected ConfigError";
     } catch (const gj::gemma4::ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("q6_k"), std::string::npos) << e.what();
     }
     EXPECT_THROW(build_kernel_plan(Config{}, ggml::Type::Q8_0), gj::gemma4::ConfigError);
 }
@@ -123,11 +216,24 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     using gj::gemma4::matvec_spec;
     using gj::gemma4::rmsnorm_spec;
     EXPECT_THROW(rmsnorm_spec(100, true, true, false), std::invalid_argument);  // q8 needs %32
-    EXPECT_THROW(rmsnorm_spec(256, true, true, true), std::invalid_argument);   // q8 + add
+    EXPECT_THROW(rmsnorm_spec(256, true, false, false, true), std::invalid_argument);  // no add
+    EXPECT_THROW(rmsnorm_spec(256, true, false, false, false, true), std::invalid_argument);
     EXPECT_THROW(rmsnorm_spec(6, true), std::invalid_argument);
-    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080), std::invalid_argument);  // 2080 % 64 != 0
+    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080 + 16), std::invalid_argument);  // % 32 != 0
+    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2560, 9), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(matvec_spec(ggml::Type::BF16, 2560, 1, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::matvec_f_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(100, ggml::Type::Q8_0, 1000), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q6_K, 1000),
+                 gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::ple_finish_spec(42, 100), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::logits_spec(1000, 65), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::logits_spec(1001, 64), std::invalid_argument);
     EXPECT_THROW(gj::gemma4::spec_constant(rmsnorm_spec(256, true), "NOPE"), std::out_of_range);
+    // The 2080-wide (65 blocks) quantized matvec is fine now: odd block counts per row work.
+    EXPECT_NO_THROW(matvec_spec(ggml::Type::Q8_0, 2080));
 }
 
 TEST(KernelPlan, LaunchGeometryIsConsistent) {
@@ -142,13 +248,19 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
         } else if (k.family.starts_with("matvec_")) {
             const auto threads = gj::gemma4::spec_constant(k, "THREADS");
             EXPECT_EQ(threads % 32, 0) << k.name;
-            EXPECT_EQ(gj::gemma4::spec_constant(k, "K") % 64, 0) << k.name;
+            EXPECT_EQ(gj::gemma4::spec_constant(k, "K") % 32, 0) << k.name;
+        } else if (k.family == "logits") {
+            const auto v = gj::gemma4::spec_constant(k, "V");
+            const auto blocks = gj::gemma4::spec_constant(k, "TOPK_BLOCKS");
+            const auto topk = gj::gemma4::spec_constant(k, "TOPK");
+            EXPECT_LE(blocks * topk, 4096) << k.name << ": top-k merge too large";
+            EXPECT_LE((v + blocks - 1) / blocks, 4096 + 4 * 256) << k.name;
         }
     }
 }
 
 // The one expensive test: NVRTC for every spec, both archs. Bounded by deduplication across
-// variants (about 50 specs) and run on 2 threads.
+// presets and weight types, and run on 2 threads.
 TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
     const auto specs = all_specs();
     gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
@@ -166,9 +278,7 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
             ASSERT_FALSE(c.cubin.empty());
             for (const auto& e : s.entries)
                 EXPECT_FALSE(entry_ptx(c.ptx, e).empty()) << "entry " << e << " missing from PTX";
-            const bool hot = s.family == "rmsnorm" || s.family.starts_with("matvec_") ||
-                             s.family == "quantize_q8_1";
-            if (hot) {
+            if (s.family != "ptx_selftest") {  // every model kernel is hot: no spills, no stack
                 ASSERT_EQ(c.resources_per_entry.size(), s.entries.size());
                 for (size_t i = 0; i < s.entries.size(); ++i) {
                     EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << s.entries[i];
@@ -176,7 +286,23 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                     EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << s.entries[i];
                 }
             }
-            if (s.family.starts_with("matvec_")) {
+            if (s.family == "matvec_f") {
+                const auto wtype = gj::gemma4::spec_constant(s, "WTYPE");
+                for (const auto& e : s.entries) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("ld.global.nc.L1::no_allocate.v4.u32"), std::string::npos)
+                        << e << ": weights must stream in 16-byte loads";
+                    EXPECT_NE(body.find("fma.rn.f32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos) << e;
+                    EXPECT_EQ(body.find("dp4a"), std::string::npos) << e;
+                    if (wtype == 1) {
+                        EXPECT_NE(body.find("cvt.f32.f16"), std::string::npos) << e;
+                    }
+                }
+                const std::string ld = "ld.global.nc.L1::no_allocate.v4.u32";
+                EXPECT_EQ(count(entry_ptx(c.ptx, "matvec_f_geglu"), ld),
+                          2 * count(entry_ptx(c.ptx, "matvec_f"), ld));
+            } else if (s.family.starts_with("matvec_")) {
                 for (const auto& e : s.entries) {
                     if (e.starts_with("repack_")) continue;
                     const auto body = entry_ptx(c.ptx, e);
@@ -191,19 +317,51 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                             << e << ": ggml layout joins unaligned words with funnel shifts";
                 }
                 // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one.
-                auto count = [](const std::string& text, const std::string& what) {
-                    size_t n = 0;
-                    for (auto p = text.find(what); p != std::string::npos;
-                         p = text.find(what, p + 1))
-                        ++n;
-                    return n;
-                };
                 EXPECT_EQ(count(entry_ptx(c.ptx, s.entries[2]), "dp4a"),
                           2 * count(entry_ptx(c.ptx, s.entries[0]), "dp4a"));
             } else if (s.family == "rmsnorm") {
                 const bool quant = gj::gemma4::spec_constant(s, "QUANT") == 1;
+                const bool norm2 = gj::gemma4::spec_constant(s, "NORM2") == 1;
                 EXPECT_EQ(c.ptx.find("cvt.rni.sat.s8.f32") != std::string::npos, quant);
-                EXPECT_NE(c.ptx.find("sqrt.rn.f32"), std::string::npos);
+                // One IEEE square root per norm.
+                EXPECT_EQ(count(c.ptx, "sqrt.rn.f32"), norm2 ? 2u : 1u);
+                if (gj::gemma4::spec_constant(s, "SCALE") == 1) {  // the scale is a device load
+                    EXPECT_NE(entry_ptx(c.ptx, "rmsnorm_ext").find("ld.global.nc.f32"),
+                              std::string::npos);
+                }
+            } else if (s.family == "embed") {
+                const auto body = entry_ptx(c.ptx, "embed_rows");
+                EXPECT_NE(body.find("st.global.v4.f32"), std::string::npos);
+                const auto wtype = gj::gemma4::spec_constant(s, "WTYPE");
+                if (wtype == 0) {
+                    EXPECT_NE(body.find("ld.global.nc.v4.f32"), std::string::npos);
+                }
+                if (wtype == 1 || wtype == 2 || wtype == 8) {  // f16 values or block scales
+                    EXPECT_NE(body.find("cvt.f32.f16"), std::string::npos);
+                }
+            } else if (s.family == "ple") {
+                if (s.name.starts_with("ple_finish")) {
+                    const auto body = entry_ptx(c.ptx, "ple_finish");
+                    EXPECT_NE(body.find("sqrt.rn.f32"), std::string::npos);
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
+                } else {
+                    EXPECT_NE(entry_ptx(c.ptx, "gelu_mul_q8").find("cvt.rni.sat.s8.f32"),
+                              std::string::npos);
+                    EXPECT_EQ(entry_ptx(c.ptx, "gelu_mul").find("cvt.rni.sat.s8.f32"),
+                              std::string::npos);
+                }
+            } else if (s.family == "logits") {
+                // One launch each: partials, a fence, the arrival counter, the last block's merge.
+                for (const char* e : {"softcap_argmax", "softcap_topk"}) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("membar.gl"), std::string::npos) << e;
+                    EXPECT_NE(body.find("atom.global.add.u32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("ld.global.cg"), std::string::npos) << e;
+                    EXPECT_NE(body.find("div.rn.f32"), std::string::npos) << e << ": IEEE z / cap";
+                }
+                const auto topk = entry_ptx(c.ptx, "softcap_topk");
+                EXPECT_NE(topk.find("match.any.sync.b32"), std::string::npos);
+                EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
             } else if (s.family == "quantize_q8_1") {
                 EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
                 EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);

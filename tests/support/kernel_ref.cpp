@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 #include "engine/dequant.h"
@@ -105,6 +106,76 @@ float gelu_tanh(float x) {
     const double v = x;
     return static_cast<float>(0.5 * v *
                               (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+}
+
+NormChain rmsnorm_chain(const std::vector<float>& x, int rows, int n, const float* w,
+                        const std::vector<float>& residual, float scale, const float* w2,
+                        float eps) {
+    NormChain r;
+    r.y = rmsnorm(x, rows, n, w, residual.data(), eps);
+    for (float& v : r.y) v *= scale;
+    if (w2) r.y2 = rmsnorm(r.y, rows, n, w2, nullptr, eps);
+    return r;
+}
+
+double dot_f64(const float* w, const float* x, int k, double* scale) {
+    double s = 0, m = 0;
+    for (int j = 0; j < k; ++j) {
+        const double t = double(w[j]) * x[j];
+        s += t;
+        m += std::fabs(t);
+    }
+    if (scale) *scale = m;
+    return s;
+}
+
+std::vector<float> embed_rows(ggml::Type type, const std::vector<uint8_t>& table, int n,
+                              const std::vector<int>& ids, float scale) {
+    const size_t row_bytes = *ggml::row_bytes(type, n);
+    std::vector<float> out(ids.size() * n);
+    for (size_t t = 0; t < ids.size(); ++t) {
+        float* o = &out[t * n];
+        ggml::dequantize_row(type, &table[size_t(ids[t]) * row_bytes], o, n);
+        for (int i = 0; i < n; ++i) o[i] *= scale;
+    }
+    return out;
+}
+
+std::vector<float> ple_finish(const std::vector<float>& ctx, const std::vector<float>& tok,
+                              const std::vector<float>& w, int p, float inv_sqrt_d, float eps) {
+    std::vector<float> c(ctx.size());
+    for (size_t i = 0; i < ctx.size(); ++i) c[i] = ctx[i] * inv_sqrt_d;
+    std::vector<float> out = rmsnorm(c, int(ctx.size() / p), p, w.data(), nullptr, eps);
+    const float mix = float(1.0 / std::sqrt(2.0));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = (out[i] + tok[i]) * mix;
+    return out;
+}
+
+float softcap(float z, float cap) {
+    return cap > 0 ? std::tanh(z / cap) * cap : z;
+}
+
+bool logit_before(float a, int ia, float b, int ib) {
+    const bool na = std::isnan(a), nb = std::isnan(b);
+    if (na != nb) return na;
+    if (!na && a != b) return a > b;
+    return ia < ib;
+}
+
+int argmax(const std::vector<float>& v) {
+    int best = 0;
+    for (int i = 1; i < int(v.size()); ++i)
+        if (logit_before(v[i], i, v[best], best)) best = i;
+    return std::isnan(v[best]) ? -1 : best;
+}
+
+std::vector<int> topk(const std::vector<float>& v, int k) {
+    std::vector<int> idx(v.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int a, int b) { return logit_before(v[a], a, v[b], b); });
+    idx.resize(k);
+    return idx;
 }
 
 }  // namespace gj::test::kref
