@@ -32,7 +32,7 @@ GpuForward::GpuForward(gemma4::GpuSession& session)
       device_readout_(session.model().flags().get_bool("GEMMAJIT_GPU_SAMPLING")) {}
 
 std::vector<float> GpuForward::prefill(std::span<const int32_t> tokens) {
-    return session_.prefill(tokens, gemma4::Readout::Logits, 0, progress_).logits;
+    return session_.prefill(tokens, gemma4::Readout::Logits, progress_).logits;
 }
 
 std::vector<float> GpuForward::decode(int32_t token) {
@@ -41,12 +41,12 @@ std::vector<float> GpuForward::decode(int32_t token) {
 
 StepResult GpuForward::prefill_step(std::span<const int32_t> tokens, const Readout& readout) {
     const gemma4::Readout r = device_readout_ ? device_readout(readout) : gemma4::Readout::Logits;
-    return to_step_result(session_.prefill(tokens, r, readout.k, progress_));
+    return to_step_result(session_.prefill(tokens, r, progress_));
 }
 
 StepResult GpuForward::decode_step(int32_t token, const Readout& readout) {
     const gemma4::Readout r = device_readout_ ? device_readout(readout) : gemma4::Readout::Logits;
-    return to_step_result(session_.decode(token, r, readout.k));
+    return to_step_result(session_.decode(token, r));
 }
 
 }  // namespace gj::gen

@@ -29,7 +29,7 @@ namespace gj::gemma4 {
 enum class Readout {
     Logits,  // the whole softcapped row (vocab floats)
     Argmax,  // the greedy token only
-    TopK,    // the top-k candidates (ids + softcapped logits)
+    TopK,    // the kMaxTopK best candidates (ids + softcapped logits)
 };
 
 struct StepOutput {
@@ -38,9 +38,6 @@ struct StepOutput {
     std::vector<float> values;  // TopK: their softcapped logits
     std::vector<float> logits;  // Logits: [vocab], softcapped
 };
-
-// The most candidates the top-k readout returns.
-inline constexpr int kMaxTopK = 64;
 
 // Device bytes one session's work buffers take (the model's memory plan counts them).
 uint64_t session_work_bytes(const GpuModel& model);
@@ -73,10 +70,10 @@ class GpuSession {
     // Runs `tokens` at the next positions (chunked); the readout is of the last token. Throws
     // std::invalid_argument for an empty list, a token outside the vocabulary, or a sequence
     // longer than the context. `progress(done, total)` is called after every chunk.
-    StepOutput prefill(std::span<const int32_t> tokens, Readout readout, int top_k = 0,
+    StepOutput prefill(std::span<const int32_t> tokens, Readout readout,
                        const std::function<void(int, int)>& progress = {});
     // Runs one token at the next position.
-    StepOutput decode(int32_t token, Readout readout, int top_k = 0);
+    StepOutput decode(int32_t token, Readout readout);
     // Runs `tokens` and returns the softcapped logits of every one, [T][vocab].
     std::vector<float> prefill_logits(std::span<const int32_t> tokens);
 
@@ -96,29 +93,37 @@ class GpuSession {
     struct Graph;
     struct Profiler;
 
-    // Launch sequence pieces; T rows, positions/tokens from the step state.
+    // The activations a matvec reads: fp32 rows, and (for int8 weights) their Q8_1 form when
+    // already made; a quantized matrix with q == 0 quantizes f into the shared Q8_1 buffer first.
+    struct Input {
+        CUdeviceptr f = 0, q = 0, ds = 0;
+    };
+
+    // Launch sequence pieces over T rows; tokens and positions come from the step state.
     void record_forward(int T, bool decode);
     void record_embedding(int T);
     void record_layer(int l, int T, bool decode);
     void record_attention(int l, int T, bool decode);
-    void record_readout(int row, Readout readout, int top_k);
+    void record_readout(int row, Readout readout);
     void record_all_logits(int T);
 
-    // Kernel launches (profiling hooks here).
+    // Kernel launches (the profiler hooks in here).
     void launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, unsigned smem,
                 void** args, const std::string& label, uint64_t bytes = 0);
-    void rmsnorm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr residual,
-                 CUdeviceptr y, CUdeviceptr yq, CUdeviceptr yds, CUdeviceptr scale, int rows,
-                 const char* what);
-    // y = W x over T columns (y = gelu(W x) * (up x) with `up`), quantizing x into the Q8_1
-    // buffer first when W is quantized and x has no Q8_1 copy there yet.
-    void matvec(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, bool x_is_quantized,
-                CUdeviceptr y, int T, const char* what);
+    // x' = residual + norm(x) * w [* scale]; then y2 = norm(x') * w2 with its Q8_1 form (the
+    // next pre-norm), or without w2 just x' (quantized when `quantize`).
+    void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
+                   CUdeviceptr w2, int T, const char* what);
+    void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what);
+    // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
+    void matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
+                const char* what);
     void quantize(CUdeviceptr x, int n_values);
+    Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
 
     void write_step_state(std::span<const int32_t> tokens, int pos0);
-    StepOutput read_result(Readout readout, int top_k);
-    void check_tokens(std::span<const int32_t> tokens, int extra) const;
+    StepOutput read_result(Readout readout);
+    void check_tokens(std::span<const int32_t> tokens) const;
 
     GpuModel& model_;
     const Config& cfg_;

@@ -14,7 +14,6 @@
 #include "engine/half.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
-#include "engine/zz_pending_specs.h"
 #include "jit/cuda_driver.h"
 #include "jit/env_flags.h"
 
@@ -133,7 +132,7 @@ void GpuModel::plan(const GpuModelOptions& opts) {
             d.second += type_bytes(t, g.rows, g.cols);
         }
         g.bytes = type_bytes(g.type, g.rows, g.cols);
-        g.spec = kernels_.add(embed_rows_spec(g.cols, g.type)).name;
+        g.spec = kernels_.add(embed_rows_spec(g.cols, g.type, g.rows)).name;
         return g;
     };
 
@@ -184,8 +183,8 @@ void GpuModel::plan(const GpuModelOptions& opts) {
             account(g.inp_gate);
             account(g.proj);
         }
-        g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, int(kv_geo_.type))).name;
-        g.flash_spec = kernels_.add(flash_decode_spec(c, l, int(kv_geo_.type))).name;
+        g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
+        g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type)).name;
     }
     if (c.has_ple()) {
         ple_table_ = plan_table(w.per_layer_token_embd);
@@ -194,12 +193,19 @@ void GpuModel::plan(const GpuModelOptions& opts) {
         spec_ple_finish_ = kernels_.add(ple_finish_spec(c.n_layers, c.ple_dim)).name;
         spec_gelu_mul_ = kernels_.add(gelu_mul_spec(c.ple_dim)).name;
     }
-    spec_prenorm_ = kernels_.add(rmsnorm_spec(c.d_model, true, true, false)).name;
-    spec_postnorm_ = kernels_.add(rmsnorm_spec(c.d_model, true, false, true)).name;
-    spec_postnorm_scaled_ = kernels_.add(rmsnorm_spec(c.d_model, true, false, true, true)).name;
+    // Norms over the residual stream (all also write Q8_1 activations: d is a multiple of 32,
+    // and a float-weight consumer reads the fp32 copy instead). The pre-norm of the first layer
+    // stands alone; every later pre-norm (and the output norm) is chained to the residual update
+    // before it: post_attention_norm + ffn_norm, and the layer's last post-norm + layer scale +
+    // the next layer's attn_norm. With PLE the post_ffw_norm update also quantizes the updated
+    // stream, the PLE gate's input.
+    const int d = c.d_model;
+    spec_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true)).name;
+    spec_post_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, false, true)).name;
+    spec_post_scale_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, true, true)).name;
+    if (c.has_ple()) spec_post_quant_ = kernels_.add(rmsnorm_spec(d, true, true, true)).name;
     spec_quantize_ = kernels_.add(quantize_spec()).name;
-    spec_argmax_ = kernels_.add(softcap_argmax_spec(c.vocab_size, c.final_softcap)).name;
-    spec_topk_ = kernels_.add(topk_spec(c.vocab_size, c.final_softcap)).name;
+    spec_logits_ = kernels_.add(logits_spec(c.vocab_size, std::min(kMaxTopK, c.vocab_size))).name;
 
     // Every fp32 vector: norms (d, head dims, P) and one float per layer scale.
     uint64_t vector_floats = 0;

@@ -48,6 +48,9 @@ struct GpuModelOptions {
 // Activation columns of the batched (prefill) matvecs: a chunk runs in groups of this many
 // tokens, each group reading the weights once.
 inline constexpr int kPrefillCols = 8;
+// Candidates of the top-k readout (the logits kernel's TOPK): temperature sampling with any
+// top-k up to this many picks from them.
+inline constexpr int kMaxTopK = 64;
 
 // One weight matrix on the GPU and the matvec specializations that multiply by it.
 struct GpuMatrix {
@@ -126,15 +129,16 @@ class GpuModel {
     const GpuMatrix& ple_model_proj() const { return ple_model_proj_; }
     CUdeviceptr ple_proj_norm() const { return ple_proj_norm_; }
 
-    // Specializations of the width-generic kernels (names in kernels()).
-    const std::string& spec_prenorm() const { return spec_prenorm_; }    // d, weight, Q8_1
-    const std::string& spec_postnorm() const { return spec_postnorm_; }  // d, weight, + residual
-    const std::string& spec_postnorm_scaled() const { return spec_postnorm_scaled_; }  // * scale
+    // Specializations of the width-generic kernels (names in kernels()); see plan() for the norm
+    // chain.
+    const std::string& spec_prenorm() const { return spec_prenorm_; }
+    const std::string& spec_post_prenorm() const { return spec_post_prenorm_; }
+    const std::string& spec_post_scale_prenorm() const { return spec_post_scale_prenorm_; }
+    const std::string& spec_post_quant() const { return spec_post_quant_; }  // PLE models
     const std::string& spec_quantize() const { return spec_quantize_; }
     const std::string& spec_ple_finish() const { return spec_ple_finish_; }
     const std::string& spec_gelu_mul() const { return spec_gelu_mul_; }
-    const std::string& spec_argmax() const { return spec_argmax_; }
-    const std::string& spec_topk() const { return spec_topk_; }
+    const std::string& spec_logits() const { return spec_logits_; }  // softcap, argmax, top-k
 
     // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
     // and the two gathered embedding rows): the numerator of the decode GB/s figure.
@@ -159,8 +163,8 @@ class GpuModel {
     GpuTable token_embd_, ple_table_;
     GpuMatrix lm_head_, ple_model_proj_;
     CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
-    std::string spec_prenorm_, spec_postnorm_, spec_postnorm_scaled_, spec_quantize_,
-        spec_ple_finish_, spec_gelu_mul_, spec_argmax_, spec_topk_;
+    std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
+        spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_;
     uint64_t decode_bytes_ = 0;
 
     // Storage: one device buffer per matrix/table, the fp32 vector arena, the pinned PLE table.

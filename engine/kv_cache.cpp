@@ -18,14 +18,13 @@ uint64_t plane_bytes(const Config& cfg, int layer, int slots) {
 
 KvType kv_type_from_flags(const jit::Flags& flags) {
     const std::string& name = flags.get_string("GEMMAJIT_KV_TYPE");
-    if (name == "f16") return KvType::F16;
-    if (name == "bf16") return KvType::BF16;
-    throw ConfigError(fmt::format(
-        "GEMMAJIT_KV_TYPE={}: this KV cache type is not implemented yet (use f16 or bf16)", name));
-}
-
-std::string_view kv_type_name(KvType t) {
-    return t == KvType::F16 ? "f16" : "bf16";
+    const KvType t = kv_type_from_name(name);
+    if (t != KvType::F16 && t != KvType::BF16)
+        throw ConfigError(fmt::format(
+            "GEMMAJIT_KV_TYPE={}: this KV cache type has no attention kernels yet (use f16 or "
+            "bf16)",
+            name));
+    return t;
 }
 
 int sliding_slots(int window, int max_chunk, int context) {

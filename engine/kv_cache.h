@@ -10,17 +10,16 @@
 #include <vector>
 
 #include "engine/gemma4_config.h"
+#include "engine/kernel_plan.h"
+#include "engine/zz_pending_specs.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
 
 namespace gj::gemma4 {
 
-// Values are the kernels' KV_TYPE constant.
-enum class KvType : int { F16 = 0, BF16 = 1 };
-
-// GEMMAJIT_KV_TYPE; throws ConfigError for q8_0 (declared for a later issue, not implemented).
+// GEMMAJIT_KV_TYPE (the KvType enum and its names are kernel_plan.h's). Throws ConfigError for
+// q8_0: declared as a flag value, but no attention kernel reads it yet.
 KvType kv_type_from_flags(const jit::Flags& flags);
-std::string_view kv_type_name(KvType t);
 
 struct KvGeometry {
     int context = 0;    // positions a sequence may hold

@@ -1,13 +1,11 @@
 #pragma once
+// TEMPORARY: the attn helper's builders (uncommitted in its worktree); removed at the merge.
 #include "engine/kernel_plan.h"
 namespace gj::gemma4 {
-jit::KernelSpec matvec_f_spec(ggml::Type t, int k, int ncols);
-jit::KernelSpec embed_rows_spec(int n, ggml::Type t);
-jit::KernelSpec attn_prep_spec(const Config& c, int layer, int kv_type);
-jit::KernelSpec flash_decode_spec(const Config& c, int layer, int kv_type);
-jit::KernelSpec ple_finish_spec(int n_layers, int p);
-jit::KernelSpec gelu_mul_spec(int p);
-jit::KernelSpec softcap_argmax_spec(int vocab, float cap);
-jit::KernelSpec topk_spec(int vocab, float cap);
-jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale);
-}
+enum class KvType { F16 = 0, BF16 = 1, Q8_0 = 2 };
+KvType kv_type_from_name(std::string_view name);
+const char* kv_type_name(KvType kv);
+jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count);
+}  // namespace gj::gemma4
