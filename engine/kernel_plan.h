@@ -11,9 +11,17 @@
 
 namespace gj::gemma4 {
 
+// KV cache element type (GEMMAJIT_KV_TYPE). The attention kernels read and write f16 and bf16;
+// q8_0 is a declared flag value without kernels yet (the builders reject it by name).
+enum class KvType { F16 = 0, BF16 = 1, Q8_0 = 2 };
+// "f16" | "bf16" | "q8_0" (the GEMMAJIT_KV_TYPE spellings); throws ConfigError naming the value.
+KvType kv_type_from_name(std::string_view name);
+const char* kv_type_name(KvType kv);
+
 // Deduplicated by spec name, decode-path kernels first (priority 0). Throws ConfigError for a
-// weight type with no kernel.
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type);
+// weight type with no kernel, or a KV type without attention kernels.
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
+                                               KvType kv = KvType::F16);
 
 // ---- Single-spec builders (the plan is made of these; the engine and tests use them too). ----
 // Launch geometry is read back from the spec's constants with spec_constant(); each template's
@@ -21,6 +29,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type wei
 //   rmsnorm:       block TPR * RPB, grid ceil(rows / RPB)
 //   matvec_*:      block THREADS, grid ceil(n_rows / ROWS)
 //   quantize_q8_1: block THREADS, grid ceil(8 * n_blocks / THREADS)
+//   attn_prep:     block 32 * WARPS, grid (ceil(rows / WARPS), max_T),
+//                  rows = N_HEADS + (HAS_KV ? 2 * N_KV_HEADS : 0)
+//   flash_decode:  block THREADS, grid (max_splits, N_KV_HEADS, max_T), dynamic smem SMEM bytes
+//                  (above 48 KiB the caller opts in once: ModuleSet::set_max_dynamic_smem)
+//   flash_combine: block COMBINE_THREADS, grid (N_KV_HEADS * GROUP * HEAD_DIM / 16, max_T)
 
 // How a quantized matrix sits in GPU memory for the matvec kernels.
 enum class MatvecLayout {
@@ -39,6 +52,27 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
 
 // fp32 -> Q8_1 activation quantization (width-independent): "quantize_q8_1".
 jit::KernelSpec quantize_spec();
+
+// Q/K norm, V-norm, RoPE and KV append of one layer, fused:
+// "attn_prep.hd<hd>.h<H>.kv<Hkv>.rp<pairs>[.keqv].<f16|bf16>", or "...rp<pairs>.shared" for a
+// KV-shared layer (Q only; no KV type). Throws std::invalid_argument for impossible shapes,
+// ConfigError for KvType::Q8_0.
+jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int rope_pairs,
+                               bool has_kv, bool has_v, KvType kv);
+jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+
+// Split-K decode attention and its combine step (entries flash_decode, flash_combine):
+// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>" (window 0 = global causal).
+// Throws std::invalid_argument for impossible shapes, ConfigError for KvType::Q8_0 or a layer
+// whose head count is not a multiple of its KV heads.
+jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv);
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+
+// The max_splits to launch flash_decode with (and to size part_o / part_ml for): about one block
+// per SM for `n_tokens` queries at the deepest point, never more splits than CHUNK-sized pieces
+// of the most keys a query can see (max_keys, capped by WINDOW). Any value >= 1 is correct; this
+// one keeps the grid fixed across depths (CUDA graphs) and the partials small.
+int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count);
 
 // Value of a spec constant; throws std::out_of_range naming the spec and constant.
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);
