@@ -86,6 +86,36 @@ GJ_DEVICE int lane_dim(int lane, int i) {
     return DPL >= 8 ? (i / 8) * 256 + 8 * lane + i % 8 : DPL * lane + i;
 }
 
+// The lane's DPL dims of an fp32 row (a query) into registers, and back (a partial output), with
+// the widest accesses the layout allows.
+GJ_DEVICE void load_lane_f32(const float* row, int lane, float (&out)[DPL]) {
+#if DPL >= 4
+#pragma unroll
+    for (int c = 0; c < DPL / 4; ++c) {
+        const float4 v = *(const float4*)(row + lane_dim(lane, 4 * c));
+        out[4 * c] = v.x, out[4 * c + 1] = v.y, out[4 * c + 2] = v.z, out[4 * c + 3] = v.w;
+    }
+#elif DPL == 2
+    const float2 v = *(const float2*)(row + 2 * lane);
+    out[0] = v.x, out[1] = v.y;
+#else
+    out[0] = row[lane];
+#endif
+}
+
+GJ_DEVICE void store_lane_f32(float* row, int lane, const float (&v)[DPL]) {
+#if DPL >= 4
+#pragma unroll
+    for (int c = 0; c < DPL / 4; ++c)
+        *(float4*)(row + lane_dim(lane, 4 * c)) =
+            make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+#elif DPL == 2
+    *(float2*)(row + 2 * lane) = make_float2(v[0], v[1]);
+#else
+    row[lane] = v[0];
+#endif
+}
+
 // The lane's DPL elements of a cache row in shared memory, as floats.
 GJ_DEVICE void load_row(const uint8* row, int lane, float (&out)[DPL]) {
 #if DPL >= 8
@@ -196,10 +226,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int qi = 0; qi < QW; ++qi) {
         const int g = qset * QW + qi;
-        const float* qrow = q + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + g) * HEAD_DIM;
+        if (GROUP % QW == 0 || g < GROUP) {
+            load_lane_f32(q + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + g) * HEAD_DIM,
+                          lane, qr[qi]);
+        } else {
 #pragma unroll
-        for (int i = 0; i < DPL; ++i)
-            qr[qi][i] = (GROUP % QW == 0 || g < GROUP) ? qrow[lane_dim(lane, i)] : 0.0f;
+            for (int i = 0; i < DPL; ++i) qr[qi][i] = 0.0f;
+        }
     }
 
     float m[QW], l[QW], o[QW][DPL];
@@ -314,9 +347,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         float2* mml = (float2*)(smem + NWARPS * QW * HEAD_DIM * 4);  // [NWARPS][QW]
 #pragma unroll
         for (int qi = 0; qi < QW; ++qi) {
-#pragma unroll
-            for (int i = 0; i < DPL; ++i)
-                mo[(warp * QW + qi) * HEAD_DIM + lane_dim(lane, i)] = o[qi][i];
+            store_lane_f32(mo + (warp * QW + qi) * HEAD_DIM, lane, o[qi]);
             if (lane == 0) mml[warp * QW + qi] = make_float2(m[qi], l[qi]);
         }
         __syncthreads();
@@ -334,10 +365,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 const float2 ml = mml[(warp + ks) * QW + qi];
                 const float a = exp2_approx((ml.x - mm) * LOG2E);  // 0 for a warp with no rows
                 l[qi] = fmaf(a, ml.y, l[qi]);
+                float other[DPL];
+                load_lane_f32(mo + ((warp + ks) * QW + qi) * HEAD_DIM, lane, other);
 #pragma unroll
-                for (int i = 0; i < DPL; ++i)
-                    o[qi][i] = fmaf(a, mo[((warp + ks) * QW + qi) * HEAD_DIM + lane_dim(lane, i)],
-                                    o[qi][i]);
+                for (int i = 0; i < DPL; ++i) o[qi][i] = fmaf(a, other[i], o[qi][i]);
             }
             m[qi] = mm;
         }
@@ -348,9 +379,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int g = qset * QW + qi;
         if (GROUP % QW != 0 && g >= GROUP) break;
         const size_t idx = part0 + (size_t)g * max_splits;
-        float* dst = part_o + idx * HEAD_DIM;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) dst[lane_dim(lane, i)] = o[qi][i];
+        store_lane_f32(part_o + idx * HEAD_DIM, lane, o[qi]);
         if (lane == 0) part_ml[idx] = make_float2(m[qi], l[qi]);
     }
 }

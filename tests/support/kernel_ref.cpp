@@ -152,11 +152,12 @@ float kv_decode(uint16_t h, bool bf16) {
 std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k_cache,
                              const std::vector<float>& v_cache, const std::vector<int>& positions,
                              int n_heads, int n_kv_heads, int head_dim, int window, int slots,
-                             std::vector<double>* score_mag) {
+                             std::vector<double>* score_mag, std::vector<double>* score_l2) {
     const int T = static_cast<int>(positions.size());
     const int group = n_heads / n_kv_heads;
     std::vector<float> out(size_t(T) * n_heads * head_dim);
     if (score_mag) score_mag->assign(size_t(T) * n_heads, 0.0);
+    if (score_l2) score_l2->assign(size_t(T) * n_heads, 0.0);
     for (int t = 0; t < T; ++t) {
         const int p = positions[t];
         const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
@@ -167,17 +168,20 @@ std::vector<float> attention(const std::vector<float>& q, const std::vector<floa
                 return &c[(size_t(j % slots) * n_kv_heads + kvh) * head_dim];
             };
             std::vector<double> s(size_t(p - lo + 1));
-            double mx = -INFINITY, mag = 0;
+            double mx = -INFINITY, mag = 0, l2 = 0;
             for (int j = lo; j <= p; ++j) {
                 const float* kj = row(k_cache, j);
-                double dot = 0, m = 0;
+                double dot = 0, m = 0, m2 = 0;
                 for (int i = 0; i < head_dim; ++i) {
-                    dot += double(qh[i]) * kj[i];
-                    m += std::fabs(double(qh[i]) * kj[i]);
+                    const double term = double(qh[i]) * kj[i];
+                    dot += term;
+                    m += std::fabs(term);
+                    m2 += term * term;
                 }
                 s[j - lo] = dot;
                 mx = std::max(mx, dot);
                 mag = std::max(mag, m);
+                l2 = std::max(l2, std::sqrt(m2));
             }
             double sum = 0;
             for (double& e : s) sum += (e = std::exp(e - mx));
@@ -189,6 +193,7 @@ std::vector<float> attention(const std::vector<float>& q, const std::vector<floa
             float* oh = &out[(size_t(t) * n_heads + h) * head_dim];
             for (int i = 0; i < head_dim; ++i) oh[i] = static_cast<float>(o[i]);
             if (score_mag) (*score_mag)[size_t(t) * n_heads + h] = mag;
+            if (score_l2) (*score_l2)[size_t(t) * n_heads + h] = l2;
         }
     }
     return out;

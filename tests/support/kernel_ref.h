@@ -66,11 +66,13 @@ float kv_decode(uint16_t h, bool bf16);
 
 // Attention in double over caches given as floats [slots][Hkv][hd]: query head i of token t at
 // position p = positions[t] sees keys j in [lo, p], lo = window ? max(0, p - window + 1) : 0, at
-// slot j % slots; scale 1.0. Returns out [T][H*hd]. When `score_mag` is given it receives, per
-// (t, head), max_j sum_i |q_i k_ji| (what fp32 rounding of the scores scales with).
+// slot j % slots; scale 1.0. Returns out [T][H*hd]. Per (t, head), `score_mag` receives
+// max_j sum_i |q_i k_ji| (what worst-case fp32 rounding of a score scales with) and `score_l2`
+// max_j sqrt(sum_i (q_i k_ji)^2) (what independent rounding errors of k scale with).
 std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k_cache,
                              const std::vector<float>& v_cache, const std::vector<int>& positions,
                              int n_heads, int n_kv_heads, int head_dim, int window, int slots,
-                             std::vector<double>* score_mag = nullptr);
+                             std::vector<double>* score_mag = nullptr,
+                             std::vector<double>* score_l2 = nullptr);
 
 }  // namespace gj::test::kref
