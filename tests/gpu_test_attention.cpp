@@ -8,7 +8,7 @@
 //  - the chain attn_prep -> flash_decode -> flash_combine over a prefill chunk and decode steps
 //  past
 //    the window, against fp32 attention without cache rounding (the fp16 storage tolerance).
-// FlashDecodeBench.DISABLED_E4bDepth4096 times E4B's two attention shapes at depth 4096 (run with
+// FlashDecodeBench.DISABLED_* time E4B's two attention shapes at depth 4096 (run with
 // --gtest_also_run_disabled_tests).
 #include <gtest/gtest.h>
 
@@ -610,63 +610,72 @@ struct GraphTimer {
     }
 };
 
-TEST(FlashDecodeBench, DISABLED_E4bDepth4096) {
-    GJ_REQUIRE_GPU();
+// One E4B attention layer (group 4, 2 KV heads) at depth 4096 and T = 1: flash_decode alone,
+// flash_combine alone, and both, each as a graph over `copies` caches.
+void bench_e4b_layer(int hd, int window, int slots) {
     const int depth = 4096, sms = gj::jit::Device::get().sm_count();
-    std::printf("%-36s %6s %6s %9s %9s %9s %8s\n", "spec", "keys", "splits", "decode_us",
-                "combine_us", "layer_us", "GB/s");
-    for (const auto& [hd, window, slots] :
-         {std::tuple{512, 0, depth}, std::tuple{256, 512, 512 + 512 - 1}}) {
-        const KernelSpec spec = gj::gemma4::flash_decode_spec(hd, 4, 2, window, KvType::F16);
-        const auto& g = kernels_for(spec);
-        const int H = 8, kvh = 2, T = 1;
-        const int max_splits = gj::gemma4::flash_decode_splits(spec, depth, T, sms);
-        const size_t cache_bytes = size_t(slots) * kvh * hd * 2;
-        const int copies = int(std::max<size_t>(8, (512u << 20) / (2 * cache_bytes)));
-        std::mt19937 rng(1);
-        const auto bits = encode(random_normal(size_t(slots) * kvh * hd, 1.0f, rng), false);
-        std::vector<DeviceBuffer> kc, vc;
-        for (int i = 0; i < copies; ++i)
-            kc.push_back(to_device(bits)), vc.push_back(to_device(bits));
-        auto dq = to_device(random_normal(size_t(H) * hd, 0.2f, rng));
-        auto dpos = to_device(std::vector<int>{depth - 1});
-        DeviceBuffer part_o(size_t(H) * max_splits * hd * 4), part_ml(size_t(H) * max_splits * 8),
-            out(size_t(H) * hd * 4);
-        const auto& kd = g.get(spec.name, "flash_decode");
-        const auto& kcomb = g.get(spec.name, "flash_combine");
-        const unsigned threads = unsigned(spec_constant(spec, "THREADS"));
-        const unsigned smem = unsigned(spec_constant(spec, "SMEM"));
-        auto decode_all = [&] {
-            for (int i = 0; i < copies; ++i)
-                launch_smem_async(kd, {unsigned(max_splits), unsigned(kvh), 1u}, {threads}, smem,
-                                  dq.ptr(), kc[i].ptr(), vc[i].ptr(), dpos.ptr(), T, slots,
-                                  max_splits, part_o.ptr(), part_ml.ptr());
-        };
-        auto layer_all = [&] {
-            for (int i = 0; i < copies; ++i) {
-                launch_smem_async(kd, {unsigned(max_splits), unsigned(kvh), 1u}, {threads}, smem,
-                                  dq.ptr(), kc[i].ptr(), vc[i].ptr(), dpos.ptr(), T, slots,
-                                  max_splits, part_o.ptr(), part_ml.ptr());
-                launch_smem_async(kcomb, {unsigned(H * hd / 16), 1u}, {128u}, 0u, part_o.ptr(),
-                                  part_ml.ptr(), out.ptr(), T, max_splits);
-            }
-        };
-        auto combine_all = [&] {
-            for (int i = 0; i < copies; ++i)
-                launch_smem_async(kcomb, {unsigned(H * hd / 16), 1u}, {128u}, 0u, part_o.ptr(),
-                                  part_ml.ptr(), out.ptr(), T, max_splits);
-        };
-        GraphTimer timer;
-        const double t_decode = timer.time_us(decode_all, copies, 20);
-        const double t_combine = timer.time_us(combine_all, copies, 20);
-        const double t_layer = timer.time_us(layer_all, copies, 20);
-        const int keys = window > 0 ? std::min(window, depth) : depth;
-        const double kv_bytes = double(keys) * kvh * hd * 2 * 2;
-        std::printf("%-36s %6d %6d %9.2f %9.2f %9.2f %8.1f\n", spec.name.c_str(), keys, max_splits,
-                    t_decode, t_combine, t_layer, kv_bytes / (t_decode * 1e3));
-        const auto o = from_device<float>(out, size_t(H) * hd);
-        EXPECT_TRUE(all_finite(o));
-    }
+    const KernelSpec spec = gj::gemma4::flash_decode_spec(hd, 4, 2, window, KvType::F16);
+    const auto& g = kernels_for(spec);
+    const int H = 8, kvh = 2, T = 1;
+    const int max_splits = gj::gemma4::flash_decode_splits(spec, depth, T, sms);
+    const size_t cache_bytes = size_t(slots) * kvh * hd * 2;
+    const int copies = int(std::max<size_t>(8, (512u << 20) / (2 * cache_bytes)));
+    std::mt19937 rng(1);
+    const auto bits = encode(random_normal(size_t(slots) * kvh * hd, 1.0f, rng), false);
+    std::vector<DeviceBuffer> kc, vc;
+    for (int i = 0; i < copies; ++i) kc.push_back(to_device(bits)), vc.push_back(to_device(bits));
+    auto dq = to_device(random_normal(size_t(H) * hd, 0.2f, rng));
+    auto dpos = to_device(std::vector<int>{depth - 1});
+    DeviceBuffer part_o(size_t(H) * max_splits * hd * 4), part_ml(size_t(H) * max_splits * 8),
+        out(size_t(H) * hd * 4);
+    const auto& kd = g.get(spec.name, "flash_decode");
+    const auto& kcomb = g.get(spec.name, "flash_combine");
+    const unsigned threads = unsigned(spec_constant(spec, "THREADS"));
+    const unsigned smem = unsigned(spec_constant(spec, "SMEM"));
+    auto run_decode = [&](int i) {
+        launch_smem_async(kd, {unsigned(max_splits), unsigned(kvh), 1u}, {threads}, smem, dq.ptr(),
+                          kc[i].ptr(), vc[i].ptr(), dpos.ptr(), T, slots, max_splits, part_o.ptr(),
+                          part_ml.ptr());
+    };
+    auto run_combine = [&] {
+        launch_smem_async(kcomb, {unsigned(H * hd / 16), 1u}, {128u}, 0u, part_o.ptr(),
+                          part_ml.ptr(), out.ptr(), T, max_splits);
+    };
+    GraphTimer timer;
+    const double t_decode = timer.time_us(
+        [&] {
+            for (int i = 0; i < copies; ++i) run_decode(i);
+        },
+        copies, 20);
+    const double t_combine = timer.time_us(
+        [&] {
+            for (int i = 0; i < copies; ++i) run_combine();
+        },
+        copies, 20);
+    const double t_layer = timer.time_us(
+        [&] {
+            for (int i = 0; i < copies; ++i) run_decode(i), run_combine();
+        },
+        copies, 20);
+    const int keys = window > 0 ? std::min(window, depth) : depth;
+    const double kv_bytes = double(keys) * kvh * hd * 2 * 2;
+    std::printf("%-36s %6s %6s %9s %10s %9s %12s %12s\n", "spec", "keys", "splits", "decode_us",
+                "combine_us", "layer_us", "decode_GB/s", "layer_GB/s");
+    std::printf("%-36s %6d %6d %9.2f %10.2f %9.2f %12.1f %12.1f\n", spec.name.c_str(), keys,
+                max_splits, t_decode, t_combine, t_layer, kv_bytes / (t_decode * 1e3),
+                kv_bytes / (t_layer * 1e3));
+    const auto o = from_device<float>(out, size_t(H) * hd);
+    EXPECT_TRUE(all_finite(o));
+}
+
+TEST(FlashDecodeBench, DISABLED_E4bGlobalDepth4096) {
+    GJ_REQUIRE_GPU();
+    bench_e4b_layer(512, 0, 4096);
+}
+
+TEST(FlashDecodeBench, DISABLED_E4bSlidingDepth4096) {
+    GJ_REQUIRE_GPU();
+    bench_e4b_layer(256, 512, 512 + 512 - 1);  // ring for a 512-token prefill chunk
 }
 
 }  // namespace
