@@ -197,6 +197,75 @@ jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab) {
     return s;
 }
 
+// ---- Attention ----------------------------------------------------------------------------
+
+KvType kv_type_from_name(std::string_view name) {
+    if (name == "f16") return KvType::F16;
+    if (name == "bf16") return KvType::BF16;
+    if (name == "q8_0") return KvType::Q8_0;
+    throw ConfigError(fmt::format("KV cache type \"{}\" is not one of f16, bf16, q8_0", name));
+}
+
+const char* kv_type_name(KvType kv) {
+    switch (kv) {
+        case KvType::F16:
+            return "f16";
+        case KvType::BF16:
+            return "bf16";
+        case KvType::Q8_0:
+            return "q8_0";
+    }
+    return "?";
+}
+
+namespace {
+
+// The KV_TYPE constant of the attention templates; q8_0 has no kernels yet.
+int kv_type_constant(KvType kv) {
+    if (kv == KvType::Q8_0)
+        throw ConfigError(
+            "KV cache type q8_0 (GEMMAJIT_KV_TYPE) has no attention kernels yet; use f16 or bf16");
+    return kv == KvType::BF16 ? 1 : 0;
+}
+
+int prev_pow2(int v) {
+    int p = 1;
+    while (p * 2 <= v) p *= 2;
+    return p;
+}
+
+}  // namespace
+
+jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int rope_pairs,
+                               bool has_kv, bool has_v, KvType kv) {
+    if (head_dim <= 0 || head_dim % 8 != 0)
+        throw std::invalid_argument(
+            fmt::format("attn_prep: head dim {} is not a positive multiple of 8", head_dim));
+    if (n_heads <= 0 || n_kv_heads <= 0)
+        throw std::invalid_argument(
+            fmt::format("attn_prep: {} heads, {} KV heads", n_heads, n_kv_heads));
+    if (rope_pairs < 0 || rope_pairs > head_dim / 2)
+        throw std::invalid_argument(fmt::format("attn_prep: {} RoPE pairs for head dim {} (0..{})",
+                                                rope_pairs, head_dim, head_dim / 2));
+    const int kv_const = has_kv ? kv_type_constant(kv) : 0;
+    jit::KernelSpec s;
+    s.family = "attn_prep";
+    s.name =
+        fmt::format("attn_prep.hd{}.h{}.kv{}.rp{}{}", head_dim, n_heads, n_kv_heads, rope_pairs,
+                    !has_kv ? ".shared"
+                    : has_v ? fmt::format(".{}", kv_type_name(kv))
+                            : fmt::format(".keqv.{}", kv_type_name(kv)));
+    // One warp per head row; 4 rows per block keeps blocks small enough that a decode step
+    // (one token, 8..64 rows) still spreads over several SMs.
+    s.constants = {{"HEAD_DIM", head_dim},     {"N_HEADS", n_heads},
+                   {"N_KV_HEADS", n_kv_heads}, {"ROPE_PAIRS", rope_pairs},
+                   {"HAS_KV", has_kv ? 1 : 0}, {"HAS_V", has_kv && has_v ? 1 : 0},
+                   {"KV_TYPE", kv_const},      {"WARPS", 4}};
+    s.entries = {"attn_prep"};
+    s.priority = 0;
+    return s;
+}
+
 jit::KernelSpec ple_finish_spec(int n_layers, int ple_dim) {
     if (n_layers <= 0 || ple_dim <= 0 || ple_dim % 32 != 0)
         throw std::invalid_argument(fmt::format(
@@ -250,14 +319,96 @@ jit::KernelSpec logits_spec(int vocab, int topk) {
     return s;
 }
 
+jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    return attn_prep_spec(l.head_dim, cfg.n_heads, l.n_kv_heads, l.rope_pairs, l.has_kv,
+                          l.has_v_proj, kv);
+}
+
+jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv) {
+    // Lanes hold 1, 2 or 4 consecutive dims, or 8 per 256-dim stripe (flash_decode.cu).
+    if (!(head_dim == 32 || head_dim == 64 || head_dim == 128 ||
+          (head_dim > 0 && head_dim % 256 == 0)))
+        throw std::invalid_argument(fmt::format(
+            "flash_decode: head dim {} is not supported (32, 64, 128 or a multiple of 256)",
+            head_dim));
+    if (group < 1 || group > 256 || n_kv_heads < 1 || n_kv_heads > 65535 || window < 0)
+        throw std::invalid_argument(fmt::format("flash_decode: group {}, {} KV heads, window {}",
+                                                group, n_kv_heads, window));
+    const int kv_const = kv_type_constant(kv);
+    // Registers: a warp keeps QW queries and their QW outputs at HEAD_DIM / 32 dims per lane;
+    // 64 floats of each is the budget (hd 512: 4 queries, hd 256: 8). Larger groups split over
+    // query sets of warps that read the same shared-memory rows.
+    const int dpl = head_dim / 32;
+    const int qw = std::min({next_pow2(group), std::max(1, 64 / dpl), 16});
+    const int qsets = (group + qw - 1) / qw;
+    const int ksets = std::max(1, 4 / qsets);
+    // A stage holds TILE K rows and TILE V rows, about 16 KiB of each; three stages keep two
+    // tiles in flight per block while the third is consumed.
+    const int tile = std::clamp(prev_pow2(16384 / (2 * head_dim)), 16, 64);
+    const int kb = std::min(32 / qw, tile / ksets);
+    // Two stages where three would not fit sm_80's 163 KiB (head dims above 512).
+    const int stages = 3 * 2 * tile * head_dim * 2 <= 160 * 1024 ? 3 : 2;
+    const int threads = 32 * qsets * ksets;
+    const int smem =
+        std::max(stages * 2 * tile * head_dim * 2, qsets * ksets * qw * (head_dim + 2) * 4);
+    if (smem > 160 * 1024)
+        throw std::invalid_argument(fmt::format(
+            "flash_decode: head dim {} with group {} needs {} B of shared memory (160 KiB max)",
+            head_dim, group, smem));
+    jit::KernelSpec s;
+    s.family = "flash_decode";
+    s.name = fmt::format("flash_decode.hd{}.g{}.kv{}.w{}.{}", head_dim, group, n_kv_heads, window,
+                         kv_type_name(kv));
+    s.constants = {{"HEAD_DIM", head_dim},
+                   {"GROUP", group},
+                   {"N_KV_HEADS", n_kv_heads},
+                   {"WINDOW", window},
+                   {"KV_TYPE", kv_const},
+                   {"CHUNK", tile},
+                   {"TILE", tile},
+                   {"STAGES", stages},
+                   {"THREADS", threads},
+                   {"QW", qw},
+                   {"KB", kb},
+                   {"SMEM", smem},
+                   {"COMBINE_THREADS", 128}};
+    s.entries = {"flash_decode", "flash_combine"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
+        throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
+                                      layer, cfg.n_heads, l.n_kv_heads));
+    return flash_decode_spec(l.head_dim, cfg.n_heads / l.n_kv_heads, l.n_kv_heads,
+                             l.sliding ? cfg.sliding_window : 0, kv);
+}
+
+int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count) {
+    const int64_t chunk = spec_constant(spec, "CHUNK"), window = spec_constant(spec, "WINDOW");
+    const int64_t kv_heads = spec_constant(spec, "N_KV_HEADS");
+    const int64_t keys =
+        std::max<int64_t>(1, window > 0 ? std::min<int64_t>(window, max_keys) : max_keys);
+    const int64_t useful = (keys + chunk - 1) / chunk;
+    const int64_t per_sm = (std::max(1, sm_count) + kv_heads * std::max(1, n_tokens) - 1) /
+                           (kv_heads * std::max(1, n_tokens));
+    return static_cast<int>(std::clamp<int64_t>(per_sm, 1, useful));
+}
+
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
     for (const auto& [n, v] : spec.constants)
         if (n == name) return v;
     throw std::out_of_range(fmt::format("kernel spec {} has no constant {}", spec.name, name));
 }
 
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type) {
-    return build_kernel_plan(cfg, PlanTypes{weight_type, weight_type, weight_type, weight_type});
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
+                                               KvType kv) {
+    PlanTypes types{weight_type, weight_type, weight_type, weight_type};
+    types.kv = kv;
+    return build_kernel_plan(cfg, types);
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types) {
@@ -347,6 +498,13 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         add(gelu_mul_spec(cfg.ple_dim));
     }
     add(logits_spec(cfg.vocab_size));
+
+    // Attention per layer: the fused Q/K/V prep (Q only on KV-shared layers) and split-K decode
+    // attention with its combine, for the layer's head dim, GQA group and window.
+    for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {
+        add(attn_prep_spec(cfg, l, types.kv));
+        add(flash_decode_spec(cfg, l, types.kv));
+    }
     return plan;
 }
 

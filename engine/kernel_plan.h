@@ -11,10 +11,18 @@
 
 namespace gj::gemma4 {
 
+// KV cache element type (GEMMAJIT_KV_TYPE). The attention kernels read and write f16 and bf16;
+// q8_0 is a declared flag value without kernels yet (the builders reject it by name).
+enum class KvType { F16 = 0, BF16 = 1, Q8_0 = 2 };
+// "f16" | "bf16" | "q8_0" (the GEMMAJIT_KV_TYPE spellings); throws ConfigError naming the value.
+KvType kv_type_from_name(std::string_view name);
+const char* kv_type_name(KvType kv);
+
 // Deduplicated by spec name, decode-path kernels first (priority 0). Every matrix, embedding table
 // and PLE table is taken to be stored as `weight_type` (f32, f16, bf16, q8_0 or q4_0). Throws
-// ConfigError for a weight type with no kernel.
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type);
+// ConfigError for a weight type with no kernel, or a KV type without attention kernels.
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
+                                               KvType kv = KvType::F16);
 
 // How a quantized matrix sits in GPU memory for the matvec kernels.
 enum class MatvecLayout {
@@ -30,6 +38,7 @@ struct PlanTypes {
     ggml::Type ple_model_proj;                  // per_layer_model_proj (PLE models)
     MatvecLayout layout = MatvecLayout::Split;  // for the quantized matrices
     int max_cols = 8;  // > 1: also the matvecs for batches of max_cols columns (prefill)
+    KvType kv = KvType::F16;  // KV cache element type of the attention kernels
 };
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
@@ -44,6 +53,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 //   gelu_mul:      block 128, grid ceil(T * P / 128); gelu_mul_q8: grid ceil(T * P / 512)
 //   logits:        block THREADS; grid ARGMAX_BLOCKS (softcap_argmax), TOPK_BLOCKS
 //                  (softcap_topk), ceil(n / THREADS) (softcap); workspace WORK_BYTES
+//   attn_prep:     block 32 * WARPS, grid (ceil(rows / WARPS), max_T),
+//                  rows = N_HEADS + (HAS_KV ? 2 * N_KV_HEADS : 0)
+//   flash_decode:  block THREADS, grid (max_splits, N_KV_HEADS, max_T), dynamic smem SMEM bytes
+//                  (above 48 KiB the caller opts in once: ModuleSet::set_max_dynamic_smem)
+//   flash_combine: block COMBINE_THREADS, grid (N_KV_HEADS * GROUP * HEAD_DIM / 16, max_T)
 
 // rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8]".
 //   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
@@ -80,6 +94,27 @@ jit::KernelSpec gelu_mul_spec(int ple_dim);
 
 // Softcap + argmax / top-k over a vocabulary: "logits.v<vocab>.k<topk>"; topk in 1..64.
 jit::KernelSpec logits_spec(int vocab, int topk = 64);
+
+// Q/K norm, V-norm, RoPE and KV append of one layer, fused:
+// "attn_prep.hd<hd>.h<H>.kv<Hkv>.rp<pairs>[.keqv].<f16|bf16>", or "...rp<pairs>.shared" for a
+// KV-shared layer (Q only; no KV type). Throws std::invalid_argument for impossible shapes,
+// ConfigError for KvType::Q8_0.
+jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int rope_pairs,
+                               bool has_kv, bool has_v, KvType kv);
+jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+
+// Split-K decode attention and its combine step (entries flash_decode, flash_combine):
+// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>" (window 0 = global causal).
+// Throws std::invalid_argument for impossible shapes, ConfigError for KvType::Q8_0 or a layer
+// whose head count is not a multiple of its KV heads.
+jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv);
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+
+// The max_splits to launch flash_decode with (and to size part_o / part_ml for): about one block
+// per SM for `n_tokens` queries at the deepest point, never more splits than CHUNK-sized pieces
+// of the most keys a query can see (max_keys, capped by WINDOW). Any value >= 1 is correct; this
+// one keeps the grid fixed across depths (CUDA graphs) and the partials small.
+int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count);
 
 // Value of a spec constant; throws std::out_of_range naming the spec and constant.
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);

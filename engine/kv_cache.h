@@ -11,7 +11,6 @@
 
 #include "engine/gemma4_config.h"
 #include "engine/kernel_plan.h"
-#include "engine/zz_pending_specs.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
 

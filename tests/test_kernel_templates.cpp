@@ -17,6 +17,7 @@
 
 using gj::gemma4::build_kernel_plan;
 using gj::gemma4::Config;
+using gj::gemma4::KvType;
 using gj::gemma4::MatvecLayout;
 using gj::jit::KernelSpec;
 namespace ggml = gj::ggml;
@@ -72,6 +73,15 @@ std::vector<KernelSpec> all_specs() {
         add(gj::gemma4::matvec_spec(t, 96, 1, MatvecLayout::Ggml));
     }
     add(gj::gemma4::matvec_f_spec(ggml::Type::BF16, 2560, 4));
+    // The bf16 KV cache (GEMMAJIT_KV_TYPE=bf16), and the attention kernels of a tiny preset
+    // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
+    for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))
+        add(s);
+    const Config tiny = Config::preset("tiny-keqv");
+    for (int l = 0; l < tiny.n_layers; ++l) {
+        add(gj::gemma4::attn_prep_spec(tiny, l));
+        add(gj::gemma4::flash_decode_spec(tiny, l));
+    }
     return specs;
 }
 
@@ -202,6 +212,74 @@ TEST(KernelPlan, MixedWeightTypes) {
     }
 }
 
+TEST(KernelPlan, AttentionSpecsPerLayerType) {
+    // E4B: sliding hd 256 (full RoPE, window 512), global hd 512 (64 of 256 pairs rotate),
+    // group 4; layers 24.. share KV (Q-only prep, attention over the donor's cache).
+    auto e4b = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0));
+    for (const char* want :
+         {"attn_prep.hd256.h8.kv2.rp128.f16", "attn_prep.hd512.h8.kv2.rp64.f16",
+          "attn_prep.hd256.h8.kv2.rp128.shared", "attn_prep.hd512.h8.kv2.rp64.shared",
+          "flash_decode.hd256.g4.kv2.w512.f16", "flash_decode.hd512.g4.kv2.w0.f16"})
+        EXPECT_TRUE(e4b.count(want)) << want;
+    EXPECT_EQ(std::count_if(e4b.begin(), e4b.end(),
+                            [](const std::string& n) { return n.starts_with("flash_decode."); }),
+              2);
+    // 31B: k_eq_v globals (V from the raw K projection), group 8 global / 2 sliding, window 1024.
+    auto b31 = names_of(build_kernel_plan(Config::preset("31b"), ggml::Type::Q4_0));
+    for (const char* want :
+         {"attn_prep.hd512.h32.kv4.rp64.keqv.f16", "attn_prep.hd256.h32.kv16.rp128.f16",
+          "flash_decode.hd512.g8.kv4.w0.f16", "flash_decode.hd256.g2.kv16.w1024.f16"})
+        EXPECT_TRUE(b31.count(want)) << want;
+    auto b12 = names_of(build_kernel_plan(Config::preset("12b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(b12.count("flash_decode.hd512.g16.kv1.w0.f16"));  // MQA global layers
+    auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(e2b.count("flash_decode.hd256.g8.kv1.w512.f16"));
+    // The KV type is part of every spec that touches the cache, and only of those.
+    auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16));
+    EXPECT_TRUE(bf.count("flash_decode.hd512.g4.kv2.w0.bf16"));
+    EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.bf16"));
+    EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.shared"));
+    EXPECT_FALSE(bf.count("flash_decode.hd512.g4.kv2.w0.f16"));
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::BF16), "KV_TYPE"),
+              1);
+}
+
+TEST(KernelPlan, KvTypeNamesAndQ8Rejection) {
+    using gj::gemma4::kv_type_from_name;
+    EXPECT_EQ(kv_type_from_name("f16"), KvType::F16);
+    EXPECT_EQ(kv_type_from_name("bf16"), KvType::BF16);
+    EXPECT_EQ(kv_type_from_name("q8_0"), KvType::Q8_0);
+    EXPECT_STREQ(gj::gemma4::kv_type_name(KvType::BF16), "bf16");
+    try {
+        kv_type_from_name("fp8");
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos) << e.what();
+    }
+    try {
+        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+    }
+}
+
+TEST(KernelPlan, FlashDecodeSplits) {
+    using gj::gemma4::flash_decode_spec;
+    using gj::gemma4::flash_decode_splits;
+    const auto global = flash_decode_spec(512, 4, 2, 0, KvType::F16);
+    const auto sliding = flash_decode_spec(256, 4, 2, 512, KvType::F16);
+    // About one block per SM at T = 1 (132 SMs, 2 KV heads), whatever the context length ...
+    EXPECT_EQ(flash_decode_splits(global, 131072, 1, 132), 66);
+    // ... but never more than CHUNK-sized pieces of what a query can see (the window).
+    EXPECT_EQ(flash_decode_splits(global, 100, 1, 132), 7);  // ceil(100 / 16)
+    EXPECT_EQ(flash_decode_splits(sliding, 131072, 1, 132), 512 / 32);
+    // A prefill batch fills the GPU with tokens alone.
+    EXPECT_EQ(flash_decode_splits(global, 131072, 512, 132), 1);
+    EXPECT_EQ(flash_decode_splits(global, 0, 0, 0), 1);
+}
+
 TEST(KernelPlan, UnsupportedWeightTypeIsNamed) {
     try {
         build_kernel_plan(Config::preset("e4b"), ggml::Type::Q6_K);
@@ -234,6 +312,19 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     EXPECT_THROW(gj::gemma4::spec_constant(rmsnorm_spec(256, true), "NOPE"), std::out_of_range);
     // The 2080-wide (65 blocks) quantized matvec is fine now: odd block counts per row work.
     EXPECT_NO_THROW(matvec_spec(ggml::Type::Q8_0, 2080));
+    using gj::gemma4::attn_prep_spec;
+    using gj::gemma4::flash_decode_spec;
+    EXPECT_THROW(attn_prep_spec(100, 8, 2, 16, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(attn_prep_spec(256, 8, 2, 129, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(attn_prep_spec(256, 0, 2, 128, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(96, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(384, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(256, 0, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(256, 4, 2, -1, KvType::F16), std::invalid_argument);
+    // A layer whose heads do not divide over its KV heads.
+    Config odd = Config::preset("tiny");
+    odd.layers[0].n_kv_heads = 3;
+    EXPECT_THROW(flash_decode_spec(odd, 0), gj::gemma4::ConfigError);
 }
 
 TEST(KernelPlan, LaunchGeometryIsConsistent) {
@@ -255,6 +346,21 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
             const auto topk = gj::gemma4::spec_constant(k, "TOPK");
             EXPECT_LE(blocks * topk, 4096) << k.name << ": top-k merge too large";
             EXPECT_LE((v + blocks - 1) / blocks, 4096 + 4 * 256) << k.name;
+        } else if (k.family == "attn_prep") {
+            EXPECT_LE(32 * gj::gemma4::spec_constant(k, "WARPS"), 1024) << k.name;
+        } else if (k.family == "flash_decode") {
+            auto c = [&](const char* n) { return gj::gemma4::spec_constant(k, n); };
+            const auto qsets = (c("GROUP") + c("QW") - 1) / c("QW");
+            const auto ksets = c("THREADS") / 32 / qsets;
+            EXPECT_EQ(c("THREADS"), 32 * qsets * ksets) << k.name;
+            EXPECT_LE(c("THREADS"), 1024) << k.name;
+            EXPECT_LE(c("QW") * c("KB"), 32) << k.name;
+            EXPECT_EQ(c("TILE") % (ksets * c("KB")), 0) << k.name;
+            EXPECT_EQ(c("CHUNK") % c("TILE"), 0) << k.name;
+            // Fits sm_80's opt-in limit (163 KiB) as well as sm_90's.
+            EXPECT_LE(c("SMEM"), 160 * 1024) << k.name;
+            // Registers: QW queries and outputs of HEAD_DIM / 32 floats each per lane.
+            EXPECT_LE(c("QW") * c("HEAD_DIM") / 32, 64) << k.name;
         }
     }
 }
@@ -278,7 +384,15 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
             ASSERT_FALSE(c.cubin.empty());
             for (const auto& e : s.entries)
                 EXPECT_FALSE(entry_ptx(c.ptx, e).empty()) << "entry " << e << " missing from PTX";
-            if (s.family != "ptx_selftest") {  // every model kernel is hot: no spills, no stack
+            // attn_prep may keep a stack frame: sincosf's cold path for huge angles
+            // (Payne-Hanek) uses a local array; it must not spill.
+            if (s.family == "attn_prep")
+                for (const auto& r : c.resources_per_entry) {
+                    EXPECT_EQ(r.spill_store_bytes, 0);
+                    EXPECT_EQ(r.spill_load_bytes, 0);
+                }
+            // Every other model kernel is hot: no spills, no stack.
+            if (s.family != "ptx_selftest" && s.family != "attn_prep") {
                 ASSERT_EQ(c.resources_per_entry.size(), s.entries.size());
                 for (size_t i = 0; i < s.entries.size(); ++i) {
                     EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << s.entries[i];
@@ -362,6 +476,35 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                 const auto topk = entry_ptx(c.ptx, "softcap_topk");
                 EXPECT_NE(topk.find("match.any.sync.b32"), std::string::npos);
                 EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
+            } else if (s.family == "attn_prep") {
+                const bool has_kv = gj::gemma4::spec_constant(s, "HAS_KV") == 1;
+                const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const auto body = entry_ptx(c.ptx, "attn_prep");
+                EXPECT_NE(body.find("sqrt.rn.f32"), std::string::npos);
+                EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
+                EXPECT_NE(body.find("ld.global.nc.v4.f32"), std::string::npos)
+                    << "rows are read as float4";
+                // The cache append converts to the KV type; a KV-shared layer writes no cache.
+                EXPECT_EQ(body.find("cvt.rn.f16x2.f32") != std::string::npos, has_kv && !bf16);
+                EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, has_kv && bf16);
+            } else if (s.family == "flash_decode") {
+                const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const auto decode = entry_ptx(c.ptx, "flash_decode");
+                for (const char* want :
+                     {"cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group",
+                      "ex2.approx.ftz.f32", "shfl.sync.bfly", "shfl.sync.idx", "bar.sync"})
+                    EXPECT_NE(decode.find(want), std::string::npos)
+                        << "flash_decode lacks " << want;
+                // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe.
+                if (gj::gemma4::spec_constant(s, "HEAD_DIM") >= 256) {
+                    EXPECT_NE(decode.find("ld.shared.v4.u32"), std::string::npos);
+                }
+                EXPECT_EQ(decode.find("cvt.f32.f16") != std::string::npos, !bf16);
+                EXPECT_EQ(decode.find(".local"), std::string::npos)
+                    << "flash_decode uses local memory";
+                const auto combine = entry_ptx(c.ptx, "flash_combine");
+                EXPECT_NE(combine.find("ld.global.nc.v4.f32"), std::string::npos);
+                EXPECT_NE(combine.find("ex2.approx.ftz.f32"), std::string::npos);
             } else if (s.family == "quantize_q8_1") {
                 EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
                 EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);

@@ -75,4 +75,36 @@ bool logit_before(float a, int ia, float b, int ib);
 int argmax(const std::vector<float>& v);
 std::vector<int> topk(const std::vector<float>& v, int k);
 
+// ---- Attention (attn_prep, flash_decode) ----
+
+// NeoX RoPE of one head row in place: dims j and j + hd/2 rotate by float(pos) * freq_j for
+// j < pairs, freq_j the fp32 value of base^(-2j/hd) (as HF and the CPU forward compute it).
+void rope_neox(float* x, int head_dim, int pairs, float base, int pos);
+
+// What attn_prep produces, in fp32 before the cache's rounding: q [T][H*hd] (normed with q_norm_w,
+// RoPE'd), k [T][Hkv*hd] (normed with k_norm_w, RoPE'd), v [T][Hkv*hd] (weightless norm of v_raw,
+// or of k_raw when v_raw is null: k_eq_v). k and v are empty when !has_kv.
+struct AttnPrepRef {
+    std::vector<float> q, k, v;
+};
+AttnPrepRef attn_prep(const std::vector<float>& q, const std::vector<float>& k_raw,
+                      const std::vector<float>* v_raw, const float* q_norm_w, const float* k_norm_w,
+                      const std::vector<int>& positions, int n_heads, int n_kv_heads, int head_dim,
+                      int rope_pairs, float rope_base, float eps, bool has_kv);
+
+// KV cache element encoding (f16 or bf16, round to nearest even) and decoding.
+uint16_t kv_encode(float x, bool bf16);
+float kv_decode(uint16_t h, bool bf16);
+
+// Attention in double over caches given as floats [slots][Hkv][hd]: query head i of token t at
+// position p = positions[t] sees keys j in [lo, p], lo = window ? max(0, p - window + 1) : 0, at
+// slot j % slots; scale 1.0. Returns out [T][H*hd]. Per (t, head), `score_mag` receives
+// max_j sum_i |q_i k_ji| (what worst-case fp32 rounding of a score scales with) and `score_l2`
+// max_j sqrt(sum_i (q_i k_ji)^2) (what independent rounding errors of k scale with).
+std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k_cache,
+                             const std::vector<float>& v_cache, const std::vector<int>& positions,
+                             int n_heads, int n_kv_heads, int head_dim, int window, int slots,
+                             std::vector<double>* score_mag = nullptr,
+                             std::vector<double>* score_l2 = nullptr);
+
 }  // namespace gj::test::kref

@@ -19,6 +19,10 @@ class GpuKernels {
         return modules_.kernel(spec_name, entry);
     }
     const std::vector<jit::CompiledKernel>& compiled() const { return compiled_; }
+    // Lets an entry launch with up to `bytes` of dynamic shared memory (needed above 48 KiB).
+    void set_max_dynamic_smem(std::string_view spec_name, std::string_view entry, int bytes) {
+        modules_.set_max_dynamic_smem(spec_name, entry, bytes);
+    }
 
   private:
     jit::Jit jit_;
@@ -48,6 +52,13 @@ void launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, A
     auto& dev = jit::Device::get();
     k.launch(grid, block, 0, dev.stream(), argv);
     dev.synchronize();
+}
+// launch() with `smem` bytes of dynamic shared memory, without waiting.
+template <class... Args>
+void launch_smem_async(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block,
+                       unsigned smem, Args... args) {
+    void* argv[] = {static_cast<void*>(&args)...};
+    k.launch(grid, block, smem, jit::Device::get().stream(), argv);
 }
 template <class... Args>
 void launch_async(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, Args... args) {
