@@ -101,7 +101,7 @@ void GpuModel::plan(const GpuModelOptions& opts) {
         g.rows = int(m.rows());
         g.cols = int(m.cols());
         const ggml::Type t = m.type();
-        if (is_block_quant(t) && g.cols % 64 == 0) {
+        if (is_block_quant(t) && g.cols % 32 == 0) {
             g.type = t;
             g.layout = repack ? MatvecLayout::Split : MatvecLayout::Ggml;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout)).name;
