@@ -122,7 +122,13 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
         throw ConfigError(fmt::format("no matvec kernel for weight type {} (supported: {})",
                                       ggml::type_name(weight_type), supported_types()));
     check_matvec_shape(fmt::format("matvec_{}", tag), k, ncols);
-    const int threads = matvec_threads(matvec_units(weight_type, k, layout));
+    const int units = matvec_units(weight_type, k, layout);
+    const int threads = matvec_threads(units);
+    // Batches of 4 iterations, unless a row takes 5..7 iterations: then one batch of all of them,
+    // so no batch overhangs the row end (ptxas also spills in one such ragged form: K = 10240,
+    // split Q8_0, GeGLU, sm_90).
+    const int iters = (units + threads - 1) / threads;
+    const int unroll = iters > 4 && iters < 8 ? iters : 4;
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
@@ -132,7 +138,7 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
                    {"THREADS", threads},
                    {"ROWS", 1},
                    {"NCOLS", ncols},
-                   {"UNROLL", 4}};
+                   {"UNROLL", unroll}};
     const std::string base = fmt::format("matvec_{}", tag);
     s.entries = {base, base + "_add", base + "_geglu"};
     if (layout == MatvecLayout::Split) s.entries.push_back(fmt::format("repack_{}", tag));
