@@ -273,7 +273,7 @@ GJ_DEVICE float rsqrt_refined(float x) {
     const float r = rsqrtf(x);
     const float h = 0.5f * x * r;
     const float e = fmaf(-h, r, 0.5f);  // 0.5 - x r^2 / 2: the relative error of r, halved
-    return x < 3.4e38f ? fmaf(e, r, r) : r;
+    return x < __int_as_float(0x7f800000) ? fmaf(e, r, r) : r;
 }
 // GELU with the tanh approximation (gelu_pytorch_tanh), evaluated with the accurate tanhf.
 GJ_DEVICE float gelu_tanh(float x) {

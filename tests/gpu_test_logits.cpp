@@ -226,6 +226,7 @@ TEST(LogitsBench, DISABLED_LmHeadPath) {
                      logits.ptr(), kCap, work.ptr(), ids.ptr(), values.ptr());
     };
     auto& dev = gj::jit::Device::get();
+    dev.synchronize();  // uploads and the workspace memset land before the asynchronous launches
     const auto& api = gj::jit::driver();
     CUevent e0, e1;
     gj::jit::check_driver(api.cuEventCreate(&e0, 0), "cuEventCreate");
