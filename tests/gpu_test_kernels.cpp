@@ -1,6 +1,8 @@
 // Model kernels on the GPU against CPU references on random data: quantize_q8_1, rmsnorm (with and
-// without weight, per head, residual add, fused quantization) and the Q8_0 / Q4_0 matvecs (both
-// layouts, all epilogues, several widths, row counts that do not fill the last block).
+// without weight, per head, residual add, fused quantization, and rmsnorm_ext: the layer output
+// scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
+// the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
+// counts that do not fill the last block).
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
 #include <gtest/gtest.h>
 

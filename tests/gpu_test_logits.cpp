@@ -170,7 +170,10 @@ INSTANTIATE_TEST_SUITE_P(Vocabularies, LogitsTest,
                                            Vocab{262144, 64},  // every real model
                                            Vocab{262144, 1},   // greedy through top-k
                                            Vocab{262144, 40},  // a k that does not divide
-                                           Vocab{1024, 33}));
+                                           Vocab{1024, 33},
+                                           // several blocks at a size that runs quickly
+                                           Vocab{16384, 64},    // argmax 8, top-k 4 blocks
+                                           Vocab{65536, 16}));  // argmax 32, top-k 16
 
 // The greedy LM-head path of E4B Q8_0 (tied token_embd 262144 x 2560, split layout): matvec
 // and softcap_argmax back to back, plus each part and softcap_topk alone. CUDA events over 50
