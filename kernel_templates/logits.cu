@@ -93,12 +93,14 @@ GJ_DEVICE uint64 gj_block_max(uint64 v, uint64* scratch /*shared [GJ_WARPS]*/) {
     return v;
 }
 
-// Called by all threads after thread 0 published this block's partial: true in the block that
-// finished last (then all partials are visible to it, and the counter is back at 0).
+// Called by all threads after this block published its partial result (any of its threads may
+// have written part of it): true in the block that finished last, which then sees every block's
+// partial; the counter is back at 0 for the next launch.
 GJ_DEVICE bool gj_last_block(unsigned* counter, unsigned n_blocks) {
     __shared__ bool last;
+    __threadfence();  // each thread's partial writes are visible before the block's count
+    __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();  // this block's partial before its count
         last = atomicAdd(counter, 1u) == n_blocks - 1;
         if (last) *counter = 0;
     }

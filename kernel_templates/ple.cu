@@ -48,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
         ss = fmaf(c[k], c[k], ss);
     }
     ss = warp_sum<32>(ss);
-    const float inv = 1.0f / sqrtf(ss * (1.0f / P) + eps);
+    const float inv = rsqrt_refined(ss * (1.0f / P) + eps);
     const float mix = 0.70710677f;  // float(1 / sqrt(2))
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {

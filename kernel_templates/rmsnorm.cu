@@ -80,6 +80,19 @@ GJ_DEVICE float gj_row_sum(float v, float* partial) {
     return v;
 }
 
+// Quantizes float4 i of row r to Q8_1 and stores it when `store`. Groups of 8 lanes hold whole
+// 32-blocks (TPR % 8 == 0, VEC % 8 == 0), so a group is entirely inside or outside the row and
+// the group shuffles stay uniform; every lane must call it.
+GJ_DEVICE void gj_quantize_store(float4 o, bool store, int r, int i, uint32* __restrict__ yq,
+                                 float2* __restrict__ yds) {
+    float2 ds;
+    const uint32 packed = quantize_q8_1_group8(o, &ds);
+    if (store) {
+        yq[(size_t)r * VEC + i] = packed;
+        if (i % 8 == 0) yds[(size_t)r * (N / 32) + i / 8] = ds;
+    }
+}
+
 GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const float* residual,
                           float* y, const float* __restrict__ out_scale,
                           const float* __restrict__ w2, float* y2, uint32* __restrict__ yq,
@@ -101,13 +114,14 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
     ss = gj_row_sum(ss, partial[0]);
-    // IEEE sqrt and division: one per row, and it keeps the kernel within ~1 ulp of the CPU.
-    const float scale = 1.0f / sqrtf(ss * (1.0f / N) + eps);
+    // About 1 ulp (rsqrt_refined), like the CPU's double computation rounded to float.
+    const float scale = rsqrt_refined(ss * (1.0f / N) + eps);
 #if SCALE
     const float s_out = __ldg(out_scale);
 #endif
 
-    // o: this thread's part of y (zero outside the row, so NORM2's sum needs no mask).
+    // o: this thread's part of y (zero outside the row, so NORM2's sum needs no mask). Without
+    // NORM2 the quantization of y happens in the same pass (fewer values live at once).
     float ss2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -131,59 +145,57 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         o.x *= s_out, o.y *= s_out, o.z *= s_out, o.w *= s_out;
 #endif
         if (in_row && live && y != nullptr) ((float4*)(y + (size_t)r * N))[i] = o;
+#if NORM2
         ss2 += o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w;
+#elif QUANT
+        gj_quantize_store(o, in_row && live, r, i, yq, yds);
+#endif
     }
 #if NORM2
     ss2 = gj_row_sum(ss2, partial[1]);
-    const float scale2 = 1.0f / sqrtf(ss2 * (1.0f / N) + eps);
+    const float scale2 = rsqrt_refined(ss2 * (1.0f / N) + eps);
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int i = k * TPR + tr;
         const bool in_row = VEC % TPR == 0 || i < VEC;
-        float4& o = v[k];
+        float4 o = v[k];
         o = make_float4(o.x * scale2, o.y * scale2, o.z * scale2, o.w * scale2);
         if (in_row) {
             const float4 g = __ldg((const float4*)w2 + i);
             o.x *= g.x, o.y *= g.y, o.z *= g.z, o.w *= g.w;
         }
         if (in_row && live && y2 != nullptr) ((float4*)(y2 + (size_t)r * N))[i] = o;
+#if QUANT
+        gj_quantize_store(o, in_row && live, r, i, yq, yds);
+#endif
     }
 #else
     (void)ss2;
     (void)w2;
     (void)y2;
 #endif
-#if QUANT
-#pragma unroll
-    for (int k = 0; k < VPT; ++k) {
-        const int i = k * TPR + tr;
-        const bool in_row = VEC % TPR == 0 || i < VEC;
-        // Groups of 8 lanes hold whole 32-blocks (TPR % 8 == 0, VEC % 8 == 0), so a group is
-        // entirely inside or outside the row and the group shuffles stay uniform.
-        float2 ds;
-        const uint32 packed = quantize_q8_1_group8(v[k], &ds);
-        if (in_row && live) {
-            yq[(size_t)r * VEC + i] = packed;
-            if (i % 8 == 0) yds[(size_t)r * (N / 32) + i / 8] = ds;
-        }
-    }
-#else
+#if !QUANT
     (void)yq;
     (void)yds;
 #endif
 }
 
+// No __launch_bounds__: with it, ptxas (CUDA 13, sm_90) settles on 40 registers and spills 8
+// bytes for some widths (2816, 5376 with SCALE); without it the same code takes 38 and spills
+// nothing (the implied cap of 64 registers is far above what the kernel needs).
 #if SCALE || NORM2
-extern "C" __global__ void __launch_bounds__(TPR* RPB)
-    rmsnorm_ext(const float* x, const float* __restrict__ w, const float* residual, float* y,
-                const float* __restrict__ scale, const float* __restrict__ w2, float* y2,
-                uint32* __restrict__ yq, float2* __restrict__ yds, int rows, float eps) {
+extern "C" __global__ void rmsnorm_ext(const float* x, const float* __restrict__ w,
+                                       const float* residual, float* y,
+                                       const float* __restrict__ scale,
+                                       const float* __restrict__ w2, float* y2,
+                                       uint32* __restrict__ yq, float2* __restrict__ yds, int rows,
+                                       float eps) {
     gj_rmsnorm(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps);
 }
 #else
-extern "C" __global__ void __launch_bounds__(TPR* RPB)
-    rmsnorm(const float* x, const float* __restrict__ w, const float* residual, float* y,
-            uint32* __restrict__ yq, float2* __restrict__ yds, int rows, float eps) {
+extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w,
+                                   const float* residual, float* y, uint32* __restrict__ yq,
+                                   float2* __restrict__ yds, int rows, float eps) {
     gj_rmsnorm(x, w, residual, y, nullptr, nullptr, nullptr, yq, yds, rows, eps);
 }
 #endif

@@ -47,7 +47,7 @@ KernelSpec ptx_selftest_spec() {
     s.entries = {"selftest_convert",  "selftest_pack",        "selftest_dp4a",
                  "selftest_mma_s8",   "selftest_mma_f16",     "selftest_ldmatrix",
                  "selftest_cp_async", "selftest_warp_reduce", "selftest_fast_math",
-                 "selftest_loads"};
+                 "selftest_loads",    "selftest_q8_scale",    "selftest_rsqrt"};
     return s;
 }
 
@@ -437,8 +437,12 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                 const bool quant = gj::gemma4::spec_constant(s, "QUANT") == 1;
                 const bool norm2 = gj::gemma4::spec_constant(s, "NORM2") == 1;
                 EXPECT_EQ(c.ptx.find("cvt.rni.sat.s8.f32") != std::string::npos, quant);
-                // One IEEE square root per norm.
-                EXPECT_EQ(count(c.ptx, "sqrt.rn.f32"), norm2 ? 2u : 1u);
+                // One refined reciprocal square root per norm, and no IEEE sqrt / division (their
+                // slow-path calls cost stack and spills).
+                EXPECT_EQ(count(c.ptx, "rsqrt.approx.f32"), norm2 ? 2u : 1u);
+                EXPECT_EQ(c.ptx.find("sqrt.rn.f32"), std::string::npos);
+                EXPECT_EQ(c.ptx.find("div.rn.f32"), std::string::npos);
+                EXPECT_EQ(c.ptx.find("rcp.rn.f32"), std::string::npos);
                 if (gj::gemma4::spec_constant(s, "SCALE") == 1) {  // the scale is a device load
                     EXPECT_NE(entry_ptx(c.ptx, "rmsnorm_ext").find("ld.global.nc.f32"),
                               std::string::npos);
@@ -456,7 +460,7 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
             } else if (s.family == "ple") {
                 if (s.name.starts_with("ple_finish")) {
                     const auto body = entry_ptx(c.ptx, "ple_finish");
-                    EXPECT_NE(body.find("sqrt.rn.f32"), std::string::npos);
+                    EXPECT_NE(body.find("rsqrt.approx.f32"), std::string::npos);
                     EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
                 } else {
                     EXPECT_NE(entry_ptx(c.ptx, "gelu_mul_q8").find("cvt.rni.sat.s8.f32"),
@@ -530,6 +534,8 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                     {"selftest_loads",
                      {"ld.global.nc.L1::no_allocate.v4.u32", "ld.global.nc.L1::no_allocate.u32",
                       "ld.global.nc.u16", "shf.r."}},
+                    {"selftest_q8_scale", {"rcp.approx.ftz.f32", "mul.f64"}},
+                    {"selftest_rsqrt", {"rsqrt.approx.f32"}},
                 };
                 ASSERT_EQ(want.size(), s.entries.size());
                 for (const auto& [entry, instrs] : want) {

@@ -45,11 +45,14 @@ std::vector<T> from_device(const jit::DeviceBuffer& b, size_t n) {
 }
 
 // Launches on the device stream with the given arguments (each passed by address, as the Driver
-// API wants) and, when `sync`, waits for completion.
+// API wants) and waits for completion. It first waits for everything already issued: uploads
+// (cuMemcpyHtoD from pageable memory may return before its DMA lands) and memsets run on the
+// legacy stream, which does not order itself with the non-blocking compute stream.
 template <class... Args>
 void launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, Args... args) {
     void* argv[] = {static_cast<void*>(&args)...};
     auto& dev = jit::Device::get();
+    dev.synchronize();
     k.launch(grid, block, 0, dev.stream(), argv);
     dev.synchronize();
 }
@@ -60,6 +63,7 @@ void launch_smem_async(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDi
     void* argv[] = {static_cast<void*>(&args)...};
     k.launch(grid, block, smem, jit::Device::get().stream(), argv);
 }
+// Launches without waiting (benchmarks); call Device::synchronize() after uploads first.
 template <class... Args>
 void launch_async(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, Args... args) {
     void* argv[] = {static_cast<void*>(&args)...};
