@@ -134,6 +134,13 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "f16",
          .help = "KV cache element type (changes attention results)",
          .choices = {"f16", "bf16", "q8_0"}},
+        {.name = "GEMMAJIT_FLASH_MMA",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::OutputChanging,
+         .default_value = "1",
+         .help = "0: decode attention in fp32 on CUDA cores instead of tensor cores (q and P "
+                 "rounded to the KV type)"},
     };
     return table;
 }
