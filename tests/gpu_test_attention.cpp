@@ -656,12 +656,13 @@ struct GraphTimer {
 
 // One E4B attention layer (group 4, 2 KV heads) at depth 4096 and T = 1: flash_decode alone,
 // flash_combine alone, and both, each as a graph over `copies` caches.
-void bench_e4b_layer(int hd, int window, int slots, bool mma) {
+void bench_e4b_layer(int hd, int window, int slots, bool mma, int splits = 0) {
     const int depth = 4096, sms = gj::jit::Device::get().sm_count();
     const KernelSpec spec = gj::gemma4::flash_decode_spec(hd, 4, 2, window, KvType::F16, mma);
     const auto& g = kernels_for(spec);
     const int H = 8, kvh = 2, T = 1;
-    const int max_splits = gj::gemma4::flash_decode_splits(spec, depth, T, sms);
+    const int max_splits =
+        splits > 0 ? splits : gj::gemma4::flash_decode_splits(spec, depth, T, sms);
     const size_t cache_bytes = size_t(slots) * kvh * hd * 2;
     const int copies = int(std::max<size_t>(8, (512u << 20) / (2 * cache_bytes)));
     std::mt19937 rng(1);
@@ -715,12 +716,14 @@ void bench_e4b_layer(int hd, int window, int slots, bool mma) {
 TEST(FlashDecodeBench, DISABLED_E4bGlobalDepth4096) {
     GJ_REQUIRE_GPU();
     for (bool mma : {true, false}) bench_e4b_layer(512, 0, 4096, mma);
+    for (int splits : {33, 128, 264}) bench_e4b_layer(512, 0, 4096, true, splits);
 }
 
 TEST(FlashDecodeBench, DISABLED_E4bSlidingDepth4096) {
     GJ_REQUIRE_GPU();
     for (bool mma : {true, false})
         bench_e4b_layer(256, 512, 512 + 512 - 1, mma);  // ring for a 512-token prefill chunk
+    for (int splits : {4, 8}) bench_e4b_layer(256, 512, 512 + 512 - 1, true, splits);
 }
 
 }  // namespace
