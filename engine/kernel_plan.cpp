@@ -248,7 +248,7 @@ jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int w
     jit::KernelSpec s;
     s.family = "flash_decode";
     s.name = fmt::format("flash_decode.hd{}.g{}.kv{}.w{}.{}{}", head_dim, group, n_kv_heads, window,
-                         kv_type_name(kv), mma ? "" : ".fma");
+                         kv_type_name(kv), mma ? ".mma" : "");
     s.constants = {{"HEAD_DIM", head_dim},
                    {"GROUP", group},
                    {"N_KV_HEADS", n_kv_heads},

@@ -20,9 +20,9 @@ const char* kv_type_name(KvType kv);
 
 // Deduplicated by spec name, decode-path kernels first (priority 0). Throws ConfigError for a
 // weight type with no kernel, or a KV type without attention kernels. `flash_mma` is
-// GEMMAJIT_FLASH_MMA (tensor-core decode attention; false: the fp32 CUDA-core path).
+// GEMMAJIT_FLASH_MMA (tensor-core decode attention instead of the default fp32 one).
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
-                                               KvType kv = KvType::F16, bool flash_mma = true);
+                                               KvType kv = KvType::F16, bool flash_mma = false);
 
 // ---- Single-spec builders (the plan is made of these; the engine and tests use them too). ----
 // Launch geometry is read back from the spec's constants with spec_constant(); each template's
@@ -63,15 +63,17 @@ jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int ro
 jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
 
 // Split-K decode attention and its combine step (entries flash_decode, flash_combine):
-// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>[.fma]" (window 0 = global causal).
-// tensor_cores: Q K^T and P V on mma.sync in the cache's type with fp32 accumulation and an fp32
-// softmax (head dims that are multiples of 64); otherwise, or when false, everything in fp32 on
-// CUDA cores (".fma", the exact path). Throws std::invalid_argument for impossible shapes,
-// ConfigError for KvType::Q8_0 or a layer whose head count is not a multiple of its KV heads.
+// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>[.mma]" (window 0 = global causal).
+// Default: everything in fp32 on CUDA cores (the exact path). tensor_cores (head dims that are
+// multiples of 64): Q K^T and P V on mma.sync in the cache's type with fp32 accumulation and an
+// fp32 softmax (".mma"); correct, but slower at E4B decode shapes on the H200 so far (13.9 vs
+// 10.6 us for a global layer at depth 4096), hence opt-in. Throws std::invalid_argument for
+// impossible shapes, ConfigError for KvType::Q8_0 or a layer whose head count is not a multiple
+// of its KV heads.
 jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
-                                  bool tensor_cores = true);
+                                  bool tensor_cores = false);
 jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16,
-                                  bool tensor_cores = true);
+                                  bool tensor_cores = false);
 
 // The max_splits to launch flash_decode with (and to size part_o / part_ml for): about one block
 // per SM for `n_tokens` queries at the deepest point, never more splits than CHUNK-sized pieces

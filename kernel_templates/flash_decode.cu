@@ -19,13 +19,16 @@
 // Warps form QSETS query sets of QW queries times KSETS key sets; each warp keeps its own online
 // softmax over its rows of every tile, and the KSETS warps of a query set merge at the end.
 // Two ways to do the arithmetic (MMA):
-//   MMA = 1 (default): tensor cores. A warp takes 16 rows of a tile: S = Q K^T with
+//   MMA = 1 (GEMMAJIT_FLASH_MMA=1, opt-in): tensor cores. A warp takes 16 rows of a tile: S = Q K^T
+//   with
 //     mma.m16n8k16 (the group's queries are the M rows, in fp16/bf16 like the cache; K rows come
 //     straight from shared memory through ldmatrix), fp32 softmax on the accumulators, then
 //     O^T += V^T P^T (V through ldmatrix.trans, P rounded to the cache type). Rows are stored
 //     with their 16-byte chunks XOR-swizzled by row so the ldmatrix reads are conflict-free.
 //     QW = 8 (the mma N), KB = 16 rows per warp. Needs HEAD_DIM % 64 == 0.
-//   MMA = 0: CUDA cores in fp32, the exact path (GEMMAJIT_FLASH_MMA=0). Every warp reads whole
+//     Measured on the H200 at E4B decode shapes it is slower than the fp32 path (one 2-warp block
+//     per SM: too little parallelism to hide the mma and copy-issue latency), so not the default.
+//   MMA = 0 (default): CUDA cores in fp32, the exact path. Every warp reads whole
 //     rows, 32 lanes across the head dim (DPL = HEAD_DIM / 32 dims each), KB rows per step:
 //     QW x KB partial dot products are reduced with one butterfly reduce-scatter (VALS - 1
 //     shuffles for VALS = QW * KB values, one full score per lane), then each score is broadcast

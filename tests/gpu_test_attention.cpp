@@ -283,8 +283,8 @@ TEST_P(FlashDecodeTest, MatchesCpu) {
     const bool bf16 = c.kv == KvType::BF16;
     const int T = int(c.positions.size()), H = c.group * c.kv_heads;
     const int max_pos = *std::max_element(c.positions.begin(), c.positions.end());
-    // Both paths on the same data: tensor cores (default; head dims that are multiples of 64)
-    // and the fp32 CUDA-core path (GEMMAJIT_FLASH_MMA=0).
+    // Both paths on the same data: tensor cores (GEMMAJIT_FLASH_MMA=1; head dims that are
+    // multiples of 64) and the default fp32 CUDA-core path.
     struct Path {
         KernelSpec spec;
         int max_splits;
@@ -516,8 +516,13 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
     // A KV-shared layer reading this layer's cache with its own queries.
     const KernelSpec prep_shared =
         gj::gemma4::attn_prep_spec(c.hd, c.heads, c.kv_heads, c.pairs, false, false, c.kv);
-    const KernelSpec flash =
-        gj::gemma4::flash_decode_spec(c.hd, c.heads / c.kv_heads, c.kv_heads, c.window, c.kv);
+    // Attention through both paths (fp32 default; tensor cores where the head dim allows).
+    std::vector<KernelSpec> flashes;
+    for (bool mma : {false, true}) {
+        KernelSpec f = gj::gemma4::flash_decode_spec(c.hd, c.heads / c.kv_heads, c.kv_heads,
+                                                     c.window, c.kv, mma);
+        if (spec_constant(f, "MMA") == int(mma)) flashes.push_back(std::move(f));
+    }
     const auto& gp = kernels_for(prep);
     const auto& gs = kernels_for(prep_shared);
     const int H = c.heads, Hkv = c.kv_heads, hd = c.hd;
@@ -530,8 +535,7 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
     kc.zero();
     vc.zero();
     const int max_t = std::max(c.prefill, 1);
-    const int max_splits = gj::gemma4::flash_decode_splits(flash, c.prefill + c.steps, 1,
-                                                           gj::jit::Device::get().sm_count());
+    const int sms = gj::jit::Device::get().sm_count();
     DeviceBuffer dpos(size_t(max_t) * 4);
     std::vector<float> k_hist, v_hist;  // fp32 K/V of every position so far
     const int warps = int(spec_constant(prep, "WARPS"));
@@ -565,42 +569,46 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
         v_hist.insert(v_hist.end(), ref.v.begin(), ref.v.end());
         const int hist_slots = int(k_hist.size() / kvdim);  // no ring on the CPU side
 
-        for (const auto* qs : {&dq, &dq2}) {
-            const auto gq = from_device<float>(*qs, size_t(T) * qdim);
-            const FlashRun r = run_flash(flash, gq, kc, vc, dpos, T, c.slots, max_splits);
-            ASSERT_TRUE(all_finite(r.out)) << "NaN/inf at pos " << pos0;
-            const auto& rq = qs == &dq ? ref.q : ref2.q;
-            std::vector<double> l2;
-            const auto want = attention(rq, k_hist, v_hist, positions, H, Hkv, hd, c.window,
-                                        hist_slots, nullptr, &l2);
-            // Against fp32 K/V without the cache's rounding, per head, in rms over the head's
-            // dims: rounding k_ji to the storage type (relative error <= u = 2^-11 f16, 2^-8
-            // bf16, independent across elements) moves score j by a sum with standard deviation
-            // <= u / sqrt(3) * ||q o k_j||; the output moves by about twice that (the weights'
-            // relative change, against v of rms 1 after the V-norm), and rounding v adds <= u.
-            // 4u (||q o k||max + 1) is about 3.5 sigma; a wrong slot, position or head is O(1).
-            // The tensor-core path also rounds q (an independent error of the same size as k's:
-            // sqrt(2) more) and P (<= u more): 6u.
-            const double u = bf16 ? 0x1p-8 : 0x1p-11;
-            const double k_tol = spec_constant(flash, "MMA") == 1 ? 6 : 4;
-            for (int t = 0; t < T; ++t)
-                for (int h = 0; h < H; ++h) {
-                    const size_t o0 = (size_t(t) * H + h) * hd;
-                    double err2 = 0;
-                    for (int i = 0; i < hd; ++i) {
-                        const double e = double(r.out[o0 + i]) - want[o0 + i];
-                        err2 += e * e;
+        for (const auto& flash : flashes)
+            for (const auto* qs : {&dq, &dq2}) {
+                SCOPED_TRACE(flash.name);
+                const int max_splits =
+                    gj::gemma4::flash_decode_splits(flash, c.prefill + c.steps, 1, sms);
+                const auto gq = from_device<float>(*qs, size_t(T) * qdim);
+                const FlashRun r = run_flash(flash, gq, kc, vc, dpos, T, c.slots, max_splits);
+                ASSERT_TRUE(all_finite(r.out)) << "NaN/inf at pos " << pos0;
+                const auto& rq = qs == &dq ? ref.q : ref2.q;
+                std::vector<double> l2;
+                const auto want = attention(rq, k_hist, v_hist, positions, H, Hkv, hd, c.window,
+                                            hist_slots, nullptr, &l2);
+                // Against fp32 K/V without the cache's rounding, per head, in rms over the head's
+                // dims: rounding k_ji to the storage type (relative error <= u = 2^-11 f16, 2^-8
+                // bf16, independent across elements) moves score j by a sum with standard deviation
+                // <= u / sqrt(3) * ||q o k_j||; the output moves by about twice that (the weights'
+                // relative change, against v of rms 1 after the V-norm), and rounding v adds <= u.
+                // 4u (||q o k||max + 1) is about 3.5 sigma; a wrong slot, position or head is O(1).
+                // The tensor-core path also rounds q (an independent error of the same size as k's:
+                // sqrt(2) more) and P (<= u more): 6u.
+                const double u = bf16 ? 0x1p-8 : 0x1p-11;
+                const double k_tol = spec_constant(flash, "MMA") == 1 ? 6 : 4;
+                for (int t = 0; t < T; ++t)
+                    for (int h = 0; h < H; ++h) {
+                        const size_t o0 = (size_t(t) * H + h) * hd;
+                        double err2 = 0;
+                        for (int i = 0; i < hd; ++i) {
+                            const double e = double(r.out[o0 + i]) - want[o0 + i];
+                            err2 += e * e;
+                        }
+                        const double rms = std::sqrt(err2 / hd);
+                        const double tol = k_tol * u * (l2[size_t(t) * H + h] + 1);
+                        ASSERT_LE(rms, tol) << "pos " << positions[t] << " head " << h
+                                            << (qs == &dq ? "" : " (KV-shared layer)");
                     }
-                    const double rms = std::sqrt(err2 / hd);
-                    const double tol = k_tol * u * (l2[size_t(t) * H + h] + 1);
-                    ASSERT_LE(rms, tol) << "pos " << positions[t] << " head " << h
-                                        << (qs == &dq ? "" : " (KV-shared layer)");
-                }
-            ++checked;
-        }
+                ++checked;
+            }
         pos0 += T;
     }
-    EXPECT_EQ(checked, 2 * (1 + c.steps));
+    EXPECT_EQ(checked, 2 * int(flashes.size()) * (1 + c.steps));
 }
 
 INSTANTIATE_TEST_SUITE_P(

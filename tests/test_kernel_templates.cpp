@@ -69,11 +69,15 @@ std::vector<KernelSpec> all_specs() {
     // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
     for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))
         add(s);
-    // GEMMAJIT_FLASH_MMA=0: the fp32 decode attention of a model with and one without k_eq_v.
+    // GEMMAJIT_FLASH_MMA=1: the tensor-core decode attention of a model with and one without
+    // k_eq_v, and with the bf16 cache.
     for (const char* v : {"e4b", "31b"})
         for (const auto& s :
-             build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::F16, false))
+             build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::F16, true))
             add(s);
+    for (const auto& s :
+         build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16, true))
+        add(s);
     const Config tiny = Config::preset("tiny-keqv");
     for (int l = 0; l < tiny.n_layers; ++l) {
         add(gj::gemma4::attn_prep_spec(tiny, l));
@@ -152,14 +156,18 @@ TEST(KernelPlan, AttentionSpecsPerLayerType) {
     EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.bf16"));
     EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.shared"));
     EXPECT_FALSE(bf.count("flash_decode.hd512.g4.kv2.w0.f16"));
-    // GEMMAJIT_FLASH_MMA=0 selects the fp32 CUDA-core attention.
-    auto fma =
-        names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::F16, false));
-    EXPECT_TRUE(fma.count("flash_decode.hd512.g4.kv2.w0.f16.fma"));
-    EXPECT_TRUE(fma.count("flash_decode.hd256.g4.kv2.w512.f16.fma"));
+    // GEMMAJIT_FLASH_MMA=1 selects the tensor-core attention; the default is fp32.
+    auto mma =
+        names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::F16, true));
+    EXPECT_TRUE(mma.count("flash_decode.hd512.g4.kv2.w0.f16.mma"));
+    EXPECT_TRUE(mma.count("flash_decode.hd256.g4.kv2.w512.f16.mma"));
     EXPECT_EQ(gj::gemma4::spec_constant(
                   gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::F16), "MMA"),
-              1);
+              0);
+    // Head dims that are not multiples of 64 have no tensor-core form.
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(32, 2, 2, 8, KvType::F16, true), "MMA"),
+              0);
     EXPECT_EQ(gj::gemma4::spec_constant(
                   gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::BF16), "KV_TYPE"),
               1);
@@ -193,8 +201,8 @@ TEST(KernelPlan, FlashDecodeSplits) {
     // About one block per SM at T = 1 (132 SMs, 2 KV heads), whatever the context length ...
     EXPECT_EQ(flash_decode_splits(global, 131072, 1, 132), 66);
     // ... but never more than CHUNK-sized pieces of what a query can see (the window).
-    EXPECT_EQ(gj::gemma4::spec_constant(global, "CHUNK"), 32);
-    EXPECT_EQ(flash_decode_splits(global, 100, 1, 132), 4);  // ceil(100 / 32)
+    EXPECT_EQ(gj::gemma4::spec_constant(global, "CHUNK"), 16);
+    EXPECT_EQ(flash_decode_splits(global, 100, 1, 132), 7);  // ceil(100 / 16)
     EXPECT_EQ(flash_decode_splits(sliding, 131072, 1, 132), 512 / 32);
     // A prefill batch fills the GPU with tokens alone.
     EXPECT_EQ(flash_decode_splits(global, 131072, 512, 132), 1);
@@ -265,9 +273,9 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
                 EXPECT_EQ(c("QW"), 8) << k.name;
                 EXPECT_EQ(c("KB"), 16) << k.name;
                 EXPECT_EQ(c("HEAD_DIM") % 64, 0) << k.name;
-                EXPECT_FALSE(k.name.ends_with(".fma")) << k.name;
+                EXPECT_TRUE(k.name.ends_with(".mma")) << k.name;
             } else {
-                EXPECT_TRUE(k.name.ends_with(".fma")) << k.name;
+                EXPECT_FALSE(k.name.ends_with(".mma")) << k.name;
                 EXPECT_LE(c("QW") * c("KB"), 32) << k.name;
                 // Registers: QW queries and outputs of HEAD_DIM / 32 floats each per lane.
                 EXPECT_LE(c("QW") * c("HEAD_DIM") / 32, 64) << k.name;
