@@ -184,7 +184,9 @@ void GpuModel::plan(const GpuModelOptions& opts) {
             account(g.proj);
         }
         g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
-        g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type)).name;
+        // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
+        const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
+        g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type, mma)).name;
     }
     if (c.has_ple()) {
         ple_table_ = plan_table(w.per_layer_token_embd);

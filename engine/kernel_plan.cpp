@@ -338,7 +338,8 @@ jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv) {
                           l.has_v_proj, kv);
 }
 
-jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv) {
+jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                  bool tensor_cores) {
     // Lanes hold 1, 2 or 4 consecutive dims, or 8 per 256-dim stripe (flash_decode.cu).
     if (!(head_dim == 32 || head_dim == 64 || head_dim == 128 ||
           (head_dim > 0 && head_dim % 256 == 0)))
@@ -349,35 +350,50 @@ jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int w
         throw std::invalid_argument(fmt::format("flash_decode: group {}, {} KV heads, window {}",
                                                 group, n_kv_heads, window));
     const int kv_const = kv_type_constant(kv);
-    // Registers: a warp keeps QW queries and their QW outputs at HEAD_DIM / 32 dims per lane;
-    // 64 floats of each is the budget (hd 512: 4 queries, hd 256: 8). Larger groups split over
-    // query sets of warps that read the same shared-memory rows.
-    const int dpl = head_dim / 32;
-    const int qw = std::min({next_pow2(group), std::max(1, 64 / dpl), 16});
+    // The tensor-core path needs 16-dim k-steps and 8 chunks per row for its swizzle.
+    const bool mma = tensor_cores && head_dim % 64 == 0;
+    int qw, ksets, tile, kb;
+    if (mma) {
+        // A warp: 8 queries (the mma N) over 16 rows per tile; two warps split a 32-row tile.
+        qw = 8;
+        kb = 16;
+        ksets = 2;
+        tile = kb * ksets;
+    } else {
+        // Registers: a warp keeps QW queries and their QW outputs at HEAD_DIM / 32 dims per
+        // lane; 64 floats of each is the budget (hd 512: 4 queries, hd 256: 8). Larger groups
+        // split over query sets of warps that read the same shared-memory rows.
+        const int dpl = head_dim / 32;
+        qw = std::min({next_pow2(group), std::max(1, 64 / dpl), 16});
+        ksets = std::max(1, 4 / ((group + qw - 1) / qw));
+        // A stage holds TILE K rows and TILE V rows, about 16 KiB of each.
+        tile = std::clamp(prev_pow2(16384 / (2 * head_dim)), 16, 64);
+        kb = std::min(32 / qw, tile / ksets);
+    }
     const int qsets = (group + qw - 1) / qw;
-    const int ksets = std::max(1, 4 / qsets);
-    // A stage holds TILE K rows and TILE V rows, about 16 KiB of each; three stages keep two
-    // tiles in flight per block while the third is consumed.
-    const int tile = std::clamp(prev_pow2(16384 / (2 * head_dim)), 16, 64);
-    const int kb = std::min(32 / qw, tile / ksets);
-    // Two stages where three would not fit sm_80's 163 KiB (head dims above 512).
-    const int stages = 3 * 2 * tile * head_dim * 2 <= 160 * 1024 ? 3 : 2;
+    const int stage_bytes = 2 * tile * head_dim * 2;
+    // Three stages keep two tiles in flight while one is consumed; two where three would take
+    // more than 100 KiB (hd 512 tiles of 32 rows), so that two blocks can share an SM.
+    const int stages = 3 * stage_bytes <= 100 * 1024 ? 3 : 2;
     const int threads = 32 * qsets * ksets;
+    const int q_bytes = mma ? qsets * qw * head_dim * 2 : 0;  // queries as mma operands
     const int smem =
-        std::max(stages * 2 * tile * head_dim * 2, qsets * ksets * qw * (head_dim + 2) * 4);
-    if (smem > 160 * 1024)
+        std::max(stages * stage_bytes + q_bytes, qsets * ksets * qw * (head_dim + 2) * 4);
+    if (smem > 160 * 1024 || threads > 1024)
         throw std::invalid_argument(fmt::format(
-            "flash_decode: head dim {} with group {} needs {} B of shared memory (160 KiB max)",
-            head_dim, group, smem));
+            "flash_decode: head dim {} with group {} needs {} B of shared memory and {} threads "
+            "(160 KiB, 1024 max)",
+            head_dim, group, smem, threads));
     jit::KernelSpec s;
     s.family = "flash_decode";
-    s.name = fmt::format("flash_decode.hd{}.g{}.kv{}.w{}.{}", head_dim, group, n_kv_heads, window,
-                         kv_type_name(kv));
+    s.name = fmt::format("flash_decode.hd{}.g{}.kv{}.w{}.{}{}", head_dim, group, n_kv_heads, window,
+                         kv_type_name(kv), mma ? ".mma" : "");
     s.constants = {{"HEAD_DIM", head_dim},
                    {"GROUP", group},
                    {"N_KV_HEADS", n_kv_heads},
                    {"WINDOW", window},
                    {"KV_TYPE", kv_const},
+                   {"MMA", mma ? 1 : 0},
                    {"CHUNK", tile},
                    {"TILE", tile},
                    {"STAGES", stages},
@@ -391,13 +407,13 @@ jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int w
     return s;
 }
 
-jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv) {
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv, bool tensor_cores) {
     const LayerConfig& l = cfg.layers.at(layer);
     if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
         throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
                                       layer, cfg.n_heads, l.n_kv_heads));
     return flash_decode_spec(l.head_dim, cfg.n_heads / l.n_kv_heads, l.n_kv_heads,
-                             l.sliding ? cfg.sliding_window : 0, kv);
+                             l.sliding ? cfg.sliding_window : 0, kv, tensor_cores);
 }
 
 int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count) {
@@ -417,10 +433,11 @@ int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
     throw std::out_of_range(fmt::format("kernel spec {} has no constant {}", spec.name, name));
 }
 
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
-                                               KvType kv) {
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type, KvType kv,
+                                               bool flash_mma) {
     PlanTypes types{weight_type, weight_type, weight_type, weight_type};
     types.kv = kv;
+    types.flash_mma = flash_mma;
     return build_kernel_plan(cfg, types);
 }
 
@@ -516,7 +533,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // attention with its combine, for the layer's head dim, GQA group and window.
     for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {
         add(attn_prep_spec(cfg, l, types.kv));
-        add(flash_decode_spec(cfg, l, types.kv));
+        add(flash_decode_spec(cfg, l, types.kv, types.flash_mma));
     }
     return plan;
 }

@@ -21,8 +21,9 @@ const char* kv_type_name(KvType kv);
 // Deduplicated by spec name, decode-path kernels first (priority 0). Every matrix, embedding table
 // and PLE table is taken to be stored as `weight_type` (f32, f16, bf16, q8_0 or q4_0). Throws
 // ConfigError for a weight type with no kernel, or a KV type without attention kernels.
+// `flash_mma` is GEMMAJIT_FLASH_MMA (tensor-core decode attention instead of the default fp32 one).
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
-                                               KvType kv = KvType::F16);
+                                               KvType kv = KvType::F16, bool flash_mma = false);
 
 // How a quantized matrix sits in GPU memory for the matvec kernels.
 enum class MatvecLayout {
@@ -39,6 +40,7 @@ struct PlanTypes {
     MatvecLayout layout = MatvecLayout::Split;  // for the quantized matrices
     int max_cols = 8;  // > 1: also the matvecs for batches of max_cols columns (prefill)
     KvType kv = KvType::F16;  // KV cache element type of the attention kernels
+    bool flash_mma = false;   // GEMMAJIT_FLASH_MMA: tensor-core decode attention
 };
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
@@ -104,11 +106,17 @@ jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int ro
 jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
 
 // Split-K decode attention and its combine step (entries flash_decode, flash_combine):
-// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>" (window 0 = global causal).
-// Throws std::invalid_argument for impossible shapes, ConfigError for KvType::Q8_0 or a layer
-// whose head count is not a multiple of its KV heads.
-jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv);
-jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>[.mma]" (window 0 = global causal).
+// Default: everything in fp32 on CUDA cores (the exact path). tensor_cores (head dims that are
+// multiples of 64): Q K^T and P V on mma.sync in the cache's type with fp32 accumulation and an
+// fp32 softmax (".mma"); correct, but slower at E4B decode shapes on the H200 so far (13.9 vs
+// 10.6 us for a global layer at depth 4096), hence opt-in. Throws std::invalid_argument for
+// impossible shapes, ConfigError for KvType::Q8_0 or a layer whose head count is not a multiple
+// of its KV heads.
+jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                  bool tensor_cores = false);
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16,
+                                  bool tensor_cores = false);
 
 // The max_splits to launch flash_decode with (and to size part_o / part_ml for): about one block
 // per SM for `n_tokens` queries at the deepest point, never more splits than CHUNK-sized pieces

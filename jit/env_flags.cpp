@@ -172,6 +172,13 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "0",
          .help = "plan model placement as if at most this much GPU memory were free (0: what the "
                  "driver reports)"},
+        {.name = "GEMMAJIT_FLASH_MMA",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::OutputChanging,
+         .default_value = "0",
+         .help = "1: decode attention on tensor cores (q and P rounded to the KV type) instead "
+                 "of fp32 CUDA cores; slower at E4B decode shapes so far"},
     };
     return table;
 }

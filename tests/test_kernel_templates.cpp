@@ -77,6 +77,15 @@ std::vector<KernelSpec> all_specs() {
     // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
     for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))
         add(s);
+    // GEMMAJIT_FLASH_MMA=1: the tensor-core decode attention of a model with and one without
+    // k_eq_v, and with the bf16 cache.
+    for (const char* v : {"e4b", "31b"})
+        for (const auto& s :
+             build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::F16, true))
+            add(s);
+    for (const auto& s :
+         build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16, true))
+        add(s);
     const Config tiny = Config::preset("tiny-keqv");
     for (int l = 0; l < tiny.n_layers; ++l) {
         add(gj::gemma4::attn_prep_spec(tiny, l));
@@ -240,6 +249,18 @@ TEST(KernelPlan, AttentionSpecsPerLayerType) {
     EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.bf16"));
     EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.shared"));
     EXPECT_FALSE(bf.count("flash_decode.hd512.g4.kv2.w0.f16"));
+    // GEMMAJIT_FLASH_MMA=1 selects the tensor-core attention; the default is fp32.
+    auto mma =
+        names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::F16, true));
+    EXPECT_TRUE(mma.count("flash_decode.hd512.g4.kv2.w0.f16.mma"));
+    EXPECT_TRUE(mma.count("flash_decode.hd256.g4.kv2.w512.f16.mma"));
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::F16), "MMA"),
+              0);
+    // Head dims that are not multiples of 64 have no tensor-core form.
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(32, 2, 2, 8, KvType::F16, true), "MMA"),
+              0);
     EXPECT_EQ(gj::gemma4::spec_constant(
                   gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::BF16), "KV_TYPE"),
               1);
@@ -273,6 +294,7 @@ TEST(KernelPlan, FlashDecodeSplits) {
     // About one block per SM at T = 1 (132 SMs, 2 KV heads), whatever the context length ...
     EXPECT_EQ(flash_decode_splits(global, 131072, 1, 132), 66);
     // ... but never more than CHUNK-sized pieces of what a query can see (the window).
+    EXPECT_EQ(gj::gemma4::spec_constant(global, "CHUNK"), 16);
     EXPECT_EQ(flash_decode_splits(global, 100, 1, 132), 7);  // ceil(100 / 16)
     EXPECT_EQ(flash_decode_splits(sliding, 131072, 1, 132), 512 / 32);
     // A prefill batch fills the GPU with tokens alone.
@@ -354,13 +376,22 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
             const auto ksets = c("THREADS") / 32 / qsets;
             EXPECT_EQ(c("THREADS"), 32 * qsets * ksets) << k.name;
             EXPECT_LE(c("THREADS"), 1024) << k.name;
-            EXPECT_LE(c("QW") * c("KB"), 32) << k.name;
             EXPECT_EQ(c("TILE") % (ksets * c("KB")), 0) << k.name;
             EXPECT_EQ(c("CHUNK") % c("TILE"), 0) << k.name;
             // Fits sm_80's opt-in limit (163 KiB) as well as sm_90's.
             EXPECT_LE(c("SMEM"), 160 * 1024) << k.name;
-            // Registers: QW queries and outputs of HEAD_DIM / 32 floats each per lane.
-            EXPECT_LE(c("QW") * c("HEAD_DIM") / 32, 64) << k.name;
+            if (c("MMA") == 1) {
+                // One m16n8k16 per 8 queries and 16 rows; 16-dim steps, 8-chunk swizzle.
+                EXPECT_EQ(c("QW"), 8) << k.name;
+                EXPECT_EQ(c("KB"), 16) << k.name;
+                EXPECT_EQ(c("HEAD_DIM") % 64, 0) << k.name;
+                EXPECT_TRUE(k.name.ends_with(".mma")) << k.name;
+            } else {
+                EXPECT_FALSE(k.name.ends_with(".mma")) << k.name;
+                EXPECT_LE(c("QW") * c("KB"), 32) << k.name;
+                // Registers: QW queries and outputs of HEAD_DIM / 32 floats each per lane.
+                EXPECT_LE(c("QW") * c("HEAD_DIM") / 32, 64) << k.name;
+            }
         }
     }
 }
@@ -499,11 +530,26 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                       "ex2.approx.ftz.f32", "shfl.sync.bfly", "shfl.sync.idx", "bar.sync"})
                     EXPECT_NE(decode.find(want), std::string::npos)
                         << "flash_decode lacks " << want;
-                // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe.
-                if (gj::gemma4::spec_constant(s, "HEAD_DIM") >= 256) {
-                    EXPECT_NE(decode.find("ld.shared.v4.u32"), std::string::npos);
+                if (gj::gemma4::spec_constant(s, "MMA") == 1) {
+                    // Q K^T and P V on tensor cores in the cache's type, rows via ldmatrix.
+                    const std::string op =
+                        bf16 ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                             : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+                    for (const std::string& want :
+                         {op, std::string("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+                          std::string("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
+                          std::string("ldmatrix.sync.aligned.m8n8.x2.shared.b16")})
+                        EXPECT_NE(decode.find(want), std::string::npos) << "lacks " << want;
+                    EXPECT_EQ(decode.find("cvt.f32.f16"), std::string::npos)
+                        << "the tensor-core path converts no cache element";
+                } else {
+                    EXPECT_EQ(decode.find("mma.sync"), std::string::npos);
+                    // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe.
+                    if (gj::gemma4::spec_constant(s, "HEAD_DIM") >= 256) {
+                        EXPECT_NE(decode.find("ld.shared.v4.u32"), std::string::npos);
+                    }
+                    EXPECT_EQ(decode.find("cvt.f32.f16") != std::string::npos, !bf16);
                 }
-                EXPECT_EQ(decode.find("cvt.f32.f16") != std::string::npos, !bf16);
                 EXPECT_EQ(decode.find(".local"), std::string::npos)
                     << "flash_decode uses local memory";
                 const auto combine = entry_ptx(c.ptx, "flash_combine");
