@@ -170,7 +170,18 @@ GpuSession::GpuSession(GpuModel& model)
       cfg_(model.config()),
       kv_(model.config(), model.kv_geometry()),
       w_(std::make_unique<Work>(model)),
-      graphs_(model.flags().get_bool("GEMMAJIT_GRAPHS")) {
+      graphs_(model.flags().get_bool("GEMMAJIT_GRAPHS")),
+      streams_(model.flags().get_bool("GEMMAJIT_STREAMS")) {
+    jit::Device& dev = jit::Device::get();
+    dev.make_current();
+    const jit::DriverApi& api = jit::driver();
+    stream_ = dev.stream();
+    for (int i = 0; i < 2; ++i) {
+        jit::check_driver(api.cuStreamCreate(&side_[i], CU_STREAM_NON_BLOCKING),
+                          "cuStreamCreate(side stream)");
+        jit::check_driver(api.cuEventCreate(&joined_[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    }
+    jit::check_driver(api.cuEventCreate(&forked_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     // Attention kernels that want more than the default 48 KiB of dynamic shared memory opt in
     // now, before any graph capture.
     for (const GpuLayer& g : model_.layers()) {
@@ -180,7 +191,32 @@ GpuSession::GpuSession(GpuModel& model)
     }
 }
 
-GpuSession::~GpuSession() = default;
+GpuSession::~GpuSession() {
+    const jit::DriverApi& api = jit::driver();
+    for (int i = 0; i < 2; ++i) {
+        if (side_[i]) api.cuStreamDestroy(side_[i]);
+        if (joined_[i]) api.cuEventDestroy(joined_[i]);
+    }
+    if (forked_) api.cuEventDestroy(forked_);
+}
+
+void GpuSession::fork(int branches) {
+    const jit::DriverApi& api = jit::driver();
+    const CUstream main = jit::Device::get().stream();
+    jit::check_driver(api.cuEventRecord(forked_, main), "cuEventRecord(fork)");
+    for (int i = 0; i < branches; ++i)
+        jit::check_driver(api.cuStreamWaitEvent(side_[i], forked_, 0), "cuStreamWaitEvent(fork)");
+}
+
+void GpuSession::join(int branches) {
+    const jit::DriverApi& api = jit::driver();
+    const CUstream main = jit::Device::get().stream();
+    for (int i = 0; i < branches; ++i) {
+        jit::check_driver(api.cuEventRecord(joined_[i], side_[i]), "cuEventRecord(join)");
+        jit::check_driver(api.cuStreamWaitEvent(main, joined_[i], 0), "cuStreamWaitEvent(join)");
+    }
+    stream_ = main;
+}
 
 int GpuSession::context() const {
     return kv_.geometry().context;
@@ -266,7 +302,7 @@ StepOutput GpuSession::read_result(Readout readout) {
 
 void GpuSession::launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block,
                         unsigned smem, void** args, const std::string& label, uint64_t bytes) {
-    const CUstream stream = jit::Device::get().stream();
+    const CUstream stream = stream_;
     if (!profiler_) {
         k.launch(grid, block, smem, stream, args);
         return;
@@ -435,11 +471,23 @@ void GpuSession::record_layer(int l, int T, bool decode) {
         l + 1 < cfg_.n_layers ? model_.layers()[l + 1].attn_norm : model_.output_norm();
 
     // Attention: h = attn_norm(x) is ready (chained); x += post_attention_norm(Wo . attention).
-    matvec(g.q, nullptr, normed(), w.q.ptr(), T, "attn_q");
+    // The K and V projections (same input, own outputs) run beside Q on side streams: small
+    // matvecs that alone leave most of the GPU idle (in a graph: parallel branches). Not while
+    // profiling, whose per-launch events time one kernel at a time.
+    const int branches = lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
+    const bool concurrent = streams_ && branches > 0 && !profiler_;
+    if (concurrent) fork(branches);
     if (lc.has_kv) {
+        if (concurrent) stream_ = side_[0];
         matvec(g.k, nullptr, normed(), w.kraw.ptr(), T, "attn_k");
-        if (lc.has_v_proj) matvec(g.v, nullptr, normed(), w.vraw.ptr(), T, "attn_v");
+        if (lc.has_v_proj) {
+            if (concurrent) stream_ = side_[1];
+            matvec(g.v, nullptr, normed(), w.vraw.ptr(), T, "attn_v");
+        }
+        stream_ = jit::Device::get().stream();
     }
+    matvec(g.q, nullptr, normed(), w.q.ptr(), T, "attn_q");
+    if (concurrent) join(branches);
     {
         const KvCache::Layer& kv = kv_.layer(l);
         const jit::KernelSpec& spec = model_.kernels().spec(g.attn_prep_spec);

@@ -125,14 +125,22 @@ class GpuSession {
     StepOutput read_result(Readout readout);
     void check_tokens(std::span<const int32_t> tokens) const;
 
+    // Forks to the side streams (K, V projections) and joins back to the compute stream.
+    void fork(int branches);
+    void join(int branches);
+
     GpuModel& model_;
     const Config& cfg_;
     KvCache kv_;
     std::unique_ptr<Work> w_;
     std::vector<std::unique_ptr<Graph>> graphs_list_;
     Profiler* profiler_ = nullptr;
+    CUstream stream_ = nullptr;  // where launch() enqueues: the device stream or a side one
+    CUstream side_[2] = {};      // K and V projections, concurrent with Q (GEMMAJIT_STREAMS)
+    CUevent forked_ = nullptr, joined_[2] = {};
     int pos_ = 0;
     bool graphs_ = true;
+    bool streams_ = true;
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
 };
 

@@ -45,6 +45,7 @@ namespace gj::jit {
     X(cuStreamCreate, 2000) \
     X(cuStreamDestroy, 4000) \
     X(cuStreamSynchronize, 2000) \
+    X(cuStreamWaitEvent, 3020) \
     X(cuEventCreate, 2000) \
     X(cuEventRecord, 2000) \
     X(cuEventSynchronize, 2000) \

@@ -143,6 +143,13 @@ const std::vector<FlagDef>& flag_table() {
                  "sliding-window KV rings grow by chunk - 1 slots)",
          .min = 1,
          .max = 4096},
+        {.name = "GEMMAJIT_STREAMS",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: run a layer's K and V projections after Q on the compute stream instead of "
+                 "concurrently on two side streams"},
         {.name = "GEMMAJIT_REPACK",
          .family = "path",
          .type = T::Bool,

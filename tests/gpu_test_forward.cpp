@@ -216,13 +216,14 @@ TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
     expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQuant, "e4b decode vs CPU");
 }
 
-// The decode graph replays the eager launch sequence exactly: bitwise equal logits over 32 steps,
-// with the graph captured once per readout and launched every step.
+// The decode graph (with the K/V projections on parallel branches) replays the exact path, eager
+// launches on one stream, bitwise: equal logits over 32 steps, with the graph captured once per
+// readout and launched every step.
 TEST(GpuForward, GraphReplayIsBitIdenticalToEagerLaunches) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-graph");
     const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
-    const auto on = flags(), off = flags({{"GEMMAJIT_GRAPHS", "0"}});
+    const auto on = flags(), off = flags({{"GEMMAJIT_GRAPHS", "0"}, {"GEMMAJIT_STREAMS", "0"}});
     auto mg = load_gpu(path, 128, 16, on);
     auto me = load_gpu(path, 128, 16, off);
     GpuSession g(*mg), e(*me);
