@@ -27,6 +27,7 @@
 #include "engine/gguf.h"
 #include "engine/gpu_forward.h"
 #include "engine/gpu_model.h"
+#include "engine/half.h"
 #include "engine/synth.h"
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_data.h"
@@ -151,6 +152,41 @@ std::vector<float> decode_logits(GpuSession& s, const std::vector<int32_t>& toke
     return out;
 }
 
+// A copy of `src` with per_layer_token_embd stored as Q6_K (random blocks with small scales;
+// every bit pattern is a valid Q6_K block): a type no GPU kernel reads, as the Q6_K embeddings of
+// real Q4_0 releases.
+std::filesystem::path with_q6k_ple_table(const std::filesystem::path& src,
+                                         const std::filesystem::path& dst) {
+    auto in = gj::gguf::File::open(src);
+    gj::gguf::Writer w;
+    for (const auto& [key, value] : in->metadata()) w.set(key, value);
+    const std::string table = "per_layer_token_embd.weight";
+    for (const auto& t : in->tensors())
+        w.add_tensor(t.name, t.name == table ? ggml::Type::Q6_K : t.type, t.dims);
+    w.begin(dst);
+    for (const auto& t : in->tensors()) {
+        if (t.name != table) {
+            w.write_tensor_data(t.name, {t.data, size_t(t.n_bytes)});
+            continue;
+        }
+        // block_q6_K: ql[128], qh[64], int8 scales[16], fp16 d (210 bytes per 256 values).
+        const uint64_t blocks = t.n_elements / 256;
+        std::vector<uint8_t> q(blocks * 210);
+        uint32_t s = 99;
+        for (uint64_t b = 0; b < blocks; ++b) {
+            uint8_t* blk = &q[b * 210];
+            for (int i = 0; i < 192; ++i) blk[i] = uint8_t((s = s * 1664525u + 1013904223u) >> 24);
+            for (int i = 0; i < 16; ++i)
+                blk[192 + i] = uint8_t(int8_t(1 + ((s = s * 1664525u + 1013904223u) >> 29)));
+            const uint16_t d = gj::f32_to_f16(1.0f / 1024.0f);
+            std::memcpy(blk + 208, &d, 2);
+        }
+        w.write_tensor_data(t.name, q);
+    }
+    w.finish();
+    return dst;
+}
+
 struct Case {
     std::string variant;
     ggml::Type wtype;
@@ -214,6 +250,32 @@ TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
     expect_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQuant, "e4b prefill vs CPU");
     s.reset();
     expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQuant, "e4b decode vs CPU");
+}
+
+// A tensor type no kernel reads (here the PLE table as Q6_K) is dequantized to F16 on upload, with
+// a one-line notice, and the model still matches the CPU reference (which reads the Q6_K rows).
+TEST(GpuForward, UnsupportedTensorTypesAreDequantizedToF16) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-q6k");
+    const auto path =
+        with_q6k_ple_table(synth(dir, "tiny", ggml::Type::Q8_0), dir.path() / "q6k.gguf");
+    const auto f = flags();
+    std::vector<std::string> lines;
+    GpuModelOptions o;
+    o.context = 128;
+    o.prefill_chunk = 8;
+    o.flags = &f;
+    o.progress = [&](const std::string& line) { lines.push_back(line); };
+    auto model = GpuModel::load(path, o);
+    EXPECT_EQ(model->ple_table().type, ggml::Type::F16);
+    int notices = 0;
+    for (const auto& l : lines)
+        notices += l.find("q6_k") != std::string::npos && l.find("F16") != std::string::npos;
+    EXPECT_EQ(notices, 1);
+    const auto tokens = test_tokens(24, model->config().vocab_size);
+    GpuSession s(*model);
+    expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
+                 kTolQuant, "Q6_K PLE table (F16 on the GPU) vs CPU");
 }
 
 // The decode graph (with the K/V projections on parallel branches) replays the exact path, eager
