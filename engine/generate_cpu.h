@@ -11,6 +11,7 @@ class CpuForward : public Forward {
     explicit CpuForward(const gemma4::CpuModel& model) : model_(model), session_(model) {}
     int vocab_size() const override { return model_.config().vocab_size; }
     int context_length() const override { return model_.config().context_length; }
+    int position() const override { return session_.position(); }
     // The session returns logits for every prefilled position; prefilling in chunks keeps that to
     // kPrefillChunk rows (64 MiB on a 262144-token vocabulary) instead of one per prompt token.
     // The reference forward gives bitwise the same logits however the prompt is split.

@@ -34,26 +34,52 @@ const char* matvec_type_tag(ggml::Type t) {
     }
 }
 
+bool is_float_type(ggml::Type t) {
+    return t == ggml::Type::F32 || t == ggml::Type::F16 || t == ggml::Type::BF16;
+}
+
+bool has_matvec(ggml::Type t) {
+    return matvec_type_tag(t) || is_float_type(t);
+}
+
 // Units (the per-thread work items of matvec_common.cuh) per row.
 int matvec_units(ggml::Type t, int k, MatvecLayout layout) {
+    if (is_float_type(t)) return k / (t == ggml::Type::F32 ? 4 : 8);  // 16 bytes each
     if (layout == MatvecLayout::Split) return t == ggml::Type::Q8_0 ? k / 16 : k / 32;
     return k / (t == ggml::Type::Q8_0 ? 8 : 16);
 }
 
+// Threads split a row's units; enough of them per thread (>= 4) to keep UNROLL batches of loads
+// in flight, and not more threads than a quarter of the units.
+int matvec_threads(int units) {
+    return std::clamp(next_pow2(units / 4 + 1) / 2, 32, 256);
+}
+
+void check_matvec_shape(const std::string& what, int k, int ncols) {
+    if (k <= 0 || k % 32 != 0)
+        throw std::invalid_argument(
+            fmt::format("{}: input width {} is not a positive multiple of 32", what, k));
+    if (ncols < 1 || ncols > 8)
+        throw std::invalid_argument(fmt::format("{}: {} columns (1..8 supported)", what, ncols));
+}
+
+std::string supported_types() {
+    return "f32, f16, bf16, q8_0, q4_0";
+}
+
 }  // namespace
 
-jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add) {
+jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2) {
     if (n <= 0 || n % 4 != 0)
         throw std::invalid_argument(
             fmt::format("rmsnorm: width {} is not a positive multiple of 4", n));
     if (quant && n % 32 != 0)
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: quantized output needs a width that is a multiple of 32, got {}", n));
+    if ((scale || norm2) && !add)
         throw std::invalid_argument(
-            fmt::format("rmsnorm: quantized output needs a width that is a "
-                        "multiple of 32, got {}",
-                        n));
-    if (quant && add)
-        throw std::invalid_argument(
-            "rmsnorm: quantized output and residual add exclude each other");
+            "rmsnorm: the output scale and the chained second norm apply to a residual update "
+            "(add)");
     if (n > 16 * 1024 * 4)
         throw std::invalid_argument(
             fmt::format("rmsnorm: width {} is above the 65536 supported", n));
@@ -69,34 +95,40 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add) {
     }
     jit::KernelSpec s;
     s.family = "rmsnorm";
-    s.name = fmt::format("rmsnorm.n{}.w{}{}{}", n, weight ? 1 : 0, quant ? ".q8" : "",
-                         add ? ".add" : "");
+    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
+                         scale ? ".scale" : "", norm2 ? ".n2" : "", quant ? ".q8" : "");
     s.constants = {{"N", n},
                    {"TPR", tpr},
                    {"RPB", rpb},
                    {"WEIGHT", weight ? 1 : 0},
                    {"QUANT", quant ? 1 : 0},
-                   {"ADD", add ? 1 : 0}};
-    s.entries = {"rmsnorm"};
+                   {"ADD", add ? 1 : 0},
+                   {"SCALE", scale ? 1 : 0},
+                   {"NORM2", norm2 ? 1 : 0}};
+    s.entries = {scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
     s.priority = 0;
     return s;
 }
 
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
+    if (is_float_type(weight_type)) {
+        if (layout != MatvecLayout::Ggml)
+            throw std::invalid_argument(fmt::format("matvec: {} weights have no split layout",
+                                                    ggml::type_name(weight_type)));
+        return matvec_f_spec(weight_type, k, ncols);
+    }
     const char* tag = matvec_type_tag(weight_type);
     if (!tag)
-        throw ConfigError(fmt::format("no matvec kernel for weight type {} (supported: q8_0, q4_0)",
-                                      ggml::type_name(weight_type)));
-    if (k <= 0 || k % 64 != 0)
-        throw std::invalid_argument(
-            fmt::format("matvec_{}: input width {} is not a positive multiple of 64", tag, k));
-    if (ncols < 1 || ncols > 8)
-        throw std::invalid_argument(
-            fmt::format("matvec_{}: {} columns (1..8 supported)", tag, ncols));
-    // Threads split a row's units; enough of them per thread (>= 4) to keep UNROLL batches of
-    // loads in flight, and not more threads than a quarter of the units.
+        throw ConfigError(fmt::format("no matvec kernel for weight type {} (supported: {})",
+                                      ggml::type_name(weight_type), supported_types()));
+    check_matvec_shape(fmt::format("matvec_{}", tag), k, ncols);
     const int units = matvec_units(weight_type, k, layout);
-    const int threads = std::clamp(next_pow2(units / 4 + 1) / 2, 32, 256);
+    const int threads = matvec_threads(units);
+    // Batches of 4 iterations, unless a row takes 5..7 iterations: then one batch of all of them,
+    // so no batch overhangs the row end (ptxas also spills in one such ragged form: K = 10240,
+    // split Q8_0, GeGLU, sm_90).
+    const int iters = (units + threads - 1) / threads;
+    const int unroll = iters > 4 && iters < 8 ? iters : 4;
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
@@ -106,10 +138,41 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
                    {"THREADS", threads},
                    {"ROWS", 1},
                    {"NCOLS", ncols},
-                   {"UNROLL", 4}};
+                   {"UNROLL", unroll}};
     const std::string base = fmt::format("matvec_{}", tag);
     s.entries = {base, base + "_add", base + "_geglu"};
     if (layout == MatvecLayout::Split) s.entries.push_back(fmt::format("repack_{}", tag));
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
+    if (!is_float_type(weight_type))
+        throw ConfigError(fmt::format("matvec_f: weight type {} is not f32, f16 or bf16",
+                                      ggml::type_name(weight_type)));
+    const std::string tag = ggml::type_name(weight_type);
+    check_matvec_shape("matvec_f." + tag, k, ncols);
+    // About 10 units (16-byte loads) per thread, 32 to 128 threads; at 128 threads each block
+    // takes two rows, which halves the activation reads per weight byte. Measured on the H200 at
+    // E4B shapes (bf16 / f16, GB/s of the 4.27 TB/s copy bandwidth): 10240 x 2560 (32 threads)
+    // ~3.35-3.4 TB/s, GeGLU ~3.8-3.9; 2560 x 10240 (128 threads, 2 rows) ~3.3-3.5; the
+    // previous quarter-of-the-units rule gave 2.7-3.2 on the same shapes.
+    const int units = matvec_units(weight_type, k, MatvecLayout::Ggml);
+    const int threads = std::clamp(next_pow2(units / 10), 32, 128);
+    const int rows = threads >= 128 ? 2 : 1;
+    // Each column keeps a unit's 4 or 8 fp32 activations per batch step in registers: fewer
+    // batched iterations for wide batches keep the kernel free of spills.
+    const int unroll = ncols <= 2 ? 4 : ncols <= 4 ? 2 : 1;
+    jit::KernelSpec s;
+    s.family = "matvec_f";
+    s.name = fmt::format("matvec_f.{}.k{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "");
+    s.constants = {{"K", k},
+                   {"WTYPE", static_cast<int64_t>(weight_type)},
+                   {"THREADS", threads},
+                   {"ROWS", rows},
+                   {"NCOLS", ncols},
+                   {"UNROLL", unroll}};
+    s.entries = {"matvec_f", "matvec_f_add", "matvec_f_geglu"};
     s.priority = 0;
     return s;
 }
@@ -124,22 +187,276 @@ jit::KernelSpec quantize_spec() {
     return s;
 }
 
+jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab) {
+    if (!has_matvec(table_type))
+        throw ConfigError(fmt::format("no embedding gather for table type {} (supported: {})",
+                                      ggml::type_name(table_type), supported_types()));
+    const bool quantized = matvec_type_tag(table_type) != nullptr;
+    if (n <= 0 || n % (quantized ? 32 : 4) != 0)
+        throw std::invalid_argument(
+            fmt::format("embed_rows: row width {} is not a positive multiple of {} ({} table)", n,
+                        quantized ? 32 : 4, ggml::type_name(table_type)));
+    if (vocab <= 0)
+        throw std::invalid_argument(fmt::format("embed_rows: vocabulary of {} rows", vocab));
+    jit::KernelSpec s;
+    s.family = "embed";
+    s.name = fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(table_type), n, vocab);
+    s.constants = {{"N", n},
+                   {"WTYPE", static_cast<int64_t>(table_type)},
+                   {"VOCAB", vocab},
+                   {"THREADS", std::clamp(round_up(n / 4, 32), 32, 256)}};
+    s.entries = {"embed_rows"};
+    s.priority = 0;
+    return s;
+}
+
+// ---- Attention ----------------------------------------------------------------------------
+
+KvType kv_type_from_name(std::string_view name) {
+    if (name == "f16") return KvType::F16;
+    if (name == "bf16") return KvType::BF16;
+    if (name == "q8_0") return KvType::Q8_0;
+    throw ConfigError(fmt::format("KV cache type \"{}\" is not one of f16, bf16, q8_0", name));
+}
+
+const char* kv_type_name(KvType kv) {
+    switch (kv) {
+        case KvType::F16:
+            return "f16";
+        case KvType::BF16:
+            return "bf16";
+        case KvType::Q8_0:
+            return "q8_0";
+    }
+    return "?";
+}
+
+namespace {
+
+// The KV_TYPE constant of the attention templates; q8_0 has no kernels yet.
+int kv_type_constant(KvType kv) {
+    if (kv == KvType::Q8_0)
+        throw ConfigError(
+            "KV cache type q8_0 (GEMMAJIT_KV_TYPE) has no attention kernels yet; use f16 or bf16");
+    return kv == KvType::BF16 ? 1 : 0;
+}
+
+int prev_pow2(int v) {
+    int p = 1;
+    while (p * 2 <= v) p *= 2;
+    return p;
+}
+
+}  // namespace
+
+jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int rope_pairs,
+                               bool has_kv, bool has_v, KvType kv) {
+    if (head_dim <= 0 || head_dim % 8 != 0)
+        throw std::invalid_argument(
+            fmt::format("attn_prep: head dim {} is not a positive multiple of 8", head_dim));
+    if (n_heads <= 0 || n_kv_heads <= 0)
+        throw std::invalid_argument(
+            fmt::format("attn_prep: {} heads, {} KV heads", n_heads, n_kv_heads));
+    if (rope_pairs < 0 || rope_pairs > head_dim / 2)
+        throw std::invalid_argument(fmt::format("attn_prep: {} RoPE pairs for head dim {} (0..{})",
+                                                rope_pairs, head_dim, head_dim / 2));
+    const int kv_const = has_kv ? kv_type_constant(kv) : 0;
+    jit::KernelSpec s;
+    s.family = "attn_prep";
+    s.name =
+        fmt::format("attn_prep.hd{}.h{}.kv{}.rp{}{}", head_dim, n_heads, n_kv_heads, rope_pairs,
+                    !has_kv ? ".shared"
+                    : has_v ? fmt::format(".{}", kv_type_name(kv))
+                            : fmt::format(".keqv.{}", kv_type_name(kv)));
+    // One warp per head row; 4 rows per block keeps blocks small enough that a decode step
+    // (one token, 8..64 rows) still spreads over several SMs.
+    s.constants = {{"HEAD_DIM", head_dim},     {"N_HEADS", n_heads},
+                   {"N_KV_HEADS", n_kv_heads}, {"ROPE_PAIRS", rope_pairs},
+                   {"HAS_KV", has_kv ? 1 : 0}, {"HAS_V", has_kv && has_v ? 1 : 0},
+                   {"KV_TYPE", kv_const},      {"WARPS", 4}};
+    s.entries = {"attn_prep"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec ple_finish_spec(int n_layers, int ple_dim) {
+    if (n_layers <= 0 || ple_dim <= 0 || ple_dim % 32 != 0)
+        throw std::invalid_argument(fmt::format(
+            "ple_finish: {} layers of width {} (width must be a positive multiple of 32)", n_layers,
+            ple_dim));
+    jit::KernelSpec s;
+    s.family = "ple";
+    s.name = fmt::format("ple_finish.l{}.p{}", n_layers, ple_dim);
+    s.constants = {{"P", ple_dim}, {"N_LAYERS", n_layers}};
+    s.entries = {"ple_finish"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec gelu_mul_spec(int ple_dim) {
+    if (ple_dim <= 0 || ple_dim % 32 != 0)
+        throw std::invalid_argument(
+            fmt::format("gelu_mul: width {} is not a positive multiple of 32", ple_dim));
+    jit::KernelSpec s;
+    s.family = "ple";
+    s.name = fmt::format("gelu_mul.p{}", ple_dim);
+    s.constants = {{"P", ple_dim}};
+    s.entries = {"gelu_mul", "gelu_mul_q8"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec logits_spec(int vocab, int topk) {
+    if (vocab <= 0 || vocab % 4 != 0)
+        throw std::invalid_argument(
+            fmt::format("logits: vocabulary size {} is not a positive multiple of 4", vocab));
+    if (topk < 1 || topk > 64 || topk > vocab)
+        throw std::invalid_argument(
+            fmt::format("logits: top-k of {} (1..64 and at most the vocabulary {})", topk, vocab));
+    constexpr int threads = 256;
+    // argmax: 2 float4 per thread and block; top-k: slices of up to 4096 logits (16 candidates
+    // per thread), and the merge of all blocks' candidates no larger than that.
+    const int argmax_blocks = std::clamp(vocab / (threads * 8), 1, 1024);
+    const int topk_blocks = std::clamp(vocab / 4096, 1, 4096 / topk);
+    jit::KernelSpec s;
+    s.family = "logits";
+    s.name = fmt::format("logits.v{}.k{}", vocab, topk);
+    s.constants = {{"V", vocab},
+                   {"THREADS", threads},
+                   {"ARGMAX_BLOCKS", argmax_blocks},
+                   {"TOPK", topk},
+                   {"TOPK_BLOCKS", topk_blocks},
+                   {"WORK_BYTES", 16 + 8 * (argmax_blocks + int64_t(topk_blocks) * topk)}};
+    s.entries = {"softcap_argmax", "softcap_topk", "softcap"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    return attn_prep_spec(l.head_dim, cfg.n_heads, l.n_kv_heads, l.rope_pairs, l.has_kv,
+                          l.has_v_proj, kv);
+}
+
+jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                  bool tensor_cores) {
+    // Lanes hold 1, 2 or 4 consecutive dims, or 8 per 256-dim stripe (flash_decode.cu).
+    if (!(head_dim == 32 || head_dim == 64 || head_dim == 128 ||
+          (head_dim > 0 && head_dim % 256 == 0)))
+        throw std::invalid_argument(fmt::format(
+            "flash_decode: head dim {} is not supported (32, 64, 128 or a multiple of 256)",
+            head_dim));
+    if (group < 1 || group > 256 || n_kv_heads < 1 || n_kv_heads > 65535 || window < 0)
+        throw std::invalid_argument(fmt::format("flash_decode: group {}, {} KV heads, window {}",
+                                                group, n_kv_heads, window));
+    const int kv_const = kv_type_constant(kv);
+    // The tensor-core path needs 16-dim k-steps and 8 chunks per row for its swizzle.
+    const bool mma = tensor_cores && head_dim % 64 == 0;
+    int qw, ksets, tile, kb;
+    if (mma) {
+        // A warp: 8 queries (the mma N) over 16 rows per tile; two warps split a 32-row tile.
+        qw = 8;
+        kb = 16;
+        ksets = 2;
+        tile = kb * ksets;
+    } else {
+        // Registers: a warp keeps QW queries and their QW outputs at HEAD_DIM / 32 dims per
+        // lane; 64 floats of each is the budget (hd 512: 4 queries, hd 256: 8). Larger groups
+        // split over query sets of warps that read the same shared-memory rows.
+        const int dpl = head_dim / 32;
+        qw = std::min({next_pow2(group), std::max(1, 64 / dpl), 16});
+        ksets = std::max(1, 4 / ((group + qw - 1) / qw));
+        // A stage holds TILE K rows and TILE V rows, about 16 KiB of each.
+        tile = std::clamp(prev_pow2(16384 / (2 * head_dim)), 16, 64);
+        kb = std::min(32 / qw, tile / ksets);
+    }
+    const int qsets = (group + qw - 1) / qw;
+    const int stage_bytes = 2 * tile * head_dim * 2;
+    // Three stages keep two tiles in flight while one is consumed; two where three would take
+    // more than 100 KiB (hd 512 tiles of 32 rows), so that two blocks can share an SM.
+    const int stages = 3 * stage_bytes <= 100 * 1024 ? 3 : 2;
+    const int threads = 32 * qsets * ksets;
+    const int q_bytes = mma ? qsets * qw * head_dim * 2 : 0;  // queries as mma operands
+    const int smem =
+        std::max(stages * stage_bytes + q_bytes, qsets * ksets * qw * (head_dim + 2) * 4);
+    if (smem > 160 * 1024 || threads > 1024)
+        throw std::invalid_argument(fmt::format(
+            "flash_decode: head dim {} with group {} needs {} B of shared memory and {} threads "
+            "(160 KiB, 1024 max)",
+            head_dim, group, smem, threads));
+    jit::KernelSpec s;
+    s.family = "flash_decode";
+    s.name = fmt::format("flash_decode.hd{}.g{}.kv{}.w{}.{}{}", head_dim, group, n_kv_heads, window,
+                         kv_type_name(kv), mma ? ".mma" : "");
+    s.constants = {{"HEAD_DIM", head_dim},
+                   {"GROUP", group},
+                   {"N_KV_HEADS", n_kv_heads},
+                   {"WINDOW", window},
+                   {"KV_TYPE", kv_const},
+                   {"MMA", mma ? 1 : 0},
+                   {"CHUNK", tile},
+                   {"TILE", tile},
+                   {"STAGES", stages},
+                   {"THREADS", threads},
+                   {"QW", qw},
+                   {"KB", kb},
+                   {"SMEM", smem},
+                   {"COMBINE_THREADS", 128}};
+    s.entries = {"flash_decode", "flash_combine"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv, bool tensor_cores) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
+        throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
+                                      layer, cfg.n_heads, l.n_kv_heads));
+    return flash_decode_spec(l.head_dim, cfg.n_heads / l.n_kv_heads, l.n_kv_heads,
+                             l.sliding ? cfg.sliding_window : 0, kv, tensor_cores);
+}
+
+int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count) {
+    const int64_t chunk = spec_constant(spec, "CHUNK"), window = spec_constant(spec, "WINDOW");
+    const int64_t kv_heads = spec_constant(spec, "N_KV_HEADS");
+    const int64_t keys =
+        std::max<int64_t>(1, window > 0 ? std::min<int64_t>(window, max_keys) : max_keys);
+    const int64_t useful = (keys + chunk - 1) / chunk;
+    const int64_t per_sm = (std::max(1, sm_count) + kv_heads * std::max(1, n_tokens) - 1) /
+                           (kv_heads * std::max(1, n_tokens));
+    return static_cast<int>(std::clamp<int64_t>(per_sm, 1, useful));
+}
+
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
     for (const auto& [n, v] : spec.constants)
         if (n == name) return v;
     throw std::out_of_range(fmt::format("kernel spec {} has no constant {}", spec.name, name));
 }
 
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type) {
-    if (!matvec_type_tag(weight_type))
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type, KvType kv,
+                                               bool flash_mma) {
+    PlanTypes types{weight_type, weight_type, weight_type, weight_type};
+    types.kv = kv;
+    types.flash_mma = flash_mma;
+    return build_kernel_plan(cfg, types);
+}
+
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types) {
+    for (const auto& [role, t] :
+         {std::pair{"matrices", types.matmul}, std::pair{"token_embd", types.token_embd},
+          std::pair{"per_layer_token_embd", types.ple_token_embd},
+          std::pair{"per_layer_model_proj", types.ple_model_proj}})
+        if (!has_matvec(t))
+            throw ConfigError(fmt::format("model {}: no kernel for {} stored as {} (supported: {})",
+                                          cfg.name, role, ggml::type_name(t), supported_types()));
+    if (cfg.d_model <= 0 || cfg.n_heads <= 0 || cfg.layers.empty() || cfg.vocab_size <= 0)
         throw ConfigError(
-            fmt::format("model {}: no matvec kernel for weight type {} (supported: q8_0, q4_0)",
-                        cfg.name, ggml::type_name(weight_type)));
-    if (cfg.d_model <= 0 || cfg.n_heads <= 0 || cfg.layers.empty())
-        throw ConfigError(
-            fmt::format("model {}: config has no shape (d_model {}, heads {}, {} "
-                        "layers)",
-                        cfg.name, cfg.d_model, cfg.n_heads, cfg.layers.size()));
+            fmt::format("model {}: config has no shape (d_model {}, heads {}, {} layers, "
+                        "vocabulary {})",
+                        cfg.name, cfg.d_model, cfg.n_heads, cfg.layers.size(), cfg.vocab_size));
+    if (types.max_cols < 1 || types.max_cols > 8)
+        throw std::invalid_argument(
+            fmt::format("kernel plan: batches of {} columns (1..8 supported)", types.max_cols));
 
     std::vector<jit::KernelSpec> plan;
     std::set<std::string> names;
@@ -147,13 +464,31 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type wei
         if (names.insert(s.name).second) plan.push_back(std::move(s));
     };
     const int d = cfg.d_model;
+    const bool q_mat = matvec_type_tag(types.matmul) != nullptr;  // int8 activations
+    std::vector<int> col_counts = {1};
+    if (types.max_cols > 1) col_counts.push_back(types.max_cols);
+    auto add_matvec = [&](ggml::Type t, int k) {
+        for (int ncols : col_counts)
+            add(matvec_spec(t, k, ncols, is_float_type(t) ? MatvecLayout::Ggml : types.layout));
+    };
 
-    // Norms over the residual stream: pre-norms feeding matvecs quantize their output
-    // (attn_norm, ffn_norm, output_norm; MoE pre_ffw_norm_2); post-norms add into the stream
-    // (post_attention_norm, post_ffw_norm, PLE post_norm). The MoE block also has a plain
-    // weighted norm (post_ffw_norm_1/2) and the router's weightless one.
-    add(rmsnorm_spec(d, true, true, false));
+    // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide).
+    add(embed_rows_spec(d, types.token_embd, cfg.vocab_size));
+    if (cfg.has_ple())
+        add(embed_rows_spec(cfg.n_layers * cfg.ple_dim, types.ple_token_embd, cfg.vocab_size));
+
+    // Norms over the residual stream. Pre-norms feeding matvecs (attn_norm, ffn_norm,
+    // output_norm) quantize their output for int8 matrices. Post-norms add into the stream
+    // (post_attention_norm, post_ffw_norm, PLE post_norm); the layer's last one also applies
+    // layer_output_scale; each may chain the next pre-norm (.n2). With PLE, the stream after the
+    // FFN is itself the PLE gate's input (quantized for int8 matrices). The MoE block also has
+    // a plain weighted norm (post_ffw_norm_1/2) and the router's weightless one.
+    add(rmsnorm_spec(d, true, q_mat, false));
     add(rmsnorm_spec(d, true, false, true));
+    add(rmsnorm_spec(d, true, false, true, true));
+    add(rmsnorm_spec(d, true, q_mat, true, false, true));
+    add(rmsnorm_spec(d, true, q_mat, true, true, true));
+    if (cfg.has_ple() && q_mat) add(rmsnorm_spec(d, true, true, true));
     if (cfg.is_moe()) {
         add(rmsnorm_spec(d, true, false, false));
         add(rmsnorm_spec(d, false, false, false));
@@ -167,22 +502,39 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type wei
         add(rmsnorm_spec(l.head_dim, true));
         if (l.has_kv) add(rmsnorm_spec(l.head_dim, false));
     }
-    // PLE: RMS-normalize each layer's P-slice of the projected context.
-    if (cfg.ple_dim > 0) add(rmsnorm_spec(cfg.ple_dim, true));
 
-    // Activations not produced by a quantizing norm (attention output, GeGLU output, PLE gate).
-    add(quantize_spec());
+    // Activations not produced by a quantizing norm (attention output, GeGLU output, the PLE
+    // context projection's input).
+    if (q_mat || matvec_type_tag(types.token_embd) || matvec_type_tag(types.ple_model_proj))
+        add(quantize_spec());
 
-    // One matvec per distinct input width: d (q/k/v, gate/up, PLE inp_gate, LM head), the
-    // attention output width per layer type (o-proj), each FFN width (down; E2B's double-wide
-    // layers and the MoE model's dense MLP included) and P (PLE proj).
+    // One matvec per distinct input width: d (q/k/v, gate/up, PLE inp_gate), the attention
+    // output width per layer type (o-proj), each FFN width (down; E2B's double-wide layers and
+    // the MoE model's dense MLP included) and P (PLE proj). Then the tied LM head and the PLE
+    // context projection (both d wide) in their own types.
     std::set<int> widths = {d};
     for (size_t i = 0; i < cfg.layers.size(); ++i) {
         widths.insert(cfg.q_dim(static_cast<int>(i)));
         if (cfg.layers[i].ffn_dim > 0) widths.insert(cfg.layers[i].ffn_dim);
     }
-    if (cfg.ple_dim > 0) widths.insert(cfg.ple_dim);
-    for (int k : widths) add(matvec_spec(weight_type, k));
+    if (cfg.has_ple()) widths.insert(cfg.ple_dim);
+    for (int k : widths) add_matvec(types.matmul, k);
+    add_matvec(types.token_embd, d);
+    if (cfg.has_ple()) add_matvec(types.ple_model_proj, d);
+
+    // PLE precompute and injection; the final softcap with the token choice.
+    if (cfg.has_ple()) {
+        add(ple_finish_spec(cfg.n_layers, cfg.ple_dim));
+        add(gelu_mul_spec(cfg.ple_dim));
+    }
+    add(logits_spec(cfg.vocab_size));
+
+    // Attention per layer: the fused Q/K/V prep (Q only on KV-shared layers) and split-K decode
+    // attention with its combine, for the layer's head dim, GQA group and window.
+    for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {
+        add(attn_prep_spec(cfg, l, types.kv));
+        add(flash_decode_spec(cfg, l, types.kv, types.flash_mma));
+    }
     return plan;
 }
 

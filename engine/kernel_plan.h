@@ -11,16 +11,19 @@
 
 namespace gj::gemma4 {
 
-// Deduplicated by spec name, decode-path kernels first (priority 0). Throws ConfigError for a
-// weight type with no kernel.
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type);
+// KV cache element type (GEMMAJIT_KV_TYPE). The attention kernels read and write f16 and bf16;
+// q8_0 is a declared flag value without kernels yet (the builders reject it by name).
+enum class KvType { F16 = 0, BF16 = 1, Q8_0 = 2 };
+// "f16" | "bf16" | "q8_0" (the GEMMAJIT_KV_TYPE spellings); throws ConfigError naming the value.
+KvType kv_type_from_name(std::string_view name);
+const char* kv_type_name(KvType kv);
 
-// ---- Single-spec builders (the plan is made of these; the engine and tests use them too). ----
-// Launch geometry is read back from the spec's constants with spec_constant(); each template's
-// header comment states it. In short:
-//   rmsnorm:       block TPR * RPB, grid ceil(rows / RPB)
-//   matvec_*:      block THREADS, grid ceil(n_rows / ROWS)
-//   quantize_q8_1: block THREADS, grid ceil(8 * n_blocks / THREADS)
+// Deduplicated by spec name, decode-path kernels first (priority 0). Every matrix, embedding table
+// and PLE table is taken to be stored as `weight_type` (f32, f16, bf16, q8_0 or q4_0). Throws
+// ConfigError for a weight type with no kernel, or a KV type without attention kernels.
+// `flash_mma` is GEMMAJIT_FLASH_MMA (tensor-core decode attention instead of the default fp32 one).
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
+                                               KvType kv = KvType::F16, bool flash_mma = false);
 
 // How a quantized matrix sits in GPU memory for the matvec kernels.
 enum class MatvecLayout {
@@ -28,17 +31,98 @@ enum class MatvecLayout {
     Split,  // payload plane + fp16 scale plane, made once by the spec's repack_<type> entry
 };
 
-// rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.q8][.add]". quant and add exclude each
-// other; quant needs n % 32 == 0. Throws std::invalid_argument for an impossible combination.
-jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false);
+// The storage of each weight role, for files that mix types (a Q4_0 file with F16 embeddings).
+struct PlanTypes {
+    ggml::Type matmul;                          // attention, FFN and PLE gate/proj matrices
+    ggml::Type token_embd;                      // the embedding gather and the tied LM head
+    ggml::Type ple_token_embd;                  // per_layer_token_embd (PLE models)
+    ggml::Type ple_model_proj;                  // per_layer_model_proj (PLE models)
+    MatvecLayout layout = MatvecLayout::Split;  // for the quantized matrices
+    int max_cols = 8;  // > 1: also the matvecs for batches of max_cols columns (prefill)
+    KvType kv = KvType::F16;  // KV cache element type of the attention kernels
+    bool flash_mma = false;   // GEMMAJIT_FLASH_MMA: tensor-core decode attention
+};
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
-// matvec for a Q8_0 or Q4_0 matrix of input width k: "matvec_q8_0.k<k>[.b<ncols>][.split]".
-// Throws ConfigError for another weight type, std::invalid_argument for k % 64 != 0.
+// ---- Single-spec builders (the plan is made of these; the engine and tests use them too). ----
+// Launch geometry is read back from the spec's constants with spec_constant(); each template's
+// header comment states it. In short:
+//   rmsnorm:       block TPR * RPB, grid ceil(rows / RPB)
+//   matvec_*:      block THREADS, grid ceil(n_rows / ROWS)
+//   quantize_q8_1: block THREADS, grid ceil(8 * n_blocks / THREADS)
+//   embed_rows:    block THREADS, grid (ceil(N / 4 / THREADS), T)
+//   ple_finish:    block 128, grid ceil(T * L / 4)
+//   gelu_mul:      block 128, grid ceil(T * P / 128); gelu_mul_q8: grid ceil(T * P / 512)
+//   logits:        block THREADS; grid ARGMAX_BLOCKS (softcap_argmax), TOPK_BLOCKS
+//                  (softcap_topk), ceil(n / THREADS) (softcap); workspace WORK_BYTES
+//   attn_prep:     block 32 * WARPS, grid (ceil(rows / WARPS), max_T),
+//                  rows = N_HEADS + (HAS_KV ? 2 * N_KV_HEADS : 0)
+//   flash_decode:  block THREADS, grid (max_splits, N_KV_HEADS, max_T), dynamic smem SMEM bytes
+//                  (above 48 KiB the caller opts in once: ModuleSet::set_max_dynamic_smem)
+//   flash_combine: block COMBINE_THREADS, grid (N_KV_HEADS * GROUP * HEAD_DIM / 16, max_T)
+
+// rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8]".
+//   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
+//   add:    y = residual + norm(x) [* w]
+//   scale:  y = (residual + norm(x) * w) * (*scale)   (layer_output_scale; needs add)
+//   norm2:  also y2 = norm(y) * w2                     (the next pre-norm; needs add)
+// Entry "rmsnorm" without scale and norm2, else "rmsnorm_ext" (see kernel_templates/rmsnorm.cu).
+// Throws std::invalid_argument for an impossible combination.
+jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
+                             bool scale = false, bool norm2 = false);
+
+// matvec of input width k. Q8_0 / Q4_0: "matvec_q8_0.k<k>[.b<ncols>][.split]" (int8 activations);
+// F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for another
+// weight type, std::invalid_argument for k % 32 != 0 or ncols outside 1..8.
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
                             MatvecLayout layout = MatvecLayout::Ggml);
 
+// matvec for float weights (f32, f16, bf16) against fp32 activations:
+// "matvec_f.<type>.k<k>[.b<ncols>]". Throws like matvec_spec.
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
+
 // fp32 -> Q8_1 activation quantization (width-independent): "quantize_q8_1".
 jit::KernelSpec quantize_spec();
+
+// Row gather + scale from an n-wide table of `vocab` rows stored as f32/f16/bf16/q8_0/q4_0:
+// "embed_rows.<type>.n<n>.v<vocab>". Throws ConfigError for another type, std::invalid_argument
+// for n not a multiple of 4 (32 for the quantized types).
+jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab);
+
+// PLE precompute (ple_finish) for L layers of width P: "ple_finish.l<L>.p<P>".
+jit::KernelSpec ple_finish_spec(int n_layers, int ple_dim);
+// PLE injection gelu(gate) * ple[l] (gelu_mul, gelu_mul_q8): "gelu_mul.p<P>".
+jit::KernelSpec gelu_mul_spec(int ple_dim);
+
+// Softcap + argmax / top-k over a vocabulary: "logits.v<vocab>.k<topk>"; topk in 1..64.
+jit::KernelSpec logits_spec(int vocab, int topk = 64);
+
+// Q/K norm, V-norm, RoPE and KV append of one layer, fused:
+// "attn_prep.hd<hd>.h<H>.kv<Hkv>.rp<pairs>[.keqv].<f16|bf16>", or "...rp<pairs>.shared" for a
+// KV-shared layer (Q only; no KV type). Throws std::invalid_argument for impossible shapes,
+// ConfigError for KvType::Q8_0.
+jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int rope_pairs,
+                               bool has_kv, bool has_v, KvType kv);
+jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+
+// Split-K decode attention and its combine step (entries flash_decode, flash_combine):
+// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>[.mma]" (window 0 = global causal).
+// Default: everything in fp32 on CUDA cores (the exact path). tensor_cores (head dims that are
+// multiples of 64): Q K^T and P V on mma.sync in the cache's type with fp32 accumulation and an
+// fp32 softmax (".mma"); correct, but slower at E4B decode shapes on the H200 so far (13.9 vs
+// 10.6 us for a global layer at depth 4096), hence opt-in. Throws std::invalid_argument for
+// impossible shapes, ConfigError for KvType::Q8_0 or a layer whose head count is not a multiple
+// of its KV heads.
+jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                  bool tensor_cores = false);
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16,
+                                  bool tensor_cores = false);
+
+// The max_splits to launch flash_decode with (and to size part_o / part_ml for): about one block
+// per SM for `n_tokens` queries at the deepest point, never more splits than CHUNK-sized pieces
+// of the most keys a query can see (max_keys, capped by WINDOW). Any value >= 1 is correct; this
+// one keeps the grid fixed across depths (CUDA graphs) and the partials small.
+int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count);
 
 // Value of a spec constant; throws std::out_of_range naming the spec and constant.
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);

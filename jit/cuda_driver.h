@@ -33,10 +33,9 @@ namespace gj::jit {
     X(cuCtxSynchronize, 2000) \
     X(cuMemAlloc, 3020) \
     X(cuMemFree, 3020) \
-    X(cuMemcpyHtoD, 3020) \
-    X(cuMemcpyDtoH, 3020) \
     X(cuMemcpyHtoDAsync, 3020) \
     X(cuMemcpyDtoHAsync, 3020) \
+    X(cuMemcpyDtoDAsync, 3020) \
     X(cuMemsetD8Async, 3020) \
     X(cuMemGetInfo, 3020) \
     X(cuMemAllocHost, 3020) \
@@ -44,6 +43,7 @@ namespace gj::jit {
     X(cuStreamCreate, 2000) \
     X(cuStreamDestroy, 4000) \
     X(cuStreamSynchronize, 2000) \
+    X(cuStreamWaitEvent, 3020) \
     X(cuEventCreate, 2000) \
     X(cuEventRecord, 2000) \
     X(cuEventSynchronize, 2000) \

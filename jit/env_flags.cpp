@@ -134,6 +134,58 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "f16",
          .help = "KV cache element type (changes attention results)",
          .choices = {"f16", "bf16", "q8_0"}},
+        {.name = "GEMMAJIT_PREFILL_CHUNK",
+         .family = "tuning",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "256",
+         .help = "prompt tokens per prefill chunk (each chunk runs layer by layer as one batch; "
+                 "sliding-window KV rings grow by chunk - 1 slots)",
+         .min = 1,
+         .max = 4096},
+        {.name = "GEMMAJIT_STREAMS",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: run a layer's K and V projections after Q on the compute stream instead of "
+                 "concurrently on two side streams"},
+        {.name = "GEMMAJIT_REPACK",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: keep Q8_0/Q4_0 weights in their GGUF block layout instead of repacking them "
+                 "into the aligned split layout at load"},
+        {.name = "GEMMAJIT_GPU_SAMPLING",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: download every step's whole logits row and sample on the host instead of "
+                 "reducing to the argmax / top-k candidates on the GPU"},
+        {.name = "GEMMAJIT_PLE_TABLE",
+         .family = "path",
+         .type = T::Enum,
+         .cls = C::Neutral,
+         .default_value = "auto",
+         .help = "where the per-layer embedding table lives: on the GPU when it fits (auto), "
+                 "always on the GPU (gpu), or in pinned host memory read by the GPU (host)",
+         .choices = {"auto", "gpu", "host"}},
+        {.name = "GEMMAJIT_GPU_MEMORY_LIMIT",
+         .family = "device",
+         .type = T::Size,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "plan model placement as if at most this much GPU memory were free (0: what the "
+                 "driver reports)"},
+        {.name = "GEMMAJIT_FLASH_MMA",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::OutputChanging,
+         .default_value = "0",
+         .help = "1: decode attention on tensor cores (q and P rounded to the KV type) instead "
+                 "of fp32 CUDA cores; slower at E4B decode shapes so far"},
     };
     return table;
 }

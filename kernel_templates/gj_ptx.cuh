@@ -54,7 +54,9 @@ GJ_DEVICE f16_bits f32_to_f16(float f) {
 }
 
 // bfloat16 -> float. Exact: a bf16 is the upper half of a float.
-GJ_DEVICE float bf16_to_f32(bf16_bits h) { return __uint_as_float((uint32)h << 16); }
+GJ_DEVICE float bf16_to_f32(bf16_bits h) {
+    return __uint_as_float((uint32)h << 16);
+}
 
 // float -> bfloat16, round to nearest even (NaN stays NaN).
 GJ_DEVICE bf16_bits f32_to_bf16(float f) {
@@ -75,7 +77,9 @@ GJ_DEVICE int32 f32_to_s8_sat(float f) {
 // Packing. Element 0 always goes to the least significant bits, matching memory order.
 
 // Two 16-bit patterns -> one 32-bit word (lo in bits 0..15).
-GJ_DEVICE uint32 pack_u16x2(uint16 lo, uint16 hi) { return (uint32)lo | ((uint32)hi << 16); }
+GJ_DEVICE uint32 pack_u16x2(uint16 lo, uint16 hi) {
+    return (uint32)lo | ((uint32)hi << 16);
+}
 
 // Four int8 values (given as ints, only the low byte is used) -> one 32-bit word, a in bits 0..7.
 GJ_DEVICE uint32 pack_s8x4(int32 a, int32 b, int32 c, int32 d) {
@@ -95,7 +99,8 @@ GJ_DEVICE uint32 pack_f16x2(float lo, float hi) {
 // half2 word -> two floats (lo = bits 0..15).
 GJ_DEVICE float2 unpack_f16x2(uint32 v) {
     float2 r;
-    asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+    asm("{\n\t.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, "
+        "h;\n\t}"
         : "=f"(r.x), "=f"(r.y)
         : "r"(v));
     return r;
@@ -207,7 +212,9 @@ GJ_DEVICE void cp_async_cg16(uint32 smem_dst, const void* gmem_src) {
                  : "memory");
 }
 // Closes the group of copies issued since the last commit.
-GJ_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+GJ_DEVICE void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
 // Waits until at most kPending committed groups are still in flight (0: all done). The copies are
 // then visible to the issuing thread; use __syncthreads() before other threads read them.
 template <int kPending>
@@ -259,6 +266,15 @@ GJ_DEVICE float rcp_approx(float x) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
     return r;
 }
+// 1 / sqrt(x) for normal x > 0 (the RMSNorm scale): rsqrt.approx (about 2 ulp) refined by one
+// Newton step to about 1 ulp, without the out-of-line slow paths of the IEEE sqrt.rn / rcp.rn
+// (subroutine calls whose register saves show up as spills in the norm kernels). x = +inf gives 0.
+GJ_DEVICE float rsqrt_refined(float x) {
+    const float r = rsqrtf(x);
+    const float h = 0.5f * x * r;
+    const float e = fmaf(-h, r, 0.5f);  // 0.5 - x r^2 / 2: the relative error of r, halved
+    return x < __int_as_float(0x7f800000) ? fmaf(e, r, r) : r;
+}
 // GELU with the tanh approximation (gelu_pytorch_tanh), evaluated with the accurate tanhf.
 GJ_DEVICE float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2/pi)
@@ -308,6 +324,38 @@ GJ_DEVICE uint32 funnel_bytes(uint32 lo, uint32 hi, uint32 shift_bytes) {
 // needs for its -8 offset. Layout: int8 q[K] (row-contiguous, so 16-byte vector loads work) and
 // float2 {d, s}[K / 32].
 //
+// 127 / amax rounded to nearest even, bit-identical to the IEEE division 127.0f / amax for every
+// amax > 0 (subnormal and inf included), without the division's out-of-line slow path: that path
+// is a subroutine call, and the registers saved around it show up as spills in the kernels that
+// quantize. The divisor is scaled by a power of two into [2^-85, 2^64]; rcp.approx plus one
+// Newton step gives a quotient within about 1.5 ulp, which two rounds of exact tests against the
+// midpoints to its neighbours correct (a float times the midpoint of two adjacent floats, 24 x 25
+// bits, is exact in double); the result is scaled back: exact while the quotient is normal, and
+// an overflow rounds to inf at the same threshold as the unscaled division. (A CPU simulation
+// with a reciprocal off by up to 4 ulp and the GPU test over 2^27 divisors agree with IEEE.)
+GJ_DEVICE float q8_inv_scale(float amax) {
+    if (amax == __int_as_float(0x7f800000)) return 0.0f;
+    const float s = amax < 0x1p-60f ? 0x1p64f : (amax > 0x1p60f ? 0x1p-64f : 1.0f);
+    const float b = amax * s;
+    const double db = b;
+    float r = rcp_approx(b);
+    r = fmaf(fmaf(-b, r, 1.0f), r, r);
+    float c = 127.0f * r;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const uint32 bits = __float_as_uint(c);
+        const float up = __uint_as_float(bits + 1), dn = __uint_as_float(bits - 1);
+        const double at_up = db * (0.5 * ((double)c + (double)up));  // b * midpoint, exact
+        const double at_dn = db * (0.5 * ((double)c + (double)dn));
+        const bool odd = bits & 1u;  // ties go to the even neighbour
+        if (at_up < 127.0 || (at_up == 127.0 && odd))
+            c = up;
+        else if (at_dn > 127.0 || (at_dn == 127.0 && odd))
+            c = dn;
+    }
+    return c * s;
+}
+
 // Called by 8 consecutive lanes (an aligned group of 8 in the warp) that each hold 4 consecutive
 // values of one 32-block, lane (lane % 8) holding values 4*(lane % 8) .. +3. Returns this lane's 4
 // packed int8; `ds` gets {d, s} on every lane of the group.
@@ -315,7 +363,7 @@ GJ_DEVICE uint32 quantize_q8_1_group8(float4 v, float2* ds) {
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     amax = warp_max<8>(amax);
     const float d = amax * (1.0f / 127.0f);
-    const float inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;  // IEEE: same q as the CPU
+    const float inv = amax > 0.0f ? q8_inv_scale(amax) : 0.0f;  // the CPU's 127.0f / amax
     const int32 q0 = f32_to_s8_sat(v.x * inv), q1 = f32_to_s8_sat(v.y * inv);
     const int32 q2 = f32_to_s8_sat(v.z * inv), q3 = f32_to_s8_sat(v.w * inv);
     const int32 sum = warp_sum_i32<8>(q0 + q1 + q2 + q3);

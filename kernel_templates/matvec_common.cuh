@@ -1,11 +1,13 @@
-// matvec_common.cuh: the decode matvec y = W . x for ggml 32-element quant blocks (Q8_0, Q4_0)
-// against Q8_1 activations (see quantize_q8_1_group8 in gj_ptx.cuh), with dp4a and fp32
-// accumulation. A template (matvec_q8_0.cu, matvec_q4_0.cu) supplies the block format as a traits
-// struct and defines the entry points through GJ_MATVEC_ENTRIES.
+// matvec_common.cuh: the decode matvec y = W . x with fp32 accumulation. A template supplies the
+// weight format as a traits struct: ggml 32-element quant blocks (Q8_0, Q4_0) against Q8_1
+// activations (see quantize_q8_1_group8 in gj_ptx.cuh) with dp4a in matvec_q8_0.cu /
+// matvec_q4_0.cu (entry points through GJ_MATVEC_ENTRIES), and float weights against fp32
+// activations in matvec_f.cu.
 //
 // Constants (prologue #defines):
-//   K        input width (row length in elements); a multiple of 64, so that every row of a
-//            contiguous ggml-layout matrix starts on a 4-byte boundary
+//   K        input width (row length in elements); a multiple of 32 (whole quant blocks). In the
+//            ggml layout a row of an odd number of blocks makes every other row start 2 bytes
+//            past a word boundary, which gj_load_ggml_unit handles like any odd block.
 //   LAYOUT   0: ggml blocks exactly as in the GGUF (base 4-byte aligned);
 //            1: "split" planes made once at load by the template's repack entry (base 16-byte
 //               aligned): all rows' payload bytes [n_rows][payload bytes per row], then all rows'
@@ -50,7 +52,7 @@
 #define UNROLL 4
 #endif
 
-static_assert(K % 64 == 0, "matvec: K must be a multiple of 64 (rows start 4-byte aligned)");
+static_assert(K % 32 == 0 && K > 0, "matvec: K must be a positive multiple of 32");
 static_assert(LAYOUT == 0 || LAYOUT == 1, "matvec: LAYOUT must be 0 (ggml) or 1 (split)");
 static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024,
               "matvec: THREADS must be a multiple of 32 in [32, 1024]");
@@ -66,7 +68,8 @@ enum { gj_epi_store = 0, gj_epi_add = 1, gj_epi_geglu = 2 };
 //   struct WFrag, struct XFrag   registers of one unit's weights / activations
 //   load_w(Row, u) -> WFrag      issue the unit's weight loads
 //   scale(WFrag, lane) -> float  the unit's weight scale (may shuffle: called by the whole warp)
-//   load_x(xq, xds, u) -> XFrag  the unit's activations
+//   load_x(x, xds, c, u) -> XFrag  the unit's activations of column c (x: the activation base
+//                                  pointer of the entry, xds its Q8_1 scales or null)
 //   dot(WFrag, XFrag) -> float   the unit's contribution before the weight scale
 
 // ggml block layout helper: the 8 payload bytes at byte `part8 * 8` of the block at `blk`, and
@@ -90,7 +93,7 @@ GJ_DEVICE void gj_load_ggml_unit(const uint8* blk, int part8, uint32& q0, uint32
 
 template <class F, int kEpi>
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
-                         const int8* __restrict__ xq, const float2* __restrict__ xds,
+                         const void* __restrict__ x, const float2* __restrict__ xds,
                          const float* residual, float* y, int n_rows) {
     constexpr int kVr = kEpi == gj_epi_geglu ? 2 * ROWS : ROWS;  // rows read per block
     constexpr int kUnits = F::kUnits;
@@ -128,8 +131,7 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
             live[b] = (kUnits % THREADS == 0 && kIters % kBatch == 0) || u_raw < kUnits;
             const int u = live[b] ? u_raw : 0;
 #pragma unroll
-            for (int c = 0; c < NCOLS; ++c)
-                xf[b][c] = F::load_x(xq + c * K, xds + c * (K / 32), u);
+            for (int c = 0; c < NCOLS; ++c) xf[b][c] = F::load_x(x, xds, c, u);
 #pragma unroll
             for (int v = 0; v < kVr; ++v) wf[b][v] = F::load_w(rows[v], u);
         }
@@ -179,13 +181,13 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
 // Defines the three entry points <name>, <name>_add, <name>_geglu for traits F.
 #define GJ_MATVEC_ENTRY(NAME, F, EPI)                                                         \
     extern "C" __global__ void __launch_bounds__(THREADS)                                     \
-        NAME(const void* w, const void* w_up, const int8* xq, const float2* xds,            \
-             const float* residual, float* y, int n_rows) {                                  \
+        NAME(const void* w, const void* w_up, const int8* xq, const float2* xds,              \
+             const float* residual, float* y, int n_rows) {                                   \
         gj_matvec<F, EPI>((const uint8*)w, (const uint8*)w_up, xq, xds, residual, y, n_rows); \
     }
-#define GJ_MATVEC_ENTRIES(NAME, F)                 \
-    GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)         \
-    GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add)     \
+#define GJ_MATVEC_ENTRIES(NAME, F)             \
+    GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
+    GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
     GJ_MATVEC_ENTRY(NAME##_geglu, F, gj_epi_geglu)
 
 #endif  // GJ_MATVEC_COMMON_CUH

@@ -4,7 +4,7 @@
 //
 // Constants: none. Launch geometry is given per entry below. Not a model kernel: it is compiled
 // only by the tests and `gemmajit jit` tooling. (quantize_q8_1_group8 is tested through the
-// production kernel quantize_q8_1.cu.)
+// production kernel quantize_q8_1.cu; its division helper q8_inv_scale has its own entry.)
 #include "gj_ptx.cuh"
 
 // Scalar conversions, one element per thread (any grid covering n):
@@ -27,9 +27,9 @@ extern "C" __global__ void selftest_convert(const float* f, const uint16* h, int
 //   fma_out = hfma2(a[i], b[i], c[i]), u16x2_out = pack_u16x2(lo16(a), lo16(b)),
 //   s8x4_out = pack_s8x4(a, b, c, a + b).
 extern "C" __global__ void selftest_pack(const float* f, const uint32* words, const uint32* a,
-                                         const uint32* b, const uint32* c, int n,
-                                         uint32* f16x2_out, float2* unpacked, uint32* fma_out,
-                                         uint32* u16x2_out, uint32* s8x4_out) {
+                                         const uint32* b, const uint32* c, int n, uint32* f16x2_out,
+                                         float2* unpacked, uint32* fma_out, uint32* u16x2_out,
+                                         uint32* s8x4_out) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     f16x2_out[i] = pack_f16x2(f[2 * i], f[2 * i + 1]);
@@ -142,6 +142,18 @@ extern "C" __global__ void selftest_fast_math(const float* x, int n, float* exp2
     tanh_out[i] = tanh_approx(x[i]);
     rcp_out[i] = rcp_approx(x[i]);
     gelu_out[i] = gelu_tanh(x[i]);
+}
+
+// out[i] = rsqrt_refined(x[i]), one per thread.
+extern "C" __global__ void selftest_rsqrt(const float* x, int n, float* out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = rsqrt_refined(x[i]);
+}
+
+// out[i] = q8_inv_scale(amax[i]) (must equal 127.0f / amax[i] bit for bit), one per thread.
+extern "C" __global__ void selftest_q8_scale(const float* amax, int n, float* out) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = q8_inv_scale(amax[i]);
 }
 
 // Loads over a byte buffer `bytes` (16-byte aligned, at least 4n + 24 bytes), thread i:

@@ -12,7 +12,8 @@
 #ifndef THREADS
 #define THREADS 256
 #endif
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "quantize_q8_1: THREADS must be a multiple of 32");
+static_assert(THREADS % 32 == 0 && THREADS <= 1024,
+              "quantize_q8_1: THREADS must be a multiple of 32");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     quantize_q8_1(const float* __restrict__ x, uint32* __restrict__ xq, float2* __restrict__ xds,

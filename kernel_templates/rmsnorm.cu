@@ -1,23 +1,32 @@
-// rmsnorm: y = x / sqrt(mean(x^2) + eps) [* w] [+ residual] over rows of N floats, optionally
-// also emitting the result as Q8_1 activations (int8 + per-32 {scale, scale * sum}) for the dp4a
-// matvecs, so a norm that feeds a matmul costs one launch and no fp32 round trip.
+// rmsnorm: y = x / sqrt(mean(x^2) + eps) [* w] [+ residual] [* (*scale)] over rows of N floats,
+// optionally followed by a second norm of that result and/or Q8_1 quantization (int8 + per-32
+// {scale, scale * sum}) for the dp4a matvecs, so the norms around a residual update cost one
+// launch and no fp32 round trip.
 //
 // Uses: the model's pre-norms (attn_norm, ffn_norm, output_norm: WEIGHT=1 QUANT=1), post-norms
-// with the residual add (post_attention_norm, post_ffw_norm, PLE post_norm: WEIGHT=1 ADD=1),
-// per-head Q/K norms (N = head_dim, rows = heads, weight shared by all heads) and the weightless
-// V-norm (WEIGHT=0).
+// with the residual add (post_attention_norm, post_ffw_norm, PLE post_norm: WEIGHT=1 ADD=1), the
+// layer output scale (ADD=1 SCALE=1: x = (x + post_norm(u)) * layer_output_scale), a post-norm
+// chained with the next pre-norm (ADD=1 NORM2=1 [QUANT=1]: x += post_norm(u), then
+// y2 = norm(x) * w2, e.g. post_attention_norm + ffn_norm), the PLE gate input (ADD=1 QUANT=1:
+// the updated residual itself, quantized), per-head Q/K norms (N = head_dim, rows = heads,
+// weight shared by all heads) and the weightless V-norm (WEIGHT=0).
 //
 // Constants (prologue #defines):
 //   N       row width in floats; a multiple of 4 (of 32 when QUANT=1)
 //   TPR     threads per row: 8, 16 or 32, or a multiple of 32 up to 1024
 //   RPB     rows per block (>1 only when TPR <= 32, so a row never spans warps partially)
 //   WEIGHT  1: multiply by w[N] (fp32, no +1 offset: Gemma 4 stores norm weights as-is)
-//   QUANT   1: also write yq/yds (requires N % 32 == 0 and TPR % 8 == 0)
-//   ADD     1: y = residual + normed (residual may alias y); excludes QUANT
+//   QUANT   1: also write yq/yds: the quantized y2 when NORM2=1, else y (needs N % 32 == 0 and
+//           TPR % 8 == 0)
+//   ADD     1: y = residual + normed (residual may alias y)
+//   SCALE   1: y = (residual + normed) * (*scale), the scale read from device memory (needs ADD)
+//   NORM2   1: y2 = y / sqrt(mean(y^2) + eps) * w2 (needs ADD)
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
-// Entry: rmsnorm(x, w, residual, y, yq, yds, rows, eps). Rows are contiguous (stride N). y may be
-// null when only the quantized output is wanted; y may alias x (every element is read and written
-// by the same thread; hence no __restrict__ on x, y or residual).
+// Entries (rows contiguous, stride N):
+//   SCALE = NORM2 = 0: rmsnorm(x, w, residual, y, yq, yds, rows, eps)
+//   otherwise:         rmsnorm_ext(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps)
+// y (and y2) may be null when only the quantized output is wanted; y may alias x or residual
+// (every element is read and written by the same thread; hence no __restrict__ on them).
 #include "gj_ptx.cuh"
 
 #ifndef TPR
@@ -35,6 +44,12 @@
 #ifndef ADD
 #define ADD 0
 #endif
+#ifndef SCALE
+#define SCALE 0
+#endif
+#ifndef NORM2
+#define NORM2 0
+#endif
 
 static_assert(N % 4 == 0, "rmsnorm: N must be a multiple of 4 (float4 rows)");
 static_assert((TPR <= 32 && (32 % TPR) == 0) || (TPR % 32 == 0 && TPR <= 1024),
@@ -43,16 +58,46 @@ static_assert(RPB == 1 || TPR <= 32, "rmsnorm: several rows per block need TPR <
 static_assert(TPR * RPB <= 1024, "rmsnorm: block too large");
 static_assert(!QUANT || (N % 32 == 0 && TPR % 8 == 0),
               "rmsnorm: QUANT needs N % 32 == 0 and TPR % 8 == 0 (8 lanes per 32-block)");
-static_assert(!(QUANT && ADD), "rmsnorm: QUANT and ADD together make no sense (quantize the "
-                               "next norm's output instead)");
+static_assert(ADD || !(SCALE || NORM2),
+              "rmsnorm: SCALE and NORM2 apply to a residual update (ADD)");
 
-#define VEC (N / 4)                      // float4 per row
-#define VPT ((VEC + TPR - 1) / TPR)      // float4 per thread
+#define VEC (N / 4)                  // float4 per row
+#define VPT ((VEC + TPR - 1) / TPR)  // float4 per thread
 #define WARPS_PER_ROW (TPR > 32 ? TPR / 32 : 1)
 
-extern "C" __global__ void __launch_bounds__(TPR * RPB)
-    rmsnorm(const float* x, const float* __restrict__ w, const float* residual,
-            float* y, uint32* __restrict__ yq, float2* __restrict__ yds, int rows, float eps) {
+// Sum of v over the TPR threads of a row; every thread of the row gets it. `partial` is shared
+// scratch of WARPS_PER_ROW floats (unused when a row fits in a warp), one per reduction.
+GJ_DEVICE float gj_row_sum(float v, float* partial) {
+    constexpr int kReduceWidth = TPR < 32 ? TPR : 32;
+    v = warp_sum<kReduceWidth>(v);
+#if TPR > 32
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = 0.0f;
+#pragma unroll
+    for (int k = 0; k < WARPS_PER_ROW; ++k) v += partial[k];
+#endif
+    return v;
+}
+
+// Quantizes float4 i of row r to Q8_1 and stores it when `store`. Groups of 8 lanes hold whole
+// 32-blocks (TPR % 8 == 0, VEC % 8 == 0), so a group is entirely inside or outside the row and
+// the group shuffles stay uniform; every lane must call it.
+GJ_DEVICE void gj_quantize_store(float4 o, bool store, int r, int i, uint32* __restrict__ yq,
+                                 float2* __restrict__ yds) {
+    float2 ds;
+    const uint32 packed = quantize_q8_1_group8(o, &ds);
+    if (store) {
+        yq[(size_t)r * VEC + i] = packed;
+        if (i % 8 == 0) yds[(size_t)r * (N / 32) + i / 8] = ds;
+    }
+}
+
+GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const float* residual,
+                          float* y, const float* __restrict__ out_scale,
+                          const float* __restrict__ w2, float* y2, uint32* __restrict__ yq,
+                          float2* __restrict__ yds, int rows, float eps) {
+    __shared__ float partial[2][WARPS_PER_ROW];
     const int tr = threadIdx.x % TPR;  // thread within its row
     const int row = blockIdx.x * RPB + threadIdx.x / TPR;
     // Rows past the end still run the shuffles below (they must stay converged), reading row 0.
@@ -68,25 +113,22 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB)
         v[k] = (VEC % TPR == 0 || i < VEC) ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
         ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
-
-    constexpr int kReduceWidth = TPR < 32 ? TPR : 32;
-    ss = warp_sum<kReduceWidth>(ss);
-#if TPR > 32
-    __shared__ float partial[WARPS_PER_ROW];
-    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
-    __syncthreads();
-    ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < WARPS_PER_ROW; ++k) ss += partial[k];
+    ss = gj_row_sum(ss, partial[0]);
+    // About 1 ulp (rsqrt_refined), like the CPU's double computation rounded to float.
+    const float scale = rsqrt_refined(ss * (1.0f / N) + eps);
+#if SCALE
+    const float s_out = __ldg(out_scale);
 #endif
-    // IEEE sqrt and division: one per row, and it keeps the kernel within ~1 ulp of the CPU.
-    const float scale = 1.0f / sqrtf(ss * (1.0f / N) + eps);
 
+    // o: this thread's part of y (zero outside the row, so NORM2's sum needs no mask). Without
+    // NORM2 the quantization of y happens in the same pass (fewer values live at once).
+    float ss2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int i = k * TPR + tr;
         const bool in_row = VEC % TPR == 0 || i < VEC;
-        float4 o = make_float4(v[k].x * scale, v[k].y * scale, v[k].z * scale, v[k].w * scale);
+        float4& o = v[k];
+        o = make_float4(o.x * scale, o.y * scale, o.z * scale, o.w * scale);
 #if WEIGHT
         if (in_row) {
             const float4 g = __ldg((const float4*)w + i);
@@ -99,16 +141,61 @@ extern "C" __global__ void __launch_bounds__(TPR * RPB)
             o.x += res.x, o.y += res.y, o.z += res.z, o.w += res.w;
         }
 #endif
+#if SCALE
+        o.x *= s_out, o.y *= s_out, o.z *= s_out, o.w *= s_out;
+#endif
         if (in_row && live && y != nullptr) ((float4*)(y + (size_t)r * N))[i] = o;
-#if QUANT
-        // Groups of 8 lanes hold whole 32-blocks (TPR % 8 == 0, VEC % 8 == 0), so a group is
-        // entirely inside or outside the row and the group shuffles stay uniform.
-        float2 ds;
-        const uint32 packed = quantize_q8_1_group8(o, &ds);
-        if (in_row && live) {
-            yq[(size_t)r * VEC + i] = packed;
-            if (i % 8 == 0) yds[(size_t)r * (N / 32) + i / 8] = ds;
-        }
+#if NORM2
+        ss2 += o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w;
+#elif QUANT
+        gj_quantize_store(o, in_row && live, r, i, yq, yds);
 #endif
     }
+#if NORM2
+    ss2 = gj_row_sum(ss2, partial[1]);
+    const float scale2 = rsqrt_refined(ss2 * (1.0f / N) + eps);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int i = k * TPR + tr;
+        const bool in_row = VEC % TPR == 0 || i < VEC;
+        float4 o = v[k];
+        o = make_float4(o.x * scale2, o.y * scale2, o.z * scale2, o.w * scale2);
+        if (in_row) {
+            const float4 g = __ldg((const float4*)w2 + i);
+            o.x *= g.x, o.y *= g.y, o.z *= g.z, o.w *= g.w;
+        }
+        if (in_row && live && y2 != nullptr) ((float4*)(y2 + (size_t)r * N))[i] = o;
+#if QUANT
+        gj_quantize_store(o, in_row && live, r, i, yq, yds);
+#endif
+    }
+#else
+    (void)ss2;
+    (void)w2;
+    (void)y2;
+#endif
+#if !QUANT
+    (void)yq;
+    (void)yds;
+#endif
 }
+
+// No __launch_bounds__: with it, ptxas (CUDA 13, sm_90) settles on 40 registers and spills 8
+// bytes for some widths (2816, 5376 with SCALE); without it the same code takes 38 and spills
+// nothing (the implied cap of 64 registers is far above what the kernel needs).
+#if SCALE || NORM2
+extern "C" __global__ void rmsnorm_ext(const float* x, const float* __restrict__ w,
+                                       const float* residual, float* y,
+                                       const float* __restrict__ scale,
+                                       const float* __restrict__ w2, float* y2,
+                                       uint32* __restrict__ yq, float2* __restrict__ yds, int rows,
+                                       float eps) {
+    gj_rmsnorm(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps);
+}
+#else
+extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w,
+                                   const float* residual, float* y, uint32* __restrict__ yq,
+                                   float2* __restrict__ yds, int rows, float eps) {
+    gj_rmsnorm(x, w, residual, y, nullptr, nullptr, nullptr, yq, yds, rows, eps);
+}
+#endif

@@ -1,6 +1,8 @@
 // Model kernels on the GPU against CPU references on random data: quantize_q8_1, rmsnorm (with and
-// without weight, per head, residual add, fused quantization) and the Q8_0 / Q4_0 matvecs (both
-// layouts, all epilogues, several widths, row counts that do not fill the last block).
+// without weight, per head, residual add, fused quantization, and rmsnorm_ext: the layer output
+// scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
+// the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
+// counts that do not fill the last block).
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -231,9 +233,10 @@ TEST_P(RmsNormTest, MatchesCpu) {
         EXPECT_EQ(from_device<int8_t>(dq, total), q.q);
         EXPECT_EQ(from_device<float>(dds, total / 16), interleave(q));
         // y may be null when only the quantized output is wanted; same result.
+        ASSERT_FALSE(c.add && c.in_place) << "test case: the residual was overwritten";
         DeviceBuffer dq2(total);
-        launch(k, {ceil_div(c.rows, rpb)}, {tpr * rpb}, dx.ptr(), c.weight ? dw.ptr() : none, none,
-               none, dq2.ptr(), dds.ptr(), c.rows, eps);
+        launch(k, {ceil_div(c.rows, rpb)}, {tpr * rpb}, dx.ptr(), c.weight ? dw.ptr() : none,
+               c.add ? dres.ptr() : none, none, dq2.ptr(), dds.ptr(), c.rows, eps);
         EXPECT_EQ(from_device<int8_t>(dq2, total), q.q);
     }
 }
@@ -249,7 +252,10 @@ INSTANTIATE_TEST_SUITE_P(
                       NormCase{256, 24, true, false, false, true},    // Q/K norm per head
                       NormCase{512, 5, false, false, false, false},   // V-norm, rows % RPB != 0
                       NormCase{256, 13, false, false, false, false},
-                      NormCase{256, 9, true, true, false, false}),  // PLE slices, quantized
+                      NormCase{256, 9, true, true, false, false},  // PLE slices, quantized
+                      NormCase{2560, 2, true, true, true, false},  // residual, quantized
+                      NormCase{128, 3, true, true, true, false},   // tiny d
+                      NormCase{128, 5, true, false, true, true}),  // tiny post-norm
     [](const ::testing::TestParamInfo<NormCase>& i) { return case_name(i.param); });
 
 namespace {  // beside MatvecCase, so gtest finds PrintTo by argument-dependent lookup
@@ -287,20 +293,103 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 704, 99, 32, 1, 1},  // MoE expert width
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 256, 77, 32, 1, 1},
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 1000, 32, 3, 1},
-        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 10240, 301, 64, 2, 1}),
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 10240, 301, 64, 2, 1},
+        // Tiny presets' widths (PLE P = 32, tiny-moe FFN 96: odd block counts, so every other
+        // ggml row starts 2 bytes past a word) and 65 blocks per row; 8-column prefill batches.
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 32, 129, 32, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 32, 128, 32, 1, 8},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 32, 131, 32, 1, 2},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 32, 128, 32, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 96, 129, 32, 1, 8},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 96, 127, 32, 2, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 2080, 33, 64, 1, 1},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 2080, 33, 64, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 2560, 300, 32, 1, 8},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 300, 32, 1, 8}),
     [](const ::testing::TestParamInfo<MatvecCase>& i) { return case_name(i.param); });
 
-// The plan's own choice of THREADS/ROWS, for the E4B widths.
-TEST(MatvecPlanSpecs, E4bWidthsMatchCpu) {
+// The plan's own choice of THREADS/ROWS, for the E4B widths and the tiny ones, both layouts,
+// decode and 8-column prefill batches.
+TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
     GJ_REQUIRE_GPU();
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
-        for (int k : {2560, 10240, 2048, 256}) {
-            const auto s = gj::gemma4::matvec_spec(t, k);
-            check_matvec({t, MatvecLayout::Ggml, k, 515,
-                          int(gj::gemma4::spec_constant(s, "THREADS")),
-                          int(gj::gemma4::spec_constant(s, "ROWS")), 1});
-        }
+        for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split})
+            for (int ncols : {1, 8})
+                for (int k : {2560, 10240, 2048, 256, 128, 32}) {
+                    const auto s = gj::gemma4::matvec_spec(t, k, ncols, layout);
+                    check_matvec({t, layout, k, 515, int(gj::gemma4::spec_constant(s, "THREADS")),
+                                  int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
+                }
 }
+
+// rmsnorm_ext: x = (residual + norm(u) * w) [* scale] then [y2 = norm(x) * w2] [quantized].
+struct NormExtCase {
+    int n, rows;
+    bool scale, norm2, quant;
+};
+
+class RmsNormExtTest : public ::testing::TestWithParam<NormExtCase> {};
+
+TEST_P(RmsNormExtTest, MatchesCpu) {
+    GJ_REQUIRE_GPU();
+    const NormExtCase c = GetParam();
+    const KernelSpec spec = gj::gemma4::rmsnorm_spec(c.n, true, c.quant, true, c.scale, c.norm2);
+    SCOPED_TRACE(spec.name + " rows=" + std::to_string(c.rows));
+    ASSERT_EQ(spec.entries, std::vector<std::string>{"rmsnorm_ext"});
+    GpuKernels g({spec});
+    std::mt19937 rng(c.n * 3 + c.rows);
+    const size_t total = size_t(c.n) * c.rows;
+    const auto u = random_normal(total, 3.0f, rng);
+    const auto w = random_normal(c.n, 1.0f, rng);
+    const auto w2 = random_normal(c.n, 1.0f, rng);
+    const auto res = random_normal(total, 5.0f, rng);
+    const std::vector<float> scale = {c.scale ? 0.37f : 1.0f};
+    const float eps = 1e-6f;
+    auto du = to_device(u), dw = to_device(w), dw2 = to_device(w2), dscale = to_device(scale);
+    auto dres = to_device(res);  // updated in place: y aliases the residual
+    DeviceBuffer dy2(total * 4), dq(total), dds(total / 32 * 8 + 8);
+    const CUdeviceptr none = 0;
+    const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+    const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+    launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(c.rows, rpb)}, {tpr * rpb}, du.ptr(),
+           dw.ptr(), dres.ptr(), dres.ptr(), c.scale ? dscale.ptr() : none,
+           c.norm2 ? dw2.ptr() : none, c.norm2 ? dy2.ptr() : none, c.quant ? dq.ptr() : none,
+           c.quant ? dds.ptr() : none, c.rows, eps);
+    const auto y = from_device<float>(dres, total);
+    ASSERT_TRUE(all_finite(y));
+    const auto want = rmsnorm_chain(u, c.rows, c.n, w.data(), res, scale[0], nullptr, eps);
+    const auto normed = rmsnorm(u, c.rows, c.n, w.data(), nullptr, eps);
+    for (size_t i = 0; i < total; ++i) {
+        // fp32 vs double norm scale (~1e-6 relative), then one add and one multiply.
+        const double tol = 1e-5 * (std::fabs(normed[i]) + std::fabs(res[i])) * scale[0] + 1e-7;
+        ASSERT_NEAR(y[i], want.y[i], tol) << "element " << i;
+    }
+    std::vector<float> quantized_source = y;
+    if (c.norm2) {
+        // The second norm, against the CPU's norm of the GPU's first output.
+        const auto y2 = from_device<float>(dy2, total);
+        ASSERT_TRUE(all_finite(y2));
+        const auto want2 = rmsnorm(y, c.rows, c.n, w2.data(), nullptr, eps);
+        for (size_t i = 0; i < total; ++i)
+            ASSERT_NEAR(y2[i], want2[i], 1e-5 * std::fabs(want2[i]) + 1e-7) << "y2 " << i;
+        quantized_source = y2;
+    }
+    if (c.quant) {
+        const Q81 q = quantize_q8_1(quantized_source.data(), total);
+        EXPECT_EQ(from_device<int8_t>(dq, total), q.q);
+        EXPECT_EQ(from_device<float>(dds, total / 16), interleave(q));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RmsNormExtTest,
+    ::testing::Values(NormExtCase{2560, 1, true, false, false},  // x = (x + norm(u)) * s
+                      NormExtCase{2560, 3, true, true, true},    // ... then the next attn_norm
+                      NormExtCase{2560, 2, false, true, true},   // post_attn + ffn_norm
+                      NormExtCase{5376, 2, true, true, true},    // 31B: last thread partial
+                      NormExtCase{1536, 1, false, true, false},  // float model: fp32 y2
+                      NormExtCase{128, 7, true, true, true},     // tiny d: rows share a block
+                      NormExtCase{128, 5, true, false, false}));
 
 // Decode bandwidth for the E4B FFN shapes (gate/up: 10240 x 2560, down: 2560 x 10240) over a
 // grid of launch constants. Weights rotate over enough copies to defeat the L2 cache.

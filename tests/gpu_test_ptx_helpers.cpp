@@ -26,7 +26,7 @@ GpuKernels& kernels() {
         s.entries = {"selftest_convert",  "selftest_pack",        "selftest_dp4a",
                      "selftest_mma_s8",   "selftest_mma_f16",     "selftest_ldmatrix",
                      "selftest_cp_async", "selftest_warp_reduce", "selftest_fast_math",
-                     "selftest_loads"};
+                     "selftest_loads",    "selftest_q8_scale",    "selftest_rsqrt"};
         return std::vector<gj::jit::KernelSpec>{s};
     }());
     return k;
@@ -301,6 +301,60 @@ TEST(PtxHelpers, FastMathApproximations) {
             EXPECT_NEAR(gr[i], 1.0 / x[i], std::fabs(1.0 / x[i]) * std::ldexp(1.0, -22));
         }
         EXPECT_NEAR(gg[i], gelu_tanh(x[i]), 2e-6 * std::max(1.0f, std::fabs(x[i])));  // tanhf: ulps
+    }
+}
+
+// q8_inv_scale against the IEEE quotient 127.0f / amax: every mantissa at exponents across each
+// scaling range and its edges (subnormals, the 2^-60 / 2^60 switch points, the overflow region
+// below 3.7e-37, the top binade), plus inf.
+TEST(PtxHelpers, Q8InvScaleIsTheIeeeQuotient) {
+    GJ_REQUIRE_GPU();
+    const int n = 1 << 23;
+    std::vector<float> amax(n);
+    DeviceBuffer din(size_t(n) * 4), dout(size_t(n) * 4);
+    for (int e : {-149, -126, -122, -100, -61, -60, -59, -1, 0, 6, 7, 59, 60, 61, 100, 127}) {
+        SCOPED_TRACE("exponent " + std::to_string(e));
+        for (int m = 0; m < n; ++m)  // e = -149: the subnormals (mantissa m, m > 0)
+            amax[m] = e == -149 ? std::ldexp(float(std::max(m, 1)), -149)
+                                : std::ldexp(1.0f + float(m) * 0x1p-23f, e);
+        din.upload(amax.data(), size_t(n) * 4);
+        launch(kernels().get(kSpec, "selftest_q8_scale"), {ceil_div(n, 256)}, {256}, din.ptr(), n,
+               dout.ptr());
+        const auto got = from_device<float>(dout, n);
+        int bad = 0;
+        for (int m = 0; m < n && bad < 5; ++m) {
+            const float want = 127.0f / amax[m];
+            if (std::memcmp(&want, &got[m], 4) != 0) {
+                ++bad;
+                ADD_FAILURE() << "amax " << amax[m] << ": got " << got[m] << " want " << want;
+            }
+        }
+    }
+    const std::vector<float> inf = {INFINITY};
+    auto di = to_device(inf);
+    launch(kernels().get(kSpec, "selftest_q8_scale"), {1}, {32}, di.ptr(), 1, dout.ptr());
+    EXPECT_EQ(from_device<float>(dout, 1)[0], 0.0f);
+}
+
+// rsqrt_refined against the double 1 / sqrt(x) over positive normals of every size (norm inputs
+// are mean squares plus eps >= 1e-6) and inf.
+TEST(PtxHelpers, RsqrtRefinedIsWithinAboutAnUlp) {
+    GJ_REQUIRE_GPU();
+    std::mt19937 rng(12);
+    std::vector<float> x = {1.0f, 4.0f, 2.0f, 1e-6f, 3.4e38f, 1.17549435e-38f, INFINITY};
+    std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+    for (int e = -126; e < 128; ++e)
+        for (int k = 0; k < 200; ++k) x.push_back(std::ldexp(mant(rng), e));
+    const int n = int(x.size());
+    auto dx = to_device(x);
+    DeviceBuffer out(size_t(n) * 4);
+    launch(kernels().get(kSpec, "selftest_rsqrt"), {ceil_div(n, 256)}, {256}, dx.ptr(), n,
+           out.ptr());
+    const auto got = from_device<float>(out, n);
+    for (int i = 0; i < n; ++i) {
+        const double want = 1.0 / std::sqrt(double(x[i]));
+        // One Newton step squares rsqrt.approx's 2^-22 error away; the fp32 steps leave ~1 ulp.
+        ASSERT_NEAR(got[i], want, want * 0x1p-22) << "x = " << x[i];
     }
 }
 

@@ -9,12 +9,15 @@
 #include <map>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "engine/kernel_plan.h"
 #include "jit/env_flags.h"
 #include "jit/jit.h"
 
 using gj::gemma4::build_kernel_plan;
 using gj::gemma4::Config;
+using gj::gemma4::KvType;
 using gj::gemma4::MatvecLayout;
 using gj::jit::KernelSpec;
 namespace ggml = gj::ggml;
@@ -44,27 +47,57 @@ KernelSpec ptx_selftest_spec() {
     s.entries = {"selftest_convert",  "selftest_pack",        "selftest_dp4a",
                  "selftest_mma_s8",   "selftest_mma_f16",     "selftest_ldmatrix",
                  "selftest_cp_async", "selftest_warp_reduce", "selftest_fast_math",
-                 "selftest_loads"};
+                 "selftest_loads",    "selftest_q8_scale",    "selftest_rsqrt"};
     return s;
 }
 
-// Every distinct spec of every variant's plan for both weight types, plus the selftest and the
-// split-layout / multi-column matvec forms (not in any plan yet, but shipped templates).
+const std::vector<ggml::Type> kWeightTypes = {ggml::Type::F32, ggml::Type::F16, ggml::Type::BF16,
+                                              ggml::Type::Q8_0, ggml::Type::Q4_0};
+
+// Every distinct spec of every preset's plan (the five released models and the tiny test presets)
+// for every weight type, plus the selftest and the matvec forms no plan uses by default (ggml
+// layout, odd column counts).
 std::vector<KernelSpec> all_specs() {
     std::vector<KernelSpec> specs;
     std::set<std::string> seen;
     auto add = [&](const KernelSpec& s) {
         if (seen.insert(s.name).second) specs.push_back(s);
     };
-    for (const auto& v : kVariants)
-        for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+    for (const auto& v : Config::preset_names())
+        for (auto t : kWeightTypes)
             for (const auto& s : build_kernel_plan(Config::preset(v), t)) add(s);
     add(ptx_selftest_spec());
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
-        add(gj::gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Split));
+        add(gj::gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gj::gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));
+        add(gj::gemma4::matvec_spec(t, 96, 1, MatvecLayout::Ggml));
+    }
+    add(gj::gemma4::matvec_f_spec(ggml::Type::BF16, 2560, 4));
+    // The bf16 KV cache (GEMMAJIT_KV_TYPE=bf16), and the attention kernels of a tiny preset
+    // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
+    for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))
+        add(s);
+    // GEMMAJIT_FLASH_MMA=1: the tensor-core decode attention of a model with and one without
+    // k_eq_v, and with the bf16 cache.
+    for (const char* v : {"e4b", "31b"})
+        for (const auto& s :
+             build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::F16, true))
+            add(s);
+    for (const auto& s :
+         build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16, true))
+        add(s);
+    const Config tiny = Config::preset("tiny-keqv");
+    for (int l = 0; l < tiny.n_layers; ++l) {
+        add(gj::gemma4::attn_prep_spec(tiny, l));
+        add(gj::gemma4::flash_decode_spec(tiny, l));
     }
     return specs;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
 }
 
 }  // namespace
@@ -73,10 +106,28 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
     const auto plan = build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0);
     const auto names = names_of(plan);
     EXPECT_EQ(names.size(), plan.size()) << "duplicate spec names";
-    for (const char* want :
-         {"rmsnorm.n2560.w1.q8", "rmsnorm.n2560.w1.add", "rmsnorm.n256.w1", "rmsnorm.n512.w1",
-          "rmsnorm.n256.w0", "rmsnorm.n512.w0", "quantize_q8_1", "matvec_q8_0.k2560",
-          "matvec_q8_0.k2048", "matvec_q8_0.k4096", "matvec_q8_0.k10240", "matvec_q8_0.k256"})
+    for (const char* want : {"rmsnorm.n2560.w1.q8",
+                             "rmsnorm.n2560.w1.add",
+                             "rmsnorm.n2560.w1.add.scale",
+                             "rmsnorm.n2560.w1.add.n2.q8",
+                             "rmsnorm.n2560.w1.add.scale.n2.q8",
+                             "rmsnorm.n2560.w1.add.q8",
+                             "rmsnorm.n256.w1",
+                             "rmsnorm.n512.w1",
+                             "rmsnorm.n256.w0",
+                             "rmsnorm.n512.w0",
+                             "quantize_q8_1",
+                             "matvec_q8_0.k2560.split",
+                             "matvec_q8_0.k2048.split",
+                             "matvec_q8_0.k4096.split",
+                             "matvec_q8_0.k10240.split",
+                             "matvec_q8_0.k256.split",
+                             "matvec_q8_0.k2560.b8.split",
+                             "embed_rows.q8_0.n2560.v262144",
+                             "embed_rows.q8_0.n10752.v262144",
+                             "ple_finish.l42.p256",
+                             "gelu_mul.p256",
+                             "logits.v262144.k64"})
         EXPECT_TRUE(names.count(want)) << want;
     // Dense model: no MoE-only norms.
     EXPECT_FALSE(names.count("rmsnorm.n2560.w0"));
@@ -84,37 +135,179 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
         EXPECT_EQ(k.priority, 0) << k.name;
         EXPECT_FALSE(k.entries.empty()) << k.name;
     }
-    // Exactly the matvec widths the model has: d, o-proj inputs (2048, 4096), FFN, PLE.
+    // Exactly the matvec widths the model has: d (also the LM head and the PLE context
+    // projection), o-proj inputs (2048, 4096), FFN, PLE; for 1 and 8 columns.
     size_t matvecs = std::count_if(plan.begin(), plan.end(),
                                    [](const KernelSpec& k) { return k.family == "matvec_q8_0"; });
-    EXPECT_EQ(matvecs, 5u);
+    EXPECT_EQ(matvecs, 10u);
 }
 
 TEST(KernelPlan, PerVariantWidths) {
     auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q4_0));
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144"));   // layers 0-14
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288"));  // double-wide KV-shared layers
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k1536"));
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144.split"));   // layers 0-14
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288.split"));  // double-wide KV-shared layers
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k1536.split"));
     EXPECT_TRUE(e2b.count("rmsnorm.n1536.w1.q8"));
+    EXPECT_TRUE(e2b.count("embed_rows.q4_0.n8960.v262144"));  // PLE table: 35 * 256
 
     auto moe = names_of(build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q8_0));
-    EXPECT_TRUE(moe.count("matvec_q8_0.k2112"));  // dense MLP down: not a multiple of 256
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w0"));   // router norm
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));   // post_ffw_norm_1/2
-    EXPECT_FALSE(moe.count("matvec_q8_0.k256"));  // no PLE
+    EXPECT_TRUE(moe.count("matvec_q8_0.k2112.split"));  // dense MLP down: not a multiple of 256
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w0"));         // router norm
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));         // post_ffw_norm_1/2
+    EXPECT_FALSE(moe.count("matvec_q8_0.k256.split"));  // no PLE
+    EXPECT_FALSE(moe.count("gelu_mul.p256"));
 
     auto b31 = names_of(build_kernel_plan(Config::preset("31b"), ggml::Type::Q8_0));
-    for (const char* want :
-         {"matvec_q8_0.k5376", "matvec_q8_0.k8192", "matvec_q8_0.k16384", "matvec_q8_0.k21504"})
+    for (const char* want : {"matvec_q8_0.k5376.split", "matvec_q8_0.k8192.split",
+                             "matvec_q8_0.k16384.split", "matvec_q8_0.k21504.split"})
         EXPECT_TRUE(b31.count(want)) << want;
+
+    // Float weights: matvec_f everywhere, fp32 norms, no activation quantization.
+    auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16));
+    for (const char* want :
+         {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240", "matvec_f.bf16.k256",
+          "matvec_f.bf16.k2560.b8", "rmsnorm.n2560.w1", "rmsnorm.n2560.w1.add.scale.n2",
+          "embed_rows.bf16.n2560.v262144", "logits.v262144.k64"})
+        EXPECT_TRUE(bf.count(want)) << want;
+    EXPECT_FALSE(bf.count("quantize_q8_1"));
+    EXPECT_FALSE(bf.count("rmsnorm.n2560.w1.q8"));
+}
+
+TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        for (auto t : kWeightTypes) {
+            SCOPED_TRACE(v + " " + ggml::type_name(t));
+            const auto names = names_of(build_kernel_plan(cfg, t));
+            const bool quant = t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
+            const std::string mv = quant ? "matvec_" + ggml::type_name(t) + ".k"
+                                         : "matvec_f." + ggml::type_name(t) + ".k";
+            const std::string sfx = quant ? ".split" : "";
+            EXPECT_TRUE(names.count(mv + std::to_string(cfg.d_model) + sfx));
+            for (size_t l = 0; l < cfg.layers.size(); ++l) {
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.q_dim(int(l))) + sfx));
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.layers[l].ffn_dim) + sfx));
+            }
+            EXPECT_TRUE(names.count(fmt::format("logits.v{}.k64", cfg.vocab_size)));
+            EXPECT_TRUE(names.count(fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(t),
+                                                cfg.d_model, cfg.vocab_size)));
+            if (cfg.has_ple()) {
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.ple_dim) + sfx));  // K = 32
+                EXPECT_TRUE(
+                    names.count(fmt::format("ple_finish.l{}.p{}", cfg.n_layers, cfg.ple_dim)));
+            }
+        }
+    }
+}
+
+TEST(KernelPlan, MixedWeightTypes) {
+    // A Q4_0 file whose embeddings were dequantized to F16 and whose PLE projection is BF16.
+    gj::gemma4::PlanTypes types{ggml::Type::Q4_0, ggml::Type::F16, ggml::Type::F16,
+                                ggml::Type::BF16};
+    types.layout = MatvecLayout::Ggml;
+    types.max_cols = 1;
+    const auto names = names_of(build_kernel_plan(Config::preset("e4b"), types));
+    for (const char* want : {"matvec_q4_0.k2560", "matvec_f.f16.k2560", "matvec_f.bf16.k2560",
+                             "embed_rows.f16.n2560.v262144", "embed_rows.f16.n10752.v262144"})
+        EXPECT_TRUE(names.count(want)) << want;
+    EXPECT_FALSE(names.count("matvec_q4_0.k2560.b8"));
+    types.token_embd = ggml::Type::Q6_K;
+    try {
+        build_kernel_plan(Config::preset("e4b"), types);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("token_embd stored as q6_k"), std::string::npos)
+            << e.what();
+    }
+}
+
+TEST(KernelPlan, AttentionSpecsPerLayerType) {
+    // E4B: sliding hd 256 (full RoPE, window 512), global hd 512 (64 of 256 pairs rotate),
+    // group 4; layers 24.. share KV (Q-only prep, attention over the donor's cache).
+    auto e4b = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0));
+    for (const char* want :
+         {"attn_prep.hd256.h8.kv2.rp128.f16", "attn_prep.hd512.h8.kv2.rp64.f16",
+          "attn_prep.hd256.h8.kv2.rp128.shared", "attn_prep.hd512.h8.kv2.rp64.shared",
+          "flash_decode.hd256.g4.kv2.w512.f16", "flash_decode.hd512.g4.kv2.w0.f16"})
+        EXPECT_TRUE(e4b.count(want)) << want;
+    EXPECT_EQ(std::count_if(e4b.begin(), e4b.end(),
+                            [](const std::string& n) { return n.starts_with("flash_decode."); }),
+              2);
+    // 31B: k_eq_v globals (V from the raw K projection), group 8 global / 2 sliding, window 1024.
+    auto b31 = names_of(build_kernel_plan(Config::preset("31b"), ggml::Type::Q4_0));
+    for (const char* want :
+         {"attn_prep.hd512.h32.kv4.rp64.keqv.f16", "attn_prep.hd256.h32.kv16.rp128.f16",
+          "flash_decode.hd512.g8.kv4.w0.f16", "flash_decode.hd256.g2.kv16.w1024.f16"})
+        EXPECT_TRUE(b31.count(want)) << want;
+    auto b12 = names_of(build_kernel_plan(Config::preset("12b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(b12.count("flash_decode.hd512.g16.kv1.w0.f16"));  // MQA global layers
+    auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(e2b.count("flash_decode.hd256.g8.kv1.w512.f16"));
+    // The KV type is part of every spec that touches the cache, and only of those.
+    auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16));
+    EXPECT_TRUE(bf.count("flash_decode.hd512.g4.kv2.w0.bf16"));
+    EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.bf16"));
+    EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.shared"));
+    EXPECT_FALSE(bf.count("flash_decode.hd512.g4.kv2.w0.f16"));
+    // GEMMAJIT_FLASH_MMA=1 selects the tensor-core attention; the default is fp32.
+    auto mma =
+        names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::F16, true));
+    EXPECT_TRUE(mma.count("flash_decode.hd512.g4.kv2.w0.f16.mma"));
+    EXPECT_TRUE(mma.count("flash_decode.hd256.g4.kv2.w512.f16.mma"));
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::F16), "MMA"),
+              0);
+    // Head dims that are not multiples of 64 have no tensor-core form.
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(32, 2, 2, 8, KvType::F16, true), "MMA"),
+              0);
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::BF16), "KV_TYPE"),
+              1);
+}
+
+TEST(KernelPlan, KvTypeNamesAndQ8Rejection) {
+    using gj::gemma4::kv_type_from_name;
+    EXPECT_EQ(kv_type_from_name("f16"), KvType::F16);
+    EXPECT_EQ(kv_type_from_name("bf16"), KvType::BF16);
+    EXPECT_EQ(kv_type_from_name("q8_0"), KvType::Q8_0);
+    EXPECT_STREQ(gj::gemma4::kv_type_name(KvType::BF16), "bf16");
+    try {
+        kv_type_from_name("fp8");
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos) << e.what();
+    }
+    try {
+        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+    }
+}
+
+TEST(KernelPlan, FlashDecodeSplits) {
+    using gj::gemma4::flash_decode_spec;
+    using gj::gemma4::flash_decode_splits;
+    const auto global = flash_decode_spec(512, 4, 2, 0, KvType::F16);
+    const auto sliding = flash_decode_spec(256, 4, 2, 512, KvType::F16);
+    // About one block per SM at T = 1 (132 SMs, 2 KV heads), whatever the context length ...
+    EXPECT_EQ(flash_decode_splits(global, 131072, 1, 132), 66);
+    // ... but never more than CHUNK-sized pieces of what a query can see (the window).
+    EXPECT_EQ(gj::gemma4::spec_constant(global, "CHUNK"), 16);
+    EXPECT_EQ(flash_decode_splits(global, 100, 1, 132), 7);  // ceil(100 / 16)
+    EXPECT_EQ(flash_decode_splits(sliding, 131072, 1, 132), 512 / 32);
+    // A prefill batch fills the GPU with tokens alone.
+    EXPECT_EQ(flash_decode_splits(global, 131072, 512, 132), 1);
+    EXPECT_EQ(flash_decode_splits(global, 0, 0, 0), 1);
 }
 
 TEST(KernelPlan, UnsupportedWeightTypeIsNamed) {
     try {
-        build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16);
+        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q6_K);
         FAIL() << "expected ConfigError";
     } catch (const gj::gemma4::ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("q6_k"), std::string::npos) << e.what();
     }
     EXPECT_THROW(build_kernel_plan(Config{}, ggml::Type::Q8_0), gj::gemma4::ConfigError);
 }
@@ -123,11 +316,37 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     using gj::gemma4::matvec_spec;
     using gj::gemma4::rmsnorm_spec;
     EXPECT_THROW(rmsnorm_spec(100, true, true, false), std::invalid_argument);  // q8 needs %32
-    EXPECT_THROW(rmsnorm_spec(256, true, true, true), std::invalid_argument);   // q8 + add
+    EXPECT_THROW(rmsnorm_spec(256, true, false, false, true), std::invalid_argument);  // no add
+    EXPECT_THROW(rmsnorm_spec(256, true, false, false, false, true), std::invalid_argument);
     EXPECT_THROW(rmsnorm_spec(6, true), std::invalid_argument);
-    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080), std::invalid_argument);  // 2080 % 64 != 0
+    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080 + 16), std::invalid_argument);  // % 32 != 0
+    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2560, 9), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(matvec_spec(ggml::Type::BF16, 2560, 1, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::matvec_f_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(100, ggml::Type::Q8_0, 1000), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q6_K, 1000),
+                 gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::ple_finish_spec(42, 100), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::logits_spec(1000, 65), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::logits_spec(1001, 64), std::invalid_argument);
     EXPECT_THROW(gj::gemma4::spec_constant(rmsnorm_spec(256, true), "NOPE"), std::out_of_range);
+    // The 2080-wide (65 blocks) quantized matvec is fine now: odd block counts per row work.
+    EXPECT_NO_THROW(matvec_spec(ggml::Type::Q8_0, 2080));
+    using gj::gemma4::attn_prep_spec;
+    using gj::gemma4::flash_decode_spec;
+    EXPECT_THROW(attn_prep_spec(100, 8, 2, 16, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(attn_prep_spec(256, 8, 2, 129, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(attn_prep_spec(256, 0, 2, 128, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(96, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(384, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(256, 0, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(256, 4, 2, -1, KvType::F16), std::invalid_argument);
+    // A layer whose heads do not divide over its KV heads.
+    Config odd = Config::preset("tiny");
+    odd.layers[0].n_kv_heads = 3;
+    EXPECT_THROW(flash_decode_spec(odd, 0), gj::gemma4::ConfigError);
 }
 
 TEST(KernelPlan, LaunchGeometryIsConsistent) {
@@ -142,13 +361,43 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
         } else if (k.family.starts_with("matvec_")) {
             const auto threads = gj::gemma4::spec_constant(k, "THREADS");
             EXPECT_EQ(threads % 32, 0) << k.name;
-            EXPECT_EQ(gj::gemma4::spec_constant(k, "K") % 64, 0) << k.name;
+            EXPECT_EQ(gj::gemma4::spec_constant(k, "K") % 32, 0) << k.name;
+        } else if (k.family == "logits") {
+            const auto v = gj::gemma4::spec_constant(k, "V");
+            const auto blocks = gj::gemma4::spec_constant(k, "TOPK_BLOCKS");
+            const auto topk = gj::gemma4::spec_constant(k, "TOPK");
+            EXPECT_LE(blocks * topk, 4096) << k.name << ": top-k merge too large";
+            EXPECT_LE((v + blocks - 1) / blocks, 4096 + 4 * 256) << k.name;
+        } else if (k.family == "attn_prep") {
+            EXPECT_LE(32 * gj::gemma4::spec_constant(k, "WARPS"), 1024) << k.name;
+        } else if (k.family == "flash_decode") {
+            auto c = [&](const char* n) { return gj::gemma4::spec_constant(k, n); };
+            const auto qsets = (c("GROUP") + c("QW") - 1) / c("QW");
+            const auto ksets = c("THREADS") / 32 / qsets;
+            EXPECT_EQ(c("THREADS"), 32 * qsets * ksets) << k.name;
+            EXPECT_LE(c("THREADS"), 1024) << k.name;
+            EXPECT_EQ(c("TILE") % (ksets * c("KB")), 0) << k.name;
+            EXPECT_EQ(c("CHUNK") % c("TILE"), 0) << k.name;
+            // Fits sm_80's opt-in limit (163 KiB) as well as sm_90's.
+            EXPECT_LE(c("SMEM"), 160 * 1024) << k.name;
+            if (c("MMA") == 1) {
+                // One m16n8k16 per 8 queries and 16 rows; 16-dim steps, 8-chunk swizzle.
+                EXPECT_EQ(c("QW"), 8) << k.name;
+                EXPECT_EQ(c("KB"), 16) << k.name;
+                EXPECT_EQ(c("HEAD_DIM") % 64, 0) << k.name;
+                EXPECT_TRUE(k.name.ends_with(".mma")) << k.name;
+            } else {
+                EXPECT_FALSE(k.name.ends_with(".mma")) << k.name;
+                EXPECT_LE(c("QW") * c("KB"), 32) << k.name;
+                // Registers: QW queries and outputs of HEAD_DIM / 32 floats each per lane.
+                EXPECT_LE(c("QW") * c("HEAD_DIM") / 32, 64) << k.name;
+            }
         }
     }
 }
 
 // The one expensive test: NVRTC for every spec, both archs. Bounded by deduplication across
-// variants (about 50 specs) and run on 2 threads.
+// presets and weight types, and run on 2 threads.
 TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
     const auto specs = all_specs();
     gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
@@ -166,9 +415,15 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
             ASSERT_FALSE(c.cubin.empty());
             for (const auto& e : s.entries)
                 EXPECT_FALSE(entry_ptx(c.ptx, e).empty()) << "entry " << e << " missing from PTX";
-            const bool hot = s.family == "rmsnorm" || s.family.starts_with("matvec_") ||
-                             s.family == "quantize_q8_1";
-            if (hot) {
+            // attn_prep may keep a stack frame: sincosf's cold path for huge angles
+            // (Payne-Hanek) uses a local array; it must not spill.
+            if (s.family == "attn_prep")
+                for (const auto& r : c.resources_per_entry) {
+                    EXPECT_EQ(r.spill_store_bytes, 0);
+                    EXPECT_EQ(r.spill_load_bytes, 0);
+                }
+            // Every other model kernel is hot: no spills, no stack.
+            if (s.family != "ptx_selftest" && s.family != "attn_prep") {
                 ASSERT_EQ(c.resources_per_entry.size(), s.entries.size());
                 for (size_t i = 0; i < s.entries.size(); ++i) {
                     EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << s.entries[i];
@@ -176,7 +431,23 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                     EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << s.entries[i];
                 }
             }
-            if (s.family.starts_with("matvec_")) {
+            if (s.family == "matvec_f") {
+                const auto wtype = gj::gemma4::spec_constant(s, "WTYPE");
+                for (const auto& e : s.entries) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("ld.global.nc.L1::no_allocate.v4.u32"), std::string::npos)
+                        << e << ": weights must stream in 16-byte loads";
+                    EXPECT_NE(body.find("fma.rn.f32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos) << e;
+                    EXPECT_EQ(body.find("dp4a"), std::string::npos) << e;
+                    if (wtype == 1) {
+                        EXPECT_NE(body.find("cvt.f32.f16"), std::string::npos) << e;
+                    }
+                }
+                const std::string ld = "ld.global.nc.L1::no_allocate.v4.u32";
+                EXPECT_EQ(count(entry_ptx(c.ptx, "matvec_f_geglu"), ld),
+                          2 * count(entry_ptx(c.ptx, "matvec_f"), ld));
+            } else if (s.family.starts_with("matvec_")) {
                 for (const auto& e : s.entries) {
                     if (e.starts_with("repack_")) continue;
                     const auto body = entry_ptx(c.ptx, e);
@@ -191,19 +462,99 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                             << e << ": ggml layout joins unaligned words with funnel shifts";
                 }
                 // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one.
-                auto count = [](const std::string& text, const std::string& what) {
-                    size_t n = 0;
-                    for (auto p = text.find(what); p != std::string::npos;
-                         p = text.find(what, p + 1))
-                        ++n;
-                    return n;
-                };
                 EXPECT_EQ(count(entry_ptx(c.ptx, s.entries[2]), "dp4a"),
                           2 * count(entry_ptx(c.ptx, s.entries[0]), "dp4a"));
             } else if (s.family == "rmsnorm") {
                 const bool quant = gj::gemma4::spec_constant(s, "QUANT") == 1;
+                const bool norm2 = gj::gemma4::spec_constant(s, "NORM2") == 1;
                 EXPECT_EQ(c.ptx.find("cvt.rni.sat.s8.f32") != std::string::npos, quant);
-                EXPECT_NE(c.ptx.find("sqrt.rn.f32"), std::string::npos);
+                // One refined reciprocal square root per norm, and no IEEE sqrt / division (their
+                // slow-path calls cost stack and spills).
+                EXPECT_EQ(count(c.ptx, "rsqrt.approx.f32"), norm2 ? 2u : 1u);
+                EXPECT_EQ(c.ptx.find("sqrt.rn.f32"), std::string::npos);
+                EXPECT_EQ(c.ptx.find("div.rn.f32"), std::string::npos);
+                EXPECT_EQ(c.ptx.find("rcp.rn.f32"), std::string::npos);
+                if (gj::gemma4::spec_constant(s, "SCALE") == 1) {  // the scale is a device load
+                    EXPECT_NE(entry_ptx(c.ptx, "rmsnorm_ext").find("ld.global.nc.f32"),
+                              std::string::npos);
+                }
+            } else if (s.family == "embed") {
+                const auto body = entry_ptx(c.ptx, "embed_rows");
+                EXPECT_NE(body.find("st.global.v4.f32"), std::string::npos);
+                const auto wtype = gj::gemma4::spec_constant(s, "WTYPE");
+                if (wtype == 0) {
+                    EXPECT_NE(body.find("ld.global.nc.v4.f32"), std::string::npos);
+                }
+                if (wtype == 1 || wtype == 2 || wtype == 8) {  // f16 values or block scales
+                    EXPECT_NE(body.find("cvt.f32.f16"), std::string::npos);
+                }
+            } else if (s.family == "ple") {
+                if (s.name.starts_with("ple_finish")) {
+                    const auto body = entry_ptx(c.ptx, "ple_finish");
+                    EXPECT_NE(body.find("rsqrt.approx.f32"), std::string::npos);
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
+                } else {
+                    EXPECT_NE(entry_ptx(c.ptx, "gelu_mul_q8").find("cvt.rni.sat.s8.f32"),
+                              std::string::npos);
+                    EXPECT_EQ(entry_ptx(c.ptx, "gelu_mul").find("cvt.rni.sat.s8.f32"),
+                              std::string::npos);
+                }
+            } else if (s.family == "logits") {
+                // One launch each: partials, a fence, the arrival counter, the last block's merge.
+                for (const char* e : {"softcap_argmax", "softcap_topk"}) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("membar.gl"), std::string::npos) << e;
+                    EXPECT_NE(body.find("atom.global.add.u32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("ld.global.cg"), std::string::npos) << e;
+                    EXPECT_NE(body.find("div.rn.f32"), std::string::npos) << e << ": IEEE z / cap";
+                }
+                const auto topk = entry_ptx(c.ptx, "softcap_topk");
+                EXPECT_NE(topk.find("match.any.sync.b32"), std::string::npos);
+                EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
+            } else if (s.family == "attn_prep") {
+                const bool has_kv = gj::gemma4::spec_constant(s, "HAS_KV") == 1;
+                const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const auto body = entry_ptx(c.ptx, "attn_prep");
+                EXPECT_NE(body.find("sqrt.rn.f32"), std::string::npos);
+                EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
+                EXPECT_NE(body.find("ld.global.nc.v4.f32"), std::string::npos)
+                    << "rows are read as float4";
+                // The cache append converts to the KV type; a KV-shared layer writes no cache.
+                EXPECT_EQ(body.find("cvt.rn.f16x2.f32") != std::string::npos, has_kv && !bf16);
+                EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, has_kv && bf16);
+            } else if (s.family == "flash_decode") {
+                const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const auto decode = entry_ptx(c.ptx, "flash_decode");
+                for (const char* want :
+                     {"cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group",
+                      "ex2.approx.ftz.f32", "shfl.sync.bfly", "shfl.sync.idx", "bar.sync"})
+                    EXPECT_NE(decode.find(want), std::string::npos)
+                        << "flash_decode lacks " << want;
+                if (gj::gemma4::spec_constant(s, "MMA") == 1) {
+                    // Q K^T and P V on tensor cores in the cache's type, rows via ldmatrix.
+                    const std::string op =
+                        bf16 ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                             : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+                    for (const std::string& want :
+                         {op, std::string("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+                          std::string("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
+                          std::string("ldmatrix.sync.aligned.m8n8.x2.shared.b16")})
+                        EXPECT_NE(decode.find(want), std::string::npos) << "lacks " << want;
+                    EXPECT_EQ(decode.find("cvt.f32.f16"), std::string::npos)
+                        << "the tensor-core path converts no cache element";
+                } else {
+                    EXPECT_EQ(decode.find("mma.sync"), std::string::npos);
+                    // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe.
+                    if (gj::gemma4::spec_constant(s, "HEAD_DIM") >= 256) {
+                        EXPECT_NE(decode.find("ld.shared.v4.u32"), std::string::npos);
+                    }
+                    EXPECT_EQ(decode.find("cvt.f32.f16") != std::string::npos, !bf16);
+                }
+                EXPECT_EQ(decode.find(".local"), std::string::npos)
+                    << "flash_decode uses local memory";
+                const auto combine = entry_ptx(c.ptx, "flash_combine");
+                EXPECT_NE(combine.find("ld.global.nc.v4.f32"), std::string::npos);
+                EXPECT_NE(combine.find("ex2.approx.ftz.f32"), std::string::npos);
             } else if (s.family == "quantize_q8_1") {
                 EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
                 EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);
@@ -229,6 +580,8 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                     {"selftest_loads",
                      {"ld.global.nc.L1::no_allocate.v4.u32", "ld.global.nc.L1::no_allocate.u32",
                       "ld.global.nc.u16", "shf.r."}},
+                    {"selftest_q8_scale", {"rcp.approx.ftz.f32", "mul.f64"}},
+                    {"selftest_rsqrt", {"rsqrt.approx.f32"}},
                 };
                 ASSERT_EQ(want.size(), s.entries.size());
                 for (const auto& [entry, instrs] : want) {

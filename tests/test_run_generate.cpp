@@ -26,17 +26,18 @@ class ScriptedForward : public Forward {
     int context_length() const override { return context_; }
     std::vector<float> prefill(std::span<const int32_t> tokens) override {
         ++prefills;
-        position += static_cast<int>(tokens.size());
-        EXPECT_LE(position, context_);
+        pos += static_cast<int>(tokens.size());
+        EXPECT_LE(pos, context_);
         return logits_after(tokens.back());
     }
     std::vector<float> decode(int32_t token) override {
         ++decodes;
-        ++position;
-        EXPECT_LE(position, context_) << "decoded past the context";
+        ++pos;
+        EXPECT_LE(pos, context_) << "decoded past the context";
         return logits_after(token);
     }
-    int prefills = 0, decodes = 0, position = 0;
+    int position() const override { return pos; }
+    int prefills = 0, decodes = 0, pos = 0;
 
   private:
     std::vector<float> logits_after(int32_t t) const {
@@ -122,7 +123,7 @@ TEST(Generate, TokenLimitAndContextEnd) {
         gj::gen::generate(g, tokenizer(), s, std::vector<int32_t>{2, 600, 601, 602}, {}, nullptr);
     EXPECT_EQ(r2.reason, StopReason::ContextFull);
     EXPECT_EQ(r2.tokens.size(), 7u);
-    EXPECT_EQ(g.position, 10);
+    EXPECT_EQ(g.pos, 10);
 }
 
 TEST(Generate, StreamedTextHoldsBackSplitCharacters) {

@@ -23,7 +23,10 @@
 #include "engine/cpu_forward.h"
 #include "engine/gemma4_config.h"
 #include "engine/gguf.h"
+#include "engine/gpu_forward.h"
+#include "engine/gpu_model.h"
 #include "engine/synth.h"
+#include "jit/device.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -148,21 +151,39 @@ void cmd_info(const std::string& path) {
 void cmd_logits(const std::string& path, const std::string& token_text, bool cpu, int threads,
                 const std::string& out) {
     const std::vector<int32_t> tokens = parse_token_list(token_text);
-    if (!cpu)
-        fmt::print(stderr,
-                   "gemmajit: note: the GPU forward is not available yet; computing logits with "
-                   "the CPU reference (pass --cpu to silence this note)\n");
-    gemma4::CpuOptions opts;
-    opts.threads = threads;
-    auto model = gemma4::CpuModel::load(path, opts);
-    const int vocab = model->config().vocab_size;
-    for (size_t i = 0; i < tokens.size(); ++i)
-        if (tokens[i] >= vocab)
-            throw std::invalid_argument(fmt::format(
-                "--tokens: token id {} at position {} is outside the vocabulary [0, {}) of {}",
-                tokens[i], i, vocab, path));
-    gemma4::CpuSession session(*model);
-    const std::vector<float> logits = session.prefill(tokens);
+    std::string why;
+    const bool gpu = !cpu && jit::device_available(&why);
+    if (!cpu && !gpu)
+        fmt::print(stderr, "gemmajit: no usable GPU ({}); computing logits with the CPU reference\n",
+                   why);
+    std::vector<float> logits;
+    int vocab = 0;
+    auto check_vocab = [&](int v) {
+        vocab = v;
+        for (size_t i = 0; i < tokens.size(); ++i)
+            if (tokens[i] >= vocab)
+                throw std::invalid_argument(fmt::format(
+                    "--tokens: token id {} at position {} is outside the vocabulary [0, {}) of {}",
+                    tokens[i], i, vocab, path));
+    };
+    if (gpu) {
+        gemma4::GpuModelOptions opts;
+        // Just the positions asked for (a multiple of 256), so the KV cache stays small.
+        const int trained = gemma4::Config::from_gguf(*gguf::File::open(path)).context_length;
+        opts.context = std::min(trained, int((tokens.size() + 255) / 256 * 256));
+        opts.progress = [](const std::string& line) { fmt::print(stderr, "gemmajit: {}\n", line); };
+        auto model = gemma4::GpuModel::load(path, opts);
+        check_vocab(model->config().vocab_size);
+        gemma4::GpuSession session(*model);
+        logits = session.prefill_logits(tokens);
+    } else {
+        gemma4::CpuOptions opts;
+        opts.threads = threads;
+        auto model = gemma4::CpuModel::load(path, opts);
+        check_vocab(model->config().vocab_size);
+        gemma4::CpuSession session(*model);
+        logits = session.prefill(tokens);
+    }
     if (out.empty()) {
         print_logits_table(tokens, vocab, logits);
     } else if (out.ends_with(".bin")) {
@@ -202,8 +223,7 @@ void add_model_commands(CLI::App& app) {
     {
         auto* cmd = app.add_subcommand(
             "logits",
-            "logits of every position of a token list (CPU reference until the GPU "
-            "path lands; without --cpu a note says so and the CPU is used)");
+            "logits of every position of a token list (on the GPU when one is present)");
         auto model = std::make_shared<std::string>();
         auto tokens = std::make_shared<std::string>();
         auto out = std::make_shared<std::string>();

@@ -1,5 +1,5 @@
 // Text in, text out: `gemmajit tokenize` (inspect the tokenizer) and `gemmajit run` (chat-format a
-// prompt, generate with streaming output).
+// prompt, generate with streaming output, on the GPU when one is present).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,13 +8,12 @@
 #include <stdexcept>
 
 #include "engine/chat_format.h"
-#include "engine/cpu_forward.h"
 #include "engine/generate.h"
-#include "engine/generate_cpu.h"
 #include "engine/gguf.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "engine/vocab_json.h"
+#include "tools/backend.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -112,6 +111,7 @@ struct RunArgs {
     bool no_think = false;
     bool cpu = false;
     int threads = 0;
+    int context = 0;
 };
 
 std::string read_text_file(const std::string& path) {
@@ -142,11 +142,6 @@ void run_generate(RunArgs a) {
     if (!std::filesystem::is_regular_file(a.model)) {
         throw std::runtime_error("model file " + a.model + " does not exist or is not a file");
     }
-    if (!a.cpu) {
-        std::fprintf(stderr,
-                     "gemmajit: the GPU path is not available yet; running the CPU reference "
-                     "forward (--cpu silences this notice)\n");
-    }
 
     // Tokenizer, chat format and prompt length first: a prompt that cannot fit fails before the
     // weights are loaded.
@@ -170,15 +165,18 @@ void run_generate(RunArgs a) {
     const std::vector<int32_t> prompt = tokenizer.encode(rendered, /*add_bos=*/false);
     gen::check_prompt_fits(prompt.size(), cfg.context_length);
 
-    gemma4::CpuOptions cpu_opts;
-    cpu_opts.threads = a.threads;
-    auto model = gemma4::CpuModel::load(a.model, cpu_opts);
-    gen::CpuForward forward(*model);
+    if (a.context > 0) gen::check_prompt_fits(prompt.size(), a.context);
+
+    BackendOptions backend_opts;
+    backend_opts.cpu = a.cpu;
+    backend_opts.threads = a.threads;
+    backend_opts.context = a.context;
+    auto backend = Backend::open(a.model, backend_opts);
     sample::Sampler sampler(a.sampling);
     gen::GenerateOptions gen_opts;
     gen_opts.max_tokens = a.n_predict;
-    const gen::GenerateResult r =
-        gen::generate(forward, tokenizer, sampler, prompt, gen_opts, [](std::string_view text) {
+    const gen::GenerateResult r = gen::generate(
+        backend->forward(), tokenizer, sampler, prompt, gen_opts, [](std::string_view text) {
             std::fwrite(text.data(), 1, text.size(), stdout);
             std::fflush(stdout);
         });
@@ -215,7 +213,9 @@ void add_run_command(CLI::App& app) {
     cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
     cmd->add_flag("--think", a->think, "let the model reason first (<|think|> in the system turn)");
     cmd->add_flag("--no-think", a->no_think, "no reasoning (the default)");
-    cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward");
+    cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
+    cmd->add_option("--ctx", a->context,
+                    "GPU context in tokens (0: the model's, reduced to what fits in memory)");
     cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
     cmd->callback([a] { run_generate(*a); });
 }

@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
     gj::tools::add_jit_commands(app);
     gj::tools::add_model_commands(app);
     gj::tools::add_run_commands(app);
+    gj::tools::add_chat_command(app);
+    gj::tools::add_bench_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

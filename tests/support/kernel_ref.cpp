@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 #include "engine/dequant.h"
@@ -105,6 +106,168 @@ float gelu_tanh(float x) {
     const double v = x;
     return static_cast<float>(0.5 * v *
                               (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+}
+
+NormChain rmsnorm_chain(const std::vector<float>& x, int rows, int n, const float* w,
+                        const std::vector<float>& residual, float scale, const float* w2,
+                        float eps) {
+    NormChain r;
+    r.y = rmsnorm(x, rows, n, w, residual.data(), eps);
+    for (float& v : r.y) v *= scale;
+    if (w2) r.y2 = rmsnorm(r.y, rows, n, w2, nullptr, eps);
+    return r;
+}
+
+double dot_f64(const float* w, const float* x, int k, double* scale) {
+    double s = 0, m = 0;
+    for (int j = 0; j < k; ++j) {
+        const double t = double(w[j]) * x[j];
+        s += t;
+        m += std::fabs(t);
+    }
+    if (scale) *scale = m;
+    return s;
+}
+
+std::vector<float> embed_rows(ggml::Type type, const std::vector<uint8_t>& table, int n,
+                              const std::vector<int>& ids, float scale) {
+    const size_t row_bytes = *ggml::row_bytes(type, n);
+    std::vector<float> out(ids.size() * n);
+    for (size_t t = 0; t < ids.size(); ++t) {
+        float* o = &out[t * n];
+        ggml::dequantize_row(type, &table[size_t(ids[t]) * row_bytes], o, n);
+        for (int i = 0; i < n; ++i) o[i] *= scale;
+    }
+    return out;
+}
+
+void rope_neox(float* x, int head_dim, int pairs, float base, int pos) {
+    const int half = head_dim / 2;
+    for (int j = 0; j < pairs; ++j) {
+        const float e = float(2 * j) / float(head_dim);
+        const float freq = 1.0f / static_cast<float>(std::pow(double(base), double(e)));
+        const float angle = float(pos) * freq;
+        const float c = std::cos(angle), s = std::sin(angle);
+        const float x0 = x[j], x1 = x[j + half];
+        x[j] = x0 * c - x1 * s;
+        x[j + half] = x1 * c + x0 * s;
+    }
+}
+
+AttnPrepRef attn_prep(const std::vector<float>& q, const std::vector<float>& k_raw,
+                      const std::vector<float>* v_raw, const float* q_norm_w, const float* k_norm_w,
+                      const std::vector<int>& positions, int n_heads, int n_kv_heads, int head_dim,
+                      int rope_pairs, float rope_base, float eps, bool has_kv) {
+    const int T = static_cast<int>(positions.size());
+    AttnPrepRef r;
+    r.q = rmsnorm(q, T * n_heads, head_dim, q_norm_w, nullptr, eps);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < n_heads; ++h)
+            rope_neox(&r.q[(size_t(t) * n_heads + h) * head_dim], head_dim, rope_pairs, rope_base,
+                      positions[t]);
+    if (!has_kv) return r;
+    r.k = rmsnorm(k_raw, T * n_kv_heads, head_dim, k_norm_w, nullptr, eps);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < n_kv_heads; ++h)
+            rope_neox(&r.k[(size_t(t) * n_kv_heads + h) * head_dim], head_dim, rope_pairs,
+                      rope_base, positions[t]);
+    r.v = rmsnorm(v_raw ? *v_raw : k_raw, T * n_kv_heads, head_dim, nullptr, nullptr, eps);
+    return r;
+}
+
+uint16_t kv_encode(float x, bool bf16) {
+    return bf16 ? f32_to_bf16(x) : f32_to_f16(x);
+}
+
+float kv_decode(uint16_t h, bool bf16) {
+    return bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k_cache,
+                             const std::vector<float>& v_cache, const std::vector<int>& positions,
+                             int n_heads, int n_kv_heads, int head_dim, int window, int slots,
+                             std::vector<double>* score_mag, std::vector<double>* score_l2) {
+    const int T = static_cast<int>(positions.size());
+    const int group = n_heads / n_kv_heads;
+    std::vector<float> out(size_t(T) * n_heads * head_dim);
+    if (score_mag) score_mag->assign(size_t(T) * n_heads, 0.0);
+    if (score_l2) score_l2->assign(size_t(T) * n_heads, 0.0);
+    for (int t = 0; t < T; ++t) {
+        const int p = positions[t];
+        const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
+        for (int h = 0; h < n_heads; ++h) {
+            const float* qh = &q[(size_t(t) * n_heads + h) * head_dim];
+            const int kvh = h / group;
+            auto row = [&](const std::vector<float>& c, int j) {
+                return &c[(size_t(j % slots) * n_kv_heads + kvh) * head_dim];
+            };
+            std::vector<double> s(size_t(p - lo + 1));
+            double mx = -INFINITY, mag = 0, l2 = 0;
+            for (int j = lo; j <= p; ++j) {
+                const float* kj = row(k_cache, j);
+                double dot = 0, m = 0, m2 = 0;
+                for (int i = 0; i < head_dim; ++i) {
+                    const double term = double(qh[i]) * kj[i];
+                    dot += term;
+                    m += std::fabs(term);
+                    m2 += term * term;
+                }
+                s[j - lo] = dot;
+                mx = std::max(mx, dot);
+                mag = std::max(mag, m);
+                l2 = std::max(l2, std::sqrt(m2));
+            }
+            double sum = 0;
+            for (double& e : s) sum += (e = std::exp(e - mx));
+            std::vector<double> o(head_dim, 0.0);
+            for (int j = lo; j <= p; ++j) {
+                const float* vj = row(v_cache, j);
+                for (int i = 0; i < head_dim; ++i) o[i] += s[j - lo] / sum * vj[i];
+            }
+            float* oh = &out[(size_t(t) * n_heads + h) * head_dim];
+            for (int i = 0; i < head_dim; ++i) oh[i] = static_cast<float>(o[i]);
+            if (score_mag) (*score_mag)[size_t(t) * n_heads + h] = mag;
+            if (score_l2) (*score_l2)[size_t(t) * n_heads + h] = l2;
+        }
+    }
+    return out;
+}
+
+std::vector<float> ple_finish(const std::vector<float>& ctx, const std::vector<float>& tok,
+                              const std::vector<float>& w, int p, float inv_sqrt_d, float eps) {
+    std::vector<float> c(ctx.size());
+    for (size_t i = 0; i < ctx.size(); ++i) c[i] = ctx[i] * inv_sqrt_d;
+    std::vector<float> out = rmsnorm(c, int(ctx.size() / p), p, w.data(), nullptr, eps);
+    const float mix = float(1.0 / std::sqrt(2.0));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = (out[i] + tok[i]) * mix;
+    return out;
+}
+
+float softcap(float z, float cap) {
+    return cap > 0 ? std::tanh(z / cap) * cap : z;
+}
+
+bool logit_before(float a, int ia, float b, int ib) {
+    const bool na = std::isnan(a), nb = std::isnan(b);
+    if (na != nb) return na;
+    if (!na && a != b) return a > b;
+    return ia < ib;
+}
+
+int argmax(const std::vector<float>& v) {
+    int best = 0;
+    for (int i = 1; i < int(v.size()); ++i)
+        if (logit_before(v[i], i, v[best], best)) best = i;
+    return std::isnan(v[best]) ? -1 : best;
+}
+
+std::vector<int> topk(const std::vector<float>& v, int k) {
+    std::vector<int> idx(v.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int a, int b) { return logit_before(v[a], a, v[b], b); });
+    idx.resize(k);
+    return idx;
 }
 
 }  // namespace gj::test::kref

@@ -1,6 +1,7 @@
 // CPU references for the kernel-template tests: Q8_1 activation quantization exactly as the GPU
-// does it, rmsnorm, quantized matvecs (exact-path and fp32), the split weight layout, random
-// well-conditioned weights, and a small GPU harness (kernel_ref_gpu.h).
+// does it, rmsnorm (and its residual/scale/second-norm form), quantized and float matvecs, the
+// split weight layout, random well-conditioned weights, embedding gathers, the PLE steps, the
+// final softcap with argmax / top-k, and a small GPU harness (kernel_ref_gpu.h).
 #pragma once
 
 #include <cstdint>
@@ -42,5 +43,68 @@ std::vector<uint8_t> split_layout(ggml::Type type, const std::vector<uint8_t>& b
 double matvec_row_q81(const float* w_row, const Q81& x, size_t col_offset, int k, double* scale);
 
 float gelu_tanh(float x);
+
+// rmsnorm_ext: y = (residual + norm(x) * w) * scale; y2 = norm(y) * w2 (when w2 is given),
+// each norm accumulated in double. Rows of n; w may be null (weightless first norm).
+struct NormChain {
+    std::vector<float> y, y2;
+};
+NormChain rmsnorm_chain(const std::vector<float>& x, int rows, int n, const float* w,
+                        const std::vector<float>& residual, float scale, const float* w2,
+                        float eps);
+
+// One output of a float matvec: sum_j w[j] * x[j] in double; `scale` gets sum |w[j] * x[j]|.
+double dot_f64(const float* w, const float* x, int k, double* scale);
+
+// embed_rows: rows of `table` (stored as `type`, n wide) for each id, dequantized exactly as
+// ggml does and multiplied by `scale` in fp32 (what the GPU computes, bit for bit).
+std::vector<float> embed_rows(ggml::Type type, const std::vector<uint8_t>& table, int n,
+                              const std::vector<int>& ids, float scale);
+
+// PLE precompute: ple = (RMSNorm(ctx * inv_sqrt_d per P-slice) * w + tok) * (1 / sqrt(2)), as the
+// CPU forward computes it (norm in double, the rest in fp32). ctx, tok: [rows][P].
+std::vector<float> ple_finish(const std::vector<float>& ctx, const std::vector<float>& tok,
+                              const std::vector<float>& w, int p, float inv_sqrt_d, float eps);
+
+// Final softcap as the CPU forward applies it: tanh(z / cap) * cap in fp32 (cap <= 0: none).
+float softcap(float z, float cap);
+
+// The logits kernels' order: larger value first, NaN above everything, -0 equal to +0, ties to
+// the lower index. argmax returns -1 when the maximum is NaN; topk the first k indices in order.
+bool logit_before(float a, int ia, float b, int ib);
+int argmax(const std::vector<float>& v);
+std::vector<int> topk(const std::vector<float>& v, int k);
+
+// ---- Attention (attn_prep, flash_decode) ----
+
+// NeoX RoPE of one head row in place: dims j and j + hd/2 rotate by float(pos) * freq_j for
+// j < pairs, freq_j the fp32 value of base^(-2j/hd) (as HF and the CPU forward compute it).
+void rope_neox(float* x, int head_dim, int pairs, float base, int pos);
+
+// What attn_prep produces, in fp32 before the cache's rounding: q [T][H*hd] (normed with q_norm_w,
+// RoPE'd), k [T][Hkv*hd] (normed with k_norm_w, RoPE'd), v [T][Hkv*hd] (weightless norm of v_raw,
+// or of k_raw when v_raw is null: k_eq_v). k and v are empty when !has_kv.
+struct AttnPrepRef {
+    std::vector<float> q, k, v;
+};
+AttnPrepRef attn_prep(const std::vector<float>& q, const std::vector<float>& k_raw,
+                      const std::vector<float>* v_raw, const float* q_norm_w, const float* k_norm_w,
+                      const std::vector<int>& positions, int n_heads, int n_kv_heads, int head_dim,
+                      int rope_pairs, float rope_base, float eps, bool has_kv);
+
+// KV cache element encoding (f16 or bf16, round to nearest even) and decoding.
+uint16_t kv_encode(float x, bool bf16);
+float kv_decode(uint16_t h, bool bf16);
+
+// Attention in double over caches given as floats [slots][Hkv][hd]: query head i of token t at
+// position p = positions[t] sees keys j in [lo, p], lo = window ? max(0, p - window + 1) : 0, at
+// slot j % slots; scale 1.0. Returns out [T][H*hd]. Per (t, head), `score_mag` receives
+// max_j sum_i |q_i k_ji| (what worst-case fp32 rounding of a score scales with) and `score_l2`
+// max_j sqrt(sum_i (q_i k_ji)^2) (what independent rounding errors of k scale with).
+std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k_cache,
+                             const std::vector<float>& v_cache, const std::vector<int>& positions,
+                             int n_heads, int n_kv_heads, int head_dim, int window, int slots,
+                             std::vector<double>* score_mag = nullptr,
+                             std::vector<double>* score_l2 = nullptr);
 
 }  // namespace gj::test::kref

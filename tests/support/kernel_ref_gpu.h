@@ -19,6 +19,10 @@ class GpuKernels {
         return modules_.kernel(spec_name, entry);
     }
     const std::vector<jit::CompiledKernel>& compiled() const { return compiled_; }
+    // Lets an entry launch with up to `bytes` of dynamic shared memory (needed above 48 KiB).
+    void set_max_dynamic_smem(std::string_view spec_name, std::string_view entry, int bytes) {
+        modules_.set_max_dynamic_smem(spec_name, entry, bytes);
+    }
 
   private:
     jit::Jit jit_;
@@ -41,14 +45,25 @@ std::vector<T> from_device(const jit::DeviceBuffer& b, size_t n) {
 }
 
 // Launches on the device stream with the given arguments (each passed by address, as the Driver
-// API wants) and, when `sync`, waits for completion.
+// API wants) and waits for completion. It first waits for everything already issued: uploads
+// (cuMemcpyHtoD from pageable memory may return before its DMA lands) and memsets run on the
+// legacy stream, which does not order itself with the non-blocking compute stream.
 template <class... Args>
 void launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, Args... args) {
     void* argv[] = {static_cast<void*>(&args)...};
     auto& dev = jit::Device::get();
+    dev.synchronize();
     k.launch(grid, block, 0, dev.stream(), argv);
     dev.synchronize();
 }
+// launch() with `smem` bytes of dynamic shared memory, without waiting.
+template <class... Args>
+void launch_smem_async(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block,
+                       unsigned smem, Args... args) {
+    void* argv[] = {static_cast<void*>(&args)...};
+    k.launch(grid, block, smem, jit::Device::get().stream(), argv);
+}
+// Launches without waiting (benchmarks); call Device::synchronize() after uploads first.
 template <class... Args>
 void launch_async(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, Args... args) {
     void* argv[] = {static_cast<void*>(&args)...};

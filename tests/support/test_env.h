@@ -14,12 +14,12 @@ std::string gemmajit_exe();          // path of the built CLI
 
 // A fresh directory under the build's temp area, removed when the object dies.
 class ScratchDir {
-public:
+  public:
     explicit ScratchDir(const std::string& tag);
     ~ScratchDir();
     const std::filesystem::path& path() const { return path_; }
 
-private:
+  private:
     std::filesystem::path path_;
 };
 
@@ -33,8 +33,8 @@ CommandResult run_command(const std::string& cmdline);
 }  // namespace gj::test
 
 // Skips the current test with the reason when there is no usable GPU.
-#define GJ_REQUIRE_GPU()                                                       \
-    do {                                                                       \
-        std::string gj_why_;                                                   \
-        if (!gj::jit::device_available(&gj_why_)) GTEST_SKIP() << gj_why_;     \
+#define GJ_REQUIRE_GPU()                                                   \
+    do {                                                                   \
+        std::string gj_why_;                                               \
+        if (!gj::jit::device_available(&gj_why_)) GTEST_SKIP() << gj_why_; \
     } while (0)

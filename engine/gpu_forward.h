@@ -1,0 +1,147 @@
+// One sequence on the GPU: the KV cache, the work buffers and the launch sequence of the Gemma 4
+// forward pass (reference/gemma4-spec.md section 2) over a loaded GpuModel.
+//
+// Decode runs one token as ONE CUDA graph, captured on first use for each readout and replayed
+// for every later token with no node patching: everything that changes per token (the token id,
+// its position) lives in a small device-side step state written by one async copy before
+// cuGraphLaunch, and every grid is sized for the maximum (attention splits past the live range
+// write neutral partials). GEMMAJIT_GRAPHS=0 launches the very same kernels eagerly.
+//
+// Prefill runs a prompt in chunks of up to prefill_chunk() tokens; each chunk goes layer by layer
+// as one batch (matvecs over kPrefillCols activation columns at a time, attention with one query
+// per token). Only the chosen token, the top-k candidates or (on request) the logits reach the
+// host.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/gpu_model.h"
+#include "engine/kv_cache.h"
+
+namespace gj::gemma4 {
+
+// What a step hands back to the host.
+enum class Readout {
+    Logits,  // the whole softcapped row (vocab floats)
+    Argmax,  // the greedy token only
+    TopK,    // the kMaxTopK best candidates (ids + softcapped logits)
+};
+
+struct StepOutput {
+    int32_t token = -1;         // Argmax
+    std::vector<int32_t> ids;   // TopK: candidate ids in ascending id order
+    std::vector<float> values;  // TopK: their softcapped logits
+    std::vector<float> logits;  // Logits: [vocab], softcapped
+};
+
+// Device bytes one session's work buffers take (the model's memory plan counts them).
+uint64_t session_work_bytes(const GpuModel& model);
+
+// Time of one kernel kind in a profiled decode step.
+struct KernelTime {
+    std::string label;  // kernel spec and what it computes, e.g. "matvec_q8_0.k2560.split ffn"
+    int launches = 0;
+    double microseconds = 0;
+    uint64_t weight_bytes = 0;  // weights it read (matvecs, gathers)
+};
+
+class GpuSession {
+  public:
+    explicit GpuSession(GpuModel& model);  // allocates the KV cache and work buffers
+    ~GpuSession();
+    GpuSession(const GpuSession&) = delete;
+    GpuSession& operator=(const GpuSession&) = delete;
+
+    const GpuModel& model() const { return model_; }
+    int position() const { return pos_; }
+    int context() const;
+    // Drops every position (the cache is simply overwritten as the sequence refills).
+    void reset() { pos_ = 0; }
+    // Keeps positions [0, keep) and drops the rest. Returns false (and changes nothing) when a
+    // sliding layer's ring has already overwritten a key those positions need; then reset()
+    // and prefill again.
+    bool rewind(int keep);
+
+    // Runs `tokens` at the next positions (chunked); the readout is of the last token. Throws
+    // std::invalid_argument for an empty list, a token outside the vocabulary, or a sequence
+    // longer than the context. `progress(done, total)` is called after every chunk.
+    StepOutput prefill(std::span<const int32_t> tokens, Readout readout,
+                       const std::function<void(int, int)>& progress = {});
+    // Runs one token at the next position.
+    StepOutput decode(int32_t token, Readout readout);
+    // Runs `tokens` and returns the softcapped logits of every one, [T][vocab].
+    std::vector<float> prefill_logits(std::span<const int32_t> tokens);
+
+    // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured and how
+    // many times one was launched.
+    bool graphs_enabled() const { return graphs_; }
+    uint64_t graph_captures() const { return graph_captures_; }
+    uint64_t graph_launches() const { return graph_launches_; }
+
+    // Runs one decode step eagerly with an event pair around every launch and returns the time
+    // per kernel kind, slowest first (the step's result is discarded: the position does not
+    // advance). Timings include the event overhead (a few microseconds per launch).
+    std::vector<KernelTime> profile_decode_step(int32_t token);
+
+  private:
+    struct Work;
+    struct Graph;
+    struct Profiler;
+
+    // The activations a matvec reads: fp32 rows, and (for int8 weights) their Q8_1 form when
+    // already made; a quantized matrix with q == 0 quantizes f into the shared Q8_1 buffer first.
+    struct Input {
+        CUdeviceptr f = 0, q = 0, ds = 0;
+    };
+
+    // Launch sequence pieces over T rows; tokens and positions come from the step state.
+    void record_forward(int T, bool decode);
+    void record_embedding(int T);
+    void record_layer(int l, int T, bool decode);
+    void record_attention(int l, int T, bool decode);
+    void record_readout(int row, Readout readout);
+    void record_all_logits(int T);
+
+    // Kernel launches (the profiler hooks in here).
+    void launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, unsigned smem,
+                void** args, const std::string& label, uint64_t bytes = 0);
+    // x' = residual + norm(x) * w [* scale]; then y2 = norm(x') * w2 with its Q8_1 form (the
+    // next pre-norm), or without w2 just x' (quantized when `quantize`).
+    void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
+                   CUdeviceptr w2, int T, const char* what);
+    void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what);
+    // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
+    void matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
+                const char* what);
+    void quantize(CUdeviceptr x, int n_values);
+    Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
+
+    void write_step_state(std::span<const int32_t> tokens, int pos0);
+    StepOutput read_result(Readout readout);
+    void check_tokens(std::span<const int32_t> tokens) const;
+
+    // Forks to the side streams (K, V projections) and joins back to the compute stream.
+    void fork(int branches);
+    void join(int branches);
+
+    GpuModel& model_;
+    const Config& cfg_;
+    KvCache kv_;
+    std::unique_ptr<Work> w_;
+    std::vector<std::unique_ptr<Graph>> graphs_list_;
+    Profiler* profiler_ = nullptr;
+    CUstream stream_ = nullptr;  // where launch() enqueues: the device stream or a side one
+    CUstream side_[2] = {};      // K and V projections, concurrent with Q (GEMMAJIT_STREAMS)
+    CUevent forked_ = nullptr, joined_[2] = {};
+    int pos_ = 0;
+    bool graphs_ = true;
+    bool streams_ = true;
+    uint64_t graph_captures_ = 0, graph_launches_ = 0;
+};
+
+}  // namespace gj::gemma4

@@ -1,0 +1,47 @@
+// The kernel set of one loaded model: the specializations its forward pass launches, collected
+// while the model decides how each tensor sits on the GPU, then compiled (disk cache, parallel
+// NVRTC) and loaded in one go, with every entry's dynamic shared memory limit raised before any
+// graph capture.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "jit/device.h"
+#include "jit/jit.h"
+#include "jit/kernel_spec.h"
+
+namespace gj::gemma4 {
+
+class GpuKernels {
+  public:
+    // Adds a spec (deduplicated by name) and returns the stored copy. Only before build().
+    const jit::KernelSpec& add(jit::KernelSpec spec);
+    bool has(std::string_view spec_name) const;
+
+    // Compiles every spec for the local GPU and loads them. `progress` gets one line before and a
+    // running count during compilation (NVRTC misses only; cache hits are quick).
+    void build(const std::function<void(const std::string&)>& progress);
+
+    const jit::KernelSpec& spec(std::string_view spec_name) const;
+    const jit::Kernel& get(std::string_view spec_name, std::string_view entry) const;
+    // Raises an entry's dynamic shared memory limit (before capture; throws naming the kernel).
+    void set_max_dynamic_smem(std::string_view spec_name, std::string_view entry, int bytes);
+
+    std::vector<jit::KernelSpec> specs() const;
+    size_t size() const { return specs_.size(); }
+    double compile_seconds() const { return compile_seconds_; }
+    size_t compiled_now() const { return compiled_now_; }  // NVRTC runs (cache misses)
+
+  private:
+    std::map<std::string, jit::KernelSpec, std::less<>> specs_;
+    jit::ModuleSet modules_;
+    bool built_ = false;
+    double compile_seconds_ = 0;
+    size_t compiled_now_ = 0;
+};
+
+}  // namespace gj::gemma4

@@ -1,0 +1,159 @@
+// attn_prep: everything between the Q/K/V projections and the attention itself, in one launch.
+// Per token t at position pos = positions[t]:
+//   q head  i: q = RoPE(RMSNorm(q) * q_norm_w)            (in place, fp32)
+//   kv head j: K = RoPE(RMSNorm(k_raw) * k_norm_w)        -> k_cache[pos % slots][j]
+//              V = RMSNorm_noweight(HAS_V ? v_raw : k_raw) -> v_cache[pos % slots][j]
+// On k_eq_v layers (HAS_V = 0) V is taken from the raw K projection, before k_norm and RoPE.
+// On KV-shared layers (HAS_KV = 0) only Q is prepared; the layer reads its donor's cache.
+// RoPE is NeoX (rotate-half): dims j and j + HEAD_DIM/2 rotate together by
+// theta = pos * base^(-2j/HEAD_DIM) for j < ROPE_PAIRS; the other pairs pass through
+// (proportional RoPE of the global layers rotates 64 of 256 pairs).
+//
+// Constants (prologue #defines):
+//   HEAD_DIM    row width; a multiple of 8
+//   N_HEADS     query heads          N_KV_HEADS  KV heads
+//   ROPE_PAIRS  rotated pairs, 0 .. HEAD_DIM/2
+//   HAS_KV      0: shared layer (Q only)      HAS_V  0: V from k_raw (k_eq_v)
+//   KV_TYPE     cache element type (attn_kv.cuh)
+//   WARPS       head rows per block (one warp per row)
+// Launch: block 32 * WARPS, grid (ceil(rows / WARPS), max_T) with rows = N_HEADS
+// (+ 2 * N_KV_HEADS when HAS_KV); blocks with blockIdx.y >= T exit, so a grid sized for the
+// largest batch serves every T (CUDA graphs).
+// Entry: attn_prep(q, k_raw, v_raw, q_norm_w, k_norm_w, k_cache, v_cache, positions, T, slots,
+//                  rope_base, eps). q [T][N_HEADS * HEAD_DIM], k_raw / v_raw
+// [T][N_KV_HEADS * HEAD_DIM] (v_raw ignored when HAS_V = 0; both, the norm weight of K and the
+// caches ignored when HAS_KV = 0).
+//
+// Numerics follow the CPU reference forward: the norm scale is 1 / sqrtf(mean(x^2) + eps) in
+// fp32; the frequency is the fp32 value of base^(-2j/HEAD_DIM) (computed in double, so it equals
+// the correctly rounded powf the CPU gets), the angle is float(pos) * freq in fp32 as HF computes
+// it, and sincosf is the accurate one (no fast math).
+#include "attn_kv.cuh"
+#include "gj_ptx.cuh"
+
+#ifndef HAS_KV
+#define HAS_KV 1
+#endif
+#ifndef HAS_V
+#define HAS_V 1
+#endif
+#ifndef WARPS
+#define WARPS 4
+#endif
+
+static_assert(HEAD_DIM % 8 == 0, "attn_prep: HEAD_DIM must be a multiple of 8");
+static_assert(ROPE_PAIRS >= 0 && ROPE_PAIRS <= HEAD_DIM / 2, "attn_prep: ROPE_PAIRS out of range");
+static_assert(N_HEADS > 0 && N_KV_HEADS > 0, "attn_prep: head counts must be positive");
+
+#define HALF_DIM (HEAD_DIM / 2)
+#define HALF_VEC (HALF_DIM / 4)                // float4 per half row
+#define PAIRS_PER_LANE ((HALF_VEC + 31) / 32)  // float4 pairs (low half, high half) per lane
+#define ROWS_PER_TOKEN (N_HEADS + (HAS_KV ? 2 * N_KV_HEADS : 0))
+
+// Four consecutive fp32 values -> four KV elements (8 bytes) at dst.
+GJ_DEVICE void store_kv4(void* dst, float4 v) {
+    *(uint2*)dst = make_uint2(kv_pack2(v.x, v.y), kv_pack2(v.z, v.w));
+}
+
+GJ_DEVICE float4 scale4(float4 v, float s) {
+    return make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+}
+GJ_DEVICE float4 mul4(float4 a, float4 b) {
+    return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+
+// Rotates the pair (lo, hi) = (x_j, x_{j + HEAD_DIM/2}) when j < ROPE_PAIRS.
+GJ_DEVICE void rope_pair(float& lo, float& hi, int j, int pos, const float* inv_freq) {
+    if (j < ROPE_PAIRS) {
+        float s, c;
+        sincosf((float)pos * inv_freq[j], &s, &c);
+        const float x0 = lo, x1 = hi;
+        lo = x0 * c - x1 * s;
+        hi = x1 * c + x0 * s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS)
+    attn_prep(float* __restrict__ q, const float* __restrict__ k_raw,
+              const float* __restrict__ v_raw, const float* __restrict__ q_norm_w,
+              const float* __restrict__ k_norm_w, void* __restrict__ k_cache,
+              void* __restrict__ v_cache, const int* __restrict__ positions, int T, int slots,
+              float rope_base, float eps) {
+    const int t = blockIdx.y;
+    if (t >= T) return;
+
+    // Frequencies once per block: a double pow per pair, shared by the block's rows.
+    __shared__ float inv_freq[ROPE_PAIRS > 0 ? ROPE_PAIRS : 1];
+    for (int j = threadIdx.x; j < ROPE_PAIRS; j += 32 * WARPS) {
+        const float e = (float)(2 * j) / (float)HEAD_DIM;
+        inv_freq[j] = 1.0f / (float)pow((double)rope_base, (double)e);
+    }
+    __syncthreads();
+
+    const int row = blockIdx.x * WARPS + threadIdx.x / 32;
+    if (row >= ROWS_PER_TOKEN) return;
+    const int lane = threadIdx.x % 32;
+    const int pos = positions[t];
+
+    // What this row is: a query head (in place), a K head or a V head (into the cache).
+    const float* src;
+    const float* w = nullptr;
+    bool rotate = true;
+    char* cache_row = nullptr;
+    if (row < N_HEADS) {
+        src = q + ((size_t)t * N_HEADS + row) * HEAD_DIM;
+        w = q_norm_w;
+    } else {
+        const bool is_k = row < N_HEADS + N_KV_HEADS;
+        const int kvh = is_k ? row - N_HEADS : row - N_HEADS - N_KV_HEADS;
+        const float* raw = is_k || !HAS_V ? k_raw : v_raw;
+        src = raw + ((size_t)t * N_KV_HEADS + kvh) * HEAD_DIM;
+        w = is_k ? k_norm_w : nullptr;
+        rotate = is_k;
+        const int slot = pos % slots;
+        cache_row =
+            (char*)(is_k ? k_cache : v_cache) + ((size_t)slot * N_KV_HEADS + kvh) * HEAD_DIM * 2;
+    }
+
+    // Lane holds float4 i of the low half and its RoPE partner, float4 i of the high half.
+    const float4* src4 = (const float4*)src;
+    float4 lo[PAIRS_PER_LANE], hi[PAIRS_PER_LANE];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PAIRS_PER_LANE; ++k) {
+        const int i = k * 32 + lane;
+        const bool in_row = HALF_VEC % 32 == 0 || i < HALF_VEC;
+        lo[k] = in_row ? src4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        hi[k] = in_row ? src4[HALF_VEC + i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        ss += lo[k].x * lo[k].x + lo[k].y * lo[k].y + lo[k].z * lo[k].z + lo[k].w * lo[k].w;
+        ss += hi[k].x * hi[k].x + hi[k].y * hi[k].y + hi[k].z * hi[k].z + hi[k].w * hi[k].w;
+    }
+    ss = warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss * (1.0f / HEAD_DIM) + eps);
+
+#pragma unroll
+    for (int k = 0; k < PAIRS_PER_LANE; ++k) {
+        const int i = k * 32 + lane;
+        if (!(HALF_VEC % 32 == 0 || i < HALF_VEC)) continue;
+        float4 a = scale4(lo[k], scale), b = scale4(hi[k], scale);
+        if (w != nullptr) {
+            a = mul4(a, ((const float4*)w)[i]);
+            b = mul4(b, ((const float4*)w)[HALF_VEC + i]);
+        }
+        if (rotate) {
+            const int j = 4 * i;
+            rope_pair(a.x, b.x, j + 0, pos, inv_freq);
+            rope_pair(a.y, b.y, j + 1, pos, inv_freq);
+            rope_pair(a.z, b.z, j + 2, pos, inv_freq);
+            rope_pair(a.w, b.w, j + 3, pos, inv_freq);
+        }
+        if (cache_row == nullptr) {
+            float4* dst = (float4*)src;  // the query row, in place
+            dst[i] = a;
+            dst[HALF_VEC + i] = b;
+        } else {
+            store_kv4(cache_row + (size_t)i * 8, a);
+            store_kv4(cache_row + (size_t)(HALF_VEC + i) * 8, b);
+        }
+    }
+}

@@ -1,0 +1,241 @@
+// `gemmajit bench --model FILE -p 512 -n 128 -d 0,4096 -r 5`: prompt processing (pp) and token
+// generation (tg) speed of the GPU forward, printed like llama-bench, as the median over the
+// repetitions with (min..max). For tg also the weight bytes read per token as GB/s and as a share
+// of the device's copy bandwidth, measured once here with a device-to-device copy (bytes read +
+// written, like DEVICE.md). Each test first runs once unmeasured (kernel caches, graph capture,
+// clocks). --profile adds the kernel-time breakdown of one decode step at each depth.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/gpu_forward.h"
+#include "engine/gpu_model.h"
+#include "jit/cuda_driver.h"
+#include "jit/device.h"
+#include "tools/backend.h"
+#include "tools/commands.h"
+
+namespace gj::tools {
+
+namespace {
+
+struct BenchArgs {
+    std::string model;
+    std::vector<int> prompt = {512};
+    std::vector<int> gen = {128};
+    std::vector<int> depth = {0};
+    int reps = 5;
+    bool profile = false;
+    uint64_t seed = 42;
+};
+
+struct Stats {
+    double median = 0, min = 0, max = 0;
+};
+Stats stats(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
+}
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// Device-to-device copy bandwidth in bytes/s (read + written), median of 10 copies of 1 GiB.
+double copy_bandwidth() {
+    jit::Device& dev = jit::Device::get();
+    const jit::DriverApi& api = jit::driver();
+    const size_t bytes = size_t(1) << 30;
+    jit::DeviceBuffer a(bytes), b(bytes);
+    a.zero();
+    CUevent e0, e1;
+    jit::check_driver(api.cuEventCreate(&e0, CU_EVENT_DEFAULT), "cuEventCreate");
+    jit::check_driver(api.cuEventCreate(&e1, CU_EVENT_DEFAULT), "cuEventCreate");
+    std::vector<double> rates;
+    for (int i = 0; i < 12; ++i) {
+        jit::check_driver(api.cuEventRecord(e0, dev.stream()), "cuEventRecord");
+        jit::check_driver(api.cuMemcpyDtoDAsync(b.ptr(), a.ptr(), bytes, dev.stream()),
+                          "cuMemcpyDtoDAsync");
+        jit::check_driver(api.cuEventRecord(e1, dev.stream()), "cuEventRecord");
+        jit::check_driver(api.cuEventSynchronize(e1), "cuEventSynchronize");
+        float ms = 0;
+        jit::check_driver(api.cuEventElapsedTime(&ms, e0, e1), "cuEventElapsedTime");
+        if (i >= 2) rates.push_back(2.0 * double(bytes) / (double(ms) * 1e-3));
+    }
+    api.cuEventDestroy(e0);
+    api.cuEventDestroy(e1);
+    return stats(rates).median;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, std::mt19937_64& rng) {
+    std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
+    std::vector<int32_t> t(size_t(std::max(n, 0)));
+    for (auto& v : t) v = pick(rng);
+    return t;
+}
+
+std::string fmt_stats(const Stats& s) {
+    return fmt::format("{:.2f} ({:.2f}..{:.2f})", s.median, s.min, s.max);
+}
+
+void run_bench(const BenchArgs& a) {
+    std::string why;
+    if (!jit::device_available(&why))
+        throw std::runtime_error("bench measures the GPU forward, and there is no usable GPU: " +
+                                 why);
+    if (a.reps < 1) throw std::invalid_argument("-r must be at least 1");
+    for (int v : a.prompt)
+        if (v < 0) throw std::invalid_argument("-p values must be >= 0");
+    for (int v : a.gen)
+        if (v < 0) throw std::invalid_argument("-n values must be >= 0");
+    for (int v : a.depth)
+        if (v < 0) throw std::invalid_argument("-d values must be >= 0");
+    const int max_p = *std::max_element(a.prompt.begin(), a.prompt.end());
+    const int max_n = *std::max_element(a.gen.begin(), a.gen.end());
+    const int max_d = *std::max_element(a.depth.begin(), a.depth.end());
+
+    gemma4::GpuModelOptions mo;
+    mo.context = (max_d + std::max(max_p, max_n + 1) + 255) / 256 * 256;
+    mo.progress = status_line;
+    auto model = gemma4::GpuModel::load(a.model, mo);
+    gemma4::GpuSession session(*model);
+    const gemma4::Config& cfg = model->config();
+    jit::Device& dev = jit::Device::get();
+    const double copy_bw = copy_bandwidth();
+    const double weight_gb = double(model->decode_weight_bytes()) / 1e9;
+    fmt::print("device: {} ({}), copy bandwidth {:.0f} GB/s (D2D, read + write)\n", dev.name(),
+               dev.arch(), copy_bw / 1e9);
+    fmt::print("model: {}\n", model->summary());
+    fmt::print("graphs: {}, prefill chunk {}, context {}\n\n",
+               session.graphs_enabled() ? "on" : "off (GEMMAJIT_GRAPHS=0)", model->prefill_chunk(),
+               session.context());
+    fmt::print("| {:<28} | {:>14} | {:<38} | {:>9} | {:>7} |\n", "model", "test",
+               "t/s (median (min..max))", "GB/s", "% copy");
+    fmt::print("|{:-<30}|{:->16}|{:-<40}|{:->11}|{:->9}|\n", "", "", "", "", "");
+    const std::string label =
+        fmt::format("{} {}", cfg.name, ggml::type_name(model->lm_head().type));
+
+    std::mt19937_64 rng(a.seed);
+    auto go_to_depth = [&](int d) {
+        session.reset();
+        if (d > 0) session.prefill(random_tokens(d, cfg.vocab_size, rng), gemma4::Readout::Argmax);
+    };
+    for (int d : a.depth) {
+        const std::string at = d > 0 ? fmt::format(" @ d{}", d) : std::string();
+        for (int p : a.prompt) {
+            if (p == 0) continue;
+            std::vector<double> rates;
+            for (int r = 0; r <= a.reps; ++r) {
+                go_to_depth(d);
+                const auto tokens = random_tokens(p, cfg.vocab_size, rng);
+                const double t0 = now_s();
+                session.prefill(tokens, gemma4::Readout::Argmax);
+                const double s = now_s() - t0;
+                if (r > 0) rates.push_back(p / s);  // the first run warms up
+            }
+            fmt::print("| {:<28} | {:>14} | {:<38} | {:>9} | {:>7} |\n", label,
+                       fmt::format("pp{}{}", p, at), fmt_stats(stats(rates)), "", "");
+            std::fflush(stdout);
+        }
+        for (int n : a.gen) {
+            if (n == 0) continue;
+            std::vector<double> rates;
+            for (int r = 0; r <= a.reps; ++r) {
+                go_to_depth(d);
+                int32_t token = random_tokens(1, cfg.vocab_size, rng)[0];
+                const double t0 = now_s();
+                for (int i = 0; i < n; ++i)
+                    token = session.decode(token, gemma4::Readout::Argmax).token;
+                const double s = now_s() - t0;
+                if (r > 0) rates.push_back(n / s);
+            }
+            const Stats st = stats(rates);
+            const double gbs = st.median * weight_gb;
+            fmt::print("| {:<28} | {:>14} | {:<38} | {:>9.0f} | {:>6.1f}% |\n", label,
+                       fmt::format("tg{}{}", n, at), fmt_stats(st), gbs,
+                       100.0 * gbs * 1e9 / copy_bw);
+            std::fflush(stdout);
+            if (a.profile) {
+                const auto times = session.profile_decode_step(0);
+                double total = 0;
+                for (const auto& k : times) total += k.microseconds;
+                fmt::print(
+                    "\nkernel time of one decode step at position {} (eager, events around "
+                    "each launch; sum {:.0f} us):\n",
+                    session.position(), total);
+                fmt::print("  {:<58} {:>5} {:>9} {:>6} {:>8} {:>7}\n", "kernel", "calls", "us", "%",
+                           "GB/s", "% copy");
+                for (const auto& k : times) {
+                    const double gb =
+                        k.weight_bytes ? double(k.weight_bytes) / (k.microseconds * 1e3) : 0;
+                    fmt::print("  {:<58} {:>5} {:>9.1f} {:>5.1f}% {:>8} {:>7}\n", k.label,
+                               k.launches, k.microseconds, 100.0 * k.microseconds / total,
+                               gb > 0 ? fmt::format("{:.0f}", gb) : "",
+                               gb > 0 ? fmt::format("{:.1f}%", 100.0 * gb * 1e9 / copy_bw) : "");
+                }
+                fmt::print("\n");
+            }
+        }
+    }
+    if (session.graphs_enabled())
+        fmt::print("\n{} decode graph launches ({} captured)\n", session.graph_launches(),
+                   session.graph_captures());
+}
+
+std::vector<int> parse_int_list(const std::string& text, const char* flag) {
+    std::vector<int> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        size_t used = 0;
+        int v = 0;
+        try {
+            v = std::stoi(item, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (item.empty() || used != item.size())
+            throw std::invalid_argument(
+                fmt::format("{}: '{}' is not a number (expected e.g. 0,4096)", flag, item));
+        out.push_back(v);
+    }
+    if (out.empty()) throw std::invalid_argument(fmt::format("{}: empty list", flag));
+    return out;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+    auto a = std::make_shared<BenchArgs>();
+    auto p = std::make_shared<std::string>("512");
+    auto n = std::make_shared<std::string>("128");
+    auto d = std::make_shared<std::string>("0");
+    auto* cmd = app.add_subcommand(
+        "bench", "prompt (pp) and generation (tg) speed on the GPU, llama-bench style");
+    cmd->add_option("--model,-m", a->model, "GGUF model file")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cmd->add_option("-p,--n-prompt", *p, "prompt lengths, comma-separated")->capture_default_str();
+    cmd->add_option("-n,--n-gen", *n, "generated tokens, comma-separated")->capture_default_str();
+    cmd->add_option("-d,--depth", *d, "tokens already in the context, comma-separated")
+        ->capture_default_str();
+    cmd->add_option("-r,--repetitions", a->reps, "measured runs per test")->capture_default_str();
+    cmd->add_flag("--profile", a->profile, "kernel-time breakdown of one decode step per depth");
+    cmd->add_option("--seed", a->seed, "seed of the random token ids")->capture_default_str();
+    cmd->callback([a, p, n, d] {
+        BenchArgs args = *a;
+        args.prompt = parse_int_list(*p, "-p");
+        args.gen = parse_int_list(*n, "-n");
+        args.depth = parse_int_list(*d, "-d");
+        run_bench(args);
+    });
+}
+
+}  // namespace gj::tools

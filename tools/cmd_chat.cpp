@@ -1,0 +1,154 @@
+// `gemmajit chat --model FILE`: an interactive multi-turn chat. The KV cache is kept across
+// turns: each new user message is appended to the sequence as the chat-format text that follows
+// the model's last reply ("<turn|>\n<|turn>user\n...<turn|>\n<|turn>model\n..."), so only the new
+// tokens are prefilled. Lines starting with '/' are commands: /reset starts over, /quit ends.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "engine/chat_format.h"
+#include "engine/gguf.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "engine/tokenizer_data.h"
+#include "tools/backend.h"
+#include "tools/commands.h"
+
+namespace gj::tools {
+
+namespace {
+
+struct ChatArgs {
+    std::string model;
+    std::string system;
+    int n_predict = 1024;
+    sample::SamplerParams sampling;
+    bool think = false;
+    bool cpu = false;
+    int threads = 0;
+    int context = 0;
+};
+
+// The text of one user turn and the generation prompt, without <bos> and without the system turn
+// the renderer adds when thinking is on (that belongs to the first turn only).
+std::string user_turn(const std::string& text, const chat::ChatOptions& opts,
+                      const chat::ChatStyle& style) {
+    const std::string full = chat::render({{"user", text, {}, {}}}, opts, style);
+    const size_t at = full.find("<|turn>user\n");
+    if (at == std::string::npos)
+        throw std::logic_error("chat format: a rendered user turn lacks <|turn>user");
+    return full.substr(at);
+}
+
+void run_chat(ChatArgs a) {
+    a.sampling.validate();
+    if (a.n_predict < -1)
+        throw std::invalid_argument("-n must be >= 0, or -1 for no limit; got " +
+                                    std::to_string(a.n_predict));
+    tok::Tokenizer tokenizer(tok::read_vocab(*gguf::File::open(a.model)));
+    const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
+    BackendOptions bo;
+    bo.cpu = a.cpu;
+    bo.threads = a.threads;
+    bo.context = a.context;
+    auto backend = Backend::open(a.model, bo);
+    gen::Forward& forward = backend->forward();
+    sample::Sampler sampler(a.sampling);
+    chat::ChatOptions chat_opts;
+    chat_opts.enable_thinking = a.think;
+    const bool interactive = isatty(STDIN_FILENO);
+    if (interactive)
+        std::fprintf(stderr,
+                     "gemmajit: chat with %s (context %d tokens); /reset starts over, "
+                     "/quit or Ctrl-D ends\n",
+                     backend->config().name.c_str(), forward.context_length());
+
+    bool first = true;
+    std::string line;
+    for (;;) {
+        if (interactive) std::fprintf(stderr, "> ");
+        if (!std::getline(std::cin, line)) break;
+        if (line.empty()) continue;
+        if (line == "/quit" || line == "/exit") break;
+        if (line == "/reset") {
+            if (!backend->on_gpu()) {
+                // The CPU reference session has no reset through the Forward interface: reopen.
+                backend = Backend::open(a.model, bo);
+            } else {
+                backend->session().reset();
+            }
+            first = true;
+            std::fprintf(stderr, "gemmajit: conversation reset\n");
+            continue;
+        }
+        std::string text;
+        if (first) {
+            std::vector<chat::Message> messages;
+            if (!a.system.empty()) messages.push_back({"system", a.system, {}, {}});
+            messages.push_back({"user", line, {}, {}});
+            text = chat::render(messages, chat_opts, style);
+        } else {
+            // Closes the model's turn (its stop token was sampled, not fed) and opens the next.
+            text = "<turn|>\n" + user_turn(line, chat_opts, style);
+        }
+        const std::vector<int32_t> tokens = tokenizer.encode(text, /*add_bos=*/false);
+        gen::Forward& f = backend->forward();
+        if (size_t(f.position()) + tokens.size() >= size_t(f.context_length())) {
+            std::fprintf(stderr,
+                         "gemmajit: this message (%zu tokens) does not fit the %d positions left "
+                         "of the context; /reset starts a new conversation\n",
+                         tokens.size(), f.context_length() - f.position());
+            continue;
+        }
+        gen::GenerateOptions go;
+        go.max_tokens = a.n_predict;
+        const gen::GenerateResult r =
+            gen::generate(f, tokenizer, sampler, tokens, go, [](std::string_view t) {
+                std::fwrite(t.data(), 1, t.size(), stdout);
+                std::fflush(stdout);
+            });
+        std::printf("\n");
+        std::fflush(stdout);
+        first = false;
+        if (interactive)
+            std::fprintf(
+                stderr, "gemmajit: %zu tokens, %.1f tokens/s (%s); %d of %d positions used\n",
+                r.tokens.size(),
+                r.generate_seconds > 0 ? double(r.tokens.size()) / r.generate_seconds : 0.0,
+                gen::stop_reason_name(r.reason), f.position(), f.context_length());
+    }
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app) {
+    auto a = std::make_shared<ChatArgs>();
+    auto* cmd = app.add_subcommand(
+        "chat",
+        "interactive multi-turn chat (one message per line; the KV cache is kept across "
+        "turns)");
+    cmd->add_option("--model,-m", a->model, "GGUF model file")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--system", a->system, "system message");
+    cmd->add_option("-n,--n-predict", a->n_predict, "tokens per reply at most (-1 = no limit)")
+        ->capture_default_str();
+    auto& s = a->sampling;
+    cmd->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();
+    cmd->add_option("--top-k", s.top_k, "top-k (0 = off)")->capture_default_str();
+    cmd->add_option("--top-p", s.top_p, "top-p in (0, 1] (1 = off)")->capture_default_str();
+    cmd->add_option("--min-p", s.min_p, "min-p in [0, 1] (0 = off)")->capture_default_str();
+    cmd->add_option("--repeat-penalty", s.repeat_penalty, "repetition penalty (1 = off)")
+        ->capture_default_str();
+    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+    cmd->add_flag("--think", a->think, "let the model reason first (<|think|> in the system turn)");
+    cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward");
+    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    cmd->add_option("--ctx", a->context,
+                    "GPU context in tokens (0: the model's, reduced to what fits in memory)");
+    cmd->callback([a] { run_chat(*a); });
+}
+
+}  // namespace gj::tools
