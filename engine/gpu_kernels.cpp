@@ -20,10 +20,11 @@ bool GpuKernels::has(std::string_view spec_name) const {
     return specs_.find(spec_name) != specs_.end();
 }
 
-void GpuKernels::build(const std::function<void(const std::string&)>& progress) {
+void GpuKernels::build(const jit::Flags& flags,
+                       const std::function<void(const std::string&)>& progress) {
     if (built_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    jit::Jit jit;  // cache, arch and log from the env-flag registry; the log shows misses
+    jit::Jit jit(flags);  // cache, arch and log from the model's settings; the log shows misses
     std::vector<jit::KernelSpec> list = specs();
     std::vector<jit::CompiledKernel> compiled = jit.compile_plan(list, jit::Device::get().arch());
     for (const auto& k : compiled) compiled_now_ += k.cache_hit ? 0 : 1;

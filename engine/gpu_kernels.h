@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "jit/device.h"
+#include "jit/env_flags.h"
 #include "jit/jit.h"
 #include "jit/kernel_spec.h"
 
@@ -22,9 +23,10 @@ class GpuKernels {
     const jit::KernelSpec& add(jit::KernelSpec spec);
     bool has(std::string_view spec_name) const;
 
-    // Compiles every spec for the local GPU and loads them. `progress` gets one line before and a
-    // running count during compilation (NVRTC misses only; cache hits are quick).
-    void build(const std::function<void(const std::string&)>& progress);
+    // Compiles every spec for the local GPU and loads them, with the cache and compile settings
+    // of `flags`. `progress` gets one line before and a running count during compilation (NVRTC
+    // misses only; cache hits are quick).
+    void build(const jit::Flags& flags, const std::function<void(const std::string&)>& progress);
 
     const jit::KernelSpec& spec(std::string_view spec_name) const;
     const jit::Kernel& get(std::string_view spec_name, std::string_view entry) const;

@@ -55,8 +55,8 @@ std::string MemoryPlan::describe() const {
 
 GpuModel::~GpuModel() = default;
 
-std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
-                                         const GpuModelOptions& opts) {
+std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path,
+                                               const GpuModelOptions& opts) {
     std::unique_ptr<GpuModel> m(new GpuModel());
     m->path_ = path;
     m->flags_ = opts.flags ? *opts.flags : jit::Flags::process();
@@ -70,16 +70,29 @@ std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
     WeightOptions wopts;
     wopts.f32_copy_limit_bytes = 0;  // matrices stay in the mapping until uploaded
     m->weights_ = std::make_unique<Weights>(*m->file_, m->cfg_, wopts);
-    m->plan(opts);
+    m->plan_layout(opts);
+    return m;
+}
+
+std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
+                                         const GpuModelOptions& opts) {
+    std::unique_ptr<GpuModel> m = open_model(path, opts);
+    m->plan_memory(opts);
     m->upload(opts);
     return m;
 }
 
+std::vector<jit::KernelSpec> GpuModel::kernel_specs(const std::filesystem::path& path,
+                                                    const GpuModelOptions& opts) {
+    return open_model(path, opts)->kernels_.specs();
+}
+
 // ---- Planning: types, layouts, kernels, memory ------------------------------------------------
 
-void GpuModel::plan(const GpuModelOptions& opts) {
+// Types, layouts and kernels of every tensor, and the bytes they take: no GPU involved, so
+// `gemmajit kernels/precompile --model` list exactly the set a load compiles.
+void GpuModel::plan_layout(const GpuModelOptions& opts) {
     const jit::Flags& flags = flags_;
-    jit::Device& dev = jit::Device::get();
     const Config& c = cfg_;
     const Weights& w = *weights_;
 
@@ -232,11 +245,19 @@ void GpuModel::plan(const GpuModelOptions& opts) {
             "F16 on upload",
             d.first, d.first == 1 ? "" : "s", type, gib(d.second), type));
 
-    // Memory: place the PLE table, then check everything fits. Without an explicit context the
-    // model's own is halved (down to 4096) until the KV cache fits, with a notice.
     mem_.weights = weights;
     mem_.ple_table = ple_table_.bytes;
     mem_.staging = staging;
+}
+
+// Where everything goes on this GPU (PLE table on the GPU or pinned host memory, the context the
+// KV cache allows) and whether it fits.
+void GpuModel::plan_memory(const GpuModelOptions& opts) {
+    const jit::Flags& flags = flags_;
+    jit::Device& dev = jit::Device::get();
+    const Config& c = cfg_;
+    // Memory: place the PLE table, then check everything fits. Without an explicit context the
+    // model's own is halved (down to 4096) until the KV cache fits, with a notice.
     mem_.reserve = uint64_t(256) << 20;
     mem_.free = dev.free_memory();
     const uint64_t limit = flags.get_size("GEMMAJIT_GPU_MEMORY_LIMIT");
@@ -284,7 +305,7 @@ void GpuModel::upload(const GpuModelOptions& opts) {
     for (const auto& n : notices_) say(n);
 
     say(fmt::format("{}: {} kernels for {}", cfg_.name, kernels_.size(), dev.arch()));
-    kernels_.build(say);
+    kernels_.build(flags_, say);
 
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t total = mem_.weights + (mem_.ple_on_gpu ? mem_.ple_table : 0);

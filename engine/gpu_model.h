@@ -107,6 +107,10 @@ class GpuModel {
     // file), jit::DeviceUnavailable (no GPU).
     static std::unique_ptr<GpuModel> load(const std::filesystem::path& path,
                                           const GpuModelOptions& opts = {});
+    // The kernel specializations load() would compile for this file and these settings, without
+    // touching a GPU (for `gemmajit kernels/precompile --model`).
+    static std::vector<jit::KernelSpec> kernel_specs(const std::filesystem::path& path,
+                                                     const GpuModelOptions& opts = {});
     ~GpuModel();
     GpuModel(const GpuModel&) = delete;
     GpuModel& operator=(const GpuModel&) = delete;
@@ -129,8 +133,8 @@ class GpuModel {
     const GpuMatrix& ple_model_proj() const { return ple_model_proj_; }
     CUdeviceptr ple_proj_norm() const { return ple_proj_norm_; }
 
-    // Specializations of the width-generic kernels (names in kernels()); see plan() for the norm
-    // chain.
+    // Specializations of the width-generic kernels (names in kernels()); see plan_layout() for the
+    // norm chain.
     const std::string& spec_prenorm() const { return spec_prenorm_; }
     const std::string& spec_post_prenorm() const { return spec_post_prenorm_; }
     const std::string& spec_post_scale_prenorm() const { return spec_post_scale_prenorm_; }
@@ -147,7 +151,10 @@ class GpuModel {
 
   private:
     GpuModel() = default;
-    void plan(const GpuModelOptions& opts);
+    static std::unique_ptr<GpuModel> open_model(const std::filesystem::path& path,
+                                                const GpuModelOptions& opts);
+    void plan_layout(const GpuModelOptions& opts);
+    void plan_memory(const GpuModelOptions& opts);
     void upload(const GpuModelOptions& opts);
 
     std::filesystem::path path_;

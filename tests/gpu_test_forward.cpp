@@ -533,3 +533,22 @@ TEST(GpuForward, CommandsRunOnTheGpu) {
     EXPECT_EQ(moe.exit_code, 1) << moe.out;
     EXPECT_NE(moe.out.find("mixture-of-experts"), std::string::npos) << moe.out;
 }
+
+// `precompile --model` warms exactly the kernel set a GPU load compiles: after it, a load with
+// GEMMAJIT_REQUIRE_CACHED=1 (any miss is an error) succeeds and runs NVRTC zero times.
+TEST(GpuForward, PrecompiledModelLoadsWithoutCompiling) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-precompile");
+    const auto cache = dir.path() / "cache";
+    for (auto wtype : {ggml::Type::Q8_0, ggml::Type::BF16}) {
+        const auto path = synth(dir, "tiny-e2b", wtype).string();
+        auto pre = gj::test::run_command("GEMMAJIT_CACHE_DIR=" + cache.string() + " " +
+                                         gj::test::gemmajit_exe() + " precompile --model " + path);
+        ASSERT_EQ(pre.exit_code, 0) << pre.out;
+        const auto f =
+            flags({{"GEMMAJIT_CACHE_DIR", cache.string()}, {"GEMMAJIT_REQUIRE_CACHED", "1"}});
+        auto model = load_gpu(path, 256, 16, f);
+        EXPECT_EQ(model->kernels().compiled_now(), 0u) << path;
+        EXPECT_EQ(model->kernels().size(), GpuModel::kernel_specs(path, {}).size()) << path;
+    }
+}

@@ -14,6 +14,7 @@
 #include "cache/store.h"
 #include "engine/gemma4_config.h"
 #include "engine/gguf.h"
+#include "engine/gpu_model.h"
 #include "engine/kernel_plan.h"
 #include "jit/cache_config.h"
 #include "jit/device.h"
@@ -37,10 +38,11 @@ struct PlanSource {
 void add_plan_options(CLI::App* sub, PlanSource& src) {
     auto* v = sub->add_option("--variant", src.variant,
                               "model preset (e2b, e4b, 12b, 26b-a4b, 31b; default e4b)");
-    auto* m = sub->add_option("--model", src.model, "GGUF file whose metadata defines the plan");
+    auto* m =
+        sub->add_option("--model", src.model, "GGUF file: the kernels a GPU load of it compiles");
     v->excludes(m);
     sub->add_option("--wtype", src.wtype,
-                    "weight type of the matrices (q8_0, q4_0, ...; default: the model's, or q8_0)");
+                    "weight type of the preset's matrices (q8_0, q4_0, f16, ...; default q8_0)");
 }
 
 struct Plan {
@@ -48,40 +50,26 @@ struct Plan {
     std::vector<jit::KernelSpec> specs;
 };
 
-// The weight type most matrices of a GGUF use (what the matvec kernels must read).
-ggml::Type dominant_weight_type(const gguf::File& file) {
-    std::map<ggml::Type, uint64_t> bytes;
-    for (const auto& t : file.tensors())
-        if (t.name.starts_with("blk.") && t.dims.size() >= 2) bytes[t.type] += t.n_bytes;
-    if (bytes.empty())
-        throw std::runtime_error(file.path().string() + " has no blk.* weight matrices");
-    return std::max_element(bytes.begin(), bytes.end(),
-                            [](const auto& a, const auto& b) { return a.second < b.second; })
-        ->first;
-}
-
 Plan load_plan(const PlanSource& src) {
     Plan plan;
-    gemma4::Config cfg;
-    std::optional<ggml::Type> wtype;
-    if (!src.wtype.empty()) {
-        wtype = ggml::type_from_name(src.wtype);
-        if (!wtype)
-            throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name");
-    }
     if (!src.model.empty()) {
-        auto file = gguf::File::open(src.model);
-        cfg = gemma4::Config::from_gguf(*file);
-        if (!wtype) wtype = dominant_weight_type(*file);
+        // A file's own tensor types decide each kernel: exactly the set a GPU load compiles.
+        if (!src.wtype.empty())
+            throw std::invalid_argument(
+                "--wtype applies to --variant; with --model the file's tensor types decide");
         plan.label = src.model;
-    } else {
-        std::string variant = src.variant.empty() ? "e4b" : src.variant;
-        cfg = gemma4::Config::preset(variant);
-        plan.label = variant;
+        plan.specs = gemma4::GpuModel::kernel_specs(src.model);
+        return plan;
     }
-    if (!wtype) wtype = ggml::Type::Q8_0;
-    plan.label += " (" + ggml::type_name(*wtype) + ")";
-    plan.specs = gemma4::build_kernel_plan(cfg, *wtype);
+    ggml::Type wtype = ggml::Type::Q8_0;
+    if (!src.wtype.empty()) {
+        auto t = ggml::type_from_name(src.wtype);
+        if (!t) throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name");
+        wtype = *t;
+    }
+    const std::string variant = src.variant.empty() ? "e4b" : src.variant;
+    plan.label = variant + " (" + ggml::type_name(wtype) + ")";
+    plan.specs = gemma4::build_kernel_plan(gemma4::Config::preset(variant), wtype);
     return plan;
 }
 
