@@ -135,14 +135,7 @@ void add_chat_command(CLI::App& app) {
     cmd->add_option("--system", a->system, "system message");
     cmd->add_option("-n,--n-predict", a->n_predict, "tokens per reply at most (-1 = no limit)")
         ->capture_default_str();
-    auto& s = a->sampling;
-    cmd->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();
-    cmd->add_option("--top-k", s.top_k, "top-k (0 = off)")->capture_default_str();
-    cmd->add_option("--top-p", s.top_p, "top-p in (0, 1] (1 = off)")->capture_default_str();
-    cmd->add_option("--min-p", s.min_p, "min-p in [0, 1] (0 = off)")->capture_default_str();
-    cmd->add_option("--repeat-penalty", s.repeat_penalty, "repetition penalty (1 = off)")
-        ->capture_default_str();
-    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+    add_sampling_options(cmd, a->sampling);
     cmd->add_flag("--think", a->think, "let the model reason first (<|think|> in the system turn)");
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward");
     cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");

@@ -201,16 +201,7 @@ void add_run_command(CLI::App& app) {
     cmd->add_option("--system", a->system, "system message");
     cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most (-1 = no limit)")
         ->capture_default_str();
-    auto& s = a->sampling;
-    cmd->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();
-    cmd->add_option("--top-k", s.top_k, "top-k (0 = off)")->capture_default_str();
-    cmd->add_option("--top-p", s.top_p, "top-p in (0, 1] (1 = off)")->capture_default_str();
-    cmd->add_option("--min-p", s.min_p, "min-p in [0, 1] (0 = off)")->capture_default_str();
-    cmd->add_option("--repeat-penalty", s.repeat_penalty, "repetition penalty (1 = off)")
-        ->capture_default_str();
-    cmd->add_option("--repeat-last-n", s.repeat_last_n, "tokens the repetition penalty looks at")
-        ->capture_default_str();
-    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+    add_sampling_options(cmd, a->sampling);
     cmd->add_flag("--think", a->think, "let the model reason first (<|think|> in the system turn)");
     cmd->add_flag("--no-think", a->no_think, "no reasoning (the default)");
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
@@ -221,6 +212,18 @@ void add_run_command(CLI::App& app) {
 }
 
 }  // namespace
+
+void add_sampling_options(CLI::App* cmd, sample::SamplerParams& s) {
+    cmd->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();
+    cmd->add_option("--top-k", s.top_k, "top-k (0 = off)")->capture_default_str();
+    cmd->add_option("--top-p", s.top_p, "top-p in (0, 1] (1 = off)")->capture_default_str();
+    cmd->add_option("--min-p", s.min_p, "min-p in [0, 1] (0 = off)")->capture_default_str();
+    cmd->add_option("--repeat-penalty", s.repeat_penalty, "repetition penalty (1 = off)")
+        ->capture_default_str();
+    cmd->add_option("--repeat-last-n", s.repeat_last_n, "tokens the repetition penalty looks at")
+        ->capture_default_str();
+    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+}
 
 void add_run_commands(CLI::App& app) {
     add_run_command(app);

@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/sampler.h"
+
 namespace gj::tools {
 
 void add_jit_commands(CLI::App& app);    // env, kernels, precompile, show, src, ptx, sass, cache
@@ -12,5 +14,8 @@ void add_model_commands(CLI::App& app);  // synth, info, logits
 void add_run_commands(CLI::App& app);    // run, tokenize
 void add_chat_command(CLI::App& app);    // chat (interactive, KV cache kept across turns)
 void add_bench_command(CLI::App& app);   // bench (GPU pp/tg speed, llama-bench style)
+
+// The sampling options run and chat share (names and meanings as llama.cpp's).
+void add_sampling_options(CLI::App* cmd, sample::SamplerParams& s);
 
 }  // namespace gj::tools
