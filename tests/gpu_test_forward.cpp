@@ -191,10 +191,14 @@ struct Case {
     std::string variant;
     ggml::Type wtype;
 };
-std::string case_name(const ::testing::TestParamInfo<Case>& i) {
-    std::string n = i.param.variant + "_" + ggml::type_name(i.param.wtype);
+std::string case_name(const Case& c) {
+    std::string n = c.variant + "_" + ggml::type_name(c.wtype);
     std::replace(n.begin(), n.end(), '-', '_');
     return n;
+}
+// gtest prints parameters (and ctest shows them in test names) through PrintTo.
+void PrintTo(const Case& c, std::ostream* os) {
+    *os << case_name(c);
 }
 
 class GpuVsCpu : public ::testing::TestWithParam<Case> {
@@ -232,7 +236,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-keqv", ggml::Type::Q8_0}, Case{"tiny", ggml::Type::Q4_0},
                       Case{"tiny-keqv", ggml::Type::Q4_0}, Case{"tiny", ggml::Type::F32},
                       Case{"tiny-e2b", ggml::Type::BF16}, Case{"tiny-keqv", ggml::Type::F16}),
-    case_name);
+    [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
 
 // The real E4B shapes (d 2560, head dims 256/512, vocab 262144, PLE 42 x 256 wide table cut to 6
 // layers, layer 5 global) against the CPU reference over a short sequence.
