@@ -193,10 +193,7 @@ void dequantize_row(Type type, const uint8_t* src, float* dst, int64_t n) {
     if (!can_dequantize(type))
         throw std::invalid_argument(
             fmt::format("dequantize: tensor type {} is not supported", info.name));
-    if (n < 0 || n % info.block_elems != 0)
-        throw std::invalid_argument(fmt::format(
-            "dequantize: {} elements of type {} is not a whole number of {}-element blocks", n,
-            info.name, info.block_elems));
+    check_whole_blocks("dequantize", type, n);
     const int64_t nb = n / info.block_elems;
     switch (type) {
         case Type::F32:

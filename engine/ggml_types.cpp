@@ -1,5 +1,9 @@
 #include "engine/ggml_types.h"
 
+#include <fmt/format.h>
+
+#include <stdexcept>
+
 namespace gj::ggml {
 
 namespace {
@@ -61,6 +65,14 @@ std::optional<Type> type_from_name(std::string_view name) {
 
 std::string type_name(Type t) {
     return type_info(t).name;
+}
+
+void check_whole_blocks(std::string_view op, Type t, int64_t n) {
+    const TypeInfo& info = type_info(t);
+    if (n < 0 || n % info.block_elems != 0)
+        throw std::invalid_argument(
+            fmt::format("{}: {} elements of type {} is not a whole number of {}-element blocks", op,
+                        n, info.name, info.block_elems));
 }
 
 std::optional<uint64_t> row_bytes(Type t, uint64_t n) {

@@ -65,4 +65,8 @@ std::string type_name(Type t);
 // byte count does not fit in 64 bits.
 std::optional<uint64_t> row_bytes(Type t, uint64_t n);
 
+// Throws std::invalid_argument ("<op>: N elements of type T is not a whole number of B-element
+// blocks") when a row of n elements is not whole blocks of t (for (de)quantizing a row).
+void check_whole_blocks(std::string_view op, Type t, int64_t n);
+
 }  // namespace gj::ggml

@@ -98,10 +98,7 @@ void quantize_row(Type type, const float* src, uint8_t* dst, int64_t n) {
     if (!can_quantize(type))
         throw std::invalid_argument(
             fmt::format("quantize: tensor type {} is not supported", info.name));
-    if (n < 0 || n % info.block_elems != 0)
-        throw std::invalid_argument(fmt::format(
-            "quantize: {} elements of type {} is not a whole number of {}-element blocks", n,
-            info.name, info.block_elems));
+    check_whole_blocks("quantize", type, n);
     switch (type) {
         case Type::F32:
             std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
