@@ -38,6 +38,8 @@ struct WorkLayout {
     std::vector<int> decode_splits;  // per layer: attention splits of the decode graph
     uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
     uint64_t logits_work = 0;                       // workspace of the logits kernels
+    bool half_acts = false;   // cuBLAS products of f16/bf16 weights: converted activations
+    bool float_gate = false;  // cuBLAS GeGLU: the gate product's own fp32 buffer
 
     explicit WorkLayout(const GpuModel& m) {
         const Config& c = m.config();
@@ -66,6 +68,8 @@ struct WorkLayout {
         }
         in_max = std::max({d, q_max, ffn_max, ple});
         logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
+        half_acts = !m.spec_convert().empty();
+        float_gate = m.blas_ffn();
     }
 
     uint64_t bytes() const {
@@ -76,9 +80,10 @@ struct WorkLayout {
                                 + R * ffn_max                    // gate|up product
                                 + 3 * R * ple_all + 2 * R * ple  // PLE inputs; gate, product
                                 + uint64_t(vocab)                // logits of one row
-                                + part_o_floats + 2 * part_ml_pairs;
+                                + part_o_floats + 2 * part_ml_pairs +
+                                (float_gate ? R * ffn_max : 0);
         return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
-               + (kStateHeader + 2 * R) * 4 + readout_bytes();
+               + (half_acts ? R * in_max * 2 : 0) + (kStateHeader + 2 * R) * 4 + readout_bytes();
     }
     // Argmax token (16 B), top-k ids and values, then the logits kernels' workspace.
     uint64_t readout_bytes() const { return 16 + 2 * kMaxTopK * 4 + logits_work; }
@@ -95,7 +100,7 @@ uint64_t session_work_bytes(const GpuModel& model) {
 struct GpuSession::Work {
     WorkLayout layout;
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
-        logits, part_o, part_ml, xq, xds, state, readout, all_logits;
+        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate;
     PinnedHost state_host, result_host;
 
     explicit Work(const GpuModel& m) : layout(m) {
@@ -127,6 +132,8 @@ struct GpuSession::Work {
         xds = zeroed(R * (L.in_max / 32) * 8);
         state = zeroed((kStateHeader + 2 * R) * 4);
         readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
+        if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
+        if (L.float_gate) fgate = jit::DeviceBuffer(R * L.ffn_max * 4);
         state_host = PinnedHost((kStateHeader + 2 * R) * 4);
         result_host = PinnedHost(16 + 2 * kMaxTopK * 4);
     }
@@ -151,7 +158,7 @@ struct GpuSession::Graph {
 struct GpuSession::Profiler {
     struct Entry {
         std::string label;
-        uint64_t bytes;
+        LaunchCost cost;
         CUevent start, stop;
     };
     std::vector<Entry> entries;
@@ -300,21 +307,25 @@ StepOutput GpuSession::read_result(Readout readout) {
 
 // ---- Launch helpers ---------------------------------------------------------------------------
 
-void GpuSession::launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block,
-                        unsigned smem, void** args, const std::string& label, uint64_t bytes) {
-    const CUstream stream = stream_;
+template <class F>
+void GpuSession::profiled(const std::string& label, LaunchCost cost, F&& enqueue) {
     if (!profiler_) {
-        k.launch(grid, block, smem, stream, args);
+        enqueue();
         return;
     }
     const jit::DriverApi& api = jit::driver();
-    Profiler::Entry e{label, bytes, nullptr, nullptr};
+    Profiler::Entry e{label, cost, nullptr, nullptr};
     jit::check_driver(api.cuEventCreate(&e.start, CU_EVENT_DEFAULT), "cuEventCreate");
     jit::check_driver(api.cuEventCreate(&e.stop, CU_EVENT_DEFAULT), "cuEventCreate");
     profiler_->entries.push_back(e);
-    jit::check_driver(api.cuEventRecord(e.start, stream), "cuEventRecord");
-    k.launch(grid, block, smem, stream, args);
-    jit::check_driver(api.cuEventRecord(e.stop, stream), "cuEventRecord");
+    jit::check_driver(api.cuEventRecord(e.start, stream_), "cuEventRecord");
+    enqueue();
+    jit::check_driver(api.cuEventRecord(e.stop, stream_), "cuEventRecord");
+}
+
+void GpuSession::launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block,
+                        unsigned smem, void** args, const std::string& label, LaunchCost cost) {
+    profiled(label, cost, [&] { k.launch(grid, block, smem, stream_, args); });
 }
 
 GpuSession::Input GpuSession::normed(int row) const {
@@ -365,6 +376,12 @@ void GpuSession::quantize(CUdeviceptr x, int n_values) {
 void GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
                         const char* what) {
     const bool quant = m.quantized();
+    const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
+    const double flops_per_col = 2.0 * double(m.rows) * m.cols * (up ? 2 : 1);
+    if (T > kPrefillCols && !quant && m.blas && model_.blas()) {
+        blas_product(m, up, in.f, y, T, what);
+        return;
+    }
     if (quant && in.q == 0) {
         quantize(in.f, T * m.cols);
         in.q = w_->xq.ptr();
@@ -377,23 +394,62 @@ void GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdev
     const int cols = int(spec_constant(spec, "NCOLS"));
     const unsigned threads = constant(spec, "THREADS"), rows_per_block = constant(spec, "ROWS");
     const jit::Kernel& k = model_.kernels().get(spec_name, spec.family + (up ? "_geglu" : ""));
-    const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
     const std::string label = spec_name + (up ? " geglu " : " ") + what;
     int n_rows = m.rows;
     CUdeviceptr w = m.ptr, wu = up ? up->ptr : 0, residual = 0;
     for (int c0 = 0; c0 < T; c0 += cols) {
         CUdeviceptr out = y + uint64_t(c0) * m.rows * 4;
+        const LaunchCost cost{bytes, flops_per_col * std::min(cols, T - c0), WorkKind::Gemm};
         if (quant) {
             CUdeviceptr xq = in.q + uint64_t(c0) * m.cols;
             CUdeviceptr xds = in.ds + uint64_t(c0) * (m.cols / 32) * 8;
             void* args[] = {&w, &wu, &xq, &xds, &residual, &out, &n_rows};
-            launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, bytes);
+            launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, cost);
         } else {
             CUdeviceptr xf = in.f + uint64_t(c0) * m.cols * 4;
             void* args[] = {&w, &wu, &xf, &residual, &out, &n_rows};
-            launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, bytes);
+            launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, cost);
         }
     }
+}
+
+void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y,
+                              int T, const char* what) {
+    jit::Blas& blas = *model_.blas();
+    const jit::BlasType type = m.type == ggml::Type::F32   ? jit::BlasType::F32
+                               : m.type == ggml::Type::F16 ? jit::BlasType::F16
+                                                           : jit::BlasType::BF16;
+    if (type != jit::BlasType::F32) {  // cuBLAS multiplies two matrices of one type
+        const std::string& name = model_.spec_convert();
+        const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+        CUdeviceptr out = w_->xhalf.ptr();
+        int n = T * m.cols;
+        void* args[] = {&x, &out, &n};
+        launch(
+            model_.kernels().get(name, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16"),
+            {ceil_div(n / 4, threads)}, {threads}, 0, args, name + " " + what);
+        x = out;
+    }
+    const double flops = 2.0 * double(m.rows) * m.cols * T;
+    auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
+        profiled(
+            fmt::format("cublas.{}.k{}.n{} {}", ggml::type_name(w.type), w.cols, w.rows, label),
+            LaunchCost{w.bytes, flops, WorkKind::Gemm},
+            [&] { blas.gemm(stream_, type, w.rows, T, w.cols, w.ptr, x, out); });
+        ++paths_.blas;
+    };
+    if (!up) {
+        product(m, y, what);
+        return;
+    }
+    // GeGLU from two products: gate into its own buffer, up into y, then y = gelu(gate) * y.
+    CUdeviceptr gate = w_->fgate.ptr();
+    product(m, gate, "ffn_gate");
+    product(*up, y, "ffn_up");
+    const std::string& name = m.spec_geglu;
+    void* args[] = {&gate, &y, &T};
+    launch(model_.kernels().get(name, "gelu_mul_inplace"), {ceil_div(uint64_t(T) * m.rows, 128)},
+           {128}, 0, args, name + " inplace ffn");
 }
 
 // ---- The forward pass -------------------------------------------------------------------------
@@ -407,7 +463,7 @@ void GpuSession::record_embedding(int T) {
         void* args[] = {&rows, &T, &table, &out, &scale};
         launch(model_.kernels().get(t.spec, "embed_rows"),
                {ceil_div(uint64_t(t.cols) / 4, threads), unsigned(T)}, {threads}, 0, args,
-               t.spec + " " + t.name, uint64_t(T) * (t.bytes / t.rows));
+               t.spec + " " + t.name, LaunchCost{uint64_t(T) * (t.bytes / t.rows)});
     };
     gather(model_.token_embd(), w.x.ptr(), cfg_.embed_scale());
     if (!cfg_.has_ple()) return;
@@ -424,6 +480,14 @@ void GpuSession::record_embedding(int T) {
     void* args[] = {&ctx, &tok, &norm, &out, &T, &inv_sqrt_d, &eps};
     launch(model_.kernels().get(name, "ple_finish"), {ceil_div(uint64_t(T) * cfg_.n_layers, 4)},
            {128}, 0, args, name);
+}
+
+double GpuSession::attention_flops(int l, int pos0, int T) const {
+    const LayerConfig& lc = cfg_.layers[l];
+    const int window = lc.sliding ? cfg_.sliding_window : 0;
+    double pairs = 0;  // visible (query, key) pairs
+    for (int p = pos0; p < pos0 + T; ++p) pairs += window ? std::min(p + 1, window) : p + 1;
+    return 4.0 * lc.head_dim * cfg_.n_heads * pairs;  // Q K^T and P V
 }
 
 void GpuSession::record_attention(int l, int T, bool decode) {
@@ -451,14 +515,15 @@ void GpuSession::record_attention(int l, int T, bool decode) {
     int slots = kv.slots;
     for (int t0 = 0; t0 < T; t0 += batch) {
         int n = std::min(batch, T - t0);
+        const LaunchCost cost{0, attention_flops(l, pos_ + t0, n), WorkKind::Attention};
         CUdeviceptr q = w.q.ptr() + t0 * q_dim * 4, out = w.attn.ptr() + t0 * q_dim * 4;
         CUdeviceptr positions = w.positions() + uint64_t(t0) * 4;
         void* fargs[] = {&q, &kc, &vc, &positions, &n, &slots, &splits, &part_o, &part_ml};
         launch(flash, {unsigned(splits), unsigned(lc.n_kv_heads), unsigned(n)}, {threads}, smem,
-               fargs, gl.flash_spec + " flash_decode");
+               fargs, gl.flash_spec + " flash_decode", cost);
         void* cargs[] = {&part_o, &part_ml, &out, &n, &splits};
         launch(combine, {combine_blocks, unsigned(n)}, {combine_threads}, 0, cargs,
-               gl.flash_spec + " flash_combine");
+               gl.flash_spec + " flash_combine", LaunchCost{0, 0, WorkKind::Attention});
     }
 }
 
@@ -699,6 +764,23 @@ std::vector<KernelTime> GpuSession::profile_decode_step(int32_t token) {
     }
     profiler_ = nullptr;
     dev.synchronize();
+    return collect_profile(prof);
+}
+
+std::vector<KernelTime> GpuSession::profile_prefill(std::span<const int32_t> tokens) {
+    Profiler prof;
+    profiler_ = &prof;
+    try {
+        prefill(tokens, Readout::Argmax);
+    } catch (...) {
+        profiler_ = nullptr;
+        throw;
+    }
+    profiler_ = nullptr;
+    return collect_profile(prof);
+}
+
+std::vector<KernelTime> GpuSession::collect_profile(const Profiler& prof) const {
     std::map<std::string, KernelTime> by_label;
     for (const auto& e : prof.entries) {
         float ms = 0;
@@ -706,9 +788,11 @@ std::vector<KernelTime> GpuSession::profile_decode_step(int32_t token) {
                           "cuEventElapsedTime");
         KernelTime& k = by_label[e.label];
         k.label = e.label;
+        k.kind = e.cost.kind;
         k.launches += 1;
         k.microseconds += double(ms) * 1000.0;
-        k.weight_bytes += e.bytes;
+        k.weight_bytes += e.cost.bytes;
+        k.flops += e.cost.flops;
     }
     std::vector<KernelTime> out;
     for (auto& [label, k] : by_label) out.push_back(k);

@@ -42,12 +42,24 @@ struct StepOutput {
 // Device bytes one session's work buffers take (the model's memory plan counts them).
 uint64_t session_work_bytes(const GpuModel& model);
 
-// Time of one kernel kind in a profiled decode step.
+// What a launch computes, for the prefill time split.
+enum class WorkKind { Gemm, Attention, Other };
+
+// Time of one kernel kind in a profiled step (decode step or prefill).
 struct KernelTime {
     std::string label;  // kernel spec and what it computes, e.g. "matvec_q8_0.k2560.split ffn"
+    WorkKind kind = WorkKind::Other;
     int launches = 0;
     double microseconds = 0;
     uint64_t weight_bytes = 0;  // weights it read (matvecs, gathers)
+    double flops = 0;           // multiply-adds x 2 (matrix products, attention)
+};
+
+// What one launch reads and computes (profiling only).
+struct LaunchCost {
+    uint64_t bytes = 0;  // weights read
+    double flops = 0;
+    WorkKind kind = WorkKind::Other;
 };
 
 class GpuSession {
@@ -77,6 +89,14 @@ class GpuSession {
     // Runs `tokens` and returns the softcapped logits of every one, [T][vocab].
     std::vector<float> prefill_logits(std::span<const int32_t> tokens);
 
+    // How often each prefill fast path ran (tests assert that the path they compare really ran).
+    struct PathCounts {
+        uint64_t mmq = 0;            // int8 tensor-core GEMM launches
+        uint64_t blas = 0;           // cuBLAS products
+        uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
+    };
+    const PathCounts& path_counts() const { return paths_; }
+
     // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured and how
     // many times one was launched.
     bool graphs_enabled() const { return graphs_; }
@@ -87,6 +107,9 @@ class GpuSession {
     // per kernel kind, slowest first (the step's result is discarded: the position does not
     // advance). Timings include the event overhead (a few microseconds per launch).
     std::vector<KernelTime> profile_decode_step(int32_t token);
+    // Runs `tokens` like prefill() (chunked, at the next positions, which it advances) with an
+    // event pair around every launch and returns the time per kernel kind, slowest first.
+    std::vector<KernelTime> profile_prefill(std::span<const int32_t> tokens);
 
   private:
     struct Work;
@@ -104,12 +127,18 @@ class GpuSession {
     void record_embedding(int T);
     void record_layer(int l, int T, bool decode);
     void record_attention(int l, int T, bool decode);
+    // Multiply-adds x 2 of layer l's attention for T queries from position pos0.
+    double attention_flops(int l, int pos0, int T) const;
     void record_readout(int row, Readout readout);
     void record_all_logits(int T);
 
     // Kernel launches (the profiler hooks in here).
     void launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, unsigned smem,
-                void** args, const std::string& label, uint64_t bytes = 0);
+                void** args, const std::string& label, LaunchCost cost = {});
+    // Runs `enqueue` (work on stream_), timed as one launch when profiling.
+    template <class F>
+    void profiled(const std::string& label, LaunchCost cost, F&& enqueue);
+    std::vector<KernelTime> collect_profile(const Profiler& prof) const;
     // x' = residual + norm(x) * w [* scale]; then y2 = norm(x') * w2 with its Q8_1 form (the
     // next pre-norm), or without w2 just x' (quantized when `quantize`).
     void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
@@ -118,6 +147,9 @@ class GpuSession {
     // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
     void matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
                 const char* what);
+    // The matvec of a float matrix over a prefill chunk through cuBLAS.
+    void blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y, int T,
+                      const char* what);
     void quantize(CUdeviceptr x, int n_values);
     Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
 
@@ -142,6 +174,7 @@ class GpuSession {
     bool graphs_ = true;
     bool streams_ = true;
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
+    PathCounts paths_;
 };
 
 }  // namespace gj::gemma4

@@ -105,6 +105,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     kv_geo_.max_chunk = std::min(kv_geo_.max_chunk, kv_geo_.context);
     kv_geo_.type = kv_type_from_flags(flags);
     const bool repack = flags.get_bool("GEMMAJIT_REPACK");
+    const bool blas = flags.get_bool("GEMMAJIT_BLAS");
+    bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
 
     // Every matrix: kept in its type when a kernel reads it, else dequantized to F16.
     std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
@@ -128,6 +130,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             }
             g.spec_decode = kernels_.add(matvec_f_spec(g.type, g.cols, 1)).name;
             g.spec_prefill = kernels_.add(matvec_f_spec(g.type, g.cols, kPrefillCols)).name;
+            g.blas = blas;
+            wants_blas_ = wants_blas_ || blas;
+            blas_half = blas_half || (blas && g.type != ggml::Type::F32);
         }
         g.bytes = type_bytes(g.type, g.rows, g.cols);
         return g;
@@ -196,6 +201,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             account(g.inp_gate);
             account(g.proj);
         }
+        if (g.gate.blas) {
+            g.gate.spec_geglu = kernels_.add(gelu_mul_spec(lc.ffn_dim)).name;
+            blas_ffn_ = true;
+        }
         g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
         // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
@@ -220,6 +229,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     spec_post_scale_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, true, true)).name;
     if (c.has_ple()) spec_post_quant_ = kernels_.add(rmsnorm_spec(d, true, true, true)).name;
     spec_quantize_ = kernels_.add(quantize_spec()).name;
+    if (blas_half) spec_convert_ = kernels_.add(convert_f32_spec()).name;
     spec_logits_ = kernels_.add(logits_spec(c.vocab_size, std::min(kMaxTopK, c.vocab_size))).name;
 
     // Every fp32 vector: norms (d, head dims, P) and one float per layer scale.
@@ -304,6 +314,11 @@ void GpuModel::upload(const GpuModelOptions& opts) {
     const Weights& w = *weights_;
     for (const auto& n : notices_) say(n);
 
+    if (wants_blas_) {
+        std::string why;
+        blas_ = jit::Blas::get(&why);
+        if (!blas_) say(why + ": prefill products of float weights stay on the batched matvecs");
+    }
     say(fmt::format("{}: {} kernels for {}", cfg_.name, kernels_.size(), dev.arch()));
     kernels_.build(flags_, say);
 

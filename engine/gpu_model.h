@@ -19,6 +19,7 @@
 #include "engine/kernel_plan.h"
 #include "engine/kv_cache.h"
 #include "engine/pinned_host.h"
+#include "jit/blas.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
 
@@ -62,6 +63,8 @@ struct GpuMatrix {
     uint64_t bytes = 0;
     std::string spec_decode;   // one activation column
     std::string spec_prefill;  // kPrefillCols columns
+    bool blas = false;         // float weights: prefill products through cuBLAS (GEMMAJIT_BLAS)
+    std::string spec_geglu;    // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
     bool present() const { return rows > 0; }
     // Q8_0/Q4_0: the input arrives as Q8_1 activations; float types read fp32 activations.
     bool quantized() const { return type == ggml::Type::Q8_0 || type == ggml::Type::Q4_0; }
@@ -143,6 +146,15 @@ class GpuModel {
     const std::string& spec_ple_finish() const { return spec_ple_finish_; }
     const std::string& spec_gelu_mul() const { return spec_gelu_mul_; }
     const std::string& spec_logits() const { return spec_logits_; }  // softcap, argmax, top-k
+    // fp32 -> f16/bf16 activations for cuBLAS (when some matrix with blas is F16/BF16).
+    const std::string& spec_convert() const { return spec_convert_; }
+
+    // cuBLAS for the prefill products of float weights: null when no matrix wants it, when
+    // GEMMAJIT_BLAS=0, or when the library could not be loaded (a notice said so).
+    jit::Blas* blas() const { return blas_; }
+    // Whether some layer's FFN gate|up pair is float with blas (the session then keeps an fp32
+    // gate buffer for the two-product GeGLU).
+    bool blas_ffn() const { return blas_ffn_; }
 
     // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
     // and the two gathered embedding rows): the numerator of the decode GB/s figure.
@@ -171,7 +183,9 @@ class GpuModel {
     GpuMatrix lm_head_, ple_model_proj_;
     CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
-        spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_;
+        spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_;
+    jit::Blas* blas_ = nullptr;
+    bool wants_blas_ = false, blas_ffn_ = false;
     uint64_t decode_bytes_ = 0;
 
     // Storage: one device buffer per matrix/table, the fp32 vector arena, the pinned PLE table.

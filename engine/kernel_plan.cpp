@@ -187,6 +187,16 @@ jit::KernelSpec quantize_spec() {
     return s;
 }
 
+jit::KernelSpec convert_f32_spec() {
+    jit::KernelSpec s;
+    s.family = "convert_f32";
+    s.name = "convert_f32";
+    s.constants = {{"THREADS", 256}};
+    s.entries = {"f32_to_f16", "f32_to_bf16"};
+    s.priority = 1;
+    return s;
+}
+
 jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab) {
     if (!has_matvec(table_type))
         throw ConfigError(fmt::format("no embedding gather for table type {} (supported: {})",
@@ -301,7 +311,7 @@ jit::KernelSpec gelu_mul_spec(int ple_dim) {
     s.family = "ple";
     s.name = fmt::format("gelu_mul.p{}", ple_dim);
     s.constants = {{"P", ple_dim}};
-    s.entries = {"gelu_mul", "gelu_mul_q8"};
+    s.entries = {"gelu_mul", "gelu_mul_q8", "gelu_mul_inplace"};
     s.priority = 0;
     return s;
 }
@@ -528,6 +538,18 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         add(gelu_mul_spec(cfg.ple_dim));
     }
     add(logits_spec(cfg.vocab_size));
+
+    // Prefill products of float matrices through cuBLAS: activations converted to F16/BF16, and
+    // the GeGLU joining the separate gate and up products.
+    if (types.blas) {
+        bool half = false;
+        for (ggml::Type t : {types.matmul, types.token_embd, types.ple_model_proj})
+            half = half || t == ggml::Type::F16 || t == ggml::Type::BF16;
+        if (half) add(convert_f32_spec());
+        if (is_float_type(types.matmul))
+            for (const auto& l : cfg.layers)
+                if (l.ffn_dim > 0) add(gelu_mul_spec(l.ffn_dim));
+    }
 
     // Attention per layer: the fused Q/K/V prep (Q only on KV-shared layers) and split-K decode
     // attention with its combine, for the layer's head dim, GQA group and window.

@@ -38,9 +38,10 @@ struct PlanTypes {
     ggml::Type ple_token_embd;                  // per_layer_token_embd (PLE models)
     ggml::Type ple_model_proj;                  // per_layer_model_proj (PLE models)
     MatvecLayout layout = MatvecLayout::Split;  // for the quantized matrices
-    int max_cols = 8;  // > 1: also the matvecs for batches of max_cols columns (prefill)
+    int max_cols = 8;         // > 1: also the matvecs for batches of max_cols columns (prefill)
     KvType kv = KvType::F16;  // KV cache element type of the attention kernels
     bool flash_mma = false;   // GEMMAJIT_FLASH_MMA: tensor-core decode attention
+    bool blas = true;         // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
 };
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
@@ -84,6 +85,10 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
 // fp32 -> Q8_1 activation quantization (width-independent): "quantize_q8_1".
 jit::KernelSpec quantize_spec();
 
+// fp32 -> fp16 / bf16 activations for the cuBLAS products of F16 / BF16 weights (entries
+// f32_to_f16, f32_to_bf16): "convert_f32".
+jit::KernelSpec convert_f32_spec();
+
 // Row gather + scale from an n-wide table of `vocab` rows stored as f32/f16/bf16/q8_0/q4_0:
 // "embed_rows.<type>.n<n>.v<vocab>". Throws ConfigError for another type, std::invalid_argument
 // for n not a multiple of 4 (32 for the quantized types).
@@ -91,7 +96,8 @@ jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab);
 
 // PLE precompute (ple_finish) for L layers of width P: "ple_finish.l<L>.p<P>".
 jit::KernelSpec ple_finish_spec(int n_layers, int ple_dim);
-// PLE injection gelu(gate) * ple[l] (gelu_mul, gelu_mul_q8): "gelu_mul.p<P>".
+// PLE injection gelu(gate) * ple[l] (gelu_mul, gelu_mul_q8), and the in-place GeGLU of the
+// float-weight FFN's cuBLAS products (gelu_mul_inplace, P = FFN width): "gelu_mul.p<P>".
 jit::KernelSpec gelu_mul_spec(int ple_dim);
 
 // Softcap + argmax / top-k over a vocabulary: "logits.v<vocab>.k<topk>"; topk in 1..64.

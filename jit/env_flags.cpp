@@ -186,6 +186,28 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "0",
          .help = "1: decode attention on tensor cores (q and P rounded to the KV type) instead "
                  "of fp32 CUDA cores; slower at E4B decode shapes so far"},
+        {.name = "GEMMAJIT_MMQ_VARIANT",
+         .family = "path",
+         .type = T::Enum,
+         .cls = C::OutputChanging,
+         .default_value = "auto",
+         .help = "prefill products of Q8_0/Q4_0 weights: auto (the best for the device), mma "
+                 "(int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact path)",
+         .choices = {"auto", "mma", "none"}},
+        {.name = "GEMMAJIT_BLAS",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::OutputChanging,
+         .default_value = "1",
+         .help = "0: prefill products of F32/F16/BF16 weights on the batched fp32 matvecs instead "
+                 "of cuBLAS (F16/BF16: activations rounded to the weight type)"},
+        {.name = "GEMMAJIT_FLASH_PREFILL",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::OutputChanging,
+         .default_value = "1",
+         .help = "0: prefill attention on the split-K decode kernel (one query at a time) instead "
+                 "of the tensor-core flash attention (q and P rounded to the KV type)"},
     };
     return table;
 }

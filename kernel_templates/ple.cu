@@ -18,10 +18,13 @@
 //   ple_finish:  grid ceil(T * L / 4)      (one warp per P-slice)
 //   gelu_mul:    grid ceil(T * P / 128)    (one element per thread)
 //   gelu_mul_q8: grid ceil(T * P / 512)    (4 consecutive elements per thread)
+//   gelu_mul_inplace: grid ceil(T * P / 128)
 // Entries (ple_finish when N_LAYERS is defined, else gelu_mul and gelu_mul_q8):
 //   ple_finish(ctx, tok, proj_norm_w, ple_out, T, inv_sqrt_d, eps)   ple_out may alias ctx
 //   gelu_mul(gate, other, other_stride, out, T)
 //   gelu_mul_q8(gate, other, other_stride, yq, yds, T)
+//   gelu_mul_inplace(gate, y, T): y = gelu_tanh(gate) * y over [T][P]; the GeGLU of an FFN whose
+//     float gate and up products come from two cuBLAS calls (P is then the FFN width)
 #include "gj_ptx.cuh"
 
 static_assert(P % 32 == 0 && P > 0, "ple: P must be a positive multiple of 32");
@@ -87,5 +90,12 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     if (!live) return;
     yq[i] = packed;
     if (i % 8 == 0) yds[i / 8] = ds;
+}
+
+extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
+    gelu_mul_inplace(const float* __restrict__ gate, float* y, int T) {
+    const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;
+    if (i >= T * P) return;
+    y[i] = gelu_tanh(gate[i]) * y[i];
 }
 #endif

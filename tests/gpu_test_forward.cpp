@@ -50,6 +50,9 @@ namespace {
 constexpr float kTolQuant = 3e-2f;
 constexpr float kTolFloat = 5e-3f;
 constexpr float kTolBf16Kv = 4e-2f;
+// cuBLAS products of F16/BF16 weights take activations rounded to the weight type (bf16: 8
+// significant bits), so float-weight models agree less tightly than with fp32 activations.
+constexpr float kTolBlas = 2e-2f;
 
 std::vector<int32_t> test_tokens(int n, int vocab, uint32_t seed = 12345) {
     std::vector<int32_t> t = {2};
@@ -237,6 +240,47 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-keqv", ggml::Type::Q4_0}, Case{"tiny", ggml::Type::F32},
                       Case{"tiny-e2b", ggml::Type::BF16}, Case{"tiny-keqv", ggml::Type::F16}),
     [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+
+// Prompt chunks of 32 tokens take the prefill fast paths (the int8 tensor-core GEMM, cuBLAS for
+// float weights, tensor-core attention), which chunks of at most kPrefillCols tokens never reach;
+// 40 tokens run one chunk of 32 and one of 8, past the window. Each fast path that applies to the
+// model must have run.
+TEST_P(GpuVsCpu, LargeChunkPrefillMatchesTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    const Case& c = GetParam();
+    const auto path = synth(dir_, c.variant, c.wtype);
+    const auto f = flags();
+    auto model = load_gpu(path, 256, 32, f);
+    const Config& cfg = model->config();
+    const auto tokens = test_tokens(5 * cfg.sliding_window, cfg.vocab_size);
+    const bool quant = c.wtype == ggml::Type::Q8_0 || c.wtype == ggml::Type::Q4_0;
+    GpuSession s(*model);
+    expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), cfg.vocab_size,
+                 quant ? kTolQuant : kTolBlas, "32-token chunks vs CPU");
+    if (!quant) {
+        EXPECT_GT(s.path_counts().blas, 0u) << "cuBLAS products did not run";
+    }
+}
+
+// GEMMAJIT_BLAS=0 keeps float-weight prefill products on the batched fp32 matvecs (the exact path).
+TEST(GpuForward, BlasKillSwitchAgrees) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-blas");
+    for (auto wtype : {ggml::Type::F32, ggml::Type::BF16, ggml::Type::F16}) {
+        const auto path = synth(dir, "tiny-e2b", wtype);
+        const auto on = flags(), off = flags({{"GEMMAJIT_BLAS", "0"}});
+        auto fast = load_gpu(path, 128, 32, on);
+        auto exact = load_gpu(path, 128, 32, off);
+        ASSERT_NE(fast->blas(), nullptr) << "cuBLAS could not be loaded";
+        EXPECT_EQ(exact->blas(), nullptr);
+        const auto tokens = test_tokens(40, fast->config().vocab_size);
+        GpuSession a(*fast), b(*exact);
+        expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), fast->config().vocab_size,
+                     kTolBlas, "cuBLAS vs matvecs " + ggml::type_name(wtype));
+        EXPECT_GT(a.path_counts().blas, 0u);
+        EXPECT_EQ(b.path_counts().blas, 0u);
+    }
+}
 
 // The real E4B shapes (d 2560, head dims 256/512, vocab 262144, PLE 42 x 256 wide table cut to 6
 // layers, layer 5 global) against the CPU reference over a short sequence.

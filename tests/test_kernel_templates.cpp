@@ -167,7 +167,9 @@ TEST(KernelPlan, PerVariantWidths) {
     for (const char* want :
          {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240", "matvec_f.bf16.k256",
           "matvec_f.bf16.k2560.b8", "rmsnorm.n2560.w1", "rmsnorm.n2560.w1.add.scale.n2",
-          "embed_rows.bf16.n2560.v262144", "logits.v262144.k64"})
+          "embed_rows.bf16.n2560.v262144", "logits.v262144.k64",
+          // prefill through cuBLAS: bf16 activations, the GeGLU of two products
+          "convert_f32", "gelu_mul.p10240"})
         EXPECT_TRUE(bf.count(want)) << want;
     EXPECT_FALSE(bf.count("quantize_q8_1"));
     EXPECT_FALSE(bf.count("rmsnorm.n2560.w1.q8"));

@@ -3,7 +3,8 @@
 // repetitions with (min..max). For tg also the weight bytes read per token as GB/s and as a share
 // of the device's copy bandwidth, measured once here with a device-to-device copy (bytes read +
 // written, like DEVICE.md). Each test first runs once unmeasured (kernel caches, graph capture,
-// clocks). --profile adds the kernel-time breakdown of one decode step at each depth.
+// clocks). --profile adds the kernel-time breakdown of each prompt (with TFLOP/s and the split
+// into matrix products, attention and the rest) and of one decode step, at each depth.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -85,6 +86,50 @@ std::string fmt_stats(const Stats& s) {
     return fmt::format("{:.2f} ({:.2f}..{:.2f})", s.median, s.min, s.max);
 }
 
+// Per-kernel table of a profiled step: time, share, and GB/s of weights read (decode) or
+// TFLOP/s (prefill); for prefill also the split into matrix products, attention and the rest.
+void print_profile(const std::string& title, const std::vector<gemma4::KernelTime>& times,
+                   double copy_bw, bool prefill) {
+    double total = 0, by_kind[3] = {0, 0, 0}, flops_by_kind[3] = {0, 0, 0};
+    for (const auto& k : times) {
+        total += k.microseconds;
+        by_kind[int(k.kind)] += k.microseconds;
+        flops_by_kind[int(k.kind)] += k.flops;
+    }
+    fmt::print("\n{} (eager, events around each launch; sum {:.0f} us):\n", title, total);
+    if (prefill)
+        fmt::print("  {:<64} {:>5} {:>9} {:>6} {:>8}\n", "kernel", "calls", "us", "%", "TFLOP/s");
+    else
+        fmt::print("  {:<64} {:>5} {:>9} {:>6} {:>8} {:>7}\n", "kernel", "calls", "us", "%", "GB/s",
+                   "% copy");
+    for (const auto& k : times) {
+        const double share = 100.0 * k.microseconds / total;
+        if (prefill) {
+            const double tf = k.flops > 0 ? k.flops / (k.microseconds * 1e6) : 0;
+            fmt::print("  {:<64} {:>5} {:>9.1f} {:>5.1f}% {:>8}\n", k.label, k.launches,
+                       k.microseconds, share, tf > 0 ? fmt::format("{:.1f}", tf) : "");
+            continue;
+        }
+        const double gb = k.weight_bytes ? double(k.weight_bytes) / (k.microseconds * 1e3) : 0;
+        fmt::print("  {:<64} {:>5} {:>9.1f} {:>5.1f}% {:>8} {:>7}\n", k.label, k.launches,
+                   k.microseconds, share, gb > 0 ? fmt::format("{:.0f}", gb) : "",
+                   gb > 0 ? fmt::format("{:.1f}%", 100.0 * gb * 1e9 / copy_bw) : "");
+    }
+    if (prefill) {
+        const char* names[3] = {"matrix products", "attention", "the rest"};
+        fmt::print("  split:");
+        for (int i = 0; i < 3; ++i)
+            fmt::print(" {} {:.2f} ms ({:.1f}%{}){}", names[i], by_kind[i] / 1e3,
+                       100.0 * by_kind[i] / total,
+                       flops_by_kind[i] > 0
+                           ? fmt::format(", {:.1f} TFLOP/s", flops_by_kind[i] / (by_kind[i] * 1e6))
+                           : "",
+                       i < 2 ? ";" : "");
+        fmt::print("\n");
+    }
+    fmt::print("\n");
+}
+
 void run_bench(const BenchArgs& a) {
     std::string why;
     if (!jit::device_available(&why))
@@ -143,6 +188,12 @@ void run_bench(const BenchArgs& a) {
             fmt::print("| {:<28} | {:>14} | {:<38} | {:>9} | {:>7} |\n", label,
                        fmt::format("pp{}{}", p, at), fmt_stats(stats(rates)), "", "");
             std::fflush(stdout);
+            if (a.profile) {
+                go_to_depth(d);
+                print_profile(fmt::format("kernel time of a {}-token prompt at depth {}", p, d),
+                              session.profile_prefill(random_tokens(p, cfg.vocab_size, rng)),
+                              copy_bw, true);
+            }
         }
         for (int n : a.gen) {
             if (n == 0) continue;
@@ -162,26 +213,10 @@ void run_bench(const BenchArgs& a) {
                        fmt::format("tg{}{}", n, at), fmt_stats(st), gbs,
                        100.0 * gbs * 1e9 / copy_bw);
             std::fflush(stdout);
-            if (a.profile) {
-                const auto times = session.profile_decode_step(0);
-                double total = 0;
-                for (const auto& k : times) total += k.microseconds;
-                fmt::print(
-                    "\nkernel time of one decode step at position {} (eager, events around "
-                    "each launch; sum {:.0f} us):\n",
-                    session.position(), total);
-                fmt::print("  {:<58} {:>5} {:>9} {:>6} {:>8} {:>7}\n", "kernel", "calls", "us", "%",
-                           "GB/s", "% copy");
-                for (const auto& k : times) {
-                    const double gb =
-                        k.weight_bytes ? double(k.weight_bytes) / (k.microseconds * 1e3) : 0;
-                    fmt::print("  {:<58} {:>5} {:>9.1f} {:>5.1f}% {:>8} {:>7}\n", k.label,
-                               k.launches, k.microseconds, 100.0 * k.microseconds / total,
-                               gb > 0 ? fmt::format("{:.0f}", gb) : "",
-                               gb > 0 ? fmt::format("{:.1f}%", 100.0 * gb * 1e9 / copy_bw) : "");
-                }
-                fmt::print("\n");
-            }
+            if (a.profile)
+                print_profile(fmt::format("kernel time of one decode step at position {}",
+                                          session.position()),
+                              session.profile_decode_step(0), copy_bw, false);
         }
     }
     if (session.graphs_enabled())
@@ -227,7 +262,8 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-d,--depth", *d, "tokens already in the context, comma-separated")
         ->capture_default_str();
     cmd->add_option("-r,--repetitions", a->reps, "measured runs per test")->capture_default_str();
-    cmd->add_flag("--profile", a->profile, "kernel-time breakdown of one decode step per depth");
+    cmd->add_flag("--profile", a->profile,
+                  "kernel-time breakdown of each prompt and of one decode step per depth");
     cmd->add_option("--seed", a->seed, "seed of the random token ids")->capture_default_str();
     cmd->callback([a, p, n, d] {
         BenchArgs args = *a;
