@@ -86,11 +86,19 @@ std::vector<KernelSpec> all_specs() {
     for (const auto& s :
          build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16, true))
         add(s);
+    // The q8_0 KV cache (GEMMAJIT_KV_TYPE=q8_0) of E4B and 31B (head dims 256 and 512, k_eq_v).
+    for (const char* v : {"e4b", "31b"})
+        for (const auto& s : build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::Q8_0))
+            add(s);
     const Config tiny = Config::preset("tiny-keqv");
-    for (int l = 0; l < tiny.n_layers; ++l) {
-        add(gj::gemma4::attn_prep_spec(tiny, l));
-        add(gj::gemma4::flash_decode_spec(tiny, l));
-    }
+    for (int l = 0; l < tiny.n_layers; ++l)
+        for (KvType kv : {KvType::F16, KvType::Q8_0}) {
+            add(gj::gemma4::attn_prep_spec(tiny, l, kv));
+            add(gj::gemma4::flash_decode_spec(tiny, l, kv));
+        }
+    // Head dim 128 (4 dims per lane), which no preset has, in q8_0.
+    add(gj::gemma4::flash_decode_spec(128, 4, 2, 0, KvType::Q8_0));
+    add(gj::gemma4::attn_prep_spec(128, 8, 2, 64, true, true, KvType::Q8_0));
     return specs;
 }
 
@@ -266,7 +274,7 @@ TEST(KernelPlan, AttentionSpecsPerLayerType) {
               1);
 }
 
-TEST(KernelPlan, KvTypeNamesAndQ8Rejection) {
+TEST(KernelPlan, KvTypeNamesAndQ8Specs) {
     using gj::gemma4::kv_type_from_name;
     EXPECT_EQ(kv_type_from_name("f16"), KvType::F16);
     EXPECT_EQ(kv_type_from_name("bf16"), KvType::BF16);
@@ -278,12 +286,39 @@ TEST(KernelPlan, KvTypeNamesAndQ8Rejection) {
     } catch (const gj::gemma4::ConfigError& e) {
         EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos) << e.what();
     }
-    try {
-        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0);
-        FAIL() << "expected ConfigError";
-    } catch (const gj::gemma4::ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
-    }
+    EXPECT_STREQ(gj::gemma4::kv_type_name(KvType::Q8_0), "q8_0");
+    // q8_0 has attention kernels on the fp32 path; the tensor-core path rejects it by name.
+    auto q8 =
+        names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0, false));
+    for (const char* want :
+         {"attn_prep.hd256.h8.kv2.rp128.q8_0", "attn_prep.hd512.h8.kv2.rp64.q8_0",
+          "attn_prep.hd256.h8.kv2.rp128.shared", "flash_decode.hd256.g4.kv2.w512.q8_0",
+          "flash_decode.hd512.g4.kv2.w0.q8_0"})
+        EXPECT_TRUE(q8.count(want)) << want;
+    EXPECT_FALSE(q8.count("flash_decode.hd512.g4.kv2.w0.f16"));
+    const auto q8_prep = gj::gemma4::attn_prep_spec(Config::preset("31b"), 5, KvType::Q8_0);
+    EXPECT_EQ(q8_prep.name, "attn_prep.hd512.h32.kv4.rp64.keqv.q8_0");
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_prep, "KV_TYPE"), 2);
+    // A q8_0 stage holds int8 rows plus an fp16 scale per 32: E4B global, tile 16, 3 stages.
+    const auto q8_global = gj::gemma4::flash_decode_spec(512, 4, 2, 0, KvType::Q8_0);
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_global, "KV_TYPE"), 2);
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_global, "TILE"), 16);
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_global, "SMEM"), 3 * 2 * 16 * (512 + 32));
+    for (bool plan : {true, false}) try {
+            if (plan)
+                build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0, true);
+            else
+                gj::gemma4::flash_decode_spec(512, 4, 2, 0, KvType::Q8_0, true);
+            FAIL() << "expected ConfigError";
+        } catch (const gj::gemma4::ConfigError& e) {
+            EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("GEMMAJIT_FLASH_MMA"), std::string::npos)
+                << e.what();
+        }
+    // The q8_0 blocks need head dims that are multiples of 32 (a Q-only layer has no cache).
+    EXPECT_THROW(gj::gemma4::attn_prep_spec(48, 4, 2, 24, true, true, KvType::Q8_0),
+                 std::invalid_argument);
+    EXPECT_NO_THROW(gj::gemma4::attn_prep_spec(48, 4, 2, 24, false, false, KvType::Q8_0));
 }
 
 TEST(KernelPlan, FlashDecodeSplits) {
