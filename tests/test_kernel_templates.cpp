@@ -548,17 +548,26 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                 EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
             } else if (s.family == "attn_prep") {
                 const bool has_kv = gj::gemma4::spec_constant(s, "HAS_KV") == 1;
-                const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const auto kv = gj::gemma4::spec_constant(s, "KV_TYPE");
                 const auto body = entry_ptx(c.ptx, "attn_prep");
                 EXPECT_NE(body.find("sqrt.rn.f32"), std::string::npos);
                 EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
                 EXPECT_NE(body.find("ld.global.nc.v4.f32"), std::string::npos)
                     << "rows are read as float4";
                 // The cache append converts to the KV type; a KV-shared layer writes no cache.
-                EXPECT_EQ(body.find("cvt.rn.f16x2.f32") != std::string::npos, has_kv && !bf16);
-                EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, has_kv && bf16);
+                // q8_0 stores int8 payload bytes and fp16 scales d = amax / 127 (an IEEE
+                // division, as ggml's quantizer).
+                EXPECT_EQ(body.find("cvt.rn.f16x2.f32") != std::string::npos, has_kv && kv == 0);
+                EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, has_kv && kv == 1);
+                EXPECT_EQ(body.find("st.global.u8") != std::string::npos, has_kv && kv == 2);
+                if (has_kv && kv == 2) {
+                    EXPECT_NE(body.find("cvt.rn.f16.f32"), std::string::npos);
+                    EXPECT_NE(body.find("div.rn.f32"), std::string::npos);
+                }
             } else if (s.family == "flash_decode") {
                 const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const bool q8 = gj::gemma4::spec_constant(s, "KV_TYPE") == 2;
+                const auto hd = gj::gemma4::spec_constant(s, "HEAD_DIM");
                 const auto decode = entry_ptx(c.ptx, "flash_decode");
                 for (const char* want :
                      {"cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group",
@@ -579,11 +588,18 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                         << "the tensor-core path converts no cache element";
                 } else {
                     EXPECT_EQ(decode.find("mma.sync"), std::string::npos);
-                    // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe.
-                    if (gj::gemma4::spec_constant(s, "HEAD_DIM") >= 256) {
-                        EXPECT_NE(decode.find("ld.shared.v4.u32"), std::string::npos);
+                    // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe
+                    // (q8_0: 8 bytes of int8).
+                    if (hd >= 256) {
+                        EXPECT_NE(decode.find(q8 ? "ld.shared.v2.u32" : "ld.shared.v4.u32"),
+                                  std::string::npos);
                     }
+                    // f16 elements, or q8_0's fp16 scales.
                     EXPECT_EQ(decode.find("cvt.f32.f16") != std::string::npos, !bf16);
+                    // q8_0 scale rows of 4..32 bytes are staged by cp.async too (L1-cached
+                    // pieces of up to 16 bytes); a 32-dim head's 2 bytes by plain copies.
+                    EXPECT_EQ(decode.find("cp.async.ca.shared.global") != std::string::npos,
+                              q8 && hd >= 64);
                 }
                 EXPECT_EQ(decode.find(".local"), std::string::npos)
                     << "flash_decode uses local memory";
