@@ -80,8 +80,8 @@ static_assert(!(MMA && KV_Q8), "flash_decode: the tensor-core path does not read
 #define N_HEADS_TOTAL (GROUP * N_KV_HEADS)
 #define QSETS ((GROUP + QW - 1) / QW)  // warp sets splitting the group's queries
 #define NWARPS (THREADS / 32)
-#define KSETS (NWARPS / QSETS)  // warps of a query set splitting the rows
-#define ROW_BYTES KV_ROW_BYTES          // a cache row's elements (q8_0: payload)
+#define KSETS (NWARPS / QSETS)              // warps of a query set splitting the rows
+#define ROW_BYTES KV_ROW_BYTES              // a cache row's elements (q8_0: payload)
 #define SCALE_ROW_BYTES KV_SCALE_ROW_BYTES  // a cache row's scales (0 without)
 // A stage: TILE K rows then their scales, then TILE V rows and their scales (16-byte aligned
 // pieces: TILE >= 16).

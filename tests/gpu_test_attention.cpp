@@ -85,12 +85,6 @@ std::vector<uint16_t> encode(const std::vector<float>& x, bool bf16) {
     return h;
 }
 
-std::vector<float> decode(const std::vector<uint16_t>& h, bool bf16) {
-    std::vector<float> x(h.size());
-    for (size_t i = 0; i < h.size(); ++i) x[i] = kv_decode(h[i], bf16);
-    return x;
-}
-
 // Norm weights as Gemma stores them: gains around 1, some well above it.
 std::vector<float> norm_weights(int n, std::mt19937& rng) {
     auto w = random_normal(n, 0.6f, rng);

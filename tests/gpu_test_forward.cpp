@@ -11,7 +11,8 @@
 //   float weights: fp32 activations, only the fp16 KV cache differs: 5e-3 (measured 0.03%);
 //   bf16 KV cache (8 mantissa bits instead of 11): 4e-2 (measured 0.3%);
 //   q8_0 KV cache (int8 per 32-block: errors up to half a step of amax / 127, about 4x bf16's in
-//     rms for normed rows), with float or quantized weights: 6e-2.
+//     rms for normed rows), with float or quantized weights: 6e-2 (measured on the H200: 0.7-1.0%
+//     with float weights, 2.5% with Q8_0 weights).
 // The argmax must agree at every position, except where the reference's top two logits are within
 // twice the tolerance of each other (a near tie rounding may flip; counted and printed).
 #include <gtest/gtest.h>
@@ -389,8 +390,9 @@ TEST(GpuForward, Q8KvCacheMatchesTheCpuReferencePastTheWindow) {
         // The q8_0 kernels are the ones loaded.
         for (int l = 0; l < cfg.n_layers; ++l) {
             EXPECT_TRUE(model->layers()[l].flash_spec.ends_with(".q8_0")) << l;
-            if (cfg.layers[l].has_kv)
+            if (cfg.layers[l].has_kv) {
                 EXPECT_TRUE(model->layers()[l].attn_prep_spec.ends_with(".q8_0")) << l;
+            }
         }
         const int T = 5 * cfg.sliding_window;
         const auto tokens = test_tokens(T, cfg.vocab_size);
