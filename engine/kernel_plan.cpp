@@ -243,12 +243,17 @@ const char* kv_type_name(KvType kv) {
 
 namespace {
 
-// The KV_TYPE constant of the attention templates; q8_0 has no kernels yet.
+// The KV_TYPE constant of the attention templates (attn_kv.cuh).
 int kv_type_constant(KvType kv) {
-    if (kv == KvType::Q8_0)
-        throw ConfigError(
-            "KV cache type q8_0 (GEMMAJIT_KV_TYPE) has no attention kernels yet; use f16 or bf16");
-    return kv == KvType::BF16 ? 1 : 0;
+    return static_cast<int>(kv);
+}
+
+// Bytes of one cache row of head_dim elements, and of its scales (q8_0: one fp16 per 32).
+int kv_row_bytes(KvType kv, int head_dim) {
+    return kv == KvType::Q8_0 ? head_dim : 2 * head_dim;
+}
+int kv_scale_row_bytes(KvType kv, int head_dim) {
+    return kv == KvType::Q8_0 ? head_dim / 32 * 2 : 0;
 }
 
 int prev_pow2(int v) {
@@ -270,6 +275,10 @@ jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int ro
     if (rope_pairs < 0 || rope_pairs > head_dim / 2)
         throw std::invalid_argument(fmt::format("attn_prep: {} RoPE pairs for head dim {} (0..{})",
                                                 rope_pairs, head_dim, head_dim / 2));
+    if (has_kv && kv == KvType::Q8_0 && head_dim % 32 != 0)
+        throw std::invalid_argument(fmt::format(
+            "attn_prep: a q8_0 KV cache needs a head dim that is a multiple of 32, not {}",
+            head_dim));
     const int kv_const = has_kv ? kv_type_constant(kv) : 0;
     jit::KernelSpec s;
     s.family = "attn_prep";
@@ -359,6 +368,10 @@ jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int w
     if (group < 1 || group > 256 || n_kv_heads < 1 || n_kv_heads > 65535 || window < 0)
         throw std::invalid_argument(fmt::format("flash_decode: group {}, {} KV heads, window {}",
                                                 group, n_kv_heads, window));
+    if (kv == KvType::Q8_0 && tensor_cores)
+        throw ConfigError(
+            "flash_decode: the tensor-core path (GEMMAJIT_FLASH_MMA=1) does not read a q8_0 KV "
+            "cache (GEMMAJIT_KV_TYPE=q8_0); use one of the two alone");
     const int kv_const = kv_type_constant(kv);
     // The tensor-core path needs 16-dim k-steps and 8 chunks per row for its swizzle.
     const bool mma = tensor_cores && head_dim % 64 == 0;
@@ -381,7 +394,9 @@ jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int w
         kb = std::min(32 / qw, tile / ksets);
     }
     const int qsets = (group + qw - 1) / qw;
-    const int stage_bytes = 2 * tile * head_dim * 2;
+    // A stage: the tile's K and V rows (q8_0: payloads and scales).
+    const int stage_bytes =
+        2 * tile * (kv_row_bytes(kv, head_dim) + kv_scale_row_bytes(kv, head_dim));
     // Three stages keep two tiles in flight while one is consumed; two where three would take
     // more than 100 KiB (hd 512 tiles of 32 rows), so that two blocks can share an SM.
     const int stages = 3 * stage_bytes <= 100 * 1024 ? 3 : 2;

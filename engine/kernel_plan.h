@@ -11,8 +11,9 @@
 
 namespace gj::gemma4 {
 
-// KV cache element type (GEMMAJIT_KV_TYPE). The attention kernels read and write f16 and bf16;
-// q8_0 is a declared flag value without kernels yet (the builders reject it by name).
+// KV cache element type (GEMMAJIT_KV_TYPE), the KV_TYPE constant of the attention templates:
+// f16, bf16, or q8_0 (int8 payload plane + fp16 scale per 32 elements; kernel_templates/attn_kv.cuh
+// defines the layout, kv_cache.h sizes it).
 enum class KvType { F16 = 0, BF16 = 1, Q8_0 = 2 };
 // "f16" | "bf16" | "q8_0" (the GEMMAJIT_KV_TYPE spellings); throws ConfigError naming the value.
 KvType kv_type_from_name(std::string_view name);
@@ -20,7 +21,7 @@ const char* kv_type_name(KvType kv);
 
 // Deduplicated by spec name, decode-path kernels first (priority 0). Every matrix, embedding table
 // and PLE table is taken to be stored as `weight_type` (f32, f16, bf16, q8_0 or q4_0). Throws
-// ConfigError for a weight type with no kernel, or a KV type without attention kernels.
+// ConfigError for a weight type with no kernel, or q8_0 KV with flash_mma.
 // `flash_mma` is GEMMAJIT_FLASH_MMA (tensor-core decode attention instead of the default fp32 one).
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
                                                KvType kv = KvType::F16, bool flash_mma = false);
@@ -104,21 +105,23 @@ jit::KernelSpec gelu_mul_spec(int ple_dim);
 jit::KernelSpec logits_spec(int vocab, int topk = 64);
 
 // Q/K norm, V-norm, RoPE and KV append of one layer, fused:
-// "attn_prep.hd<hd>.h<H>.kv<Hkv>.rp<pairs>[.keqv].<f16|bf16>", or "...rp<pairs>.shared" for a
-// KV-shared layer (Q only; no KV type). Throws std::invalid_argument for impossible shapes,
-// ConfigError for KvType::Q8_0.
+// "attn_prep.hd<hd>.h<H>.kv<Hkv>.rp<pairs>[.keqv].<f16|bf16|q8_0>", or "...rp<pairs>.shared" for
+// a KV-shared layer (Q only; no KV type). Throws std::invalid_argument for impossible shapes
+// (q8_0: head dims that are not multiples of 32).
 jit::KernelSpec attn_prep_spec(int head_dim, int n_heads, int n_kv_heads, int rope_pairs,
                                bool has_kv, bool has_v, KvType kv);
 jit::KernelSpec attn_prep_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
 
 // Split-K decode attention and its combine step (entries flash_decode, flash_combine):
-// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>[.mma]" (window 0 = global causal).
+// "flash_decode.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16|q8_0>[.mma]" (window 0 = global
+// causal).
 // Default: everything in fp32 on CUDA cores (the exact path). tensor_cores (head dims that are
 // multiples of 64): Q K^T and P V on mma.sync in the cache's type with fp32 accumulation and an
 // fp32 softmax (".mma"); correct, but slower at E4B decode shapes on the H200 so far (13.9 vs
 // 10.6 us for a global layer at depth 4096), hence opt-in. Throws std::invalid_argument for
-// impossible shapes, ConfigError for KvType::Q8_0 or a layer whose head count is not a multiple
-// of its KV heads.
+// impossible shapes, ConfigError for tensor_cores with KvType::Q8_0 (the fp32 path dequantizes
+// q8_0 rows in shared memory; the mma path has no q8_0 form) or a layer whose head count is not a
+// multiple of its KV heads.
 jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
                                   bool tensor_cores = false);
 jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16,

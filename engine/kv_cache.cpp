@@ -6,25 +6,22 @@
 
 namespace gj::gemma4 {
 
-namespace {
-
-constexpr uint64_t kElementBytes = 2;  // f16 and bf16
-
-uint64_t plane_bytes(const Config& cfg, int layer, int slots) {
-    return uint64_t(slots) * uint64_t(cfg.kv_dim(layer)) * kElementBytes;
+uint64_t kv_plane_bytes(const Config& cfg, int layer, int slots, KvType type) {
+    const uint64_t elements = uint64_t(slots) * uint64_t(cfg.kv_dim(layer));
+    if (type != KvType::Q8_0) return elements * 2;  // f16, bf16
+    const int head_dim = cfg.layers.at(layer).head_dim;
+    if (head_dim % 32 != 0)
+        throw ConfigError(fmt::format(
+            "GEMMAJIT_KV_TYPE=q8_0: layer {} of {} has head dim {}, not a multiple of the q8_0 "
+            "block (32)",
+            layer, cfg.name, head_dim));
+    // int8 payload (a multiple of 32 bytes, so the scales start 16-byte aligned), then one fp16
+    // scale per 32 elements.
+    return elements + elements / 32 * 2;
 }
 
-}  // namespace
-
 KvType kv_type_from_flags(const jit::Flags& flags) {
-    const std::string& name = flags.get_string("GEMMAJIT_KV_TYPE");
-    const KvType t = kv_type_from_name(name);
-    if (t != KvType::F16 && t != KvType::BF16)
-        throw ConfigError(fmt::format(
-            "GEMMAJIT_KV_TYPE={}: this KV cache type has no attention kernels yet (use f16 or "
-            "bf16)",
-            name));
-    return t;
+    return kv_type_from_name(flags.get_string("GEMMAJIT_KV_TYPE"));
 }
 
 int sliding_slots(int window, int max_chunk, int context) {
@@ -40,7 +37,7 @@ int kv_slots(const Config& cfg, int layer, const KvGeometry& g) {
 uint64_t kv_cache_bytes(const Config& cfg, const KvGeometry& g) {
     uint64_t total = 0;
     for (int l = 0; l < cfg.n_layers; ++l)
-        if (cfg.layers[l].has_kv) total += 2 * plane_bytes(cfg, l, kv_slots(cfg, l, g));
+        if (cfg.layers[l].has_kv) total += 2 * kv_plane_bytes(cfg, l, kv_slots(cfg, l, g), g.type);
     return total;
 }
 
@@ -52,7 +49,7 @@ KvCache::KvCache(const Config& cfg, const KvGeometry& g)
     for (int l = 0; l < cfg.n_layers; ++l) {
         if (!cfg.layers[l].has_kv) continue;
         const int slots = kv_slots(cfg, l, g);
-        const uint64_t bytes = plane_bytes(cfg, l, slots);
+        const uint64_t bytes = kv_plane_bytes(cfg, l, slots, g.type);
         jit::DeviceBuffer k(bytes), v(bytes);
         k.zero();
         v.zero();

@@ -1,5 +1,7 @@
 // The GPU KV cache of one sequence: per layer that owns KV, a K plane and a V plane
-// [slots][n_kv_heads][head_dim] of the KV element type (issue-4 contract). Global layers keep
+// [slots][n_kv_heads][head_dim] of the KV element type (issue-4 contract); a q8_0 plane is that
+// array of int8 followed by its fp16 scales [slots][n_kv_heads][head_dim / 32]
+// (kernel_templates/attn_kv.cuh). Global layers keep
 // every position (slots = context); sliding layers keep a ring of the window plus the largest
 // prefill chunk minus one, indexed pos % slots, so a chunk never overwrites a key that one of
 // its own queries still needs. KV-shared layers alias their donor's planes.
@@ -16,8 +18,7 @@
 
 namespace gj::gemma4 {
 
-// GEMMAJIT_KV_TYPE (the KvType enum and its names are kernel_plan.h's). Throws ConfigError for
-// q8_0: declared as a flag value, but no attention kernel reads it yet.
+// GEMMAJIT_KV_TYPE (the KvType enum and its names are kernel_plan.h's).
 KvType kv_type_from_flags(const jit::Flags& flags);
 
 struct KvGeometry {
@@ -31,6 +32,9 @@ struct KvGeometry {
 int sliding_slots(int window, int max_chunk, int context);
 // Slots of layer l (its donor's for a KV-shared layer).
 int kv_slots(const Config& cfg, int layer, const KvGeometry& g);
+// Device bytes of one K or V plane of `slots` positions of layer l (q8_0: payload + scales).
+// Throws ConfigError for q8_0 with a head dim that is not a multiple of 32.
+uint64_t kv_plane_bytes(const Config& cfg, int layer, int slots, KvType type);
 // Device bytes the whole cache takes.
 uint64_t kv_cache_bytes(const Config& cfg, const KvGeometry& g);
 

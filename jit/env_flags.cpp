@@ -132,7 +132,9 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Enum,
          .cls = C::OutputChanging,
          .default_value = "f16",
-         .help = "KV cache element type (changes attention results)",
+         .help = "KV cache element type (changes attention results): f16, bf16, or q8_0 (int8 "
+                 "with an fp16 scale per 32 values, about half the bytes; not with "
+                 "GEMMAJIT_FLASH_MMA=1)",
          .choices = {"f16", "bf16", "q8_0"}},
         {.name = "GEMMAJIT_PREFILL_CHUNK",
          .family = "tuning",

@@ -1,9 +1,20 @@
 // attn_kv.cuh: the KV cache element type, shared by attn_prep (writes rows) and flash_decode
-// (reads them). KV_TYPE 0 = IEEE fp16 (default), 1 = bfloat16; both 2 bytes per element, so a
-// cache row of HEAD_DIM elements is 2 * HEAD_DIM bytes and 8 elements fill one 16-byte load.
+// (reads them).
+//   KV_TYPE 0 = IEEE fp16 (default), 1 = bfloat16: 2 bytes per element, so a cache row of
+//     HEAD_DIM elements is 2 * HEAD_DIM bytes and 8 elements fill one 16-byte load.
+//   KV_TYPE 2 = q8_0: int8 payloads with one fp16 scale per 32 consecutive elements of a row,
+//     value = scale * q. Quantized like ggml's Q8_0 reference: d = amax / 127, q = round(x / d)
+//     computed as round_half_away(x * (1 / d)), scale stored as fp16(d). A block holding a NaN or
+//     an infinity stores a NaN scale, so the whole block reads back as NaN (never silently 0).
 //
-// Cache layout (both planes): [slots][N_KV_HEADS][HEAD_DIM] elements; position p lives in slot
-// p % slots (a ring on sliding layers, the whole context on global layers).
+// Cache layout of one plane (K or V) of `slots` positions; position p lives in slot p % slots (a
+// ring on sliding layers, the whole context on global layers):
+//   f16 / bf16: elements [slots][N_KV_HEADS][HEAD_DIM].
+//   q8_0:       payload int8 [slots][N_KV_HEADS][HEAD_DIM], then at byte offset
+//               slots * N_KV_HEADS * HEAD_DIM (a multiple of 16 since HEAD_DIM % 32 == 0) the
+//               scales fp16 [slots][N_KV_HEADS][HEAD_DIM / 32]. So both pieces of a plane start
+//               16-byte aligned, a payload row is HEAD_DIM bytes (16-byte chunks for cp.async) and
+//               the kernels address everything from the plane base and `slots` alone.
 #ifndef GJ_ATTN_KV_CUH
 #define GJ_ATTN_KV_CUH
 
@@ -12,8 +23,21 @@
 #ifndef KV_TYPE
 #define KV_TYPE 0
 #endif
-static_assert(KV_TYPE == 0 || KV_TYPE == 1, "attn: KV_TYPE must be 0 (f16) or 1 (bf16)");
+static_assert(KV_TYPE == 0 || KV_TYPE == 1 || KV_TYPE == 2,
+              "attn: KV_TYPE must be 0 (f16), 1 (bf16) or 2 (q8_0)");
+static_assert(KV_TYPE != 2 || HEAD_DIM % 32 == 0, "attn: a q8_0 cache needs HEAD_DIM % 32 == 0");
 
+#define KV_Q8 (KV_TYPE == 2)
+// Bytes of one cache row's elements (payload for q8_0) and of its scales (0 without scales).
+#define KV_ROW_BYTES (KV_Q8 ? HEAD_DIM : 2 * HEAD_DIM)
+#define KV_SCALE_ROW_BYTES (KV_Q8 ? HEAD_DIM / 16 : 0)
+
+// Start of the scale piece of a q8_0 plane.
+GJ_DEVICE const uint8* kv_scale_plane(const void* plane, int slots) {
+    return (const uint8*)plane + (size_t)slots * N_KV_HEADS * KV_ROW_BYTES;
+}
+
+#if !KV_Q8
 // Two floats -> one 32-bit word of two KV elements (lo in bits 0..15), round to nearest even.
 GJ_DEVICE uint32 kv_pack2(float lo, float hi) {
 #if KV_TYPE == 0
@@ -40,5 +64,19 @@ GJ_DEVICE float kv_to_f32(uint16 h) {
     return bf16_to_f32(h);
 #endif
 }
+#else
+// Signed byte b (0..3) of a 32-bit word of q8_0 payload, as a float.
+GJ_DEVICE float q8_byte(uint32 w, int b) {
+    return (float)((int32)(w << (24 - 8 * b)) >> 24);
+}
+
+// Four payload bytes of one block -> four floats (exact: 8-bit q times an fp16 scale).
+GJ_DEVICE void q8_dequant4(uint32 w, float d, float* out) {
+    out[0] = q8_byte(w, 0) * d;
+    out[1] = q8_byte(w, 1) * d;
+    out[2] = q8_byte(w, 2) * d;
+    out[3] = q8_byte(w, 3) * d;
+}
+#endif
 
 #endif  // GJ_ATTN_KV_CUH

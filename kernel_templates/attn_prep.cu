@@ -14,7 +14,8 @@
 //   N_HEADS     query heads          N_KV_HEADS  KV heads
 //   ROPE_PAIRS  rotated pairs, 0 .. HEAD_DIM/2
 //   HAS_KV      0: shared layer (Q only)      HAS_V  0: V from k_raw (k_eq_v)
-//   KV_TYPE     cache element type (attn_kv.cuh)
+//   KV_TYPE     cache element type (attn_kv.cuh); q8_0 rows are quantized by their warp, one
+//               32-block at a time (amax by shuffles), exactly like ggml's Q8_0 reference
 //   WARPS       head rows per block (one warp per row)
 // Launch: block 32 * WARPS, grid (ceil(rows / WARPS), max_T) with rows = N_HEADS
 // (+ 2 * N_KV_HEADS when HAS_KV); blocks with blockIdx.y >= T exit, so a grid sized for the
@@ -50,10 +51,28 @@ static_assert(N_HEADS > 0 && N_KV_HEADS > 0, "attn_prep: head counts must be pos
 #define PAIRS_PER_LANE ((HALF_VEC + 31) / 32)  // float4 pairs (low half, high half) per lane
 #define ROWS_PER_TOKEN (N_HEADS + (HAS_KV ? 2 * N_KV_HEADS : 0))
 
+#if KV_Q8
+// The warp quantizes a finished row (fp32 in shared memory, written by all lanes) to q8_0, one
+// 32-block per step with lane j on element j (attn_kv.cuh has the format).
+GJ_DEVICE void store_q8_row(const float* row, int8* payload, f16_bits* scales, int lane) {
+    __syncwarp();
+#pragma unroll 4
+    for (int blk = 0; blk < HEAD_DIM / 32; ++blk) {
+        const float x = row[32 * blk + lane];
+        const bool bad = __any_sync(GJ_FULL_MASK, !(fabsf(x) <= 3.40282347e38f));  // NaN or inf
+        const float amax = warp_max(fabsf(x));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        payload[32 * blk + lane] = (int8)(int32)roundf(x * id);  // round half away from zero
+        if (lane == 0) scales[blk] = bad ? (f16_bits)0x7e00 : f32_to_f16(d);
+    }
+}
+#else
 // Four consecutive fp32 values -> four KV elements (8 bytes) at dst.
 GJ_DEVICE void store_kv4(void* dst, float4 v) {
     *(uint2*)dst = make_uint2(kv_pack2(v.x, v.y), kv_pack2(v.z, v.w));
 }
+#endif
 
 GJ_DEVICE float4 scale4(float4 v, float s) {
     return make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
@@ -100,6 +119,12 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
     const float* w = nullptr;
     bool rotate = true;
     char* cache_row = nullptr;
+#if KV_Q8
+    f16_bits* scale_row = nullptr;
+    // The finished row, so that each 32-block can be quantized by the whole warp.
+    __shared__ __align__(16) float q8_rows[WARPS][HEAD_DIM];
+    float* q8_row = q8_rows[threadIdx.x / 32];
+#endif
     if (row < N_HEADS) {
         src = q + ((size_t)t * N_HEADS + row) * HEAD_DIM;
         w = q_norm_w;
@@ -110,9 +135,12 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
         src = raw + ((size_t)t * N_KV_HEADS + kvh) * HEAD_DIM;
         w = is_k ? k_norm_w : nullptr;
         rotate = is_k;
-        const int slot = pos % slots;
-        cache_row =
-            (char*)(is_k ? k_cache : v_cache) + ((size_t)slot * N_KV_HEADS + kvh) * HEAD_DIM * 2;
+        const size_t cache_idx = (size_t)(pos % slots) * N_KV_HEADS + kvh;
+        void* plane = is_k ? k_cache : v_cache;
+        cache_row = (char*)plane + cache_idx * KV_ROW_BYTES;
+#if KV_Q8
+        scale_row = (f16_bits*)(kv_scale_plane(plane, slots) + cache_idx * KV_SCALE_ROW_BYTES);
+#endif
     }
 
     // Lane holds float4 i of the low half and its RoPE partner, float4 i of the high half.
@@ -152,8 +180,16 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
             dst[i] = a;
             dst[HALF_VEC + i] = b;
         } else {
+#if KV_Q8
+            ((float4*)q8_row)[i] = a;
+            ((float4*)q8_row)[HALF_VEC + i] = b;
+#else
             store_kv4(cache_row + (size_t)i * 8, a);
             store_kv4(cache_row + (size_t)(HALF_VEC + i) * 8, b);
+#endif
         }
     }
+#if KV_Q8
+    if (cache_row != nullptr) store_q8_row(q8_row, (int8*)cache_row, scale_row, lane);
+#endif
 }

@@ -37,7 +37,10 @@
 // Constants (prologue #defines):
 //   HEAD_DIM   32, 64, 128 or k * 256    GROUP   query heads per KV head (any value >= 1)
 //   N_KV_HEADS                           WINDOW  sliding window (0 = global causal)
-//   KV_TYPE    cache element type (attn_kv.cuh)
+//   KV_TYPE    cache element type (attn_kv.cuh). q8_0 (fp32 path only): a stage holds the tile's
+//              int8 payload rows and their fp16 scales (both by cp.async); rows are dequantized
+//              to fp32 as they are read from shared memory, so the arithmetic is that of an fp32
+//              cache holding the dequantized values.
 //   MMA        1: tensor cores, 0: fp32 CUDA cores
 //   CHUNK      minimum positions per split (a multiple of TILE)
 //   TILE       cache rows per pipeline stage       STAGES  pipeline depth (>= 2)
@@ -72,13 +75,18 @@ static_assert(CHUNK % TILE == 0, "flash_decode: CHUNK must be a multiple of TILE
 static_assert(!MMA || (QW == 8 && KB == 16 && HEAD_DIM % 64 == 0),
               "flash_decode: the tensor-core path needs QW 8, KB 16, HEAD_DIM % 64 == 0");
 static_assert(MMA || QW * KB <= 32, "flash_decode: QW * KB must be <= 32 (one score per lane)");
+static_assert(!(MMA && KV_Q8), "flash_decode: the tensor-core path does not read a q8_0 cache");
 
 #define N_HEADS_TOTAL (GROUP * N_KV_HEADS)
 #define QSETS ((GROUP + QW - 1) / QW)  // warp sets splitting the group's queries
 #define NWARPS (THREADS / 32)
-#define KSETS (NWARPS / QSETS)  // warps of a query set splitting the rows
-#define ROW_BYTES (HEAD_DIM * 2)
-#define STAGE_BYTES (2 * TILE * ROW_BYTES)  // K rows, then V rows
+#define KSETS (NWARPS / QSETS)              // warps of a query set splitting the rows
+#define ROW_BYTES KV_ROW_BYTES              // a cache row's elements (q8_0: payload)
+#define SCALE_ROW_BYTES KV_SCALE_ROW_BYTES  // a cache row's scales (0 without)
+// A stage: TILE K rows then their scales, then TILE V rows and their scales (16-byte aligned
+// pieces: TILE >= 16).
+#define PLANE_TILE_BYTES (TILE * (ROW_BYTES + SCALE_ROW_BYTES))
+#define STAGE_BYTES (2 * PLANE_TILE_BYTES)
 #define MERGE_BYTES (NWARPS * QW * (HEAD_DIM + 2) * 4)
 // The tensor-core path keeps the queries in shared memory too (after the stages), as A operands.
 #define Q_BYTES (MMA ? QSETS * QW * ROW_BYTES : 0)
@@ -121,8 +129,46 @@ GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool li
                  : "memory");
 }
 
+#if KV_Q8
+// Scales are copied in pieces of SCALE_GRAIN bytes (cp.async takes 4, 8 or 16); a 32-dim head
+// has 2 bytes of scales per row, which plain loads copy instead.
+#define SCALE_GRAIN (SCALE_ROW_BYTES >= 16 ? 16 : SCALE_ROW_BYTES)
+
+GJ_DEVICE void copy_scale_or_zero(uint8* smem_dst, const uint8* gmem_src, bool live) {
+#if SCALE_GRAIN >= 4
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_addr(smem_dst)),
+                 "l"(gmem_src), "n"(SCALE_GRAIN), "r"(live ? SCALE_GRAIN : 0)
+                 : "memory");
+#else
+    // Visible to the other threads after stream_tiles' barrier like the asynchronous copies.
+    *(uint16*)smem_dst = live ? *(const uint16*)gmem_src : (uint16)0;
+#endif
+}
+
+// The scales of the tile's rows (see issue_tile) after the stage's K and V payload rows.
+GJ_DEVICE void issue_tile_scales(uint8* stage, const uint8* k_scales, const uint8* v_scales,
+                                 int first, int count, int slots, int kvh) {
+    constexpr int kGrainsPerRow = SCALE_ROW_BYTES / SCALE_GRAIN;
+    constexpr int kGrains = TILE * kGrainsPerRow;
+#pragma unroll
+    for (int k = 0; k < (kGrains + THREADS - 1) / THREADS; ++k) {
+        const int i = k * THREADS + threadIdx.x;
+        const int r = i / kGrainsPerRow, c = i % kGrainsPerRow;
+        if (kGrains % THREADS == 0 || i < kGrains) {
+            const bool live = r < count;
+            const int slot = live ? (first + r) % slots : 0;
+            const size_t off =
+                ((size_t)slot * N_KV_HEADS + kvh) * SCALE_ROW_BYTES + c * SCALE_GRAIN;
+            const int dst = TILE * ROW_BYTES + r * SCALE_ROW_BYTES + c * SCALE_GRAIN;
+            copy_scale_or_zero(stage + dst, k_scales + off, live);
+            copy_scale_or_zero(stage + PLANE_TILE_BYTES + dst, v_scales + off, live);
+        }
+    }
+}
+#endif
+
 // cp.async of the TILE cache rows of K and V for positions first .. first + count - 1 (ring
-// slots) into a stage buffer; rows past `count` become zeros.
+// slots) into a stage buffer; rows past `count` become zeros (q8_0: payload and scales).
 GJ_DEVICE void issue_tile(uint8* stage, const uint8* k_cache, const uint8* v_cache, int first,
                           int count, int slots, int kvh) {
     constexpr int kChunksPerRow = ROW_BYTES / 16;
@@ -137,9 +183,13 @@ GJ_DEVICE void issue_tile(uint8* stage, const uint8* k_cache, const uint8* v_cac
             const size_t off = ((size_t)slot * N_KV_HEADS + kvh) * ROW_BYTES + c * 16;
             const int dst = chunk_offset(r, c);
             cp_async16_or_zero(smem_addr(stage + dst), k_cache + off, live);
-            cp_async16_or_zero(smem_addr(stage + TILE * ROW_BYTES + dst), v_cache + off, live);
+            cp_async16_or_zero(smem_addr(stage + PLANE_TILE_BYTES + dst), v_cache + off, live);
         }
     }
+#if KV_Q8
+    issue_tile_scales(stage, kv_scale_plane(k_cache, slots), kv_scale_plane(v_cache, slots), first,
+                      count, slots, kvh);
+#endif
 }
 
 // Streams the split's rows [start, end) through the STAGES-deep pipeline, calling
@@ -164,7 +214,7 @@ GJ_DEVICE void stream_tiles(uint8* smem, const uint8* kc, const uint8* vc, int s
         cp_async_wait<STAGES - 1>();  // tile `it` has landed (for this thread's copies)
         __syncthreads();              // ... and for everyone's
         const uint8* k_rows = smem + (it % STAGES) * STAGE_BYTES;
-        compute(k_rows, k_rows + TILE * ROW_BYTES, min(TILE, end - start - it * TILE));
+        compute(k_rows, k_rows + PLANE_TILE_BYTES, min(TILE, end - start - it * TILE));
         __syncthreads();  // the stage is refilled by a later iteration's issue
     }
 }
@@ -215,9 +265,32 @@ GJ_DEVICE void store_lane_f32(float* row, int lane, const float (&v)[DPL]) {
 #endif
 }
 
-// The lane's DPL elements of a cache row in shared memory, as floats.
-GJ_DEVICE void load_row(const uint8* row, int lane, float (&out)[DPL]) {
+// The lane's DPL elements of row r of a stage's K or V rows, as floats (q8_0: dequantized with
+// the row's scales, which follow the TILE payload rows).
+GJ_DEVICE void load_row(const uint8* rows, int r, int lane, float (&out)[DPL]) {
+    const uint8* row = rows + r * ROW_BYTES;
+#if KV_Q8
+    // The lane's dims never straddle a 32-block: 8 per 256-dim stripe (block 8c + lane / 4), or
+    // DPL <= 4 consecutive ones (block DPL * lane / 32).
+    const f16_bits* scales = (const f16_bits*)(rows + TILE * ROW_BYTES + r * SCALE_ROW_BYTES);
 #if DPL >= 8
+#pragma unroll
+    for (int c = 0; c < DPL / 8; ++c) {
+        const uint2 w = *(const uint2*)(row + c * 256 + 8 * lane);
+        const float d = f16_to_f32(scales[8 * c + lane / 4]);
+        q8_dequant4(w.x, d, &out[8 * c]);
+        q8_dequant4(w.y, d, &out[8 * c + 4]);
+    }
+#elif DPL == 4
+    q8_dequant4(*(const uint32*)(row + 4 * lane), f16_to_f32(scales[lane / 8]), out);
+#elif DPL == 2
+    const uint32 w = *(const uint16*)(row + 2 * lane);
+    const float d = f16_to_f32(scales[lane / 16]);
+    out[0] = q8_byte(w, 0) * d, out[1] = q8_byte(w, 1) * d;
+#else
+    out[0] = (float)(int8)row[lane] * f16_to_f32(scales[0]);
+#endif
+#elif DPL >= 8
 #pragma unroll
     for (int c = 0; c < DPL / 8; ++c) {
         const uint4 w = *(const uint4*)(row + (c * 256 + 8 * lane) * 2);
@@ -312,7 +385,7 @@ GJ_DEVICE void attend_split(uint8* smem, const float* __restrict__ q, const uint
 #pragma unroll
             for (int k = 0; k < KB; ++k) {
                 float kf[DPL];
-                load_row(k_rows + (row0 + k) * ROW_BYTES, lane, kf);
+                load_row(k_rows, row0 + k, lane, kf);
 #pragma unroll
                 for (int qi = 0; qi < QW; ++qi) {
                     float acc = 0.0f;
@@ -360,7 +433,7 @@ GJ_DEVICE void attend_split(uint8* smem, const float* __restrict__ q, const uint
             for (int k = 0; k < KB; ++k) {
                 if (k >= valid) break;
                 float vf[DPL];
-                load_row(v_rows + (row0 + k) * ROW_BYTES, lane, vf);
+                load_row(v_rows, row0 + k, lane, vf);
 #pragma unroll
                 for (int qi = 0; qi < QW; ++qi) {
                     const float pk = __shfl_sync(GJ_FULL_MASK, p, (qi * KB + k) << kShift);

@@ -1,13 +1,14 @@
 // Attention kernels on the GPU against CPU references on random data:
 //  - attn_prep (Q/K norm, V-norm, NeoX RoPE incl. proportional, KV append into the ring, k_eq_v,
-//    KV-shared Q-only) for head dims 32/64/256/512, f16 and bf16 caches, T = 1 and T > 1 at mixed
-//    positions up to 131071;
+//    KV-shared Q-only) for head dims 32/64/256/512, f16, bf16 and q8_0 caches, T = 1 and T > 1 at
+//    mixed positions up to 131071;
 //  - flash_decode + flash_combine over its spec grid (head dims 32/64/256/512, groups 1..16 and
 //    non-powers of two, windows 0/8/512/1024, positions across tile, split and window edges, ring
-//    wrap-around, several max_splits, T = 1 and T > 1 at mixed positions, large scores);
+//    wrap-around, several max_splits, T = 1 and T > 1 at mixed positions, large scores; q8_0
+//    caches against exact attention over the same dequantized values);
 //  - the chain attn_prep -> flash_decode -> flash_combine over a prefill chunk and decode steps
-//  past
-//    the window, against fp32 attention without cache rounding (the fp16 storage tolerance).
+//    past the window, against fp32 attention without cache rounding (the storage type's
+//    tolerance: f16 / bf16 relative rounding, q8_0 half a block step).
 // FlashDecodeBench.DISABLED_* time E4B's two attention shapes at depth 4096 (run with
 // --gtest_also_run_disabled_tests).
 #include <gtest/gtest.h>
@@ -42,6 +43,30 @@ bool all_finite(const std::vector<float>& v) {
     return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
 }
 
+// Bytes of a cache plane of `elems` elements (q8_0: int8 payload + an fp16 scale per 32).
+size_t plane_bytes(KvType kv, size_t elems) {
+    return kv == KvType::Q8_0 ? elems + elems / 16 : 2 * elems;
+}
+
+// A cache plane holding x (rounded to the KV type), as bytes, and the values it holds.
+std::vector<uint8_t> encode_plane(const std::vector<float>& x, KvType kv) {
+    if (kv == KvType::Q8_0) return kv_q8_encode(x);
+    std::vector<uint8_t> b(2 * x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const uint16_t h = kv_encode(x[i], kv == KvType::BF16);
+        b[2 * i] = uint8_t(h), b[2 * i + 1] = uint8_t(h >> 8);
+    }
+    return b;
+}
+
+std::vector<float> decode_plane(const std::vector<uint8_t>& b, KvType kv) {
+    if (kv == KvType::Q8_0) return kv_q8_decode(b);
+    std::vector<float> x(b.size() / 2);
+    for (size_t i = 0; i < x.size(); ++i)
+        x[i] = kv_decode(uint16_t(b[2 * i] | b[2 * i + 1] << 8), kv == KvType::BF16);
+    return x;
+}
+
 // Each spec compiles once per process (the parameterized cases share them).
 GpuKernels& kernels_for(const KernelSpec& spec) {
     static std::map<std::string, std::unique_ptr<GpuKernels>> cache;
@@ -58,12 +83,6 @@ std::vector<uint16_t> encode(const std::vector<float>& x, bool bf16) {
     std::vector<uint16_t> h(x.size());
     for (size_t i = 0; i < x.size(); ++i) h[i] = kv_encode(x[i], bf16);
     return h;
-}
-
-std::vector<float> decode(const std::vector<uint16_t>& h, bool bf16) {
-    std::vector<float> x(h.size());
-    for (size_t i = 0; i < h.size(); ++i) x[i] = kv_decode(h[i], bf16);
-    return x;
 }
 
 // Norm weights as Gemma stores them: gains around 1, some well above it.
@@ -100,7 +119,6 @@ TEST_P(AttnPrepTest, MatchesCpu) {
         gj::gemma4::attn_prep_spec(c.hd, c.heads, c.kv_heads, c.pairs, c.has_kv, c.has_v, c.kv);
     SCOPED_TRACE(spec.name);
     const auto& g = kernels_for(spec);
-    const bool bf16 = c.kv == KvType::BF16;
     const int T = int(c.positions.size());
     std::mt19937 rng(c.hd * 7 + c.heads * 131 + T);
     const size_t qn = size_t(T) * c.heads * c.hd, kn = size_t(T) * c.kv_heads * c.hd;
@@ -111,7 +129,8 @@ TEST_P(AttnPrepTest, MatchesCpu) {
 
     // Caches start as a sentinel pattern: slots no token maps to must keep it bit for bit.
     const size_t cache_elems = size_t(c.slots) * c.kv_heads * c.hd;
-    const std::vector<uint16_t> sentinel(cache_elems, 0x3a5c);
+    std::vector<uint8_t> sentinel(plane_bytes(c.kv, cache_elems));
+    for (size_t i = 0; i < sentinel.size(); ++i) sentinel[i] = i % 2 ? 0x3a : 0x5c;
     auto dq = to_device(q);
     auto dk = to_device(k_raw);
     auto dv = to_device(v_raw);
@@ -148,45 +167,82 @@ TEST_P(AttnPrepTest, MatchesCpu) {
                 }
         }
 
-    const auto kc = from_device<uint16_t>(dkc, cache_elems);
-    const auto vc = from_device<uint16_t>(dvc, cache_elems);
+    const auto kc = from_device<uint8_t>(dkc, sentinel.size());
+    const auto vc = from_device<uint8_t>(dvc, sentinel.size());
     if (!c.has_kv) {
         EXPECT_EQ(kc, sentinel) << "a KV-shared layer wrote the K cache";
         EXPECT_EQ(vc, sentinel) << "a KV-shared layer wrote the V cache";
         return;
     }
+    const bool q8 = c.kv == KvType::Q8_0;
+    const auto kvals = decode_plane(kc, c.kv), vvals = decode_plane(vc, c.kv);
     std::vector<bool> written(c.slots, false);
     const size_t row_elems = size_t(c.kv_heads) * c.hd;
-    // Stored value = round(gpu fp32); gpu fp32 = cpu fp32 within 1e-5 of the pair's magnitude
-    // (as for q), so |stored - cpu| <= half an ulp of the storage type (2^-11 f16, 2^-8 bf16,
-    // relative) plus that, plus the f16 subnormal step.
-    const double ulp = bf16 ? 0x1p-8 : 0x1p-11;
+    // f16 / bf16: stored value = round(gpu fp32); gpu fp32 = cpu fp32 within 1e-5 of the pair's
+    // magnitude (as for q), so |stored - cpu| <= half an ulp of the storage type (2^-11 f16, 2^-8
+    // bf16, relative) plus that, plus the f16 subnormal step.
+    // q8_0: stored value = fp16(d) * round(x / d) with d = amax / 127 of the 32-block, so
+    // |stored - x| <= d / 2 + 127 d 2^-11 (the scale's fp16 rounding) < 0.57 d, plus the same
+    // 1e-5 for the GPU's fp32 x, where d is the reference block's. The quantizer must also be
+    // ggml's: the GPU's int8 payload equals the CPU quantization of the reference rows except
+    // where the 1e-5 moves x / d across a rounding boundary (<= 0.3% of elements; >= 98% must
+    // match), and its fp16 scales are within one ulp of the reference's.
+    const double ulp = c.kv == KvType::BF16 ? 0x1p-8 : 0x1p-11;
+    size_t q8_elems = 0, q8_equal = 0;
     for (int t = 0; t < T; ++t) {
         const int slot = c.positions[t] % c.slots;
         written[slot] = true;
-        for (size_t e = 0; e < row_elems && failures < 8; ++e) {
-            const size_t src = size_t(t) * row_elems + e;
-            const size_t pair = e % c.hd < size_t(half) ? src + half : src - half;
-            for (const auto& [name, cache, ref] :
-                 {std::tuple{"K", &kc, &want.k}, std::tuple{"V", &vc, &want.v}}) {
-                const float got = kv_decode((*cache)[size_t(slot) * row_elems + e], bf16);
-                const double tol = ulp * 1.001 * std::fabs((*ref)[src]) +
-                                   1e-5 * (std::fabs((*ref)[src]) + std::fabs((*ref)[pair])) +
-                                   0x1p-24;
+        for (const auto& [name, cache, vals, ref] :
+             {std::tuple{"K", &kc, &kvals, &want.k}, std::tuple{"V", &vc, &vvals, &want.v}}) {
+            const std::vector<float> ref_row(ref->begin() + size_t(t) * row_elems,
+                                             ref->begin() + size_t(t + 1) * row_elems);
+            const auto ref_plane = q8 ? kv_q8_encode(ref_row) : std::vector<uint8_t>{};
+            const auto ref_scales = q8 ? kv_q8_scales(ref_plane) : std::vector<float>{};
+            for (size_t e = 0; e < row_elems && failures < 8; ++e) {
+                const size_t src = size_t(t) * row_elems + e;
+                const size_t pair = e % c.hd < size_t(half) ? src + half : src - half;
+                const size_t at = size_t(slot) * row_elems + e;
+                const float got = (*vals)[at];
+                const double drift =
+                    1e-5 * (std::fabs((*ref)[src]) + std::fabs((*ref)[pair])) + 0x1p-24;
+                const double tol = q8 ? 0.57 * ref_scales[e / 32] + drift
+                                      : ulp * 1.001 * std::fabs((*ref)[src]) + drift;
                 if (!(std::fabs(got - (*ref)[src]) <= tol)) {
                     ++failures;
                     ADD_FAILURE() << name << " token " << t << " (pos " << c.positions[t]
                                   << ", slot " << slot << ") elem " << e << ": " << got << " want "
                                   << (*ref)[src] << " (tol " << tol << ")";
                 }
+                if (!q8) continue;
+                ++q8_elems;
+                q8_equal += (*cache)[at] == ref_plane[e];
+                if (e % 32 == 0) {
+                    const size_t sb = cache_elems + at / 16, rb = row_elems + e / 16;
+                    const int got_bits = (*cache)[sb] | (*cache)[sb + 1] << 8;
+                    const int want_bits = ref_plane[rb] | ref_plane[rb + 1] << 8;
+                    EXPECT_LE(std::abs(got_bits - want_bits), 1)
+                        << name << " token " << t << " block " << e / 32 << " scale";
+                }
             }
         }
     }
+    if (q8) {
+        EXPECT_GE(double(q8_equal), 0.98 * double(q8_elems))
+            << q8_equal << " of " << q8_elems << " int8 values equal the CPU quantization";
+    }
+    // Unwritten slots keep the sentinel: their elements (payload) and, for q8_0, their scales.
+    const size_t row_bytes = q8 ? row_elems : 2 * row_elems;
     for (int s = 0; s < c.slots; ++s) {
         if (written[s]) continue;
-        for (size_t e = 0; e < row_elems; ++e) {
-            ASSERT_EQ(kc[s * row_elems + e], sentinel[0]) << "K slot " << s << " was written";
-            ASSERT_EQ(vc[s * row_elems + e], sentinel[0]) << "V slot " << s << " was written";
+        for (size_t b = 0; b < row_bytes; ++b) {
+            ASSERT_EQ(kc[s * row_bytes + b], sentinel[s * row_bytes + b]) << "K slot " << s;
+            ASSERT_EQ(vc[s * row_bytes + b], sentinel[s * row_bytes + b]) << "V slot " << s;
+        }
+        if (!q8) continue;
+        for (size_t b = cache_elems + s * row_elems / 16;
+             b < cache_elems + (s + 1) * row_elems / 16; ++b) {
+            ASSERT_EQ(kc[b], sentinel[b]) << "K scales of slot " << s;
+            ASSERT_EQ(vc[b], sentinel[b]) << "V scales of slot " << s;
         }
     }
 }
@@ -211,7 +267,15 @@ INSTANTIATE_TEST_SUITE_P(
         // Tiny presets: head dims 32 (sliding, window-sized ring) and 64 (8 of 32 pairs).
         PrepCase{32, 4, 2, 16, true, true, KvType::F16, 11, 1e4f, {0, 1, 2, 3, 15, 21, 30}},
         PrepCase{64, 8, 1, 8, true, false, KvType::F16, 4096, 1e6f, {4095, 0, 31}},
-        PrepCase{64, 4, 1, 8, false, false, KvType::F16, 16, 1e6f, {12}}));
+        PrepCase{64, 4, 1, 8, false, false, KvType::F16, 16, 1e6f, {12}},
+        // q8_0 caches: E4B sliding and global (prefill batch, ring wrap), k_eq_v MQA, the tiny
+        // head dims (32: one block per row; 64), and a Q-only layer.
+        PrepCase{256, 8, 2, 128, true, true, KvType::Q8_0, 515, 1e4f, {5, 0, 514, 517, 77, 1033}},
+        PrepCase{512, 8, 2, 64, true, true, KvType::Q8_0, 131072, 1e6f, {131071}},
+        PrepCase{512, 16, 1, 64, true, false, KvType::Q8_0, 4096, 1e6f, {2047, 3, 4000}},
+        PrepCase{32, 4, 2, 16, true, true, KvType::Q8_0, 11, 1e4f, {0, 1, 2, 3, 15, 21, 30}},
+        PrepCase{64, 8, 1, 8, true, false, KvType::Q8_0, 4096, 1e6f, {4095, 0, 31}},
+        PrepCase{256, 8, 2, 128, false, false, KvType::Q8_0, 64, 1e4f, {9, 10}}));
 
 // ---------------------------------------------------------------------------------------------
 // flash_decode + flash_combine
@@ -284,13 +348,15 @@ TEST_P(FlashDecodeTest, MatchesCpu) {
     const int T = int(c.positions.size()), H = c.group * c.kv_heads;
     const int max_pos = *std::max_element(c.positions.begin(), c.positions.end());
     // Both paths on the same data: tensor cores (GEMMAJIT_FLASH_MMA=1; head dims that are
-    // multiples of 64) and the default fp32 CUDA-core path.
+    // multiples of 64; not for q8_0, which the builder rejects there) and the default fp32
+    // CUDA-core path.
     struct Path {
         KernelSpec spec;
         int max_splits;
     };
     std::vector<Path> paths;
     for (bool mma : {true, false}) {
+        if (mma && c.kv == KvType::Q8_0) continue;
         KernelSpec spec =
             gj::gemma4::flash_decode_spec(c.hd, c.group, c.kv_heads, c.window, c.kv, mma);
         if (spec_constant(spec, "MMA") != int(mma)) continue;  // no tensor-core form
@@ -328,13 +394,15 @@ TEST_P(FlashDecodeTest, MatchesCpu) {
                 }
             }
         }
-    const auto kbits = encode(k, bf16);
-    const auto vbits = encode(random_normal(cache_elems, 1.0f, rng), bf16);
+    // The reference attends over exactly the values the cache holds (q8_0: the CPU's ggml
+    // quantization, dequantized; the kernel dequantizes the same bytes exactly in fp32).
+    const auto kbits = encode_plane(k, c.kv);
+    const auto vbits = encode_plane(random_normal(cache_elems, 1.0f, rng), c.kv);
     auto dkc = to_device(kbits);
     auto dvc = to_device(vbits);
     auto dpos = to_device(c.positions);
     std::vector<double> mag, l2;
-    const auto kf = decode(kbits, bf16), vf = decode(vbits, bf16);
+    const auto kf = decode_plane(kbits, c.kv), vf = decode_plane(vbits, c.kv);
     const auto want =
         attention(q, kf, vf, c.positions, H, c.kv_heads, c.hd, c.window, c.slots, &mag, &l2);
 
@@ -375,7 +443,8 @@ TEST_P(FlashDecodeTest, MatchesCpu) {
                     // 1.3e-6 * sum |q_i k_i|), which moves the softmax weights by that relatively
                     // and the output by at most twice that times max |v| (6 sigma of N(0,1));
                     // the weights (ex2.approx, 2^-22) and the fp32 P.V sums over n rows add
-                    // (2^-21 + n 2^-24) max |v|. Element by element.
+                    // (2^-21 + n 2^-24) max |v|. Element by element. (q8_0 values are at most
+                    // the block's amax, so the same max |v| holds.)
                     const double vmax = 6.0;
                     const double tol = (2.6e-6 * mag[th] + 0x1p-21 + n * 0x1p-24) * vmax;
                     for (int i = 0; i < c.hd; ++i) {
@@ -466,7 +535,27 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{512, 4, 2, 0, 4096, KvType::F16, {5, 4095, 0, 16, 1000, 17}, 0},
         FlashCase{256, 4, 2, 512, 515, KvType::F16, {0, 600, 513, 1, 518}, 0},
         FlashCase{256, 4, 2, 512, 811, KvType::F16, range(1000, 300), 0},
-        FlashCase{512, 4, 2, 0, 2048, KvType::F16, range(2000, 40), 0}));
+        FlashCase{512, 4, 2, 0, 2048, KvType::F16, range(2000, 40), 0},
+        // q8_0 caches (fp32 path): E4B global and sliding at tile, split, window and wrap edges,
+        // 31B-like groups, the tiny head dims 32/64 (2- and 4-byte scale rows) and 128 (8 bytes),
+        // T > 1 at mixed positions.
+        FlashCase{512, 4, 2, 0, 4096, KvType::Q8_0, {0}, 0},
+        FlashCase{512, 4, 2, 0, 4096, KvType::Q8_0, {16}, 0},
+        FlashCase{512, 4, 2, 0, 4096, KvType::Q8_0, {4095}, 0},
+        FlashCase{512, 4, 2, 0, 4096, KvType::Q8_0, {1000}, 7},
+        FlashCase{256, 4, 2, 512, 515, KvType::Q8_0, {31}, 0},
+        FlashCase{256, 4, 2, 512, 515, KvType::Q8_0, {513}, 0},
+        FlashCase{256, 4, 2, 512, 515, KvType::Q8_0, {518}, 0},
+        FlashCase{256, 4, 2, 512, 515, KvType::Q8_0, {777}, 0, 40.0f},
+        FlashCase{256, 2, 8, 1024, 1024 + 7, KvType::Q8_0, {3001}, 0},
+        FlashCase{512, 16, 1, 0, 2048, KvType::Q8_0, {2047}, 0},
+        FlashCase{256, 3, 2, 0, 512, KvType::Q8_0, {200}, 0},
+        FlashCase{128, 4, 2, 0, 1024, KvType::Q8_0, {0, 63, 64, 65, 700}, 0},
+        FlashCase{32, 2, 2, 8, 11, KvType::Q8_0, range(0, 24), 0},
+        FlashCase{64, 8, 1, 0, 4096, KvType::Q8_0, {4095, 0, 63, 64, 127, 128}, 0},
+        FlashCase{64, 16, 1, 8, 11, KvType::Q8_0, {7, 8, 9, 10, 11, 14}, 0},
+        FlashCase{256, 4, 2, 512, 811, KvType::Q8_0, range(1000, 300), 0},
+        FlashCase{512, 4, 2, 0, 2048, KvType::Q8_0, range(2000, 40), 0}));
 
 // NaN in the cache reaches the output (a NaN must fail loudly, not be masked away).
 TEST(FlashDecode, NanInVisibleRowPropagates) {
@@ -487,6 +576,17 @@ TEST(FlashDecode, NanInVisibleRowPropagates) {
         for (int h = 0; h < 8; ++h)
             EXPECT_EQ(std::isnan(r.out[size_t(h) * 256]), h < 4) << spec.name << " head " << h;
     }
+    // q8_0: a NaN scale (what attn_prep stores for a block holding a NaN or an infinity) turns
+    // its whole block into NaN.
+    auto kq8 = encode_plane(random_normal(elems, 1.0f, rng), KvType::Q8_0);
+    const size_t scale = elems + (size_t(100) * 2 * 8 + 1) * 2;  // position 100, head 0, block 1
+    kq8[scale] = 0x00, kq8[scale + 1] = 0x7e;
+    auto dkq8 = to_device(kq8);
+    auto dvq8 = to_device(encode_plane(random_normal(elems, 1.0f, rng), KvType::Q8_0));
+    const KernelSpec spec = gj::gemma4::flash_decode_spec(256, 4, 2, 512, KvType::Q8_0);
+    const FlashRun r = run_flash(spec, q, dkq8, dvq8, dpos, T, slots, 8);
+    for (int h = 0; h < 8; ++h)
+        EXPECT_EQ(std::isnan(r.out[size_t(h) * 256]), h < 4) << spec.name << " head " << h;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -510,15 +610,17 @@ class AttnChainTest : public ::testing::TestWithParam<ChainCase> {};
 TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
     GJ_REQUIRE_GPU();
     const ChainCase& c = GetParam();
-    const bool bf16 = c.kv == KvType::BF16;
+    const bool bf16 = c.kv == KvType::BF16, q8 = c.kv == KvType::Q8_0;
     const KernelSpec prep =
         gj::gemma4::attn_prep_spec(c.hd, c.heads, c.kv_heads, c.pairs, true, c.has_v, c.kv);
     // A KV-shared layer reading this layer's cache with its own queries.
     const KernelSpec prep_shared =
         gj::gemma4::attn_prep_spec(c.hd, c.heads, c.kv_heads, c.pairs, false, false, c.kv);
-    // Attention through both paths (fp32 default; tensor cores where the head dim allows).
+    // Attention through both paths (fp32 default; tensor cores where the head dim allows, and
+    // not for q8_0).
     std::vector<KernelSpec> flashes;
     for (bool mma : {false, true}) {
+        if (mma && q8) continue;
         KernelSpec f = gj::gemma4::flash_decode_spec(c.hd, c.heads / c.kv_heads, c.kv_heads,
                                                      c.window, c.kv, mma);
         if (spec_constant(f, "MMA") == int(mma)) flashes.push_back(std::move(f));
@@ -531,13 +633,15 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
     const auto qw = norm_weights(hd, rng), kw = norm_weights(hd, rng);
     auto dqw = to_device(qw);
     auto dkw = to_device(kw);
-    DeviceBuffer kc(size_t(c.slots) * kvdim * 2), vc(size_t(c.slots) * kvdim * 2);
+    DeviceBuffer kc(plane_bytes(c.kv, size_t(c.slots) * kvdim)),
+        vc(plane_bytes(c.kv, size_t(c.slots) * kvdim));
     kc.zero();
     vc.zero();
     const int max_t = std::max(c.prefill, 1);
     const int sms = gj::jit::Device::get().sm_count();
     DeviceBuffer dpos(size_t(max_t) * 4);
-    std::vector<float> k_hist, v_hist;  // fp32 K/V of every position so far
+    std::vector<float> k_hist, v_hist;      // fp32 K/V of every position so far
+    std::vector<float> k_scales, v_scales;  // q8_0: their blocks' scales d = amax / 127
     const int warps = int(spec_constant(prep, "WARPS"));
 
     int pos0 = 0, checked = 0;
@@ -567,6 +671,12 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
                                     c.pairs, c.base, kEps, false);
         k_hist.insert(k_hist.end(), ref.k.begin(), ref.k.end());
         v_hist.insert(v_hist.end(), ref.v.begin(), ref.v.end());
+        if (q8) {
+            const auto ks = kv_q8_scales(kv_q8_encode(ref.k)),
+                       vs = kv_q8_scales(kv_q8_encode(ref.v));
+            k_scales.insert(k_scales.end(), ks.begin(), ks.end());
+            v_scales.insert(v_scales.end(), vs.begin(), vs.end());
+        }
         const int hist_slots = int(k_hist.size() / kvdim);  // no ring on the CPU side
 
         for (const auto& flash : flashes)
@@ -589,8 +699,30 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
                 // 4u (||q o k||max + 1) is about 3.5 sigma; a wrong slot, position or head is O(1).
                 // The tensor-core path also rounds q (an independent error of the same size as k's:
                 // sqrt(2) more) and P (<= u more): 6u.
+                // q8_0 instead rounds each element to within d / 2 of its block's step d (about
+                // uniformly: standard deviation d / (2 sqrt 3)), so u |k_ji| becomes d_ji / 2:
+                // tol = 4 (max_j ||q o d_j / 2|| + max d_v / 2) over the visible keys j.
                 const double u = bf16 ? 0x1p-8 : 0x1p-11;
                 const double k_tol = spec_constant(flash, "MMA") == 1 ? 6 : 4;
+                const int blocks = hd / 32;
+                auto q8_tol = [&](int t, int h) {
+                    const int p = positions[t], kvh = h / (H / Hkv);
+                    const int lo = c.window > 0 ? std::max(0, p - c.window + 1) : 0;
+                    const float* qh = &rq[(size_t(t) * H + h) * hd];
+                    double k_noise = 0, v_step = 0;
+                    for (int j = lo; j <= p; ++j) {
+                        const size_t b0 = (size_t(j) * Hkv + kvh) * blocks;
+                        double n2 = 0;
+                        for (int i = 0; i < hd; ++i) {
+                            const double e = double(qh[i]) * k_scales[b0 + i / 32] / 2;
+                            n2 += e * e;
+                        }
+                        k_noise = std::max(k_noise, std::sqrt(n2));
+                        for (int b = 0; b < blocks; ++b)
+                            v_step = std::max(v_step, double(v_scales[b0 + b]) / 2);
+                    }
+                    return 4 * (k_noise + v_step);
+                };
                 for (int t = 0; t < T; ++t)
                     for (int h = 0; h < H; ++h) {
                         const size_t o0 = (size_t(t) * H + h) * hd;
@@ -600,7 +732,8 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
                             err2 += e * e;
                         }
                         const double rms = std::sqrt(err2 / hd);
-                        const double tol = k_tol * u * (l2[size_t(t) * H + h] + 1);
+                        const double tol =
+                            q8 ? q8_tol(t, h) : k_tol * u * (l2[size_t(t) * H + h] + 1);
                         ASSERT_LE(rms, tol) << "pos " << positions[t] << " head " << h
                                             << (qs == &dq ? "" : " (KV-shared layer)");
                     }
@@ -621,7 +754,12 @@ INSTANTIATE_TEST_SUITE_P(
         ChainCase{256, 8, 2, 128, 512, 512 + 16 - 1, 16, 520, true, KvType::F16, 1e4f},
         // 31B-like global layer: k_eq_v, proportional RoPE, bf16 cache.
         ChainCase{512, 8, 1, 64, 0, 256, 24, 40, false, KvType::BF16, 1e6f},
-        ChainCase{64, 8, 1, 8, 0, 128, 9, 30, false, KvType::F16, 1e6f}));
+        ChainCase{64, 8, 1, 8, 0, 128, 9, 30, false, KvType::F16, 1e6f},
+        // q8_0 caches: the tiny sliding ring, the E4B sliding shape past the window, a 31B-like
+        // k_eq_v global.
+        ChainCase{32, 4, 2, 16, 8, 8 + 4 - 1, 4, 30, true, KvType::Q8_0, 1e4f},
+        ChainCase{256, 8, 2, 128, 512, 512 + 16 - 1, 16, 520, true, KvType::Q8_0, 1e4f},
+        ChainCase{512, 8, 1, 64, 0, 256, 24, 40, false, KvType::Q8_0, 1e6f}));
 
 // ---------------------------------------------------------------------------------------------
 // Timing: E4B attention at depth 4096, one query token, as a CUDA graph of many layers (caches

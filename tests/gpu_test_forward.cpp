@@ -9,7 +9,10 @@
 //     matvec, and K/V are stored as fp16: 3e-2 (measured on the H200: 1.7-2.1% on the tiny
 //     presets, whose 128-wide rows average the rounding least; 0.7% at the E4B shapes);
 //   float weights: fp32 activations, only the fp16 KV cache differs: 5e-3 (measured 0.03%);
-//   bf16 KV cache (8 mantissa bits instead of 11): 4e-2 (measured 0.3%).
+//   bf16 KV cache (8 mantissa bits instead of 11): 4e-2 (measured 0.3%);
+//   q8_0 KV cache (int8 per 32-block: errors up to half a step of amax / 127, about 4x bf16's in
+//     rms for normed rows), with float or quantized weights: 6e-2 (measured on the H200: 0.7-1.0%
+//     with float weights, 2.5% with Q8_0 weights).
 // The argmax must agree at every position, except where the reference's top two logits are within
 // twice the tolerance of each other (a near tie rounding may flip; counted and printed).
 #include <gtest/gtest.h>
@@ -53,6 +56,8 @@ constexpr float kTolBf16Kv = 4e-2f;
 // cuBLAS products of F16/BF16 weights take activations rounded to the weight type (bf16: 8
 // significant bits), so float-weight models agree less tightly than with fp32 activations.
 constexpr float kTolBlas = 2e-2f;
+// q8_0 KV cache: K and V rounded to 8 bits per 32-block (measured 0.7-2.5% of max|logit|).
+constexpr float kTolQ8Kv = 6e-2f;
 
 std::vector<int32_t> test_tokens(int n, int vocab, uint32_t seed = 12345) {
     std::vector<int32_t> t = {2};
@@ -412,6 +417,55 @@ TEST(GpuForward, Bf16KvCacheMatchesTheCpuReference) {
     GpuSession s(*model);
     expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
                  kTolBf16Kv, "bf16 KV vs CPU");
+}
+
+// GEMMAJIT_KV_TYPE=q8_0 on the tiny presets (float weights, where the cache dominates the error,
+// and int8 weights), past the sliding window with the rings wrapping: chunked prefill and decode
+// steps against the CPU reference (which keeps K/V in fp32).
+TEST(GpuForward, Q8KvCacheMatchesTheCpuReferencePastTheWindow) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-q8kv");
+    const auto f = flags({{"GEMMAJIT_KV_TYPE", "q8_0"}});
+    for (const Case& c : {Case{"tiny", ggml::Type::F32}, Case{"tiny-e2b", ggml::Type::BF16},
+                          Case{"tiny-keqv", ggml::Type::F16}, Case{"tiny", ggml::Type::Q8_0}}) {
+        SCOPED_TRACE(case_name(c));
+        const auto path = synth(dir, c.variant, c.wtype);
+        auto model = load_gpu(path, 256, 4, f);
+        const Config& cfg = model->config();
+        // The q8_0 kernels are the ones loaded.
+        for (int l = 0; l < cfg.n_layers; ++l) {
+            EXPECT_TRUE(model->layers()[l].flash_spec.ends_with(".q8_0")) << l;
+            if (cfg.layers[l].has_kv) {
+                EXPECT_TRUE(model->layers()[l].attn_prep_spec.ends_with(".q8_0")) << l;
+            }
+        }
+        const int T = 5 * cfg.sliding_window;
+        const auto tokens = test_tokens(T, cfg.vocab_size);
+        const auto ref = cpu_logits(path, tokens);
+        GpuSession s(*model);
+        expect_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQ8Kv,
+                     case_name(c) + " q8_0 KV: chunked prefill vs CPU");
+        s.reset();
+        expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQ8Kv,
+                     case_name(c) + " q8_0 KV: decode steps vs CPU");
+        EXPECT_EQ(s.graph_launches(), uint64_t(T - 1));
+    }
+}
+
+// The tensor-core attention has no q8_0 form: asking for both fails at load, naming both flags.
+TEST(GpuForward, Q8KvCacheWithFlashMmaIsRefused) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-q8kv-mma");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    const auto f = flags({{"GEMMAJIT_KV_TYPE", "q8_0"}, {"GEMMAJIT_FLASH_MMA", "1"}});
+    try {
+        load_gpu(path, 128, 4, f);
+        FAIL() << "expected an error";
+    } catch (const std::exception& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("q8_0"), std::string::npos) << what;
+        EXPECT_NE(what.find("GEMMAJIT_FLASH_MMA"), std::string::npos) << what;
+    }
 }
 
 // Prompt in chunks of 4 vs at once (one chunk): the same logits within the int8 tolerance (the

@@ -86,11 +86,19 @@ std::vector<KernelSpec> all_specs() {
     for (const auto& s :
          build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16, true))
         add(s);
+    // The q8_0 KV cache (GEMMAJIT_KV_TYPE=q8_0) of E4B and 31B (head dims 256 and 512, k_eq_v).
+    for (const char* v : {"e4b", "31b"})
+        for (const auto& s : build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::Q8_0))
+            add(s);
     const Config tiny = Config::preset("tiny-keqv");
-    for (int l = 0; l < tiny.n_layers; ++l) {
-        add(gj::gemma4::attn_prep_spec(tiny, l));
-        add(gj::gemma4::flash_decode_spec(tiny, l));
-    }
+    for (int l = 0; l < tiny.n_layers; ++l)
+        for (KvType kv : {KvType::F16, KvType::Q8_0}) {
+            add(gj::gemma4::attn_prep_spec(tiny, l, kv));
+            add(gj::gemma4::flash_decode_spec(tiny, l, kv));
+        }
+    // Head dim 128 (4 dims per lane), which no preset has, in q8_0.
+    add(gj::gemma4::flash_decode_spec(128, 4, 2, 0, KvType::Q8_0));
+    add(gj::gemma4::attn_prep_spec(128, 8, 2, 64, true, true, KvType::Q8_0));
     return specs;
 }
 
@@ -268,7 +276,7 @@ TEST(KernelPlan, AttentionSpecsPerLayerType) {
               1);
 }
 
-TEST(KernelPlan, KvTypeNamesAndQ8Rejection) {
+TEST(KernelPlan, KvTypeNamesAndQ8Specs) {
     using gj::gemma4::kv_type_from_name;
     EXPECT_EQ(kv_type_from_name("f16"), KvType::F16);
     EXPECT_EQ(kv_type_from_name("bf16"), KvType::BF16);
@@ -280,12 +288,39 @@ TEST(KernelPlan, KvTypeNamesAndQ8Rejection) {
     } catch (const gj::gemma4::ConfigError& e) {
         EXPECT_NE(std::string(e.what()).find("fp8"), std::string::npos) << e.what();
     }
-    try {
-        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0);
-        FAIL() << "expected ConfigError";
-    } catch (const gj::gemma4::ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
-    }
+    EXPECT_STREQ(gj::gemma4::kv_type_name(KvType::Q8_0), "q8_0");
+    // q8_0 has attention kernels on the fp32 path; the tensor-core path rejects it by name.
+    auto q8 =
+        names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0, false));
+    for (const char* want :
+         {"attn_prep.hd256.h8.kv2.rp128.q8_0", "attn_prep.hd512.h8.kv2.rp64.q8_0",
+          "attn_prep.hd256.h8.kv2.rp128.shared", "flash_decode.hd256.g4.kv2.w512.q8_0",
+          "flash_decode.hd512.g4.kv2.w0.q8_0"})
+        EXPECT_TRUE(q8.count(want)) << want;
+    EXPECT_FALSE(q8.count("flash_decode.hd512.g4.kv2.w0.f16"));
+    const auto q8_prep = gj::gemma4::attn_prep_spec(Config::preset("31b"), 5, KvType::Q8_0);
+    EXPECT_EQ(q8_prep.name, "attn_prep.hd512.h32.kv4.rp64.keqv.q8_0");
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_prep, "KV_TYPE"), 2);
+    // A q8_0 stage holds int8 rows plus an fp16 scale per 32: E4B global, tile 16, 3 stages.
+    const auto q8_global = gj::gemma4::flash_decode_spec(512, 4, 2, 0, KvType::Q8_0);
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_global, "KV_TYPE"), 2);
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_global, "TILE"), 16);
+    EXPECT_EQ(gj::gemma4::spec_constant(q8_global, "SMEM"), 3 * 2 * 16 * (512 + 32));
+    for (bool plan : {true, false}) try {
+            if (plan)
+                build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::Q8_0, true);
+            else
+                gj::gemma4::flash_decode_spec(512, 4, 2, 0, KvType::Q8_0, true);
+            FAIL() << "expected ConfigError";
+        } catch (const gj::gemma4::ConfigError& e) {
+            EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("GEMMAJIT_FLASH_MMA"), std::string::npos)
+                << e.what();
+        }
+    // The q8_0 blocks need head dims that are multiples of 32 (a Q-only layer has no cache).
+    EXPECT_THROW(gj::gemma4::attn_prep_spec(48, 4, 2, 24, true, true, KvType::Q8_0),
+                 std::invalid_argument);
+    EXPECT_NO_THROW(gj::gemma4::attn_prep_spec(48, 4, 2, 24, false, false, KvType::Q8_0));
 }
 
 TEST(KernelPlan, FlashDecodeSplits) {
@@ -515,17 +550,26 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                 EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
             } else if (s.family == "attn_prep") {
                 const bool has_kv = gj::gemma4::spec_constant(s, "HAS_KV") == 1;
-                const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const auto kv = gj::gemma4::spec_constant(s, "KV_TYPE");
                 const auto body = entry_ptx(c.ptx, "attn_prep");
                 EXPECT_NE(body.find("sqrt.rn.f32"), std::string::npos);
                 EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
                 EXPECT_NE(body.find("ld.global.nc.v4.f32"), std::string::npos)
                     << "rows are read as float4";
                 // The cache append converts to the KV type; a KV-shared layer writes no cache.
-                EXPECT_EQ(body.find("cvt.rn.f16x2.f32") != std::string::npos, has_kv && !bf16);
-                EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, has_kv && bf16);
+                // q8_0 stores int8 payload bytes and fp16 scales d = amax / 127 (an IEEE
+                // division, as ggml's quantizer).
+                EXPECT_EQ(body.find("cvt.rn.f16x2.f32") != std::string::npos, has_kv && kv == 0);
+                EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, has_kv && kv == 1);
+                EXPECT_EQ(body.find("st.global.u8") != std::string::npos, has_kv && kv == 2);
+                if (has_kv && kv == 2) {
+                    EXPECT_NE(body.find("cvt.rn.f16.f32"), std::string::npos);
+                    EXPECT_NE(body.find("div.rn.f32"), std::string::npos);
+                }
             } else if (s.family == "flash_decode") {
                 const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const bool q8 = gj::gemma4::spec_constant(s, "KV_TYPE") == 2;
+                const auto hd = gj::gemma4::spec_constant(s, "HEAD_DIM");
                 const auto decode = entry_ptx(c.ptx, "flash_decode");
                 for (const char* want :
                      {"cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group",
@@ -546,11 +590,18 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                         << "the tensor-core path converts no cache element";
                 } else {
                     EXPECT_EQ(decode.find("mma.sync"), std::string::npos);
-                    // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe.
-                    if (gj::gemma4::spec_constant(s, "HEAD_DIM") >= 256) {
-                        EXPECT_NE(decode.find("ld.shared.v4.u32"), std::string::npos);
+                    // 16-byte shared-memory row reads where a lane holds 8 dims of a stripe
+                    // (q8_0: 8 bytes of int8).
+                    if (hd >= 256) {
+                        EXPECT_NE(decode.find(q8 ? "ld.shared.v2.u32" : "ld.shared.v4.u32"),
+                                  std::string::npos);
                     }
+                    // f16 elements, or q8_0's fp16 scales.
                     EXPECT_EQ(decode.find("cvt.f32.f16") != std::string::npos, !bf16);
+                    // q8_0 scale rows of 4..32 bytes are staged by cp.async too (L1-cached
+                    // pieces of up to 16 bytes); a 32-dim head's 2 bytes by plain copies.
+                    EXPECT_EQ(decode.find("cp.async.ca.shared.global") != std::string::npos,
+                              q8 && hd >= 64);
                 }
                 EXPECT_EQ(decode.find(".local"), std::string::npos)
                     << "flash_decode uses local memory";

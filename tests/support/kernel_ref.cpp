@@ -183,6 +183,35 @@ float kv_decode(uint16_t h, bool bf16) {
     return bf16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
+std::vector<uint8_t> kv_q8_encode(const std::vector<float>& x) {
+    if (x.size() % 32 != 0) throw std::invalid_argument("kv_q8_encode: not whole 32-blocks");
+    const size_t blocks = x.size() / 32;
+    std::vector<uint8_t> plane(x.size() + blocks * 2);
+    uint8_t block[34];  // ggml block_q8_0: fp16 d, then 32 int8
+    for (size_t b = 0; b < blocks; ++b) {
+        ggml::quantize_row(ggml::Type::Q8_0, &x[32 * b], block, 32);
+        std::copy(block + 2, block + 34, &plane[32 * b]);
+        std::copy(block, block + 2, &plane[x.size() + 2 * b]);
+    }
+    return plane;
+}
+
+std::vector<float> kv_q8_scales(const std::vector<uint8_t>& plane) {
+    if (plane.size() % 34 != 0) throw std::invalid_argument("kv_q8_scales: not a q8_0 plane");
+    const size_t elements = plane.size() / 34 * 32;
+    std::vector<float> d(elements / 32);
+    for (size_t b = 0; b < d.size(); ++b)
+        d[b] = f16_to_f32(uint16_t(plane[elements + 2 * b] | plane[elements + 2 * b + 1] << 8));
+    return d;
+}
+
+std::vector<float> kv_q8_decode(const std::vector<uint8_t>& plane) {
+    const auto d = kv_q8_scales(plane);
+    std::vector<float> x(d.size() * 32);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int8_t(plane[i])) * d[i / 32];
+    return x;
+}
+
 std::vector<float> attention(const std::vector<float>& q, const std::vector<float>& k_cache,
                              const std::vector<float>& v_cache, const std::vector<int>& positions,
                              int n_heads, int n_kv_heads, int head_dim, int window, int slots,

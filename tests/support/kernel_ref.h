@@ -96,6 +96,14 @@ AttnPrepRef attn_prep(const std::vector<float>& q, const std::vector<float>& k_r
 uint16_t kv_encode(float x, bool bf16);
 float kv_decode(uint16_t h, bool bf16);
 
+// A q8_0 KV cache plane (kernel_templates/attn_kv.cuh) from rows of head_dim floats
+// [slots][Hkv][head_dim]: int8 payload of every element, then one fp16 scale per 32 elements
+// (at byte x.size()), each 32-block quantized by ggml's Q8_0 reference (ggml::quantize_row).
+std::vector<uint8_t> kv_q8_encode(const std::vector<float>& x);
+// Its values (scale * q), and its scales as floats [elements / 32].
+std::vector<float> kv_q8_decode(const std::vector<uint8_t>& plane);
+std::vector<float> kv_q8_scales(const std::vector<uint8_t>& plane);
+
 // Attention in double over caches given as floats [slots][Hkv][hd]: query head i of token t at
 // position p = positions[t] sees keys j in [lo, p], lo = window ? max(0, p - window + 1) : 0, at
 // slot j % slots; scale 1.0. Returns out [T][H*hd]. Per (t, head), `score_mag` receives
