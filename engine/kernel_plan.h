@@ -38,7 +38,7 @@ struct PlanTypes {
     ggml::Type ple_token_embd;                  // per_layer_token_embd (PLE models)
     ggml::Type ple_model_proj;                  // per_layer_model_proj (PLE models)
     MatvecLayout layout = MatvecLayout::Split;  // for the quantized matrices
-    int max_cols = 8;  // > 1: also the matvecs for batches of max_cols columns (prefill)
+    int max_cols = 8;         // > 1: also the matvecs for batches of max_cols columns (prefill)
     KvType kv = KvType::F16;  // KV cache element type of the attention kernels
     bool flash_mma = false;   // GEMMAJIT_FLASH_MMA: tensor-core decode attention
 };
@@ -123,6 +123,28 @@ jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvTy
 // of the most keys a query can see (max_keys, capped by WINDOW). Any value >= 1 is correct; this
 // one keeps the grid fixed across depths (CUDA graphs) and the partials small.
 int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count);
+
+// Tensor-core prefill attention over the cache (entry flash_prefill, kernel_templates/
+// flash_prefill.cu): "flash_prefill.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>". Launch:
+// grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), block THREADS, dynamic smem SMEM bytes (opt in
+// above 48 KiB). The tiling (warps per block and their roles, keys per tile, pipeline depth) is
+// chosen per head dim; the overload taking a FlashPrefillTiling sets it explicitly (tests,
+// benchmarks). Throws std::invalid_argument for impossible shapes or tilings, ConfigError for
+// KvType::Q8_0 (the engine keeps flash_decode for prefill then) or a layer whose head count is
+// not a multiple of its KV heads.
+struct FlashPrefillTiling {
+    int row_warps;   // WM: warps of 16 query rows (BLOCK_ROWS = 16 * row_warps)
+    int dim_slices;  // DS: warps splitting a row's head dim of O
+    int key_sets;    // KS: warps splitting each tile's keys (merged at the end)
+    int warp_keys;   // KW: keys per warp and tile (multiple of 16); KT = key_sets * warp_keys
+    int stages;      // cp.async pipeline depth (>= 2)
+    bool operator==(const FlashPrefillTiling&) const = default;
+};
+FlashPrefillTiling flash_prefill_tiling(int head_dim);
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                   const FlashPrefillTiling& tiling);
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv);
+jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
 
 // Value of a spec constant; throws std::out_of_range naming the spec and constant.
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);
