@@ -428,11 +428,16 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
 }
 
 FlashPrefillTiling flash_prefill_tiling(int head_dim) {
-    // 16-row warps keep O for their head-dim slice in registers: DSLICE / 2 floats per thread,
-    // at most 128 (hd 512 splits its head dim in two). Two key sets per tile double the warps
-    // per row (a 512-token chunk of an 8-head model has only 256 row warps).
+    // 16-row warps keep O for their head-dim slice in registers: HEAD_DIM / DS / 2 floats per
+    // thread, at most 128 (hd 512 splits its head dim over two warps that share the scores).
+    // Several key sets per tile multiply the warps per row: a 512-token chunk of an 8-head model
+    // has only 256 row warps for 132 SMs. Shared memory: Q rows plus STAGES tiles of K and V rows
+    // (hd 256/512: 144/163 KiB, one block per SM). Chosen on the H200 among 7 tilings per head
+    // dim at E4B shapes (T = 512, pos0 0 / 4096): hd 256 window 512: 27 / 29 us; hd 512 global:
+    // 53 / 391 us. (31B's global layers, 32 heads, run 17% faster at depth 4096 with 4 row warps
+    // and one key set, {4, 2, 1, 16, 2}, but E4B's 8 heads then leave most SMs idle.)
     if (head_dim >= 512) return {2, 2, 2, 16, 2};
-    if (head_dim >= 256) return {4, 1, 2, 32, 2};
+    if (head_dim >= 256) return {2, 1, 4, 16, 2};
     return {4, 1, 2, 32, 3};
 }
 
@@ -452,21 +457,27 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
     const auto& [wm, ds, ks, kw, stages] = tiling;
     const int dslice = ds > 0 ? head_dim / ds : 0;
     const int threads = 32 * wm * ds * ks;
-    if (wm < 1 || ds < 1 || ks < 1 || kw < 16 || kw % 16 != 0 || stages < 2 || threads > 1024 ||
-        head_dim % ds != 0 || dslice % 16 != 0 || (ds > 1 && dslice % 64 != 0))
+    if (wm < 1 || ds < 1 || ks < 1 || kw < 16 || kw % 16 != 0 || kw % (8 * ds) != 0 || stages < 2 ||
+        threads > 1024 || head_dim % ds != 0 || dslice % 16 != 0 ||
+        (ds > 1 && (dslice % 64 != 0 || wm * ks > 15)))
         throw std::invalid_argument(fmt::format(
             "flash_prefill: tiling {} row warps x {} dim slices x {} key sets, {} keys per warp, "
             "{} stages is impossible for head dim {}",
             wm, ds, ks, kw, stages, head_dim));
     const int kt = ks * kw, rows = 16 * wm, row_bytes = 2 * head_dim;
-    const int pipe = rows * row_bytes + stages * 2 * kt * row_bytes;
+    // Q rows, the stages, and for shared scores (ds > 1) row maxima and P per (row warp, key set).
+    const int share = ds > 1 ? wm * ks * 16 * (ds * 4 + kw * 2) : 0;
+    const int pipe = rows * row_bytes + stages * 2 * kt * row_bytes + share;
     const int merge = (ks - 1) * rows * (head_dim * 4 + 8);
     const int smem = std::max(pipe, merge);
-    if (smem > 160 * 1024)
+    if (smem > kFlashPrefillMaxSmem)
         throw std::invalid_argument(fmt::format(
             "flash_prefill: head dim {} with {} rows and {}-key tiles x {} stages needs {} B of "
-            "shared memory (160 KiB max)",
-            head_dim, rows, kt, stages, smem));
+            "shared memory ({} max)",
+            head_dim, rows, kt, stages, smem, kFlashPrefillMaxSmem));
+    // Independent accumulator chains for S: at least 4 n-tile chains per warp.
+    const int nt = kw / ds / 8;
+    const int s_sets = std::clamp(4 / nt, 1, 4);
     jit::KernelSpec s;
     s.family = "flash_prefill";
     s.name = fmt::format("flash_prefill.hd{}.g{}.kv{}.w{}.{}", head_dim, group, n_kv_heads, window,
@@ -485,6 +496,7 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
                    {"STAGES", stages},
                    {"THREADS", threads},
                    {"BLOCK_ROWS", rows},
+                   {"S_SETS", s_sets},
                    {"SMEM", smem}};
     s.entries = {"flash_prefill"};
     s.priority = 1;

@@ -132,11 +132,14 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
 // benchmarks). Throws std::invalid_argument for impossible shapes or tilings, ConfigError for
 // KvType::Q8_0 (the engine keeps flash_decode for prefill then) or a layer whose head count is
 // not a multiple of its KV heads.
+// Shared memory is capped at sm_80's opt-in limit (163 KiB).
+inline constexpr int kFlashPrefillMaxSmem = 163 * 1024;
 struct FlashPrefillTiling {
     int row_warps;   // WM: warps of 16 query rows (BLOCK_ROWS = 16 * row_warps)
-    int dim_slices;  // DS: warps splitting a row's head dim of O
+    int dim_slices;  // DS: warps splitting a row's head dim of O (sharing its scores)
     int key_sets;    // KS: warps splitting each tile's keys (merged at the end)
-    int warp_keys;   // KW: keys per warp and tile (multiple of 16); KT = key_sets * warp_keys
+    int warp_keys;   // KW: keys per (row warp, key set) and tile: a multiple of 16 and of
+                     // 8 * dim_slices; KT = key_sets * warp_keys
     int stages;      // cp.async pipeline depth (>= 2)
     bool operator==(const FlashPrefillTiling&) const = default;
 };

@@ -21,31 +21,36 @@
 //   - head-dim slice ds accumulates O for dims [ds * DSLICE, (ds + 1) * DSLICE) (DSLICE =
 //     HEAD_DIM / DS). Its O accumulator of 16 rows x DSLICE fp32 is DSLICE / 2 registers per
 //     thread: HEAD_DIM 512 would need 256 with the whole head, so the builder splits it in two
-//     (128 registers, like HEAD_DIM 256 unsplit). The slices of a row each compute the row's full
-//     scores S = Q K^T themselves (the same instructions on the same data, so bit-identical
-//     softmax states) instead of sharing P through shared memory: no barrier inside the tile loop,
-//     at the price of DS-fold Q K^T work (for DS = 2: 1.5x the ideal mma count).
-// Per warp and tile: S (16 x KW) = Q K^T with Q (rounded to the cache type when staged) and K rows
-// through ldmatrix; masked scores -> -inf; online softmax in fp32 (exp2 with log2(e) folded in);
-// P rounded to the cache type goes straight from the S accumulators into A fragments (the
-// m16n8k16 C and A layouts line up), O += P V with V through ldmatrix.trans. Rows are stored with
-// their 16-byte chunks XOR-swizzled so every ldmatrix phase hits 8 distinct bank groups.
+//     (128 registers, like HEAD_DIM 256 unsplit). The DS warps of a (row warp, key set) share the
+//     scores: each computes S for its KWS = KW / DS of the KW keys, the row maxima are exchanged
+//     through shared memory (a named barrier over those DS warps), and each writes its part of P
+//     (in the cache type) to a shared 16 x KW buffer, from which every one of them reads all of
+//     P as A fragments for its slice of O += P V. No Q K^T work is repeated.
+// Per warp and tile: S (16 x KWS) = Q K^T with Q (rounded to the cache type when staged) and K
+// rows through ldmatrix, the k-steps spread over S_SETS accumulator sets (independent mma chains
+// for latency hiding, added up at the end); masked scores -> -inf; online softmax in fp32 (exp2
+// with log2(e) folded in); P rounded to the cache type goes straight from the S accumulators into
+// A fragments when DS = 1 (the m16n8k16 C and A layouts line up), through the shared P buffer
+// otherwise; O += P V with V through ldmatrix.trans. Rows are stored with their 16-byte chunks
+// XOR-swizzled so every ldmatrix phase hits 8 distinct bank groups.
 // Skipping: a warp skips a tile slice none of its rows can see (the causal upper triangle, keys
 // left of the window), and applies the per-element mask only to slices that straddle an edge, so
 // the work is proportional to the visible keys. Blocks run in reverse row order: the last tokens
 // see the most keys and start first.
 // Zero-filled rows: tile rows past the block's key range are filled with zeros (never stale bits:
 // P = 0 times a NaN would still be NaN). Within the range every slot holds a live position: its
-// length is at most WINDOW + T - 1 <= slots on ring layers. A NaN in a visible K or V row reaches
-// the outputs of the rows that see it (fmaxf ignores it in the row max, exp2 keeps it).
+// length is at most WINDOW + T - 1 <= slots on ring layers. A NaN in a K row reaches exactly the
+// rows that see it (masking replaces it, fmaxf ignores it in the row max, exp2 keeps it); one in a
+// V row also reaches the other rows of the warps that load it (P = 0 times NaN).
 //
 // Constants (prologue #defines):
-//   HEAD_DIM 32, 64, 128, 256 or 512     GROUP  query heads per KV head (1..16)
+//   HEAD_DIM 32, 64, 128, 256 or 512     GROUP  query heads per KV head (models: 1..16)
 //   N_KV_HEADS                           WINDOW sliding window (0 = causal over the whole cache)
 //   KV_TYPE  cache element type (attn_kv.cuh: 0 f16, 1 bf16)
 //   WM       row warps, BLOCK_ROWS = 16 * WM query rows per block
 //   DS       head-dim slices             KS  key sets
-//   KT       keys per tile (KS * KW, KW a multiple of 16)                STAGES pipeline depth
+//   KT       keys per tile (KS * KW, KW a multiple of 16, KW / DS a multiple of 8)
+//   STAGES   pipeline depth              S_SETS  accumulator sets of S (1, 2 or 4)
 //   THREADS  32 * WM * DS * KS           SMEM  dynamic shared memory bytes (checked here)
 // Launch flash_prefill: grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), block THREADS, SMEM
 //   dynamic bytes (the engine opts in above 48 KiB). A grid sized for a larger T is fine: blocks
@@ -68,12 +73,19 @@ static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM"
 #define N_HEADS_TOTAL (GROUP * N_KV_HEADS)
 #define ROW_BYTES (HEAD_DIM * 2)
 #define CPR (HEAD_DIM / 8)  // 16-byte chunks per row
-#define KW (KT / KS)        // keys per warp and tile
-#define NT (KW / 8)         // score n-tiles per warp
+#define KW (KT / KS)        // keys per (row warp, key set) and tile
+#define KWS (KW / DS)       // of which this warp's scores
+#define NT (KWS / 8)        // score n-tiles per warp
 #define DSLICE (HEAD_DIM / DS)
 #define Q_BYTES (BLOCK_ROWS * ROW_BYTES)
 #define STAGE_BYTES (2 * KT * ROW_BYTES)  // K rows, then V rows
-#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES)
+// Score sharing between the DS warps of a group (row warp, key set): row maxima [group][DS][16]
+// (after the loop: the partial sums l), then P [group][16][KW] in the cache type.
+#define N_GROUPS (WM * KS)
+#define RED_BYTES (DS > 1 ? N_GROUPS * DS * 16 * 4 : 0)
+#define P_ROW_BYTES (KW * 2)
+#define P_BYTES (DS > 1 ? N_GROUPS * 16 * P_ROW_BYTES : 0)
+#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + P_BYTES)
 // Merge area (reuses the pipeline's): O slices and (m, l) of key sets 1 .. KS - 1.
 #define MERGE_O_BYTES ((KS - 1) * BLOCK_ROWS * HEAD_DIM * 4)
 #define MERGE_BYTES (MERGE_O_BYTES + (KS - 1) * BLOCK_ROWS * 8)
@@ -81,6 +93,9 @@ static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM"
 #define LOG2E 1.4426950408889634f
 
 static_assert(KW % 16 == 0 && KT == KS * KW, "flash_prefill: KT / KS must be a multiple of 16");
+static_assert(KWS % 8 == 0, "flash_prefill: KW / DS must be a multiple of 8");
+static_assert(S_SETS == 1 || S_SETS == 2 || S_SETS == 4, "flash_prefill: S_SETS 1, 2 or 4");
+static_assert(DS == 1 || N_GROUPS <= 15, "flash_prefill: one named barrier per group (1..15)");
 static_assert(DSLICE % 16 == 0 && (DS == 1 || DSLICE % 64 == 0),
               "flash_prefill: head-dim slices of 16 dims (64 when sliced, for the swizzle)");
 static_assert(SMEM == SMEM_NEED, "flash_prefill: SMEM differs from what the template needs");
@@ -97,6 +112,17 @@ GJ_DEVICE int swz_key(int r) {
 }
 GJ_DEVICE int chunk_offset(int r, int c) {
     return r * ROW_BYTES + ((c ^ swz_key(r)) << 4);
+}
+// The same for the shared P rows of KW / 8 chunks (2, 4, 8 or more: as many rows share 128 bytes
+// as the key's low bits skip).
+GJ_DEVICE int p_chunk_offset(int r, int c) {
+    const int key = KW >= 64 ? (r & 7) : KW == 32 ? ((r >> 1) & 3) : ((r >> 2) & 1);
+    return r * P_ROW_BYTES + ((c ^ key) << 4);
+}
+
+// Barrier over the DS warps of one group (named barrier 1 + group; 0 is __syncthreads).
+GJ_DEVICE void group_sync(int group) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "n"(32 * DS) : "memory");
 }
 
 // d += a * b on one m16n8k16 tile in the cache's type with fp32 accumulators.
@@ -219,7 +245,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         off_b[j] = (uint32)(((2 * j + lchunk_b) ^ swz_key(row_b)) << 4);
     }
     const uint32 q_lane = smem0 + (wm * 16 + row_a) * ROW_BYTES;
-    const uint32 k_lane = (ks * KW + row_b) * ROW_BYTES;  // within a stage
+    const uint32 k_lane = (ks * KW + ds * KWS + row_b) * ROW_BYTES;  // within a stage
     const uint32 v_lane = KT * ROW_BYTES + (ks * KW + row_a) * ROW_BYTES + ds * DSLICE * 2;
 
     // O accumulators of the slice: o[n] = {O[g][8n + 2tq], O[g][8n + 2tq + 1], O[g + 8][8n + 2tq],
@@ -228,6 +254,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int n = 0; n < DSLICE / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
+    // Score sharing (DS > 1): this group's row maxima and P buffer.
+    const int group = wm + WM * ks;
+    float* red = (float*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * 16;
+    uint8* p_rows = smem + Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + group * 16 * P_ROW_BYTES;
 
     for (int it = 0; it < n_tiles; ++it) {
         const int nt_issue = it + STAGES - 1;
@@ -245,41 +275,74 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             const bool full = a >= wlo_max && b <= wp_min;
             const uint32 stage = stages0 + (it % STAGES) * STAGE_BYTES;
 
-            float s[NT][4];
+            // S for this warp's KWS keys; k-step i accumulates into set i % S_SETS.
+            float acc[S_SETS][NT][4];
 #pragma unroll
-            for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int set = 0; set < S_SETS; ++set)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    acc[set][n][0] = acc[set][n][1] = acc[set][n][2] = acc[set][n][3] = 0.0f;
 #pragma unroll
             for (int kstep = 0; kstep < HEAD_DIM / 16; ++kstep) {
                 const uint32 coff = 128 * (kstep / 4);
+                float(&sk)[NT][4] = acc[kstep % S_SETS];
                 uint32 qa[4];
                 ldmatrix_x4(qa, q_lane + off_a[kstep % 4] + coff);
 #pragma unroll
                 for (int np = 0; np < NT / 2; ++np) {
                     uint32 kb[4];
                     ldmatrix_x4(kb, stage + k_lane + np * 16 * ROW_BYTES + off_b[kstep % 4] + coff);
-                    mma_kv(s[2 * np], qa, kb);
-                    mma_kv(s[2 * np + 1], qa, kb + 2);
+                    mma_kv(sk[2 * np], qa, kb);
+                    mma_kv(sk[2 * np + 1], qa, kb + 2);
+                }
+                if (NT % 2) {  // 8 keys: lanes 0..15 address their two chunks
+                    uint32 kb[2];
+                    ldmatrix_x2(
+                        kb, stage + k_lane + (NT - 1) * 8 * ROW_BYTES + off_b[kstep % 4] + coff);
+                    mma_kv(sk[NT - 1], qa, kb);
                 }
             }
+            float(&s)[NT][4] = acc[0];
+#pragma unroll
+            for (int set = 1; set < S_SETS; ++set)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[n][e] += acc[set][n][e];
+            const int a_own = a + ds * KWS;  // first key of this warp's scores
             if (!full) {
 #pragma unroll
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int j = a + 8 * n + 2 * tq + (e & 1), r = e >> 1;
+                        const int j = a_own + 8 * n + 2 * tq + (e & 1), r = e >> 1;
                         if (j < lo_r[r] || j > pos_r[r]) s[n][e] = neg_inf();
                     }
+            }
+            // Row maxima of this warp's scores, then over the group's DS warps.
+            float mx[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = neg_inf();
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    mx[r] = fmaxf(mx[r], fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 2));
+            }
+            if (DS > 1) {
+                if (tq == 0) red[ds * 16 + g] = mx[0], red[ds * 16 + g + 8] = mx[1];
+                group_sync(group);
+#pragma unroll
+                for (int d = 0; d < DS; ++d)
+                    mx[0] = fmaxf(mx[0], red[d * 16 + g]),
+                    mx[1] = fmaxf(mx[1], red[d * 16 + g + 8]);
             }
             // Online softmax per row (the 4 lanes of a row hold 2 * NT scores each).
             float scale[2];
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                float mx = neg_inf();
-#pragma unroll
-                for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-                mx = fmaxf(mx, __shfl_xor_sync(GJ_FULL_MASK, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(GJ_FULL_MASK, mx, 2));
-                const float m_new = fmaxf(m[r], mx);
+                const float m_new = fmaxf(m[r], mx[r]);
                 // A row that has seen nothing yet keeps -inf: exponents relative to 0 then give
                 // p = 0 for its masked scores instead of NaN from -inf - -inf.
                 const float m_use = m_new == neg_inf() ? 0.0f : m_new;
@@ -299,13 +362,32 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             for (int n = 0; n < DSLICE / 8; ++n) {
                 o[n][0] *= scale[0], o[n][1] *= scale[0], o[n][2] *= scale[1], o[n][3] *= scale[1];
             }
-            // O += P V: P's A fragments are the S accumulators of n-tiles 2kk, 2kk + 1.
+            if (DS > 1) {  // this warp's part of P into the group's buffer
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int col = ds * KWS + 8 * n + 2 * tq;  // (col % 8) * 2 = 4 * tq bytes
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        *(uint32*)(p_rows + p_chunk_offset(g + 8 * r, col / 8) + 4 * tq) =
+                            kv_pack2(s[n][2 * r], s[n][2 * r + 1]);
+                }
+                group_sync(group);
+            }
+            // O += P V: with DS = 1 P's A fragments are the S accumulators of n-tiles 2kk, 2kk + 1
+            // (NT = KW / 8 then; the "% NT" only keeps the DS > 1 form of this dead branch in
+            // bounds); else they come from the shared P rows (like Q's: rows row_a at chunk
+            // 2kk + lchunk_a).
 #pragma unroll
             for (int kk = 0; kk < KW / 16; ++kk) {
-                const uint32 pa[4] = {kv_pack2(s[2 * kk][0], s[2 * kk][1]),
-                                      kv_pack2(s[2 * kk][2], s[2 * kk][3]),
-                                      kv_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                      kv_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                uint32 pa[4];
+                if (DS == 1) {
+                    pa[0] = kv_pack2(s[2 * kk % NT][0], s[2 * kk % NT][1]);
+                    pa[1] = kv_pack2(s[2 * kk % NT][2], s[2 * kk % NT][3]);
+                    pa[2] = kv_pack2(s[(2 * kk + 1) % NT][0], s[(2 * kk + 1) % NT][1]);
+                    pa[3] = kv_pack2(s[(2 * kk + 1) % NT][2], s[(2 * kk + 1) % NT][3]);
+                } else {
+                    ldmatrix_x4(pa, smem_addr(p_rows + p_chunk_offset(row_a, 2 * kk + lchunk_a)));
+                }
 #pragma unroll
                 for (int dp = 0; dp < DSLICE / 16; ++dp) {
                     uint32 vb[4];
@@ -323,6 +405,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 1);
         l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 2);
+    }
+    // With shared scores each warp summed its own keys' weights: add the group's partial sums
+    // (through the row-maxima buffer, idle now; the barriers keep it clear of the merge below).
+    if (DS > 1) {
+        if (tq == 0) red[ds * 16 + g] = l[0], red[ds * 16 + g + 8] = l[1];
+        __syncthreads();
+        l[0] = l[1] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DS; ++d) l[0] += red[d * 16 + g], l[1] += red[d * 16 + g + 8];
+        __syncthreads();
     }
 
     // Merge the KS key sets of each row through the idle pipeline memory: sets 1.. store, set 0

@@ -107,6 +107,8 @@ std::vector<KernelSpec> all_specs() {
     add(gj::gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::BF16, Tiling{2, 2, 1, 32, 3}));
     add(gj::gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{2, 4, 1, 32, 2}));
     add(gj::gemma4::flash_prefill_spec(512, 8, 4, 0, KvType::BF16, Tiling{1, 2, 2, 16, 2}));
+    add(gj::gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::F16, Tiling{4, 1, 2, 32, 2}));
+    add(gj::gemma4::flash_prefill_spec(256, 2, 8, 1024, KvType::F16, Tiling{2, 2, 1, 64, 2}));
     return specs;
 }
 
@@ -347,13 +349,14 @@ TEST(KernelPlan, FlashPrefillBuilders) {
     EXPECT_THROW(flash_prefill_spec(256, 0, 2, 0, KvType::F16), std::invalid_argument);
     EXPECT_THROW(flash_prefill_spec(256, 4, 0, 0, KvType::F16), std::invalid_argument);
     EXPECT_THROW(flash_prefill_spec(256, 4, 2, -1, KvType::F16), std::invalid_argument);
-    // Impossible tilings: keys per warp not a multiple of 16, a 48-dim slice, too much shared
-    // memory, too many threads.
+    // Impossible tilings: keys per warp not a multiple of 16, a 32-dim slice, slices of fewer
+    // than 8 keys' scores, too much shared memory, too many threads.
     EXPECT_THROW(flash_prefill_spec(256, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 1, 2, 24, 2}),
                  std::invalid_argument);
-    EXPECT_THROW(
-        flash_prefill_spec(96 * 2, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 4, 1, 16, 2}),
-        std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(128, 4, 2, 0, KvType::F16, FlashPrefillTiling{1, 4, 1, 32, 2}),
+                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{2, 4, 1, 16, 2}),
+                 std::invalid_argument);
     EXPECT_THROW(flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 2, 2, 32, 3}),
                  std::invalid_argument);
     EXPECT_THROW(flash_prefill_spec(64, 4, 2, 0, KvType::F16, FlashPrefillTiling{8, 1, 8, 16, 2}),
@@ -453,7 +456,8 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
             EXPECT_LE(c("THREADS"), 1024) << k.name;
             EXPECT_EQ(c("BLOCK_ROWS"), 16 * c("WM")) << k.name;
             EXPECT_EQ(c("KT") % (16 * c("KS")), 0) << k.name;
-            EXPECT_LE(c("SMEM"), 160 * 1024) << k.name;
+            EXPECT_EQ(c("KT") / c("KS") % (8 * c("DS")), 0) << k.name;
+            EXPECT_LE(c("SMEM"), gj::gemma4::kFlashPrefillMaxSmem) << k.name;
             // Registers: O of 16 rows x HEAD_DIM / DS fp32 per warp.
             EXPECT_LE(c("HEAD_DIM") / c("DS") / 2, 128) << k.name;
         } else if (k.family == "flash_decode") {
