@@ -60,6 +60,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 //   flash_decode:  block THREADS, grid (max_splits, N_KV_HEADS, max_T), dynamic smem SMEM bytes
 //                  (above 48 KiB the caller opts in once: ModuleSet::set_max_dynamic_smem)
 //   flash_combine: block COMBINE_THREADS, grid (N_KV_HEADS * GROUP * HEAD_DIM / 16, max_T)
+//   flash_prefill: block THREADS, grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), dynamic smem
+//                  SMEM bytes (opt in above 48 KiB)
 
 // rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8]".
 //   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
