@@ -452,6 +452,96 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
     return static_cast<int>(std::clamp<int64_t>(per_sm, 1, useful));
 }
 
+FlashPrefillTiling flash_prefill_tiling(int head_dim) {
+    // 16-row warps keep O for their head-dim slice in registers: HEAD_DIM / DS / 2 floats per
+    // thread, at most 128 (hd 512 splits its head dim over two warps that share the scores).
+    // Several key sets per tile multiply the warps per row: a 512-token chunk of an 8-head model
+    // has only 256 row warps for 132 SMs. Shared memory: Q rows plus STAGES tiles of K and V rows
+    // (hd 256/512: 144/163 KiB, one block per SM). Chosen on the H200 among 7 tilings per head
+    // dim at E4B shapes (T = 512, pos0 0 / 4096): hd 256 window 512: 27 / 29 us; hd 512 global:
+    // 53 / 391 us. (31B's global layers, 32 heads, run 17% faster at depth 4096 with 4 row warps
+    // and one key set, {4, 2, 1, 16, 2}, but E4B's 8 heads then leave most SMs idle.)
+    if (head_dim >= 512) return {2, 2, 2, 16, 2};
+    if (head_dim >= 256) return {2, 1, 4, 16, 2};
+    return {4, 1, 2, 32, 3};
+}
+
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                   const FlashPrefillTiling& tiling) {
+    if (!(head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256 ||
+          head_dim == 512))
+        throw std::invalid_argument(fmt::format(
+            "flash_prefill: head dim {} is not supported (32, 64, 128, 256 or 512)", head_dim));
+    if (group < 1 || group > 256 || n_kv_heads < 1 || n_kv_heads > 65535 || window < 0)
+        throw std::invalid_argument(fmt::format("flash_prefill: group {}, {} KV heads, window {}",
+                                                group, n_kv_heads, window));
+    if (kv == KvType::Q8_0)
+        throw ConfigError(
+            "flash_prefill: KV cache type q8_0 has no tensor-core prefill attention (f16, bf16)");
+    const int kv_const = kv_type_constant(kv);
+    const auto& [wm, ds, ks, kw, stages] = tiling;
+    const int dslice = ds > 0 ? head_dim / ds : 0;
+    const int threads = 32 * wm * ds * ks;
+    if (wm < 1 || ds < 1 || ks < 1 || kw < 16 || kw % 16 != 0 || kw % (8 * ds) != 0 || stages < 2 ||
+        threads > 1024 || head_dim % ds != 0 || dslice % 16 != 0 ||
+        (ds > 1 && (dslice % 64 != 0 || wm * ks > 15)))
+        throw std::invalid_argument(fmt::format(
+            "flash_prefill: tiling {} row warps x {} dim slices x {} key sets, {} keys per warp, "
+            "{} stages is impossible for head dim {}",
+            wm, ds, ks, kw, stages, head_dim));
+    const int kt = ks * kw, rows = 16 * wm, row_bytes = 2 * head_dim;
+    // Q rows, the stages, and for shared scores (ds > 1) row maxima and P per (row warp, key set).
+    const int share = ds > 1 ? wm * ks * 16 * (ds * 4 + kw * 2) : 0;
+    const int pipe = rows * row_bytes + stages * 2 * kt * row_bytes + share;
+    const int merge = (ks - 1) * rows * (head_dim * 4 + 8);
+    const int smem = std::max(pipe, merge);
+    if (smem > kFlashPrefillMaxSmem)
+        throw std::invalid_argument(fmt::format(
+            "flash_prefill: head dim {} with {} rows and {}-key tiles x {} stages needs {} B of "
+            "shared memory ({} max)",
+            head_dim, rows, kt, stages, smem, kFlashPrefillMaxSmem));
+    // Independent accumulator chains for S: at least 4 n-tile chains per warp.
+    const int nt = kw / ds / 8;
+    const int s_sets = std::clamp(4 / nt, 1, 4);
+    jit::KernelSpec s;
+    s.family = "flash_prefill";
+    s.name = fmt::format("flash_prefill.hd{}.g{}.kv{}.w{}.{}", head_dim, group, n_kv_heads, window,
+                         kv_type_name(kv));
+    if (tiling != flash_prefill_tiling(head_dim))
+        s.name += fmt::format(".m{}d{}k{}w{}s{}", wm, ds, ks, kw, stages);
+    s.constants = {{"HEAD_DIM", head_dim},
+                   {"GROUP", group},
+                   {"N_KV_HEADS", n_kv_heads},
+                   {"WINDOW", window},
+                   {"KV_TYPE", kv_const},
+                   {"WM", wm},
+                   {"DS", ds},
+                   {"KS", ks},
+                   {"KT", kt},
+                   {"STAGES", stages},
+                   {"THREADS", threads},
+                   {"BLOCK_ROWS", rows},
+                   {"S_SETS", s_sets},
+                   {"SMEM", smem}};
+    s.entries = {"flash_prefill"};
+    s.priority = 1;
+    return s;
+}
+
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv) {
+    return flash_prefill_spec(head_dim, group, n_kv_heads, window, kv,
+                              flash_prefill_tiling(head_dim));
+}
+
+jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
+        throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
+                                      layer, cfg.n_heads, l.n_kv_heads));
+    return flash_prefill_spec(l.head_dim, cfg.n_heads / l.n_kv_heads, l.n_kv_heads,
+                              l.sliding ? cfg.sliding_window : 0, kv);
+}
+
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
     for (const auto& [n, v] : spec.constants)
         if (n == name) return v;

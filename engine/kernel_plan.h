@@ -62,6 +62,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 //   flash_decode:  block THREADS, grid (max_splits, N_KV_HEADS, max_T), dynamic smem SMEM bytes
 //                  (above 48 KiB the caller opts in once: ModuleSet::set_max_dynamic_smem)
 //   flash_combine: block COMBINE_THREADS, grid (N_KV_HEADS * GROUP * HEAD_DIM / 16, max_T)
+//   flash_prefill: block THREADS, grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), dynamic smem
+//                  SMEM bytes (opt in above 48 KiB)
 
 // rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8]".
 //   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
@@ -132,6 +134,31 @@ jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvTy
 // of the most keys a query can see (max_keys, capped by WINDOW). Any value >= 1 is correct; this
 // one keeps the grid fixed across depths (CUDA graphs) and the partials small.
 int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count);
+
+// Tensor-core prefill attention over the cache (entry flash_prefill, kernel_templates/
+// flash_prefill.cu): "flash_prefill.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>". Launch:
+// grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), block THREADS, dynamic smem SMEM bytes (opt in
+// above 48 KiB). The tiling (warps per block and their roles, keys per tile, pipeline depth) is
+// chosen per head dim; the overload taking a FlashPrefillTiling sets it explicitly (tests,
+// benchmarks). Throws std::invalid_argument for impossible shapes or tilings, ConfigError for
+// KvType::Q8_0 (the engine keeps flash_decode for prefill then) or a layer whose head count is
+// not a multiple of its KV heads.
+// Shared memory is capped at sm_80's opt-in limit (163 KiB).
+inline constexpr int kFlashPrefillMaxSmem = 163 * 1024;
+struct FlashPrefillTiling {
+    int row_warps;   // WM: warps of 16 query rows (BLOCK_ROWS = 16 * row_warps)
+    int dim_slices;  // DS: warps splitting a row's head dim of O (sharing its scores)
+    int key_sets;    // KS: warps splitting each tile's keys (merged at the end)
+    int warp_keys;   // KW: keys per (row warp, key set) and tile: a multiple of 16 and of
+                     // 8 * dim_slices; KT = key_sets * warp_keys
+    int stages;      // cp.async pipeline depth (>= 2)
+    bool operator==(const FlashPrefillTiling&) const = default;
+};
+FlashPrefillTiling flash_prefill_tiling(int head_dim);
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                   const FlashPrefillTiling& tiling);
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv);
+jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
 
 // Value of a spec constant; throws std::out_of_range naming the spec and constant.
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);

@@ -158,6 +158,17 @@ GJ_DEVICE void mma_f16_16x8x16(float d[4], const uint32 a[4], const uint32 b[2],
           "f"(c[2]), "f"(c[3]));
 }
 
+// mma_bf16_16x8x16: the same shape and fragment layout with bfloat16 A and B.
+GJ_DEVICE void mma_bf16_16x8x16(float d[4], const uint32 a[4], const uint32 b[2],
+                                const float c[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+          "f"(c[2]), "f"(c[3]));
+}
+
 // ------------------------------------------------------------------------------------------------
 // Shared memory: addresses, ldmatrix, cp.async.
 

@@ -68,12 +68,13 @@ extern "C" __global__ void selftest_mma_s8(const int8* A, const int8* Bt, const 
     D[(g + 8) * 8 + 2 * t + 1] = d[3];
 }
 
-// One warp: D = A * B + C through mma_f16_16x8x16. A 16x16 f16 row-major, Bt = B transposed
-// (8x16 f16 row-major), C and D 16x8 f32 row-major.
-extern "C" __global__ void selftest_mma_f16(const uint16* A, const uint16* Bt, const float* C,
-                                            float* D) {
+// One warp: D = A * B + C through mma_f16_16x8x16 (selftest_mma_f16) or mma_bf16_16x8x16
+// (selftest_mma_bf16). A 16x16 f16/bf16 row-major, Bt = B transposed (8x16 row-major), C and D
+// 16x8 f32 row-major.
+template <bool kBf16>
+GJ_DEVICE void mma_16x8x16_selftest(const uint16* A, const uint16* Bt, const float* C, float* D) {
     const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
-    const uint32* A32 = (const uint32*)A;  // 8 words (16 halves) per row
+    const uint32* A32 = (const uint32*)A;  // 8 words (16 elements) per row
     const uint32* B32 = (const uint32*)Bt;
     uint32 a[4] = {A32[g * 8 + t], A32[(g + 8) * 8 + t], A32[g * 8 + 4 + t],
                    A32[(g + 8) * 8 + 4 + t]};
@@ -81,11 +82,22 @@ extern "C" __global__ void selftest_mma_f16(const uint16* A, const uint16* Bt, c
     float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t],
                   C[(g + 8) * 8 + 2 * t + 1]};
     float d[4];
-    mma_f16_16x8x16(d, a, b, c);
+    if (kBf16)
+        mma_bf16_16x8x16(d, a, b, c);
+    else
+        mma_f16_16x8x16(d, a, b, c);
     D[g * 8 + 2 * t] = d[0];
     D[g * 8 + 2 * t + 1] = d[1];
     D[(g + 8) * 8 + 2 * t] = d[2];
     D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+extern "C" __global__ void selftest_mma_f16(const uint16* A, const uint16* Bt, const float* C,
+                                            float* D) {
+    mma_16x8x16_selftest<false>(A, Bt, C, D);
+}
+extern "C" __global__ void selftest_mma_bf16(const uint16* A, const uint16* Bt, const float* C,
+                                             float* D) {
+    mma_16x8x16_selftest<true>(A, Bt, C, D);
 }
 
 // One warp. M holds four 8x8 matrices of 16-bit elements (matrix i = M[64i .. 64i+63],

@@ -23,10 +23,11 @@ GpuKernels& kernels() {
         gj::jit::KernelSpec s;
         s.family = "ptx_selftest";
         s.name = kSpec;
-        s.entries = {"selftest_convert",  "selftest_pack",        "selftest_dp4a",
-                     "selftest_mma_s8",   "selftest_mma_f16",     "selftest_ldmatrix",
-                     "selftest_cp_async", "selftest_warp_reduce", "selftest_fast_math",
-                     "selftest_loads",    "selftest_q8_scale",    "selftest_rsqrt"};
+        s.entries = {"selftest_convert",   "selftest_pack",     "selftest_dp4a",
+                     "selftest_mma_s8",    "selftest_mma_f16",  "selftest_mma_bf16",
+                     "selftest_ldmatrix",  "selftest_cp_async", "selftest_warp_reduce",
+                     "selftest_fast_math", "selftest_loads",    "selftest_q8_scale",
+                     "selftest_rsqrt"};
         return std::vector<gj::jit::KernelSpec>{s};
     }());
     return k;
@@ -187,29 +188,35 @@ TEST(PtxHelpers, MmaInt8FragmentsMatchCpuMatmul) {
         }
 }
 
-TEST(PtxHelpers, MmaF16FragmentsMatchCpuMatmul) {
+// Both 16-bit mma forms on the same fragments; bf16 inputs are the same small values.
+TEST(PtxHelpers, MmaF16Bf16FragmentsMatchCpuMatmul) {
     GJ_REQUIRE_GPU();
-    std::mt19937 rng(5);
-    // Multiples of 1/4 in [-4, 4]: every product and partial sum is exact in fp32, so the
-    // tensor core's accumulation order cannot change the result.
-    auto q = [&] { return float(int(rng() % 33) - 16) / 4.0f; };
-    std::vector<uint16_t> A(16 * 16), Bt(8 * 16);
-    std::vector<float> C(16 * 8);
-    for (auto& v : A) v = gj::f32_to_f16(q());
-    for (auto& v : Bt) v = gj::f32_to_f16(q());
-    for (auto& v : C) v = q() * 8;
-    auto dA = to_device(A), dB = to_device(Bt), dC = to_device(C);
-    DeviceBuffer dD(16 * 8 * 4);
-    launch(kernels().get(kSpec, "selftest_mma_f16"), {1}, {32}, dA.ptr(), dB.ptr(), dC.ptr(),
-           dD.ptr());
-    auto D = from_device<float>(dD, 16 * 8);
-    for (int m = 0; m < 16; ++m)
-        for (int n = 0; n < 8; ++n) {
-            double want = C[m * 8 + n];
-            for (int k = 0; k < 16; ++k)
-                want += double(gj::f16_to_f32(A[m * 16 + k])) * gj::f16_to_f32(Bt[n * 16 + k]);
-            EXPECT_EQ(D[m * 8 + n], float(want)) << "D[" << m << "][" << n << "]";
-        }
+    for (const bool bf16 : {false, true}) {
+        SCOPED_TRACE(bf16 ? "bf16" : "f16");
+        std::mt19937 rng(5);
+        // Multiples of 1/4 in [-4, 4]: exact in both types, and every product and partial sum
+        // is exact in fp32, so the tensor core's accumulation order cannot change the result.
+        auto q = [&] { return float(int(rng() % 33) - 16) / 4.0f; };
+        auto enc = [&](float v) { return bf16 ? gj::f32_to_bf16(v) : gj::f32_to_f16(v); };
+        auto dec = [&](uint16_t h) { return bf16 ? gj::bf16_to_f32(h) : gj::f16_to_f32(h); };
+        std::vector<uint16_t> A(16 * 16), Bt(8 * 16);
+        std::vector<float> C(16 * 8);
+        for (auto& v : A) v = enc(q());
+        for (auto& v : Bt) v = enc(q());
+        for (auto& v : C) v = q() * 8;
+        auto dA = to_device(A), dB = to_device(Bt), dC = to_device(C);
+        DeviceBuffer dD(16 * 8 * 4);
+        launch(kernels().get(kSpec, bf16 ? "selftest_mma_bf16" : "selftest_mma_f16"), {1}, {32},
+               dA.ptr(), dB.ptr(), dC.ptr(), dD.ptr());
+        auto D = from_device<float>(dD, 16 * 8);
+        for (int m = 0; m < 16; ++m)
+            for (int n = 0; n < 8; ++n) {
+                double want = C[m * 8 + n];
+                for (int k = 0; k < 16; ++k)
+                    want += double(dec(A[m * 16 + k])) * dec(Bt[n * 16 + k]);
+                EXPECT_EQ(D[m * 8 + n], float(want)) << "D[" << m << "][" << n << "]";
+            }
+    }
 }
 
 TEST(PtxHelpers, LdmatrixDeliversFragmentLayout) {

@@ -44,10 +44,11 @@ KernelSpec ptx_selftest_spec() {
     KernelSpec s;
     s.family = "ptx_selftest";
     s.name = "ptx_selftest";
-    s.entries = {"selftest_convert",  "selftest_pack",        "selftest_dp4a",
-                 "selftest_mma_s8",   "selftest_mma_f16",     "selftest_ldmatrix",
-                 "selftest_cp_async", "selftest_warp_reduce", "selftest_fast_math",
-                 "selftest_loads",    "selftest_q8_scale",    "selftest_rsqrt"};
+    s.entries = {"selftest_convert",   "selftest_pack",     "selftest_dp4a",
+                 "selftest_mma_s8",    "selftest_mma_f16",  "selftest_mma_bf16",
+                 "selftest_ldmatrix",  "selftest_cp_async", "selftest_warp_reduce",
+                 "selftest_fast_math", "selftest_loads",    "selftest_q8_scale",
+                 "selftest_rsqrt"};
     return s;
 }
 
@@ -99,6 +100,23 @@ std::vector<KernelSpec> all_specs() {
     // Head dim 128 (4 dims per lane), which no preset has, in q8_0.
     add(gj::gemma4::flash_decode_spec(128, 4, 2, 0, KvType::Q8_0));
     add(gj::gemma4::attn_prep_spec(128, 8, 2, 64, true, true, KvType::Q8_0));
+    // Tensor-core prefill attention at the real layer shapes (E4B, 12B, 31B; f16 and bf16 caches),
+    // a tiny preset's head dim 32, and the non-default tilings the GPU test runs.
+    for (const char* v : {"e4b", "12b", "31b"}) {
+        const Config cfg = Config::preset(v);
+        for (int l = 0; l < cfg.n_layers; ++l)
+            for (KvType kv : {KvType::F16, KvType::BF16})
+                add(gj::gemma4::flash_prefill_spec(cfg, l, kv));
+    }
+    add(gj::gemma4::flash_prefill_spec(tiny, 0));
+    using Tiling = gj::gemma4::FlashPrefillTiling;
+    add(gj::gemma4::flash_prefill_spec(64, 4, 2, 8, KvType::F16, Tiling{2, 1, 1, 16, 2}));
+    add(gj::gemma4::flash_prefill_spec(128, 4, 2, 0, KvType::F16, Tiling{1, 1, 4, 16, 2}));
+    add(gj::gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::BF16, Tiling{2, 2, 1, 32, 3}));
+    add(gj::gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{2, 4, 1, 32, 2}));
+    add(gj::gemma4::flash_prefill_spec(512, 8, 4, 0, KvType::BF16, Tiling{1, 2, 2, 16, 2}));
+    add(gj::gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::F16, Tiling{4, 1, 2, 32, 2}));
+    add(gj::gemma4::flash_prefill_spec(256, 2, 8, 1024, KvType::F16, Tiling{2, 2, 1, 64, 2}));
     return specs;
 }
 
@@ -323,6 +341,68 @@ TEST(KernelPlan, KvTypeNamesAndQ8Specs) {
     EXPECT_NO_THROW(gj::gemma4::attn_prep_spec(48, 4, 2, 24, false, false, KvType::Q8_0));
 }
 
+TEST(KernelPlan, FlashPrefillBuilders) {
+    using gj::gemma4::flash_prefill_spec;
+    using gj::gemma4::FlashPrefillTiling;
+    using gj::gemma4::spec_constant;
+    const Config e4b = Config::preset("e4b");
+    // Layer 5 is E4B's first global layer (hd 512), layer 0 a sliding one (hd 256, window 512).
+    const auto global = flash_prefill_spec(e4b, 5);
+    EXPECT_EQ(global.name, "flash_prefill.hd512.g4.kv2.w0.f16");
+    EXPECT_EQ(global.family, "flash_prefill");
+    EXPECT_EQ(global.entries, std::vector<std::string>{"flash_prefill"});
+    EXPECT_EQ(spec_constant(global, "DS"), 2);  // O split over two warps: 128 registers each
+    EXPECT_EQ(flash_prefill_spec(e4b, 0, KvType::BF16).name,
+              "flash_prefill.hd256.g4.kv2.w512.bf16");
+    EXPECT_EQ(spec_constant(flash_prefill_spec(e4b, 0, KvType::BF16), "KV_TYPE"), 1);
+    EXPECT_EQ(flash_prefill_spec(Config::preset("31b"), 5).name,
+              "flash_prefill.hd512.g8.kv4.w0.f16");
+    EXPECT_EQ(flash_prefill_spec(Config::preset("12b"), 5).name,
+              "flash_prefill.hd512.g16.kv1.w0.f16");
+    // An explicit tiling other than the default is part of the name; the default one is not.
+    EXPECT_EQ(
+        flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{2, 4, 1, 32, 2}).name,
+        "flash_prefill.hd512.g4.kv2.w0.f16.m2d4k1w32s2");
+    EXPECT_EQ(flash_prefill_spec(512, 4, 2, 0, KvType::F16, gj::gemma4::flash_prefill_tiling(512)),
+              global);
+    // Launch constants consistent with the template's checks.
+    for (const auto& s :
+         {global, flash_prefill_spec(e4b, 0), flash_prefill_spec(32, 2, 2, 8, KvType::F16)}) {
+        auto c = [&](const char* n) { return spec_constant(s, n); };
+        EXPECT_EQ(c("THREADS"), 32 * c("WM") * c("DS") * c("KS")) << s.name;
+        EXPECT_EQ(c("BLOCK_ROWS"), 16 * c("WM")) << s.name;
+        EXPECT_EQ(c("KT") % (16 * c("KS")), 0) << s.name;
+        EXPECT_LE(c("HEAD_DIM") / c("DS") / 2, 128) << s.name << ": O registers per thread";
+    }
+    // Errors name the problem.
+    try {
+        flash_prefill_spec(e4b, 5, KvType::Q8_0);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("q8_0"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(flash_prefill_spec(96, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(1024, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(256, 0, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(256, 4, 0, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(256, 4, 2, -1, KvType::F16), std::invalid_argument);
+    // Impossible tilings: keys per warp not a multiple of 16, a 32-dim slice, slices of fewer
+    // than 8 keys' scores, too much shared memory, too many threads.
+    EXPECT_THROW(flash_prefill_spec(256, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 1, 2, 24, 2}),
+                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(128, 4, 2, 0, KvType::F16, FlashPrefillTiling{1, 4, 1, 32, 2}),
+                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{2, 4, 1, 16, 2}),
+                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 2, 2, 32, 3}),
+                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_spec(64, 4, 2, 0, KvType::F16, FlashPrefillTiling{8, 1, 8, 16, 2}),
+                 std::invalid_argument);
+    Config odd = Config::preset("tiny");
+    odd.n_heads = 3;
+    EXPECT_THROW(flash_prefill_spec(odd, 0), gj::gemma4::ConfigError);
+}
+
 TEST(KernelPlan, FlashDecodeSplits) {
     using gj::gemma4::flash_decode_spec;
     using gj::gemma4::flash_decode_splits;
@@ -407,6 +487,16 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
             EXPECT_LE((v + blocks - 1) / blocks, 4096 + 4 * 256) << k.name;
         } else if (k.family == "attn_prep") {
             EXPECT_LE(32 * gj::gemma4::spec_constant(k, "WARPS"), 1024) << k.name;
+        } else if (k.family == "flash_prefill") {
+            auto c = [&](const char* n) { return gj::gemma4::spec_constant(k, n); };
+            EXPECT_EQ(c("THREADS"), 32 * c("WM") * c("DS") * c("KS")) << k.name;
+            EXPECT_LE(c("THREADS"), 1024) << k.name;
+            EXPECT_EQ(c("BLOCK_ROWS"), 16 * c("WM")) << k.name;
+            EXPECT_EQ(c("KT") % (16 * c("KS")), 0) << k.name;
+            EXPECT_EQ(c("KT") / c("KS") % (8 * c("DS")), 0) << k.name;
+            EXPECT_LE(c("SMEM"), gj::gemma4::kFlashPrefillMaxSmem) << k.name;
+            // Registers: O of 16 rows x HEAD_DIM / DS fp32 per warp.
+            EXPECT_LE(c("HEAD_DIM") / c("DS") / 2, 128) << k.name;
         } else if (k.family == "flash_decode") {
             auto c = [&](const char* n) { return gj::gemma4::spec_constant(k, n); };
             const auto qsets = (c("GROUP") + c("QW") - 1) / c("QW");
@@ -608,6 +698,21 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                 const auto combine = entry_ptx(c.ptx, "flash_combine");
                 EXPECT_NE(combine.find("ld.global.nc.v4.f32"), std::string::npos);
                 EXPECT_NE(combine.find("ex2.approx.ftz.f32"), std::string::npos);
+            } else if (s.family == "flash_prefill") {
+                // Both products on tensor cores in the cache's type, operands through ldmatrix
+                // (V transposed), K/V rows through the cp.async pipeline, no local memory.
+                const bool bf16 = gj::gemma4::spec_constant(s, "KV_TYPE") == 1;
+                const auto body = entry_ptx(c.ptx, "flash_prefill");
+                for (const std::string& want :
+                     {std::string(bf16 ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                                       : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"),
+                      std::string("ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+                      std::string("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
+                      std::string("cp.async.cg.shared.global"), std::string("cp.async.wait_group"),
+                      std::string("ex2.approx.ftz.f32")})
+                    EXPECT_NE(body.find(want), std::string::npos) << "flash_prefill lacks " << want;
+                EXPECT_EQ(body.find(".local"), std::string::npos)
+                    << "flash_prefill uses local memory";
             } else if (s.family == "quantize_q8_1") {
                 EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
                 EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);
@@ -619,6 +724,7 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                     {"selftest_dp4a", {"dp4a.s32.s32"}},
                     {"selftest_mma_s8", {"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"}},
                     {"selftest_mma_f16", {"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"}},
+                    {"selftest_mma_bf16", {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"}},
                     {"selftest_ldmatrix",
                      {"ldmatrix.sync.aligned.m8n8.x1.shared.b16",
                       "ldmatrix.sync.aligned.m8n8.x2.shared.b16",

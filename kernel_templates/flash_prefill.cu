@@ -1,0 +1,479 @@
+// flash_prefill: attention of a prefill chunk of T query tokens over a layer's KV cache on
+// tensor cores (mma.sync m16n8k16 in the cache's type, fp32 accumulation, fp32 online softmax).
+// The chunk's own K/V rows are already in the cache (attn_prep appended them).
+//
+// Semantics (those of flash_decode.cu's exact path): query head h of token t at position
+// p = positions[t] uses KV head h / GROUP and sees keys j in [lo, p], lo = WINDOW ? max(0,
+// p - WINDOW + 1) : 0, stored in ring slot j % slots; out = sum_j softmax_j(q . k_j) v_j,
+// scale 1.0. Positions of a chunk are consecutive (positions[t] = positions[0] + t); any
+// positions[0] >= 0.
+//
+// Work decomposition. The T * GROUP query rows of one KV head are numbered R = t * GROUP + g
+// (g = head within the group), so a run of consecutive rows is a run of tokens times all the
+// heads that read the same K/V rows. A block takes BLOCK_ROWS consecutive rows of one KV head and
+// streams the key range its rows can see, [lo of its first token, p of its last], through shared
+// memory once (cp.async, STAGES deep, KT keys per tile) for all of them. Its warps are
+// WM row warps (16 rows each: the mma M) x DS head-dim slices x KS key sets:
+//   - key set ks takes keys [ks * KW, (ks + 1) * KW) of every tile (KW = KT / KS); the KS partial
+//     softmax states of a row are merged at the end through shared memory (this multiplies the
+//     warps per row without a per-tile exchange: a chunk of 512 tokens of an 8-head model has only
+//     256 row warps, too few for 132 SMs);
+//   - head-dim slice ds accumulates O for dims [ds * DSLICE, (ds + 1) * DSLICE) (DSLICE =
+//     HEAD_DIM / DS). Its O accumulator of 16 rows x DSLICE fp32 is DSLICE / 2 registers per
+//     thread: HEAD_DIM 512 would need 256 with the whole head, so the builder splits it in two
+//     (128 registers, like HEAD_DIM 256 unsplit). The DS warps of a (row warp, key set) share the
+//     scores: each computes S for its KWS = KW / DS of the KW keys, the row maxima are exchanged
+//     through shared memory (a named barrier over those DS warps), and each writes its part of P
+//     (in the cache type) to a shared 16 x KW buffer, from which every one of them reads all of
+//     P as A fragments for its slice of O += P V. No Q K^T work is repeated.
+// Per warp and tile: S (16 x KWS) = Q K^T with Q (rounded to the cache type when staged) and K
+// rows through ldmatrix, the k-steps spread over S_SETS accumulator sets (independent mma chains
+// for latency hiding, added up at the end); masked scores -> -inf; online softmax in fp32 (exp2
+// with log2(e) folded in); P rounded to the cache type goes straight from the S accumulators into
+// A fragments when DS = 1 (the m16n8k16 C and A layouts line up), through the shared P buffer
+// otherwise; O += P V with V through ldmatrix.trans. Rows are stored with their 16-byte chunks
+// XOR-swizzled so every ldmatrix phase hits 8 distinct bank groups.
+// Skipping: a warp skips a tile slice none of its rows can see (the causal upper triangle, keys
+// left of the window), and applies the per-element mask only to slices that straddle an edge, so
+// the work is proportional to the visible keys. Blocks run in reverse row order: the last tokens
+// see the most keys and start first.
+// Zero-filled rows: tile rows past the block's key range are filled with zeros (never stale bits:
+// P = 0 times a NaN would still be NaN). Within the range every slot holds a live position: its
+// length is at most WINDOW + T - 1 <= slots on ring layers. A NaN in a K row reaches exactly the
+// rows that see it (masking replaces it, fmaxf ignores it in the row max, exp2 keeps it); one in a
+// V row also reaches the other rows of the warps that load it (P = 0 times NaN).
+//
+// Constants (prologue #defines):
+//   HEAD_DIM 32, 64, 128, 256 or 512     GROUP  query heads per KV head (models: 1..16)
+//   N_KV_HEADS                           WINDOW sliding window (0 = causal over the whole cache)
+//   KV_TYPE  cache element type (attn_kv.cuh: 0 f16, 1 bf16)
+//   WM       row warps, BLOCK_ROWS = 16 * WM query rows per block
+//   DS       head-dim slices             KS  key sets
+//   KT       keys per tile (KS * KW, KW a multiple of 16, KW / DS a multiple of 8)
+//   STAGES   pipeline depth              S_SETS  accumulator sets of S (1, 2 or 4)
+//   THREADS  32 * WM * DS * KS           SMEM  dynamic shared memory bytes (checked here)
+// Launch flash_prefill: grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), block THREADS, SMEM
+//   dynamic bytes (the engine opts in above 48 KiB). A grid sized for a larger T is fine: blocks
+//   whose rows all lie past T * GROUP exit.
+// Entry:
+//   flash_prefill(q [T][GROUP * N_KV_HEADS][HEAD_DIM] fp32, k_cache, v_cache, positions [T], T,
+//                 slots, out [T][GROUP * N_KV_HEADS][HEAD_DIM] fp32)
+#include "attn_kv.cuh"
+#include "gj_ptx.cuh"
+
+static_assert(HEAD_DIM == 32 || HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256 ||
+                  HEAD_DIM == 512,
+              "flash_prefill: HEAD_DIM must be 32, 64, 128, 256 or 512");
+static_assert(GROUP >= 1 && N_KV_HEADS >= 1, "flash_prefill: bad head counts");
+static_assert(WINDOW >= 0, "flash_prefill: WINDOW must be >= 0");
+static_assert(STAGES >= 2, "flash_prefill: STAGES must be >= 2");
+static_assert(THREADS == 32 * WM * DS * KS, "flash_prefill: THREADS must be 32 * WM * DS * KS");
+static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM");
+
+#define N_HEADS_TOTAL (GROUP * N_KV_HEADS)
+#define ROW_BYTES (HEAD_DIM * 2)
+#define CPR (HEAD_DIM / 8)  // 16-byte chunks per row
+#define KW (KT / KS)        // keys per (row warp, key set) and tile
+#define KWS (KW / DS)       // of which this warp's scores
+#define NT (KWS / 8)        // score n-tiles per warp
+#define DSLICE (HEAD_DIM / DS)
+#define Q_BYTES (BLOCK_ROWS * ROW_BYTES)
+#define STAGE_BYTES (2 * KT * ROW_BYTES)  // K rows, then V rows
+// Score sharing between the DS warps of a group (row warp, key set): row maxima [group][DS][16]
+// (after the loop: the partial sums l), then P [group][16][KW] in the cache type.
+#define N_GROUPS (WM * KS)
+#define RED_BYTES (DS > 1 ? N_GROUPS * DS * 16 * 4 : 0)
+#define P_ROW_BYTES (KW * 2)
+#define P_BYTES (DS > 1 ? N_GROUPS * 16 * P_ROW_BYTES : 0)
+#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + P_BYTES)
+// Merge area (reuses the pipeline's): O slices and (m, l) of key sets 1 .. KS - 1.
+#define MERGE_O_BYTES ((KS - 1) * BLOCK_ROWS * HEAD_DIM * 4)
+#define MERGE_BYTES (MERGE_O_BYTES + (KS - 1) * BLOCK_ROWS * 8)
+#define SMEM_NEED (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES)
+#define LOG2E 1.4426950408889634f
+
+static_assert(KW % 16 == 0 && KT == KS * KW, "flash_prefill: KT / KS must be a multiple of 16");
+static_assert(KWS % 8 == 0, "flash_prefill: KW / DS must be a multiple of 8");
+static_assert(S_SETS == 1 || S_SETS == 2 || S_SETS == 4, "flash_prefill: S_SETS 1, 2 or 4");
+static_assert(DS == 1 || N_GROUPS <= 15, "flash_prefill: one named barrier per group (1..15)");
+static_assert(DSLICE % 16 == 0 && (DS == 1 || DSLICE % 64 == 0),
+              "flash_prefill: head-dim slices of 16 dims (64 when sliced, for the swizzle)");
+static_assert(SMEM == SMEM_NEED, "flash_prefill: SMEM differs from what the template needs");
+
+GJ_DEVICE float neg_inf() {
+    return __int_as_float(0xff800000);
+}
+
+// Swizzle of a row: chunk c of row r sits at chunk c ^ swz_key(r). ldmatrix reads 8 rows at one
+// chunk column per phase; with 8+ chunks per row (128+ bytes) the low 3 bits of r spread them
+// over the 8 bank groups; with 4 chunks (HEAD_DIM 32: two rows per 128 bytes) bits 1..2 do.
+GJ_DEVICE int swz_key(int r) {
+    return CPR >= 8 ? (r & 7) : ((r >> 1) & 3);
+}
+GJ_DEVICE int chunk_offset(int r, int c) {
+    return r * ROW_BYTES + ((c ^ swz_key(r)) << 4);
+}
+// The same for the shared P rows of KW / 8 chunks (2, 4, 8 or more: as many rows share 128 bytes
+// as the key's low bits skip).
+GJ_DEVICE int p_chunk_offset(int r, int c) {
+    const int key = KW >= 64 ? (r & 7) : KW == 32 ? ((r >> 1) & 3) : ((r >> 2) & 1);
+    return r * P_ROW_BYTES + ((c ^ key) << 4);
+}
+
+// Barrier over the DS warps of one group (named barrier 1 + group; 0 is __syncthreads).
+GJ_DEVICE void group_sync(int group) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "n"(32 * DS) : "memory");
+}
+
+// d += a * b on one m16n8k16 tile in the cache's type with fp32 accumulators.
+GJ_DEVICE void mma_kv(float d[4], const uint32 a[4], const uint32 b[2]) {
+#if KV_TYPE == 0
+    mma_f16_16x8x16(d, a, b, d);
+#else
+    mma_bf16_16x8x16(d, a, b, d);
+#endif
+}
+
+// 16-byte cp.async that writes zeros instead when !live.
+GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src),
+                 "r"(live ? 16 : 0)
+                 : "memory");
+}
+
+// cp.async of the KT cache rows of K and V for positions first .. first + count - 1 (ring slots)
+// into a stage; rows past `count` become zeros.
+GJ_DEVICE void issue_tile(uint32 stage, const uint8* k_cache, const uint8* v_cache, int first,
+                          int count, int slots, int kvh) {
+    constexpr int kChunks = KT * CPR;
+#pragma unroll
+    for (int k = 0; k < (kChunks + THREADS - 1) / THREADS; ++k) {
+        const int i = k * THREADS + threadIdx.x;
+        if (kChunks % THREADS == 0 || i < kChunks) {
+            const int r = i / CPR, c = i % CPR;
+            const bool live = r < count;
+            const int slot = live ? (first + r) % slots : 0;
+            const size_t off = ((size_t)slot * N_KV_HEADS + kvh) * ROW_BYTES + c * 16;
+            const uint32 dst = stage + chunk_offset(r, c);
+            cp_async16_or_zero(dst, k_cache + off, live);
+            cp_async16_or_zero(dst + KT * ROW_BYTES, v_cache + off, live);
+        }
+    }
+}
+
+GJ_DEVICE int window_lo(int p) {
+    return WINDOW > 0 ? max(0, p - WINDOW + 1) : 0;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    flash_prefill(const float* __restrict__ q, const void* __restrict__ k_cache,
+                  const void* __restrict__ v_cache, const int* __restrict__ positions, int T,
+                  int slots, float* __restrict__ out) {
+    extern __shared__ __align__(16) uint8 smem[];
+    const int total_rows = T * GROUP;
+    const int row0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_ROWS;  // last tokens first
+    const int kvh = blockIdx.y;
+    if (row0 >= total_rows) return;
+    const uint8* kc = (const uint8*)k_cache;
+    const uint8* vc = (const uint8*)v_cache;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = warp % WM, ds = (warp / WM) % DS, ks = warp / (WM * DS);
+    const int g = lane >> 2, tq = lane & 3;
+
+    // The block's key range: from the window start of its first token to its last token.
+    const int last_row = min(row0 + BLOCK_ROWS, total_rows) - 1;
+    const int key_lo = window_lo(positions[row0 / GROUP]);
+    const int key_hi = positions[last_row / GROUP];
+    const int n_tiles = (key_hi - key_lo + KT) / KT;
+
+    const uint32 smem0 = smem_addr(smem);
+    const uint32 stages0 = smem0 + Q_BYTES;
+    // Start the first tiles' copies, then stage Q while they fly.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_tiles)
+            issue_tile(stages0 + s * STAGE_BYTES, kc, vc, key_lo + s * KT,
+                       min(KT, key_hi - key_lo + 1 - s * KT), slots, kvh);
+        cp_async_commit();  // possibly empty: keeps the group count uniform
+    }
+    // Q rows, rounded to the cache type, swizzled like the cache rows; rows past T * GROUP zero.
+    for (int i = threadIdx.x; i < BLOCK_ROWS * CPR; i += THREADS) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = row0 + r;
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (row < total_rows) {
+            const int t = row / GROUP, gh = row % GROUP;
+            const float* src =
+                q + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM + 8 * c;
+            const float4 x = ((const float4*)src)[0], y = ((const float4*)src)[1];
+            w = make_uint4(kv_pack2(x.x, x.y), kv_pack2(x.z, x.w), kv_pack2(y.x, y.y),
+                           kv_pack2(y.z, y.w));
+        }
+        *(uint4*)(smem + chunk_offset(r, c)) = w;
+    }
+
+    // This lane's two rows (g and g + 8 of the warp's 16): positions and window starts; rows past
+    // T * GROUP get p = -1, lo = 0 (they see nothing).
+    const int wrow0 = row0 + wm * 16;
+    const int rows_ab[2] = {wrow0 + g, wrow0 + g + 8};
+    int pos_r[2], lo_r[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        pos_r[i] = rows_ab[i] < total_rows ? positions[rows_ab[i] / GROUP] : -1;
+        lo_r[i] = rows_ab[i] < total_rows ? window_lo(pos_r[i]) : 0;
+    }
+    // The warp's extremes over its live rows (rows are in token order).
+    const bool warp_live = wrow0 < total_rows;
+    const int wlast = min(wrow0 + 15, total_rows - 1);
+    const int wp_min = warp_live ? positions[wrow0 / GROUP] : -1;
+    const int wp_max = warp_live ? positions[wlast / GROUP] : -1;
+    const int wlo_min = window_lo(wp_min), wlo_max = window_lo(wp_max);
+
+    // ldmatrix lane roles. A operands (Q rows; V rows for the .trans B operand): matrix
+    // i = lane / 8 is rows (i & 1) * 8 .. + 7 at chunk 2s + (i >> 1). B operand K: rows
+    // (lane >> 4) * 8 .. + 7 at chunk 2s + ((lane >> 3) & 1). Row bases are multiples of 16, so
+    // the swizzle key is the lane's own; chunk 2s + lchunk lies at off[s % 4] + 128 * (s / 4)
+    // (the XOR touches the low 3 bits only; with 4 chunks per row s < 2).
+    const int row_a = ((lane >> 3) & 1) * 8 + (lane & 7), lchunk_a = (lane >> 4) & 1;
+    const int row_b = (lane >> 4) * 8 + (lane & 7), lchunk_b = (lane >> 3) & 1;
+    constexpr int kOffs = CPR / 2 < 4 ? CPR / 2 : 4;
+    uint32 off_a[kOffs], off_b[kOffs];
+#pragma unroll
+    for (int j = 0; j < kOffs; ++j) {
+        off_a[j] = (uint32)(((2 * j + lchunk_a) ^ swz_key(row_a)) << 4);
+        off_b[j] = (uint32)(((2 * j + lchunk_b) ^ swz_key(row_b)) << 4);
+    }
+    const uint32 q_lane = smem0 + (wm * 16 + row_a) * ROW_BYTES;
+    const uint32 k_lane = (ks * KW + ds * KWS + row_b) * ROW_BYTES;  // within a stage
+    const uint32 v_lane = KT * ROW_BYTES + (ks * KW + row_a) * ROW_BYTES + ds * DSLICE * 2;
+
+    // O accumulators of the slice: o[n] = {O[g][8n + 2tq], O[g][8n + 2tq + 1], O[g + 8][8n + 2tq],
+    // O[g + 8][8n + 2tq + 1]}; m, l per row (l: this lane's share of the sum).
+    float o[DSLICE / 8][4];
+#pragma unroll
+    for (int n = 0; n < DSLICE / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
+    // Score sharing (DS > 1): this group's row maxima and P buffer.
+    const int group = wm + WM * ks;
+    float* red = (float*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * 16;
+    uint8* p_rows = smem + Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + group * 16 * P_ROW_BYTES;
+
+    for (int it = 0; it < n_tiles; ++it) {
+        const int nt_issue = it + STAGES - 1;
+        if (nt_issue < n_tiles)
+            issue_tile(stages0 + (nt_issue % STAGES) * STAGE_BYTES, kc, vc, key_lo + nt_issue * KT,
+                       min(KT, key_hi - key_lo + 1 - nt_issue * KT), slots, kvh);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();  // tile `it` has landed (this thread's copies)
+        __syncthreads();              // ... everyone's, and Q's stores
+
+        const int a = key_lo + it * KT + ks * KW;  // the warp's first key of this tile
+        const int b = a + KW - 1;
+        // Warp-uniform: skip a slice no row sees; mask only slices that straddle an edge.
+        if (warp_live && b >= wlo_min && a <= wp_max) {
+            const bool full = a >= wlo_max && b <= wp_min;
+            const uint32 stage = stages0 + (it % STAGES) * STAGE_BYTES;
+
+            // S for this warp's KWS keys; k-step i accumulates into set i % S_SETS.
+            float acc[S_SETS][NT][4];
+#pragma unroll
+            for (int set = 0; set < S_SETS; ++set)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    acc[set][n][0] = acc[set][n][1] = acc[set][n][2] = acc[set][n][3] = 0.0f;
+#pragma unroll
+            for (int kstep = 0; kstep < HEAD_DIM / 16; ++kstep) {
+                const uint32 coff = 128 * (kstep / 4);
+                float(&sk)[NT][4] = acc[kstep % S_SETS];
+                uint32 qa[4];
+                ldmatrix_x4(qa, q_lane + off_a[kstep % 4] + coff);
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np) {
+                    uint32 kb[4];
+                    ldmatrix_x4(kb, stage + k_lane + np * 16 * ROW_BYTES + off_b[kstep % 4] + coff);
+                    mma_kv(sk[2 * np], qa, kb);
+                    mma_kv(sk[2 * np + 1], qa, kb + 2);
+                }
+                if (NT % 2) {  // 8 keys: lanes 0..15 address their two chunks
+                    uint32 kb[2];
+                    ldmatrix_x2(
+                        kb, stage + k_lane + (NT - 1) * 8 * ROW_BYTES + off_b[kstep % 4] + coff);
+                    mma_kv(sk[NT - 1], qa, kb);
+                }
+            }
+            float(&s)[NT][4] = acc[0];
+#pragma unroll
+            for (int set = 1; set < S_SETS; ++set)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[n][e] += acc[set][n][e];
+            const int a_own = a + ds * KWS;  // first key of this warp's scores
+            if (!full) {
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int j = a_own + 8 * n + 2 * tq + (e & 1), r = e >> 1;
+                        if (j < lo_r[r] || j > pos_r[r]) s[n][e] = neg_inf();
+                    }
+            }
+            // Row maxima of this warp's scores, then over the group's DS warps.
+            float mx[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = neg_inf();
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    mx[r] = fmaxf(mx[r], fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 2));
+            }
+            if (DS > 1) {
+                if (tq == 0) red[ds * 16 + g] = mx[0], red[ds * 16 + g + 8] = mx[1];
+                group_sync(group);
+#pragma unroll
+                for (int d = 0; d < DS; ++d)
+                    mx[0] = fmaxf(mx[0], red[d * 16 + g]),
+                    mx[1] = fmaxf(mx[1], red[d * 16 + g + 8]);
+            }
+            // Online softmax per row (the 4 lanes of a row hold 2 * NT scores each).
+            float scale[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const float m_new = fmaxf(m[r], mx[r]);
+                // A row that has seen nothing yet keeps -inf: exponents relative to 0 then give
+                // p = 0 for its masked scores instead of NaN from -inf - -inf.
+                const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+                scale[r] = exp2_approx((m[r] - m_use) * LOG2E);
+                m[r] = m_new;
+                const float ml = m_use * LOG2E;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    s[n][2 * r] = exp2_approx(fmaf(s[n][2 * r], LOG2E, -ml));
+                    s[n][2 * r + 1] = exp2_approx(fmaf(s[n][2 * r + 1], LOG2E, -ml));
+                    sum += s[n][2 * r] + s[n][2 * r + 1];
+                }
+                l[r] = fmaf(l[r], scale[r], sum);
+            }
+#pragma unroll
+            for (int n = 0; n < DSLICE / 8; ++n) {
+                o[n][0] *= scale[0], o[n][1] *= scale[0], o[n][2] *= scale[1], o[n][3] *= scale[1];
+            }
+            if (DS > 1) {  // this warp's part of P into the group's buffer
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    const int col = ds * KWS + 8 * n + 2 * tq;  // (col % 8) * 2 = 4 * tq bytes
+#pragma unroll
+                    for (int r = 0; r < 2; ++r)
+                        *(uint32*)(p_rows + p_chunk_offset(g + 8 * r, col / 8) + 4 * tq) =
+                            kv_pack2(s[n][2 * r], s[n][2 * r + 1]);
+                }
+                group_sync(group);
+            }
+            // O += P V: with DS = 1 P's A fragments are the S accumulators of n-tiles 2kk, 2kk + 1
+            // (NT = KW / 8 then; the "% NT" only keeps the DS > 1 form of this dead branch in
+            // bounds); else they come from the shared P rows (like Q's: rows row_a at chunk
+            // 2kk + lchunk_a).
+#pragma unroll
+            for (int kk = 0; kk < KW / 16; ++kk) {
+                uint32 pa[4];
+                if (DS == 1) {
+                    pa[0] = kv_pack2(s[2 * kk % NT][0], s[2 * kk % NT][1]);
+                    pa[1] = kv_pack2(s[2 * kk % NT][2], s[2 * kk % NT][3]);
+                    pa[2] = kv_pack2(s[(2 * kk + 1) % NT][0], s[(2 * kk + 1) % NT][1]);
+                    pa[3] = kv_pack2(s[(2 * kk + 1) % NT][2], s[(2 * kk + 1) % NT][3]);
+                } else {
+                    ldmatrix_x4(pa, smem_addr(p_rows + p_chunk_offset(row_a, 2 * kk + lchunk_a)));
+                }
+#pragma unroll
+                for (int dp = 0; dp < DSLICE / 16; ++dp) {
+                    uint32 vb[4];
+                    ldmatrix_x4_trans(
+                        vb, stage + v_lane + kk * 16 * ROW_BYTES + off_a[dp % 4] + 128 * (dp / 4));
+                    mma_kv(o[2 * dp], pa, vb);
+                    mma_kv(o[2 * dp + 1], pa, vb + 2);
+                }
+            }
+        }
+        __syncthreads();  // the stage is refilled by a later iteration's issue
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 2);
+    }
+    // With shared scores each warp summed its own keys' weights: add the group's partial sums
+    // (through the row-maxima buffer, idle now; the barriers keep it clear of the merge below).
+    if (DS > 1) {
+        if (tq == 0) red[ds * 16 + g] = l[0], red[ds * 16 + g + 8] = l[1];
+        __syncthreads();
+        l[0] = l[1] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DS; ++d) l[0] += red[d * 16 + g], l[1] += red[d * 16 + g + 8];
+        __syncthreads();
+    }
+
+    // Merge the KS key sets of each row through the idle pipeline memory: sets 1.. store, set 0
+    // folds them in.
+    if (KS > 1) {
+        float* mo = (float*)smem;                       // [KS - 1][BLOCK_ROWS][HEAD_DIM]
+        float2* mml = (float2*)(smem + MERGE_O_BYTES);  // [KS - 1][BLOCK_ROWS]
+        if (ks > 0) {
+            float* mine = mo + (size_t)(ks - 1) * BLOCK_ROWS * HEAD_DIM;
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int br = wm * 16 + g + 8 * r;
+#pragma unroll
+                for (int n = 0; n < DSLICE / 8; ++n)
+                    *(float2*)(mine + br * HEAD_DIM + ds * DSLICE + 8 * n + 2 * tq) =
+                        make_float2(o[n][2 * r], o[n][2 * r + 1]);
+                if (ds == 0 && tq == 0) mml[(ks - 1) * BLOCK_ROWS + br] = make_float2(m[r], l[r]);
+            }
+        }
+        __syncthreads();
+        if (ks > 0) return;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int br = wm * 16 + g + 8 * r;
+            float mx = m[r];
+#pragma unroll
+            for (int k = 1; k < KS; ++k) mx = fmaxf(mx, mml[(k - 1) * BLOCK_ROWS + br].x);
+            const float m_use = mx == neg_inf() ? 0.0f : mx;
+            const float f = exp2_approx((m[r] - m_use) * LOG2E);
+            l[r] *= f;
+#pragma unroll
+            for (int n = 0; n < DSLICE / 8; ++n) o[n][2 * r] *= f, o[n][2 * r + 1] *= f;
+#pragma unroll
+            for (int k = 1; k < KS; ++k) {
+                const float2 ml = mml[(k - 1) * BLOCK_ROWS + br];
+                const float fk = exp2_approx((ml.x - m_use) * LOG2E);
+                l[r] = fmaf(fk, ml.y, l[r]);
+                const float* theirs = mo + ((size_t)(k - 1) * BLOCK_ROWS + br) * HEAD_DIM;
+#pragma unroll
+                for (int n = 0; n < DSLICE / 8; ++n) {
+                    const float2 v = *(const float2*)(theirs + ds * DSLICE + 8 * n + 2 * tq);
+                    o[n][2 * r] = fmaf(fk, v.x, o[n][2 * r]);
+                    o[n][2 * r + 1] = fmaf(fk, v.y, o[n][2 * r + 1]);
+                }
+            }
+        }
+    }
+
+    // Normalize and write the live rows of the slice.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = rows_ab[r];
+        if (row >= total_rows) continue;
+        const int t = row / GROUP, gh = row % GROUP;
+        float* dst = out + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM +
+                     ds * DSLICE + 2 * tq;
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int n = 0; n < DSLICE / 8; ++n)
+            *(float2*)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+}
