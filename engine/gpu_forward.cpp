@@ -195,6 +195,10 @@ GpuSession::GpuSession(GpuModel& model)
         const int smem = int(spec_constant(model_.kernels().spec(g.flash_spec), "SMEM"));
         if (smem > 48 * 1024)
             model_.kernels().set_max_dynamic_smem(g.flash_spec, "flash_decode", smem);
+        if (g.flash_prefill_spec.empty()) continue;
+        const int psmem = int(spec_constant(model_.kernels().spec(g.flash_prefill_spec), "SMEM"));
+        if (psmem > 48 * 1024)
+            model_.kernels().set_max_dynamic_smem(g.flash_prefill_spec, "flash_prefill", psmem);
     }
 }
 
@@ -495,6 +499,23 @@ void GpuSession::record_attention(int l, int T, bool decode) {
     const LayerConfig& lc = cfg_.layers[l];
     const GpuLayer& gl = model_.layers()[l];
     const KvCache::Layer& kv = kv_.layer(l);
+    const uint64_t q_dim = uint64_t(cfg_.q_dim(l));
+    if (!decode && !gl.flash_prefill_spec.empty()) {
+        // The whole chunk in one launch on tensor cores; K/V of this chunk are already cached.
+        const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_prefill_spec);
+        const unsigned rows_per_block = constant(spec, "BLOCK_ROWS");
+        CUdeviceptr q = w.q.ptr(), kc = kv.k, vc = kv.v, positions = w.positions(),
+                    out = w.attn.ptr();
+        int slots = kv.slots;
+        void* args[] = {&q, &kc, &vc, &positions, &T, &slots, &out};
+        launch(model_.kernels().get(gl.flash_prefill_spec, "flash_prefill"),
+               {ceil_div(uint64_t(T) * constant(spec, "GROUP"), rows_per_block),
+                unsigned(lc.n_kv_heads)},
+               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, gl.flash_prefill_spec,
+               LaunchCost{0, attention_flops(l, pos_, T), WorkKind::Attention});
+        ++paths_.flash_prefill;
+        return;
+    }
     const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_spec);
     // The decode graph's split count is fixed for the whole context (any count is correct; the
     // kernel lengthens the splits as the context grows). Eager prefill sizes it for its chunk.
@@ -510,7 +531,6 @@ void GpuSession::record_attention(int l, int T, bool decode) {
     const unsigned combine_threads = constant(spec, "COMBINE_THREADS");
     const unsigned combine_blocks =
         constant(spec, "GROUP") * constant(spec, "N_KV_HEADS") * constant(spec, "HEAD_DIM") / 16;
-    const uint64_t q_dim = uint64_t(cfg_.q_dim(l));
     CUdeviceptr kc = kv.k, vc = kv.v, part_o = w.part_o.ptr(), part_ml = w.part_ml.ptr();
     int slots = kv.slots;
     for (int t0 = 0; t0 < T; t0 += batch) {

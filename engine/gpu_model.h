@@ -87,6 +87,9 @@ struct GpuLayer {
     CUdeviceptr attn_norm = 0, q_norm = 0, k_norm = 0, post_attention_norm = 0, ffn_norm = 0,
                 post_ffw_norm = 0, post_norm = 0, output_scale = 0;
     std::string attn_prep_spec, flash_spec;
+    // Tensor-core prefill attention (GEMMAJIT_FLASH_PREFILL; not for a q8_0 KV cache); empty:
+    // prefill attends through flash_spec, one query at a time.
+    std::string flash_prefill_spec;
 };
 
 // Device memory the model and one session need, decided before any allocation.

@@ -661,6 +661,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {
         add(attn_prep_spec(cfg, l, types.kv));
         add(flash_decode_spec(cfg, l, types.kv, types.flash_mma));
+        if (types.flash_prefill && types.kv != KvType::Q8_0)
+            add(flash_prefill_spec(cfg, l, types.kv));
     }
     return plan;
 }

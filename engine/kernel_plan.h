@@ -39,10 +39,11 @@ struct PlanTypes {
     ggml::Type ple_token_embd;                  // per_layer_token_embd (PLE models)
     ggml::Type ple_model_proj;                  // per_layer_model_proj (PLE models)
     MatvecLayout layout = MatvecLayout::Split;  // for the quantized matrices
-    int max_cols = 8;         // > 1: also the matvecs for batches of max_cols columns (prefill)
-    KvType kv = KvType::F16;  // KV cache element type of the attention kernels
-    bool flash_mma = false;   // GEMMAJIT_FLASH_MMA: tensor-core decode attention
-    bool blas = true;         // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
+    int max_cols = 8;           // > 1: also the matvecs for batches of max_cols columns (prefill)
+    KvType kv = KvType::F16;    // KV cache element type of the attention kernels
+    bool flash_mma = false;     // GEMMAJIT_FLASH_MMA: tensor-core decode attention
+    bool blas = true;           // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
+    bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
 };
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
