@@ -83,13 +83,16 @@ void Blas::gemm(CUstream stream, BlasType t, int m, int n, int k, CUdeviceptr w,
                             : t == BlasType::F16 ? CUDA_R_16F
                                                  : CUDA_R_16BF;
     const float one = 1.0f, zero = 0.0f;
-    // Column-major view: y^T (m x n) = w (k x m, transposed) . x^T (k x n). Plain fp32 compute
-    // (no TF32 shortcut), so an F32 matrix gets an fp32 product.
+    // Column-major view: y^T (m x n) = w (k x m, transposed) . x^T (k x n). F32 matrices use the
+    // TF32 tensor cores (inputs rounded to 10-bit mantissas, fp32 accumulation): F16/BF16
+    // products round their activations at least as much, and plain fp32 SIMT runs these narrow
+    // prefill shapes (PLE gate and projection, n = 256) at a few percent of the tensor rate.
     if (s == CUBLAS_STATUS_SUCCESS)
         s = api_->gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one,
                           reinterpret_cast<const void*>(w), in, k, reinterpret_cast<const void*>(x),
                           in, k, &zero, reinterpret_cast<void*>(y), CUDA_R_32F, m,
-                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                          t == BlasType::F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS)
         throw DeviceError(fmt::format("cublasGemmEx ({}x{}x{}): {}", m, n, k,
                                       status_text(api_->status_string, s)));

@@ -22,7 +22,8 @@ class Blas {
 
     // y[n][m] = x[n][k] . w[m][k]^T (row-major; one row of y per activation row) with fp32
     // output and fp32 accumulation, on `stream`. w and x have type `t` (an F16/BF16 matrix takes
-    // activations converted to its type by the caller). Throws DeviceError on failure.
+    // activations converted to its type by the caller; F32 runs on TF32 tensor cores). Throws
+    // DeviceError on failure.
     void gemm(CUstream stream, BlasType t, int m, int n, int k, CUdeviceptr w, CUdeviceptr x,
               CUdeviceptr y);
 

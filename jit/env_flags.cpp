@@ -202,7 +202,7 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::OutputChanging,
          .default_value = "1",
          .help = "0: prefill products of F32/F16/BF16 weights on the batched fp32 matvecs instead "
-                 "of cuBLAS (F16/BF16: activations rounded to the weight type)"},
+                 "of cuBLAS (which rounds activations to the weight type, F32 to TF32)"},
         {.name = "GEMMAJIT_FLASH_PREFILL",
          .family = "path",
          .type = T::Bool,

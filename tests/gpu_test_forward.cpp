@@ -327,6 +327,13 @@ TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
     expect_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQuant, "e4b prefill vs CPU");
     s.reset();
     expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQuant, "e4b decode vs CPU");
+    // One 20-token chunk: the prefill fast paths at the real shapes.
+    auto big = load_gpu(path, 1024, 64, f);
+    GpuSession b(*big);
+    expect_agree(ref, b.prefill_logits(tokens), cfg.vocab_size, kTolQuant,
+                 "e4b one-chunk prefill vs CPU");
+    EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(cfg.n_layers));
+    EXPECT_GT(b.path_counts().blas, 0u);  // the BF16 / F32 PLE projections
 }
 
 // A tensor type no kernel reads (here the PLE table as Q6_K) is dequantized to F16 on upload, with
