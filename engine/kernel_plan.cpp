@@ -177,6 +177,69 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     return s;
 }
 
+MmqTile mmq_tile(ggml::Type, int /*k*/, int n_rows) {
+    // Enough blocks for a 512-token chunk to give every SM of a 132-SM GPU about two blocks:
+    // 64 x 128 tiles of 8 warps (32 x 32 each) for wide matrices, narrower tiles for few rows.
+    const auto blocks = [&](int bm, int bn) {
+        return ((n_rows + bn - 1) / bn) * ((512 + bm - 1) / bm);
+    };
+    if (blocks(64, 128) >= 2 * 132) return MmqTile{64, 128, 2, 4, 2, 4};
+    if (blocks(64, 64) >= 2 * 132) return MmqTile{64, 64, 2, 2, 2, 4};
+    return MmqTile{32, 64, 1, 2, 2, 4};
+}
+
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {
+    if (n_rows < 1)
+        throw std::invalid_argument(fmt::format("mmq: {} weight rows (at least 1)", n_rows));
+    return mmq_spec(weight_type, k, mmq_tile(weight_type, k, n_rows));
+}
+
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
+    const char* tag = matvec_type_tag(weight_type);
+    if (!tag)
+        throw ConfigError(
+            fmt::format("no int8 tensor-core GEMM (mmq) for weight type {} "
+                        "(supported: q8_0, q4_0)",
+                        ggml::type_name(weight_type)));
+    if (k <= 0 || k % 32 != 0)
+        throw std::invalid_argument(
+            fmt::format("mmq: input width {} is not a positive multiple of 32", k));
+    const std::string tile =
+        fmt::format("m{}n{}.w{}x{}.s{}b{}", t.bm, t.bn, t.warps_m, t.warps_n, t.stages, t.kbs);
+    if (t.warps_m < 1 || t.warps_n < 1 || t.warps_m * t.warps_n > 16 || t.bm < 16 ||
+        t.bm % (16 * t.warps_m) != 0 || t.bn < 32 || t.bn % (32 * t.warps_n) != 0 ||
+        (t.kbs != 1 && t.kbs != 2 && t.kbs != 4) || t.stages < 2 || t.stages > 8)
+        throw std::invalid_argument(fmt::format(
+            "mmq: impossible tile {} (BM a multiple of 16 * WARPS_M, BN of 32 * WARPS_N, at most "
+            "16 warps, KBS 1/2/4, 2..8 stages)",
+            tile));
+    // Per stage: activations, two weight matrices (the GeGLU entries; the plain entry uses one),
+    // the activation scales {d, s} and the fp16 weight scales of both matrices.
+    const int w_bytes_per_kb = weight_type == ggml::Type::Q8_0 ? 32 : 16;
+    const int64_t stage = int64_t(t.bm) * t.kbs * 32 + 2 * int64_t(t.bn) * t.kbs * w_bytes_per_kb +
+                          int64_t(t.kbs) * t.bm * 8 + 2 * int64_t(t.bn) * t.kbs * 2;
+    const int64_t smem = stage * t.stages;
+    if (smem > 227 * 1024)
+        throw std::invalid_argument(fmt::format(
+            "mmq: tile {} needs {} bytes of shared memory (227 KiB at most)", tile, smem));
+    jit::KernelSpec s;
+    s.family = "mmq";
+    s.name = fmt::format("mmq.{}.k{}.{}", tag, k, tile);
+    s.constants = {{"K", k},
+                   {"WTYPE", weight_type == ggml::Type::Q8_0 ? 0 : 1},
+                   {"BM", t.bm},
+                   {"BN", t.bn},
+                   {"WARPS_M", t.warps_m},
+                   {"WARPS_N", t.warps_n},
+                   {"KBS", t.kbs},
+                   {"STAGES", t.stages},
+                   {"THREADS", 32 * t.warps_m * t.warps_n},
+                   {"SMEM", smem}};
+    s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8"};
+    s.priority = 1;
+    return s;
+}
+
 jit::KernelSpec quantize_spec() {
     jit::KernelSpec s;
     s.family = "quantize_q8_1";

@@ -81,6 +81,24 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
 // "matvec_f.<type>.k<k>[.b<ncols>]". Throws like matvec_spec.
 jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
 
+// Prompt-batch GEMM on int8 tensor cores (kernel_templates/mmq.cu): Q8_0 / Q4_0 weights in the
+// split layout against Q8_1 activations; entries mmq, mmq_geglu, mmq_geglu_q8. Launch: grid
+// (ceil(n_rows / BN), ceil(T / BM)), block THREADS, dynamic smem SMEM (constants of the spec).
+// The tile: BM tokens x BN weight rows, a WARPS_M x WARPS_N warp grid, KBS 32-blocks of K per
+// pipeline stage, STAGES stages.
+struct MmqTile {
+    int bm = 64, bn = 128, warps_m = 2, warps_n = 4, kbs = 2, stages = 4;
+};
+// The tile the plan uses for a k-wide matrix of n_rows rows (chosen for prompt chunks of 256 to
+// 2048 tokens on a 132-SM H100/H200 class GPU).
+MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows);
+// "mmq.<q8_0|q4_0>.k<k>.m<BM>n<BN>.w<WARPS_M>x<WARPS_N>.s<STAGES>b<KBS>". Throws ConfigError for a
+// weight type other than q8_0 / q4_0, std::invalid_argument for k % 32 != 0, n_rows < 1 or an
+// impossible tile (BM a multiple of 16 * WARPS_M, BN of 32 * WARPS_N; KBS 1, 2, 4; 2..8 stages;
+// at most 227 KiB of shared memory).
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows);
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile);
+
 // fp32 -> Q8_1 activation quantization (width-independent): "quantize_q8_1".
 jit::KernelSpec quantize_spec();
 
