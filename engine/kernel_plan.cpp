@@ -177,15 +177,19 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     return s;
 }
 
-MmqTile mmq_tile(ggml::Type, int /*k*/, int n_rows) {
+MmqTile mmq_tile(ggml::Type weight_type, int /*k*/, int n_rows) {
     // Enough blocks for a 512-token chunk to give every SM of a 132-SM GPU about two blocks:
-    // 64 x 128 tiles of 8 warps (32 x 32 each) for wide matrices, narrower tiles for few rows.
+    // 64 x 128 tiles of 8 warps (32 x 32 each) for wide matrices, smaller tiles for few rows.
+    // Q8_0 fits 128 registers (two blocks per SM); Q4_0's nibble masks and offset terms do not,
+    // so it keeps one block of more registers and GeGLU passes of 32 tokens.
     const auto blocks = [&](int bm, int bn) {
         return ((n_rows + bn - 1) / bn) * ((512 + bm - 1) / bm);
     };
-    if (blocks(64, 128) >= 2 * 132) return MmqTile{64, 128, 2, 4, 2, 4};
-    if (blocks(64, 64) >= 2 * 132) return MmqTile{64, 64, 2, 2, 2, 4};
-    return MmqTile{32, 64, 1, 2, 2, 4};
+    if (blocks(64, 128) >= 2 * 132)
+        return weight_type == ggml::Type::Q8_0 ? MmqTile{64, 128, 2, 4, 2, 4, 2, 1}
+                                               : MmqTile{64, 128, 2, 4, 4, 3, 1, 2};
+    if (blocks(64, 64) >= 2 * 132) return MmqTile{64, 64, 2, 2, 2, 4, 3, 1};
+    return MmqTile{32, 64, 1, 2, 4, 4, 2, 1};
 }
 
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {
@@ -198,30 +202,38 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
     const char* tag = matvec_type_tag(weight_type);
     if (!tag)
         throw ConfigError(
-            fmt::format("no int8 tensor-core GEMM (mmq) for weight type {} "
-                        "(supported: q8_0, q4_0)",
+            fmt::format("no int8 tensor-core GEMM (mmq) for weight type {} (supported: q8_0, q4_0)",
                         ggml::type_name(weight_type)));
     if (k <= 0 || k % 32 != 0)
         throw std::invalid_argument(
             fmt::format("mmq: input width {} is not a positive multiple of 32", k));
-    const std::string tile =
-        fmt::format("m{}n{}.w{}x{}.s{}b{}", t.bm, t.bn, t.warps_m, t.warps_n, t.stages, t.kbs);
-    if (t.warps_m < 1 || t.warps_n < 1 || t.warps_m * t.warps_n > 16 || t.bm < 16 ||
-        t.bm % (16 * t.warps_m) != 0 || t.bn < 32 || t.bn % (32 * t.warps_n) != 0 ||
-        (t.kbs != 1 && t.kbs != 2 && t.kbs != 4) || t.stages < 2 || t.stages > 8)
+    const std::string tile = fmt::format("m{}n{}.w{}x{}.s{}b{}.o{}p{}", t.bm, t.bn, t.warps_m,
+                                         t.warps_n, t.stages, t.kbs, t.min_blocks, t.geglu_passes);
+    const int warps = t.warps_m * t.warps_n;
+    if (t.warps_m < 1 || t.warps_n < 1 || warps > 16 || t.bm < 16 || t.bm % (16 * t.warps_m) != 0 ||
+        t.bn < 32 || t.bn % (32 * t.warps_n) != 0 ||
+        (t.kbs != 1 && t.kbs != 2 && t.kbs != 4 && t.kbs != 8) || t.stages < 2 || t.stages > 8 ||
+        t.min_blocks < 1 || t.min_blocks * warps > 64 || t.geglu_passes < 1 || t.geglu_passes > 2 ||
+        t.bm % (16 * t.warps_m * t.geglu_passes) != 0)
         throw std::invalid_argument(fmt::format(
             "mmq: impossible tile {} (BM a multiple of 16 * WARPS_M, BN of 32 * WARPS_N, at most "
-            "16 warps, KBS 1/2/4, 2..8 stages)",
+            "16 warps, KBS 1/2/4/8, 2..8 stages, at most 64 warps per SM, 1 or 2 GeGLU passes "
+            "of whole m16 tiles per warp)",
             tile));
-    // Per stage: activations, two weight matrices (the GeGLU entries; the plain entry uses one),
-    // the activation scales {d, s} and the fp16 weight scales of both matrices.
+    // The stage layouts of kernel_templates/mmq.cu: activations, the weight payloads, {d, s} and
+    // the fp16 weight scales; the GeGLU entries hold two matrices for BM / GEGLU_PASSES tokens.
     const int w_bytes_per_kb = weight_type == ggml::Type::Q8_0 ? 32 : 16;
-    const int64_t stage = int64_t(t.bm) * t.kbs * 32 + 2 * int64_t(t.bn) * t.kbs * w_bytes_per_kb +
-                          int64_t(t.kbs) * t.bm * 8 + 2 * int64_t(t.bn) * t.kbs * 2;
-    const int64_t smem = stage * t.stages;
-    if (smem > 227 * 1024)
-        throw std::invalid_argument(fmt::format(
-            "mmq: tile {} needs {} bytes of shared memory (227 KiB at most)", tile, smem));
+    auto stage = [&](int64_t rows, int64_t mats) {
+        return rows * t.kbs * 32 + mats * t.bn * t.kbs * w_bytes_per_kb + t.kbs * rows * 8 +
+               mats * t.bn * t.kbs * 2;
+    };
+    const int64_t smem = t.stages * std::max(stage(t.bm, 1), stage(t.bm / t.geglu_passes, 2));
+    // 227 KiB per block; the SM's 228 KiB also hold 1 KiB per resident block.
+    if (smem > 227 * 1024 || t.min_blocks * (smem + 1024) > 228 * 1024)
+        throw std::invalid_argument(
+            fmt::format("mmq: tile {} needs {} bytes of shared memory per block (at most 227 KiB, "
+                        "228 KiB per SM for all resident blocks)",
+                        tile, smem));
     jit::KernelSpec s;
     s.family = "mmq";
     s.name = fmt::format("mmq.{}.k{}.{}", tag, k, tile);
@@ -233,7 +245,9 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
                    {"WARPS_N", t.warps_n},
                    {"KBS", t.kbs},
                    {"STAGES", t.stages},
-                   {"THREADS", 32 * t.warps_m * t.warps_n},
+                   {"MIN_BLOCKS", t.min_blocks},
+                   {"GEGLU_PASSES", t.geglu_passes},
+                   {"THREADS", 32 * warps},
                    {"SMEM", smem}};
     s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8"};
     s.priority = 1;

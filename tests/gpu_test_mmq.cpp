@@ -119,8 +119,9 @@ MmqCase planned(ggml::Type type, int k, int n, int T) {
 std::string case_name(const MmqCase& c) {
     std::string s = fmt::format("{}_k{}_n{}_T{}", ggml::type_name(c.type), c.k, c.n, c.T);
     if (c.tile)
-        s += fmt::format("_m{}n{}w{}x{}s{}b{}", c.tile->bm, c.tile->bn, c.tile->warps_m,
-                         c.tile->warps_n, c.tile->stages, c.tile->kbs);
+        s += fmt::format("_m{}n{}w{}x{}s{}b{}o{}p{}", c.tile->bm, c.tile->bn, c.tile->warps_m,
+                         c.tile->warps_n, c.tile->stages, c.tile->kbs, c.tile->min_blocks,
+                         c.tile->geglu_passes);
     return s;
 }
 void PrintTo(const MmqCase& c, std::ostream* os) {
@@ -220,15 +221,53 @@ INSTANTIATE_TEST_SUITE_P(
         planned(ggml::Type::Q8_0, 2560, 200, 512), planned(ggml::Type::Q4_0, 2560, 512, 130),
         planned(ggml::Type::Q8_0, 10240, 512, 63), planned(ggml::Type::Q4_0, 10240, 512, 63),
         planned(ggml::Type::Q8_0, 10240, 2560, 5), planned(ggml::Type::Q4_0, 10240, 2560, 1),
-        // Other tiles: 4 blocks per stage (ragged at 3 and 5 blocks: K 96, 160), 1 block per
-        // stage with 128 x 128 tiles, 16 warps, two stages.
-        MmqCase{ggml::Type::Q8_0, 96, 64, 65, MmqTile{32, 64, 1, 2, 4, 3}},
-        MmqCase{ggml::Type::Q4_0, 160, 96, 33, MmqTile{32, 64, 1, 2, 4, 3}},
+        // One block per stage (its scales copied synchronously) with 128 x 128 tiles.
         MmqCase{ggml::Type::Q8_0, 2560, 160, 200, MmqTile{128, 128, 4, 2, 1, 2}},
-        MmqCase{ggml::Type::Q4_0, 96, 160, 200, MmqTile{128, 128, 4, 2, 1, 2}},
-        MmqCase{ggml::Type::Q8_0, 2560, 300, 130, MmqTile{128, 128, 4, 4, 2, 4}},
-        MmqCase{ggml::Type::Q4_0, 2560, 300, 130, MmqTile{64, 64, 2, 2, 4, 3}}),
+        MmqCase{ggml::Type::Q4_0, 96, 160, 200, MmqTile{128, 128, 4, 2, 1, 2}}),
     [](const ::testing::TestParamInfo<MmqCase>& i) { return case_name(i.param); });
+
+// Every tile the plan picks and the others measured for it (2 or 1 GeGLU passes, 1 to 3 blocks
+// per SM, 1 to 8 blocks per stage, 4 to 16 warps), each on a ragged width (5 blocks: a partial
+// last stage, scales copied synchronously) and a real one, with partial tiles in both directions.
+const std::vector<MmqTile> kTiles = {
+    {64, 128, 2, 4, 2, 4, 2, 1}, {128, 128, 2, 4, 2, 4, 2, 2}, {64, 128, 2, 4, 4, 3, 1, 2},
+    {128, 64, 4, 2, 4, 3, 1, 2}, {64, 64, 2, 2, 4, 4, 2, 1},   {64, 64, 2, 2, 2, 4, 3, 1},
+    {32, 64, 1, 2, 4, 4, 2, 1},  {128, 128, 2, 4, 4, 3, 1, 2}, {64, 128, 2, 4, 2, 3, 2, 1},
+    {32, 128, 1, 4, 2, 4, 2, 1}, {64, 128, 2, 4, 4, 2, 2, 1},  {128, 128, 4, 4, 2, 4, 1, 2},
+    {128, 64, 4, 2, 2, 4, 2, 2}, {64, 128, 2, 4, 8, 2, 1, 1}};
+
+std::vector<MmqCase> tile_cases() {
+    std::vector<MmqCase> cases;
+    for (const MmqTile& t : kTiles)
+        for (auto type : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+            cases.push_back(MmqCase{type, 160, 224, 130, t});
+            cases.push_back(MmqCase{type, 2560, 320, 200, t});
+        }
+    return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiles, MmqTest, ::testing::ValuesIn(tile_cases()),
+                         [](const ::testing::TestParamInfo<MmqCase>& i) {
+                             return case_name(i.param);
+                         });
+
+// The GPU tests above cover every tile the plan can pick (for any row count).
+TEST(MmqTiles, EveryPlanTileIsTested) {
+    GJ_REQUIRE_GPU();
+    auto same = [](const MmqTile& a, const MmqTile& b) {
+        return a.bm == b.bm && a.bn == b.bn && a.warps_m == b.warps_m && a.warps_n == b.warps_n &&
+               a.kbs == b.kbs && a.stages == b.stages && a.min_blocks == b.min_blocks &&
+               a.geglu_passes == b.geglu_passes;
+    };
+    for (auto type : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+        for (int k : {64, 2048, 2560, 4096, 5376, 10240, 21504})
+            for (int n = 32; n <= 65536; n += n < 1024 ? 32 : 512) {
+                const MmqTile t = gj::gemma4::mmq_tile(type, k, n);
+                EXPECT_TRUE(std::any_of(kTiles.begin(), kTiles.end(),
+                                        [&](const MmqTile& c) { return same(c, t); }))
+                    << gj::gemma4::mmq_spec(type, k, t).name << " (n_rows " << n << ")";
+            }
+}
 
 // mmq and mmq_geglu against the batched dp4a matvec (8 columns per launch, split layout): the
 // same int8 products, summed in another order, so they agree to fp32 rounding.
