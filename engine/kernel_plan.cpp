@@ -177,19 +177,19 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     return s;
 }
 
-MmqTile mmq_tile(ggml::Type weight_type, int /*k*/, int n_rows) {
-    // Enough blocks for a 512-token chunk to give every SM of a 132-SM GPU about two blocks:
-    // 64 x 128 tiles of 8 warps (32 x 32 each) for wide matrices, smaller tiles for few rows.
-    // Q8_0 fits 128 registers (two blocks per SM); Q4_0's nibble masks and offset terms do not,
-    // so it keeps one block of more registers and GeGLU passes of 32 tokens.
-    const auto blocks = [&](int bm, int bn) {
-        return ((n_rows + bn - 1) / bn) * ((512 + bm - 1) / bm);
-    };
-    if (blocks(64, 128) >= 2 * 132)
-        return weight_type == ggml::Type::Q8_0 ? MmqTile{64, 128, 2, 4, 2, 4, 2, 1}
-                                               : MmqTile{64, 128, 2, 4, 4, 3, 1, 2};
-    if (blocks(64, 64) >= 2 * 132) return MmqTile{64, 64, 2, 2, 2, 4, 3, 1};
-    return MmqTile{32, 64, 1, 2, 4, 4, 2, 1};
+MmqTile mmq_tile(ggml::Type, int /*k*/, int n_rows) {
+    // Chosen on the H200 at T = 512 among the tiles gpu_test_mmq covers, by the number of blocks
+    // a 512-token chunk gives 132 SMs (TOP/s for Q8_0 / Q4_0 at the E4B shapes):
+    //  - few rows (E4B K/V, n 512): 64 x 64 tiles of 4 warps, two blocks per SM (45 / 46);
+    //  - wide outputs of at least 80 128 x 128 tiles (n 2560 at any K, n 4096): 8 warps of 64 x 32,
+    //    one block per SM (k2048 105 / 102, k4096 107 / 105, k10240 113 / 111, n4096 175 / 168);
+    //  - between (n 2048) and the GeGLU widths (n 10240): 64 x 128 tiles of 8 warps of 32 x 32,
+    //    8 blocks of K per stage (n2048 143 / 153, GeGLU 186 / 206).
+    // The GeGLU entries of the 128 x 128 tile take the tokens in two passes of 64.
+    const int col_tiles = (n_rows + 127) / 128;
+    if (n_rows <= 1024) return MmqTile{64, 64, 2, 2, 4, 4, 2, 1};
+    if (n_rows < 4224 && col_tiles * 4 >= 80) return MmqTile{128, 128, 2, 4, 4, 3, 1, 2};
+    return MmqTile{64, 128, 2, 4, 8, 2, 1, 1};
 }
 
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {

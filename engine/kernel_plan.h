@@ -91,8 +91,8 @@ struct MmqTile {
     int bm = 64, bn = 128, warps_m = 2, warps_n = 4, kbs = 2, stages = 4, min_blocks = 1,
         geglu_passes = 1;
 };
-// The tile the plan uses for a k-wide matrix of n_rows rows (chosen for prompt chunks of 256 to
-// 2048 tokens on a 132-SM H100/H200 class GPU).
+// The tile the plan uses for a k-wide matrix of n_rows rows (measured on the H200 with 512-token
+// chunks; kernel_plan.cpp lists the numbers).
 MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows);
 // "mmq.<type>.k<k>.m<BM>n<BN>.w<WARPS_M>x<WARPS_N>.s<STAGES>b<KBS>.o<MIN_BLOCKS>p<passes>". Throws
 // ConfigError for a weight type other than q8_0 / q4_0, std::invalid_argument for k % 32 != 0,

@@ -382,7 +382,7 @@ TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
     using gj::gemma4::spec_constant;
     const auto s = mmq_spec(ggml::Type::Q8_0, 2560, 10240);
     EXPECT_EQ(s.family, "mmq");
-    EXPECT_EQ(s.name, "mmq.q8_0.k2560.m64n128.w2x4.s4b2.o2p1");
+    EXPECT_EQ(s.name, "mmq.q8_0.k2560.m64n128.w2x4.s2b8.o1p1");
     EXPECT_EQ(s.entries, (std::vector<std::string>{"mmq", "mmq_geglu", "mmq_geglu_q8"}));
     EXPECT_EQ(spec_constant(s, "K"), 2560);
     EXPECT_EQ(spec_constant(s, "WTYPE"), 0);
