@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "engine/kernel_plan.h"
@@ -81,30 +82,6 @@ double max_abs(const std::vector<double>& v) {
     return m;
 }
 
-struct Launcher {
-    KernelSpec spec;
-    GpuKernels g;
-    explicit Launcher(const KernelSpec& s, std::vector<KernelSpec> extra = {})
-        : spec(s), g([&] {
-              extra.insert(extra.begin(), s);
-              return extra;
-          }()) {
-        for (const auto& e : spec.entries)
-            g.set_max_dynamic_smem(spec.name, e, int(spec_constant(spec, "SMEM")));
-    }
-    void run(const std::string& entry, CUdeviceptr w, CUdeviceptr w_up, CUdeviceptr xq,
-             CUdeviceptr xds, CUdeviceptr y, CUdeviceptr yds, int T, int n) const {
-        const unsigned bm = unsigned(spec_constant(spec, "BM"));
-        const unsigned bn = unsigned(spec_constant(spec, "BN"));
-        auto& dev = gj::jit::Device::get();
-        dev.synchronize();
-        launch_smem_async(g.get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm)},
-                          {unsigned(spec_constant(spec, "THREADS"))},
-                          unsigned(spec_constant(spec, "SMEM")), w, w_up, xq, xds, y, yds, T, n);
-        dev.synchronize();
-    }
-};
-
 struct MmqCase {
     ggml::Type type;
     int k, n, T;
@@ -128,6 +105,72 @@ void PrintTo(const MmqCase& c, std::ostream* os) {
     *os << case_name(c);
 }
 
+KernelSpec case_spec(const MmqCase& c) {
+    return c.tile ? gj::gemma4::mmq_spec(c.type, c.k, *c.tile)
+                  : gj::gemma4::mmq_spec(c.type, c.k, c.n);
+}
+
+// The cases of the two MmqTest suites (below) and the matvec shapes of MmqVsMatvec.
+std::vector<MmqCase> shape_cases();
+std::vector<MmqCase> tile_cases();
+struct MatvecShape {
+    ggml::Type type;
+    int k, n, T;
+};
+const std::vector<MatvecShape> kMatvecShapes = {{ggml::Type::Q8_0, 2560, 512, 130},
+                                                {ggml::Type::Q4_0, 2560, 512, 130},
+                                                {ggml::Type::Q8_0, 10240, 200, 21},
+                                                {ggml::Type::Q4_0, 10240, 200, 21}};
+KernelSpec matvec_spec_of(const MatvecShape& s) {
+    return gj::gemma4::matvec_spec(s.type, s.k, 8, MatvecLayout::Split);
+}
+
+// Every spec the tests launch, compiled once (in parallel) on first use, mmq entries opted in to
+// their shared memory.
+std::vector<KernelSpec> all_specs() {
+    std::vector<KernelSpec> specs = {gj::gemma4::quantize_spec()};
+    std::set<std::string> names = {specs[0].name};
+    auto add = [&](const KernelSpec& s) {
+        if (names.insert(s.name).second) specs.push_back(s);
+    };
+    for (const auto& cases : {shape_cases(), tile_cases()})
+        for (const MmqCase& c : cases) add(case_spec(c));
+    for (const MatvecShape& m : kMatvecShapes) {
+        add(gj::gemma4::mmq_spec(m.type, m.k, m.n));
+        add(matvec_spec_of(m));
+    }
+    return specs;
+}
+
+GpuKernels& kernels() {
+    static GpuKernels g(all_specs());
+    static const bool opted_in = [] {
+        for (const auto& s : all_specs())
+            if (s.family == "mmq")
+                for (const auto& e : s.entries)
+                    g.set_max_dynamic_smem(s.name, e, int(spec_constant(s, "SMEM")));
+        return true;
+    }();
+    (void)opted_in;
+    return g;
+}
+
+// Launches one mmq spec's entries from the shared module set.
+struct Launcher {
+    const KernelSpec& spec;
+    void run(const std::string& entry, CUdeviceptr w, CUdeviceptr w_up, CUdeviceptr xq,
+             CUdeviceptr xds, CUdeviceptr y, CUdeviceptr yds, int T, int n) const {
+        const unsigned bm = unsigned(spec_constant(spec, "BM"));
+        const unsigned bn = unsigned(spec_constant(spec, "BN"));
+        auto& dev = gj::jit::Device::get();
+        dev.synchronize();
+        launch_smem_async(kernels().get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm)},
+                          {unsigned(spec_constant(spec, "THREADS"))},
+                          unsigned(spec_constant(spec, "SMEM")), w, w_up, xq, xds, y, yds, T, n);
+        dev.synchronize();
+    }
+};
+
 }  // namespace
 
 class MmqTest : public ::testing::TestWithParam<MmqCase> {};
@@ -135,11 +178,10 @@ class MmqTest : public ::testing::TestWithParam<MmqCase> {};
 TEST_P(MmqTest, EveryEntryMatchesCpu) {
     GJ_REQUIRE_GPU();
     const MmqCase c = GetParam();
-    const KernelSpec spec = c.tile ? gj::gemma4::mmq_spec(c.type, c.k, *c.tile)
-                                   : gj::gemma4::mmq_spec(c.type, c.k, c.n);
+    const KernelSpec spec = case_spec(c);
     SCOPED_TRACE(spec.name + " n=" + std::to_string(c.n) + " T=" + std::to_string(c.T));
     const KernelSpec quant = gj::gemma4::quantize_spec();
-    Launcher l(spec, {quant});
+    const Launcher l{spec};
     std::mt19937 rng(c.k * 7 + c.n * 3 + c.T);
     std::vector<float> wf, uf;
     const auto wb = random_weights(c.type, c.n, c.k, rng, wf);
@@ -190,8 +232,8 @@ TEST_P(MmqTest, EveryEntryMatchesCpu) {
     // quantize_q8_1 over mmq_geglu's fp32 output, on the GPU and on the CPU (which agree bit for
     // bit: gpu_test_kernels), must give exactly the fused output.
     DeviceBuffer rq(ny), rds(nb * 8);
-    launch(l.g.get(quant.name, "quantize_q8_1"), {ceil_div(8 * nb, 256)}, {256}, yg.ptr(), rq.ptr(),
-           rds.ptr(), int(nb));
+    launch(kernels().get(quant.name, "quantize_q8_1"), {ceil_div(8 * nb, 256)}, {256}, yg.ptr(),
+           rq.ptr(), rds.ptr(), int(nb));
     const auto fused_q = from_device<int8_t>(yq, ny);
     const auto fused_ds = from_device<float>(yds, 2 * nb);
     EXPECT_EQ(fused_q, from_device<int8_t>(rq, ny));
@@ -201,34 +243,40 @@ TEST_P(MmqTest, EveryEntryMatchesCpu) {
     EXPECT_EQ(fused_ds, interleave(cpu));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, MmqTest,
-    ::testing::Values(
-        // Tiny widths (2 and 4 blocks: one ragged or whole stage), every token count.
-        planned(ggml::Type::Q8_0, 64, 32, 1), planned(ggml::Type::Q8_0, 64, 32, 5),
-        planned(ggml::Type::Q8_0, 64, 32, 63), planned(ggml::Type::Q8_0, 64, 32, 64),
-        planned(ggml::Type::Q8_0, 64, 32, 65), planned(ggml::Type::Q8_0, 64, 32, 130),
-        planned(ggml::Type::Q8_0, 64, 32, 512), planned(ggml::Type::Q4_0, 64, 32, 1),
-        planned(ggml::Type::Q4_0, 64, 32, 5), planned(ggml::Type::Q4_0, 64, 32, 63),
-        planned(ggml::Type::Q4_0, 64, 32, 64), planned(ggml::Type::Q4_0, 64, 32, 65),
-        planned(ggml::Type::Q4_0, 64, 32, 130), planned(ggml::Type::Q4_0, 64, 32, 512),
-        planned(ggml::Type::Q8_0, 64, 200, 65), planned(ggml::Type::Q4_0, 128, 200, 130),
-        // Odd row counts (scalar stores; no quantized output).
-        planned(ggml::Type::Q8_0, 64, 77, 130), planned(ggml::Type::Q4_0, 128, 77, 5),
-        planned(ggml::Type::Q8_0, 128, 2560, 130), planned(ggml::Type::Q4_0, 128, 512, 512),
-        // Real widths: E4B d_model and FFN.
-        planned(ggml::Type::Q8_0, 2560, 2560, 65), planned(ggml::Type::Q4_0, 2560, 2560, 64),
-        planned(ggml::Type::Q8_0, 2560, 200, 512), planned(ggml::Type::Q4_0, 2560, 512, 130),
-        planned(ggml::Type::Q8_0, 10240, 512, 63), planned(ggml::Type::Q4_0, 10240, 512, 63),
-        planned(ggml::Type::Q8_0, 10240, 2560, 5), planned(ggml::Type::Q4_0, 10240, 2560, 1),
-        // One block per stage (its scales copied synchronously) with 128 x 128 tiles.
-        MmqCase{ggml::Type::Q8_0, 2560, 160, 200, MmqTile{128, 128, 4, 2, 1, 2}},
-        MmqCase{ggml::Type::Q4_0, 96, 160, 200, MmqTile{128, 128, 4, 2, 1, 2}}),
-    [](const ::testing::TestParamInfo<MmqCase>& i) { return case_name(i.param); });
+namespace {
+std::vector<MmqCase> shape_cases() {
+    return {// Tiny widths (2 and 4 blocks: one ragged or whole stage), every token count.
+            planned(ggml::Type::Q8_0, 64, 32, 1), planned(ggml::Type::Q8_0, 64, 32, 5),
+            planned(ggml::Type::Q8_0, 64, 32, 63), planned(ggml::Type::Q8_0, 64, 32, 64),
+            planned(ggml::Type::Q8_0, 64, 32, 65), planned(ggml::Type::Q8_0, 64, 32, 130),
+            planned(ggml::Type::Q8_0, 64, 32, 512), planned(ggml::Type::Q4_0, 64, 32, 1),
+            planned(ggml::Type::Q4_0, 64, 32, 5), planned(ggml::Type::Q4_0, 64, 32, 63),
+            planned(ggml::Type::Q4_0, 64, 32, 64), planned(ggml::Type::Q4_0, 64, 32, 65),
+            planned(ggml::Type::Q4_0, 64, 32, 130), planned(ggml::Type::Q4_0, 64, 32, 512),
+            planned(ggml::Type::Q8_0, 64, 200, 65), planned(ggml::Type::Q4_0, 128, 200, 130),
+            // Odd row counts (scalar stores; no quantized output).
+            planned(ggml::Type::Q8_0, 64, 77, 130), planned(ggml::Type::Q4_0, 128, 77, 5),
+            planned(ggml::Type::Q8_0, 128, 2560, 130), planned(ggml::Type::Q4_0, 128, 512, 512),
+            // Real widths: E4B d_model and FFN.
+            planned(ggml::Type::Q8_0, 2560, 2560, 65), planned(ggml::Type::Q4_0, 2560, 2560, 64),
+            planned(ggml::Type::Q8_0, 2560, 200, 512), planned(ggml::Type::Q4_0, 2560, 512, 130),
+            planned(ggml::Type::Q8_0, 10240, 512, 63), planned(ggml::Type::Q4_0, 10240, 512, 63),
+            planned(ggml::Type::Q8_0, 10240, 2560, 5), planned(ggml::Type::Q4_0, 10240, 2560, 1),
+            // One block per stage (its scales copied synchronously) with 128 x 128 tiles.
+            MmqCase{ggml::Type::Q8_0, 2560, 160, 200, MmqTile{128, 128, 4, 2, 1, 2}},
+            MmqCase{ggml::Type::Q4_0, 96, 160, 200, MmqTile{128, 128, 4, 2, 1, 2}}};
+}
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MmqTest, ::testing::ValuesIn(shape_cases()),
+                         [](const ::testing::TestParamInfo<MmqCase>& i) {
+                             return case_name(i.param);
+                         });
 
 // Every tile the plan picks and the others measured for it (2 or 1 GeGLU passes, 1 to 3 blocks
 // per SM, 1 to 8 blocks per stage, 4 to 16 warps), each on a ragged width (5 blocks: a partial
 // last stage, scales copied synchronously) and a real one, with partial tiles in both directions.
+namespace {
 const std::vector<MmqTile> kTiles = {
     {64, 128, 2, 4, 2, 4, 2, 1}, {128, 128, 2, 4, 2, 4, 2, 2}, {64, 128, 2, 4, 4, 3, 1, 2},
     {128, 64, 4, 2, 4, 3, 1, 2}, {64, 64, 2, 2, 4, 4, 2, 1},   {64, 64, 2, 2, 2, 4, 3, 1},
@@ -245,6 +293,7 @@ std::vector<MmqCase> tile_cases() {
         }
     return cases;
 }
+}  // namespace
 
 INSTANTIATE_TEST_SUITE_P(Tiles, MmqTest, ::testing::ValuesIn(tile_cases()),
                          [](const ::testing::TestParamInfo<MmqCase>& i) {
@@ -273,17 +322,11 @@ TEST(MmqTiles, EveryPlanTileIsTested) {
 // same int8 products, summed in another order, so they agree to fp32 rounding.
 TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
     GJ_REQUIRE_GPU();
-    struct Shape {
-        ggml::Type type;
-        int k, n, T;
-    };
-    for (const Shape s :
-         {Shape{ggml::Type::Q8_0, 2560, 512, 130}, Shape{ggml::Type::Q4_0, 2560, 512, 130},
-          Shape{ggml::Type::Q8_0, 10240, 200, 21}, Shape{ggml::Type::Q4_0, 10240, 200, 21}}) {
+    for (const MatvecShape& s : kMatvecShapes) {
         const KernelSpec spec = gj::gemma4::mmq_spec(s.type, s.k, s.n);
-        const KernelSpec mv = gj::gemma4::matvec_spec(s.type, s.k, 8, MatvecLayout::Split);
+        const KernelSpec mv = matvec_spec_of(s);
         SCOPED_TRACE(spec.name + " vs " + mv.name + " T=" + std::to_string(s.T));
-        Launcher l(spec, {mv});
+        const Launcher l{spec};
         std::mt19937 rng(s.k + s.n + s.T);
         std::vector<float> wf, uf;
         const auto wb = random_weights(s.type, s.n, s.k, rng, wf);
@@ -307,10 +350,10 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
             const CUdeviceptr xq_c = dxq.ptr() + size_t(c0) * s.k;
             const CUdeviceptr xds_c = dxds.ptr() + size_t(c0) * (s.k / 32) * 8;
             const size_t y_off = size_t(c0) * s.n * 4;
-            launch(l.g.get(mv.name, base), {ceil_div(s.n, mrows)}, {threads}, dw.ptr(), none, xq_c,
-                   xds_c, none, my.ptr() + y_off, s.n);
-            launch(l.g.get(mv.name, base + "_geglu"), {ceil_div(s.n, mrows)}, {threads}, dw.ptr(),
-                   du.ptr(), xq_c, xds_c, none, myg.ptr() + y_off, s.n);
+            launch(kernels().get(mv.name, base), {ceil_div(s.n, mrows)}, {threads}, dw.ptr(), none,
+                   xq_c, xds_c, none, my.ptr() + y_off, s.n);
+            launch(kernels().get(mv.name, base + "_geglu"), {ceil_div(s.n, mrows)}, {threads},
+                   dw.ptr(), du.ptr(), xq_c, xds_c, none, myg.ptr() + y_off, s.n);
         }
         const size_t used = size_t(s.T) * s.n;
         const auto a = from_device<float>(y, used), b = from_device<float>(my, used);
