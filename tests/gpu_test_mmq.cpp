@@ -2,9 +2,10 @@
 // layout against Q8_1 activations: every entry against a CPU reference (exact integer block dots,
 // scaled in double), token counts and row counts that leave partial tiles (T = 1 .. 512, n_rows
 // 32 .. 2560, odd), widths from the tiny presets' 64 / 128 to 10240, the plan's tiles and others
-// (1, 2 and 4 blocks per stage, ragged last stage); mmq against the batched dp4a matvec (the
-// exact path it replaces in prefill); mmq_geglu_q8 bit-identical to quantize_q8_1 over
-// mmq_geglu's output; nothing written outside the outputs.
+// (1 to 8 blocks per stage, ragged last stages, 1 or 2 GeGLU passes, 4 to 16 warps); mmq against
+// the batched dp4a matvec (the exact path it replaces in prefill); mmq_geglu_q8 bit-identical to
+// quantize_q8_1 over mmq_geglu's output; nothing written outside the outputs. All specs compile
+// once, in parallel, when the first test runs.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
