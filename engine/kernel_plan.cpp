@@ -177,19 +177,23 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     return s;
 }
 
-MmqTile mmq_tile(ggml::Type, int /*k*/, int n_rows) {
-    // Chosen on the H200 at T = 512 among the tiles gpu_test_mmq covers, by the number of blocks
-    // a 512-token chunk gives 132 SMs (TOP/s for Q8_0 / Q4_0 at the E4B shapes):
-    //  - few rows (E4B K/V, n 512): 64 x 64 tiles of 4 warps, two blocks per SM (45 / 46);
-    //  - wide outputs of at least 80 128 x 128 tiles (n 2560 at any K, n 4096): 8 warps of 64 x 32,
-    //    one block per SM (k2048 105 / 102, k4096 107 / 105, k10240 113 / 111, n4096 175 / 168);
-    //  - between (n 2048) and the GeGLU widths (n 10240): 64 x 128 tiles of 8 warps of 32 x 32,
-    //    8 blocks of K per stage (n2048 143 / 153, GeGLU 186 / 206).
-    // The GeGLU entries of the 128 x 128 tile take the tokens in two passes of 64.
-    const int col_tiles = (n_rows + 127) / 128;
-    if (n_rows <= 1024) return MmqTile{64, 64, 2, 2, 4, 4, 2, 1};
-    if (n_rows < 4224 && col_tiles * 4 >= 80) return MmqTile{128, 128, 2, 4, 4, 3, 1, 2};
-    return MmqTile{64, 128, 2, 4, 8, 2, 1, 1};
+MmqTile mmq_tile(ggml::Type weight_type, int /*k*/, int n_rows) {
+    // Chosen on the H200 at T = 512 among the tiles gpu_test_mmq covers, by how many tiles a
+    // 512-token chunk gives 132 SMs, within sm_80's 160 KiB of shared memory per block (TOP/s,
+    // Q8_0 / Q4_0, at the E4B shapes):
+    //  - few rows (n 512; Q8_0 also n 2048): 64 x 64 tiles of 4 warps, two blocks per SM
+    //    (n512 45 / 46, n2048 131 / -);
+    //  - at least 80 128 x 128 tiles (n 2560 at any K, n 4096): 8 warps of 64 x 32, one block per
+    //    SM, GeGLU in two passes of 64 tokens (k2048 105 / 102, k4096 107 / 105, k10240 113 / 111,
+    //    n4096 175 / 168);
+    //  - otherwise (Q4_0 n 2048, the GeGLU widths): 64 x 128 tiles of 8 warps of 32 x 32; Q4_0
+    //    with 8 blocks of K per stage (n2048 153, GeGLU 206), Q8_0 with 2 blocks per stage, three
+    //    stages, two blocks per SM (GeGLU 188; its 8-block form needs 176 KiB).
+    const bool q8 = weight_type == ggml::Type::Q8_0;
+    const int wide_tiles = (n_rows + 127) / 128 * 4;  // 128 x 128 tiles at T = 512
+    if (n_rows <= 1024 || (q8 && wide_tiles < 80)) return MmqTile{64, 64, 2, 2, 4, 4, 2, 1};
+    if (n_rows < 4224 && wide_tiles >= 80) return MmqTile{128, 128, 2, 4, 4, 3, 1, 2};
+    return q8 ? MmqTile{64, 128, 2, 4, 2, 3, 2, 1} : MmqTile{64, 128, 2, 4, 8, 2, 1, 1};
 }
 
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {
