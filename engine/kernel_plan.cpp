@@ -718,6 +718,30 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     add_matvec(types.token_embd, d);
     if (cfg.has_ple()) add_matvec(types.ple_model_proj, d);
 
+    // Prefill products of the quantized matrices on the int8 tensor-core GEMM (split layout
+    // only), one specialization per (input width, output rows) tile choice.
+    if (types.mmq && types.layout == MatvecLayout::Split) {
+        auto add_gemm = [&](ggml::Type t, int k, int n) {
+            if (matvec_type_tag(t) && n > 0) add(mmq_spec(t, k, n));
+        };
+        for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {
+            const LayerConfig& lc = cfg.layers[l];
+            add_gemm(types.matmul, d, cfg.q_dim(l));
+            if (lc.has_kv) add_gemm(types.matmul, d, cfg.kv_dim(l));
+            add_gemm(types.matmul, cfg.q_dim(l), d);
+            if (lc.ffn_dim > 0) {
+                add_gemm(types.matmul, d, lc.ffn_dim);
+                add_gemm(types.matmul, lc.ffn_dim, d);
+            }
+            if (cfg.has_ple()) {
+                add_gemm(types.matmul, d, cfg.ple_dim);
+                add_gemm(types.matmul, cfg.ple_dim, d);
+            }
+        }
+        add_gemm(types.token_embd, d, cfg.vocab_size);
+        if (cfg.has_ple()) add_gemm(types.ple_model_proj, d, cfg.n_layers * cfg.ple_dim);
+    }
+
     // PLE precompute and injection; the final softcap with the token choice.
     if (cfg.has_ple()) {
         add(ple_finish_spec(cfg.n_layers, cfg.ple_dim));

@@ -44,6 +44,7 @@ struct PlanTypes {
     bool flash_mma = false;     // GEMMAJIT_FLASH_MMA: tensor-core decode attention
     bool blas = true;           // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
+    bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: int8 tensor-core prefill GEMMs
 };
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <set>
@@ -126,34 +128,18 @@ KernelSpec matvec_spec_of(const MatvecShape& s) {
     return gj::gemma4::matvec_spec(s.type, s.k, 8, MatvecLayout::Split);
 }
 
-// Every spec the tests launch, compiled once (in parallel) on first use, mmq entries opted in to
-// their shared memory.
-std::vector<KernelSpec> all_specs() {
-    std::vector<KernelSpec> specs = {gj::gemma4::quantize_spec()};
-    std::set<std::string> names = {specs[0].name};
-    auto add = [&](const KernelSpec& s) {
-        if (names.insert(s.name).second) specs.push_back(s);
-    };
-    for (const auto& cases : {shape_cases(), tile_cases()})
-        for (const MmqCase& c : cases) add(case_spec(c));
-    for (const MatvecShape& m : kMatvecShapes) {
-        add(gj::gemma4::mmq_spec(m.type, m.k, m.n));
-        add(matvec_spec_of(m));
+// The module of one spec, compiled on first use (ctest runs every test in its own process, so
+// each compiles only what it launches), mmq entries opted in to their shared memory.
+GpuKernels& kernels(const KernelSpec& spec) {
+    static std::map<std::string, std::unique_ptr<GpuKernels>> loaded;
+    auto& slot = loaded[spec.name];
+    if (!slot) {
+        slot = std::make_unique<GpuKernels>(std::vector<KernelSpec>{spec});
+        if (spec.family == "mmq")
+            for (const auto& e : spec.entries)
+                slot->set_max_dynamic_smem(spec.name, e, int(spec_constant(spec, "SMEM")));
     }
-    return specs;
-}
-
-GpuKernels& kernels() {
-    static GpuKernels g(all_specs());
-    static const bool opted_in = [] {
-        for (const auto& s : all_specs())
-            if (s.family == "mmq")
-                for (const auto& e : s.entries)
-                    g.set_max_dynamic_smem(s.name, e, int(spec_constant(s, "SMEM")));
-        return true;
-    }();
-    (void)opted_in;
-    return g;
+    return *slot;
 }
 
 // Launches one mmq spec's entries from the shared module set.
@@ -165,7 +151,7 @@ struct Launcher {
         const unsigned bn = unsigned(spec_constant(spec, "BN"));
         auto& dev = gj::jit::Device::get();
         dev.synchronize();
-        launch_smem_async(kernels().get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm)},
+        launch_smem_async(kernels(spec).get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm)},
                           {unsigned(spec_constant(spec, "THREADS"))},
                           unsigned(spec_constant(spec, "SMEM")), w, w_up, xq, xds, y, yds, T, n);
         dev.synchronize();
@@ -233,8 +219,8 @@ TEST_P(MmqTest, EveryEntryMatchesCpu) {
     // quantize_q8_1 over mmq_geglu's fp32 output, on the GPU and on the CPU (which agree bit for
     // bit: gpu_test_kernels), must give exactly the fused output.
     DeviceBuffer rq(ny), rds(nb * 8);
-    launch(kernels().get(quant.name, "quantize_q8_1"), {ceil_div(8 * nb, 256)}, {256}, yg.ptr(),
-           rq.ptr(), rds.ptr(), int(nb));
+    launch(kernels(quant).get(quant.name, "quantize_q8_1"), {ceil_div(8 * nb, 256)}, {256},
+           yg.ptr(), rq.ptr(), rds.ptr(), int(nb));
     const auto fused_q = from_device<int8_t>(yq, ny);
     const auto fused_ds = from_device<float>(yds, 2 * nb);
     EXPECT_EQ(fused_q, from_device<int8_t>(rq, ny));
@@ -351,9 +337,9 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
             const CUdeviceptr xq_c = dxq.ptr() + size_t(c0) * s.k;
             const CUdeviceptr xds_c = dxds.ptr() + size_t(c0) * (s.k / 32) * 8;
             const size_t y_off = size_t(c0) * s.n * 4;
-            launch(kernels().get(mv.name, base), {ceil_div(s.n, mrows)}, {threads}, dw.ptr(), none,
-                   xq_c, xds_c, none, my.ptr() + y_off, s.n);
-            launch(kernels().get(mv.name, base + "_geglu"), {ceil_div(s.n, mrows)}, {threads},
+            launch(kernels(mv).get(mv.name, base), {ceil_div(s.n, mrows)}, {threads}, dw.ptr(),
+                   none, xq_c, xds_c, none, my.ptr() + y_off, s.n);
+            launch(kernels(mv).get(mv.name, base + "_geglu"), {ceil_div(s.n, mrows)}, {threads},
                    dw.ptr(), du.ptr(), xq_c, xds_c, none, myg.ptr() + y_off, s.n);
         }
         const size_t used = size_t(s.T) * s.n;

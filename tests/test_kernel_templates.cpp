@@ -184,10 +184,17 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
         EXPECT_TRUE(names.count(want)) << want;
     // Dense model: no MoE-only norms.
     EXPECT_FALSE(names.count("rmsnorm.n2560.w0"));
+    // Decode kernels compile first; the prefill-only ones (int8 GEMM, tensor-core attention)
+    // after them.
     for (const auto& k : plan) {
-        EXPECT_EQ(k.priority, 0) << k.name;
+        const bool prefill_only = k.family == "mmq" || k.family == "flash_prefill";
+        EXPECT_EQ(k.priority, prefill_only ? 1 : 0) << k.name;
         EXPECT_FALSE(k.entries.empty()) << k.name;
     }
+    for (const char* want :
+         {"mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1", "mmq.q8_0.k10240.m128n128.w2x4.s3b4.o1p2",
+          "flash_prefill.hd512.g4.kv2.w0.f16"})
+        EXPECT_TRUE(names.count(want)) << want;
     // Exactly the matvec widths the model has: d (also the LM head and the PLE context
     // projection), o-proj inputs (2048, 4096), FFN, PLE; for 1 and 8 columns.
     size_t matvecs = std::count_if(plan.begin(), plan.end(),
