@@ -42,6 +42,7 @@ struct WorkLayout {
     bool half_acts = false;    // cuBLAS products of f16/bf16 weights: converted activations
     bool float_gate = false;   // cuBLAS GeGLU: the gate product's own fp32 buffer
     bool gemm_q8_ffn = false;  // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
+    uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
 
     explicit WorkLayout(const GpuModel& m) {
         const Config& c = m.config();
@@ -72,7 +73,18 @@ struct WorkLayout {
         logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
         half_acts = !m.spec_convert().empty();
         float_gate = m.blas_ffn();
-        for (const GpuLayer& g : m.layers()) gemm_q8_ffn = gemm_q8_ffn || !g.gate.spec_gemm.empty();
+        auto split_planes = [&](const GpuMatrix& mat) {
+            if (mat.spec_gemm.empty()) return;
+            const uint64_t s = uint64_t(spec_constant(m.kernels().spec(mat.spec_gemm), "SPLITS"));
+            if (s > 1) gemm_split_floats = std::max(gemm_split_floats, s * rows * mat.rows);
+        };
+        for (const GpuLayer& g : m.layers()) {
+            gemm_q8_ffn = gemm_q8_ffn || !g.gate.spec_gemm.empty();
+            for (const GpuMatrix* mat : {&g.q, &g.k, &g.v, &g.o, &g.down, &g.inp_gate, &g.proj})
+                split_planes(*mat);
+        }
+        split_planes(m.lm_head());
+        split_planes(m.ple_model_proj());
     }
 
     uint64_t bytes() const {
@@ -84,7 +96,7 @@ struct WorkLayout {
                                 + 3 * R * ple_all + 2 * R * ple  // PLE inputs; gate, product
                                 + uint64_t(vocab)                // logits of one row
                                 + part_o_floats + 2 * part_ml_pairs +
-                                (float_gate ? R * ffn_max : 0);
+                                (float_gate ? R * ffn_max : 0) + gemm_split_floats;
         return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
                + (half_acts ? R * in_max * 2 : 0) +
                (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
@@ -105,7 +117,8 @@ uint64_t session_work_bytes(const GpuModel& model) {
 struct GpuSession::Work {
     WorkLayout layout;
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
-        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate, gq, gds;
+        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate, gq, gds,
+        gemm_split;
     PinnedHost state_host, result_host;
 
     explicit Work(const GpuModel& m) : layout(m) {
@@ -139,6 +152,7 @@ struct GpuSession::Work {
         readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
         if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
         if (L.float_gate) fgate = jit::DeviceBuffer(R * L.ffn_max * 4);
+        if (L.gemm_split_floats) gemm_split = jit::DeviceBuffer(L.gemm_split_floats * 4);
         if (L.gemm_q8_ffn) {
             gq = jit::DeviceBuffer(R * L.ffn_max);
             gds = jit::DeviceBuffer(R * (L.ffn_max / 32) * 8);
@@ -212,7 +226,7 @@ GpuSession::GpuSession(GpuModel& model)
         const int smem = int(spec_constant(spec, "SMEM"));
         if (smem > 48 * 1024)
             for (const std::string& entry : spec.entries)
-                model_.kernels().set_max_dynamic_smem(name, entry, smem);
+                if (entry != "mmq_reduce") model_.kernels().set_max_dynamic_smem(name, entry, smem);
     }
     for (const GpuLayer& g : model_.layers()) {
         const int smem = int(spec_constant(model_.kernels().spec(g.flash_spec), "SMEM"));
@@ -452,15 +466,24 @@ void GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const c
         in.ds = w_->xds.ptr();
     }
     const jit::KernelSpec& spec = model_.kernels().spec(m.spec_gemm);
+    // The plain product of a split-K spec writes partial planes to the workspace, then sums them.
+    const unsigned splits = up ? 1 : constant(spec, "SPLITS");
     CUdeviceptr w = m.ptr, wu = up ? up->ptr : 0, xq = in.q, xds = in.ds;
+    CUdeviceptr out = splits > 1 ? w_->gemm_split.ptr() : y;
     int n_rows = m.rows;
-    void* args[] = {&w, &wu, &xq, &xds, &y, &yds, &T, &n_rows};
+    void* args[] = {&w, &wu, &xq, &xds, &out, &yds, &T, &n_rows};
     const double flops = 2.0 * double(m.rows) * m.cols * T * (up ? 2 : 1);
+    const std::string label = m.spec_gemm + " " + entry + " " + what;
     launch(model_.kernels().get(m.spec_gemm, entry),
-           {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM"))},
-           {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
-           m.spec_gemm + " " + entry + " " + what,
+           {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM")), splits},
+           {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, label,
            LaunchCost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm});
+    if (splits > 1) {
+        int n = T * m.rows;
+        void* rargs[] = {&out, &y, &n};
+        launch(model_.kernels().get(m.spec_gemm, "mmq_reduce"), {ceil_div(n, 256)}, {256}, 0, rargs,
+               label + " reduce", LaunchCost{0, 0, WorkKind::Gemm});
+    }
     ++paths_.mmq;
 }
 

@@ -177,7 +177,7 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     return s;
 }
 
-MmqTile mmq_tile(ggml::Type weight_type, int /*k*/, int n_rows) {
+MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows) {
     // Chosen on the H200 at T = 512 among the tiles gpu_test_mmq covers, by how many tiles a
     // 512-token chunk gives 132 SMs, within sm_80's 160 KiB of shared memory per block (TOP/s,
     // Q8_0 / Q4_0, at the E4B shapes):
@@ -192,7 +192,10 @@ MmqTile mmq_tile(ggml::Type weight_type, int /*k*/, int n_rows) {
     const bool q8 = weight_type == ggml::Type::Q8_0;
     const int wide_tiles = (n_rows + 127) / 128 * 4;  // 128 x 128 tiles at T = 512
     if (n_rows <= 1024 || (q8 && wide_tiles < 80)) return MmqTile{64, 64, 2, 2, 4, 4, 2, 1};
-    if (n_rows < 4224 && wide_tiles >= 80) return MmqTile{128, 128, 2, 4, 4, 3, 1, 2};
+    // The 128 x 128 tiles of a deep product (k >= 2048) split K in three: 80 tiles alone fill 60%
+    // of the SMs; 240 run in two full waves of a third of the work each.
+    if (n_rows < 4224 && wide_tiles >= 80)
+        return MmqTile{128, 128, 2, 4, 4, 3, 1, 2, k >= 2048 && wide_tiles < 100 ? 3 : 1};
     return q8 ? MmqTile{64, 128, 2, 4, 2, 3, 2, 1} : MmqTile{64, 128, 2, 4, 8, 2, 1, 1};
 }
 
@@ -211,18 +214,19 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
     if (k <= 0 || k % 32 != 0)
         throw std::invalid_argument(
             fmt::format("mmq: input width {} is not a positive multiple of 32", k));
-    const std::string tile = fmt::format("m{}n{}.w{}x{}.s{}b{}.o{}p{}", t.bm, t.bn, t.warps_m,
-                                         t.warps_n, t.stages, t.kbs, t.min_blocks, t.geglu_passes);
+    const std::string tile = fmt::format(
+        "m{}n{}.w{}x{}.s{}b{}.o{}p{}{}", t.bm, t.bn, t.warps_m, t.warps_n, t.stages, t.kbs,
+        t.min_blocks, t.geglu_passes, t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string());
     const int warps = t.warps_m * t.warps_n;
     if (t.warps_m < 1 || t.warps_n < 1 || warps > 16 || t.bm < 16 || t.bm % (16 * t.warps_m) != 0 ||
         t.bn < 32 || t.bn % (32 * t.warps_n) != 0 ||
         (t.kbs != 1 && t.kbs != 2 && t.kbs != 4 && t.kbs != 8) || t.stages < 2 || t.stages > 8 ||
         t.min_blocks < 1 || t.min_blocks * warps > 64 || t.geglu_passes < 1 || t.geglu_passes > 2 ||
-        t.bm % (16 * t.warps_m * t.geglu_passes) != 0)
+        t.bm % (16 * t.warps_m * t.geglu_passes) != 0 || t.splits < 1 || t.splits > 8)
         throw std::invalid_argument(fmt::format(
             "mmq: impossible tile {} (BM a multiple of 16 * WARPS_M, BN of 32 * WARPS_N, at most "
             "16 warps, KBS 1/2/4/8, 2..8 stages, at most 64 warps per SM, 1 or 2 GeGLU passes "
-            "of whole m16 tiles per warp)",
+            "of whole m16 tiles per warp, 1..8 K splits)",
             tile));
     // The stage layouts of kernel_templates/mmq.cu: activations, the weight payloads, {d, s} and
     // the fp16 weight scales; the GeGLU entries hold two matrices for BM / GEGLU_PASSES tokens.
@@ -251,9 +255,10 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
                    {"STAGES", t.stages},
                    {"MIN_BLOCKS", t.min_blocks},
                    {"GEGLU_PASSES", t.geglu_passes},
+                   {"SPLITS", t.splits},
                    {"THREADS", 32 * warps},
                    {"SMEM", smem}};
-    s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8"};
+    s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce"};
     s.priority = 1;
     return s;
 }

@@ -95,12 +95,13 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
 // entries' passes over the BM tokens (1 or 2; two halve their registers and shared memory).
 struct MmqTile {
     int bm = 64, bn = 128, warps_m = 2, warps_n = 4, kbs = 2, stages = 4, min_blocks = 1,
-        geglu_passes = 1;
+        geglu_passes = 1, splits = 1;  // splits: K split of the plain entry (mmq_reduce)
 };
 // The tile the plan uses for a k-wide matrix of n_rows rows (measured on the H200 with 512-token
 // chunks; kernel_plan.cpp lists the numbers).
 MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows);
-// "mmq.<type>.k<k>.m<BM>n<BN>.w<WARPS_M>x<WARPS_N>.s<STAGES>b<KBS>.o<MIN_BLOCKS>p<passes>". Throws
+// "mmq.<type>.k<k>.m<BM>n<BN>.w<WARPS_M>x<WARPS_N>.s<STAGES>b<KBS>.o<MIN_BLOCKS>p<passes>[.k<splits>]"
+// (entries mmq, mmq_geglu, mmq_geglu_q8, mmq_reduce). Throws
 // ConfigError for a weight type other than q8_0 / q4_0, std::invalid_argument for k % 32 != 0,
 // n_rows < 1 or an impossible tile (BM a multiple of 16 * WARPS_M, BN of 32 * WARPS_N, at most 16
 // warps; KBS 1, 2, 4, 8; 2..8 stages; shared memory within 227 KiB per block and 228 KiB per SM).

@@ -33,8 +33,13 @@
 //   GEGLU_PASSES  1 or 2 passes over the tokens in the GeGLU entries (see above)
 //   SMEM     dynamic shared memory bytes: STAGES times the larger stage of the plain and the
 //            GeGLU layouts (checked against the layout below)
+//   SPLITS   the plain entry splits K over SPLITS blocks (1: no split); see mmq_reduce
 // Launch (every entry): grid (ceil(n_rows / BN), ceil(T / BM)), block THREADS, dynamic smem SMEM
-// (above 48 KiB the caller opts in: ModuleSet::set_max_dynamic_smem).
+// (above 48 KiB the caller opts in: ModuleSet::set_max_dynamic_smem). With SPLITS > 1 the plain
+// entry takes grid z = SPLITS and y = a workspace of SPLITS planes [T][n_rows] fp32; then
+// mmq_reduce(workspace, y, T * n_rows), grid ceil(T * n_rows / 256), block 256, sums them in a
+// fixed order (deterministic). Split K fills the SMs when ceil(n_rows / BN) * ceil(T / BM) is
+// well below their count (the n 2560 products of E4B: 80 tiles at T = 512).
 //
 // Entries, one signature:
 //   (w, w_up, xq, xds, y, yds, T, n_rows)
@@ -52,6 +57,9 @@
 #ifndef GEGLU_PASSES
 #define GEGLU_PASSES 1
 #endif
+#ifndef SPLITS
+#define SPLITS 1
+#endif
 
 static_assert(K % 32 == 0 && K > 0, "mmq: K must be a positive multiple of 32");
 static_assert(WTYPE == 0 || WTYPE == 1, "mmq: WTYPE must be 0 (Q8_0) or 1 (Q4_0)");
@@ -62,6 +70,7 @@ static_assert(BN % (32 * WARPS_N) == 0,
               "quantized GeGLU output)");
 static_assert(KBS == 1 || KBS == 2 || KBS == 4 || KBS == 8, "mmq: KBS must be 1, 2, 4 or 8");
 static_assert(STAGES >= 2 && STAGES <= 8, "mmq: STAGES must be in [2, 8]");
+static_assert(SPLITS >= 1 && SPLITS <= 8, "mmq: SPLITS must be in [1, 8]");
 static_assert((GEGLU_PASSES == 1 || GEGLU_PASSES == 2) && BM % (16 * WARPS_M * GEGLU_PASSES) == 0,
               "mmq: GEGLU_PASSES must be 1 or 2, each pass whole m16 tiles per warp");
 
@@ -196,6 +205,12 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     const int g = lane / 4, tq = lane % 4;
     const int n0 = blockIdx.x * BN;
     const uint8* w[2] = {(const uint8*)w_gate, (const uint8*)w_up};
+    // Split K (plain entry only): block z takes pipeline steps [s_begin, s_begin + n_steps) and
+    // writes its partial product to plane z of y.
+    constexpr int kSplits = kEpi == mmq_epi_store ? SPLITS : 1;
+    const int z = kSplits > 1 ? (int)blockIdx.z : 0;
+    const int s_begin = z * kSteps / kSplits, n_steps = (z + 1) * kSteps / kSplits - s_begin;
+    if (kSplits > 1) y = (float*)y + (size_t)z * T * n_rows;
 
     // Per-lane ldmatrix row/chunk selections (see the fragment layouts in gj_ptx.cuh). One
     // ldmatrix.x4 of the weight tile covers kG n8 fragments: 2 (Q8_0: 16 rows x 32 bytes) or 4
@@ -227,24 +242,26 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                         // count).
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < kSteps)
-                mmq_load_stage<kMats>(base + s * L::kStage, w, xq, xds, m0, n0, T, n_rows, s);
+            if (s < n_steps)
+                mmq_load_stage<kMats>(base + s * L::kStage, w, xq, xds, m0, n0, T, n_rows,
+                                      s_begin + s);
             cp_async_commit();
         }
 
 #pragma unroll 1
-        for (int step = 0; step < kSteps; ++step) {
+        for (int ls = 0; ls < n_steps; ++ls) {
+            const int step = s_begin + ls;  // the step of K; ls picks its pipeline stage
             cp_async_wait<STAGES - 2>();
             __syncthreads();
             {  // refill the stage everyone finished with in the previous step
-                const int next = step + STAGES - 1;
-                if (next < kSteps)
+                const int next = ls + STAGES - 1;
+                if (next < n_steps)
                     mmq_load_stage<kMats>(base + (next % STAGES) * L::kStage, w, xq, xds, m0, n0, T,
-                                          n_rows, next);
+                                          n_rows, s_begin + next);
                 cp_async_commit();
             }
-            const uint32 st = base + (step % STAGES) * L::kStage;
-            const uint8* st_gen = smem + (step % STAGES) * L::kStage;
+            const uint32 st = base + (ls % STAGES) * L::kStage;
+            const uint8* st_gen = smem + (ls % STAGES) * L::kStage;
             const float2* sdx = (const float2*)(st_gen + L::kDx);
             const uint16* sdw = (const uint16*)(st_gen + L::kDw);
 #pragma unroll 1  // one 32-block at a time: bounds the registers ptxas spends on overlap
@@ -391,5 +408,17 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
         mmq_body<EPI>(w, w_up, xq, xds, y, yds, T, n_rows);                               \
     }
 MMQ_ENTRY(mmq, mmq_epi_store)
+
+// y[i] = sum of the SPLITS partial planes part[z][i] in order z = 0, 1, ... (a fixed order, so
+// the result does not depend on which split finished first), i < n = T * n_rows.
+extern "C" __global__ void __launch_bounds__(256)
+    mmq_reduce(const float* __restrict__ part, float* __restrict__ y, int n) {
+    const int i = blockIdx.x * 256 + threadIdx.x;
+    if (i >= n) return;
+    float s = part[i];
+#pragma unroll
+    for (int z = 1; z < SPLITS; ++z) s += part[(size_t)z * n + i];
+    y[i] = s;
+}
 MMQ_ENTRY(mmq_geglu, mmq_epi_geglu)
 MMQ_ENTRY(mmq_geglu_q8, mmq_epi_geglu_q8)

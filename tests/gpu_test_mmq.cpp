@@ -99,9 +99,9 @@ MmqCase planned(ggml::Type type, int k, int n, int T) {
 std::string case_name(const MmqCase& c) {
     std::string s = fmt::format("{}_k{}_n{}_T{}", ggml::type_name(c.type), c.k, c.n, c.T);
     if (c.tile)
-        s += fmt::format("_m{}n{}w{}x{}s{}b{}o{}p{}", c.tile->bm, c.tile->bn, c.tile->warps_m,
+        s += fmt::format("_m{}n{}w{}x{}s{}b{}o{}p{}k{}", c.tile->bm, c.tile->bn, c.tile->warps_m,
                          c.tile->warps_n, c.tile->stages, c.tile->kbs, c.tile->min_blocks,
-                         c.tile->geglu_passes);
+                         c.tile->geglu_passes, c.tile->splits);
     return s;
 }
 void PrintTo(const MmqCase& c, std::ostream* os) {
@@ -151,9 +151,16 @@ struct Launcher {
         const unsigned bn = unsigned(spec_constant(spec, "BN"));
         auto& dev = gj::jit::Device::get();
         dev.synchronize();
-        launch_smem_async(kernels(spec).get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm)},
-                          {unsigned(spec_constant(spec, "THREADS"))},
-                          unsigned(spec_constant(spec, "SMEM")), w, w_up, xq, xds, y, yds, T, n);
+        // A split-K spec's plain entry writes SPLITS partial planes, summed by mmq_reduce.
+        const unsigned splits = entry == "mmq" ? unsigned(spec_constant(spec, "SPLITS")) : 1;
+        gj::jit::DeviceBuffer part(splits > 1 ? size_t(splits) * T * n * 4 : 16);
+        launch_smem_async(
+            kernels(spec).get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm), splits},
+            {unsigned(spec_constant(spec, "THREADS"))}, unsigned(spec_constant(spec, "SMEM")), w,
+            w_up, xq, xds, splits > 1 ? part.ptr() : y, yds, T, n);
+        if (splits > 1)
+            launch_smem_async(kernels(spec).get(spec.name, "mmq_reduce"), {ceil_div(T * n, 256)},
+                              {256}, 0, part.ptr(), y, T * n);
         dev.synchronize();
     }
 };
@@ -265,11 +272,24 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MmqTest, ::testing::ValuesIn(shape_cases()),
 // last stage, scales copied synchronously) and a real one, with partial tiles in both directions.
 namespace {
 const std::vector<MmqTile> kTiles = {
-    {64, 128, 2, 4, 2, 4, 2, 1}, {128, 128, 2, 4, 2, 4, 2, 2}, {64, 128, 2, 4, 4, 3, 1, 2},
-    {128, 64, 4, 2, 4, 3, 1, 2}, {64, 64, 2, 2, 4, 4, 2, 1},   {64, 64, 2, 2, 2, 4, 3, 1},
-    {32, 64, 1, 2, 4, 4, 2, 1},  {128, 128, 2, 4, 4, 3, 1, 2}, {64, 128, 2, 4, 2, 3, 2, 1},
-    {32, 128, 1, 4, 2, 4, 2, 1}, {64, 128, 2, 4, 4, 2, 2, 1},  {128, 128, 4, 4, 2, 4, 1, 2},
-    {128, 64, 4, 2, 2, 4, 2, 2}, {64, 128, 2, 4, 8, 2, 1, 1}};
+    {64, 128, 2, 4, 2, 4, 2, 1},
+    {128, 128, 2, 4, 2, 4, 2, 2},
+    {64, 128, 2, 4, 4, 3, 1, 2},
+    {128, 64, 4, 2, 4, 3, 1, 2},
+    {64, 64, 2, 2, 4, 4, 2, 1},
+    {64, 64, 2, 2, 2, 4, 3, 1},
+    {32, 64, 1, 2, 4, 4, 2, 1},
+    {128, 128, 2, 4, 4, 3, 1, 2},
+    {64, 128, 2, 4, 2, 3, 2, 1},
+    {32, 128, 1, 4, 2, 4, 2, 1},
+    {64, 128, 2, 4, 4, 2, 2, 1},
+    {128, 128, 4, 4, 2, 4, 1, 2},
+    {128, 64, 4, 2, 2, 4, 2, 2},
+    {64, 128, 2, 4, 8, 2, 1, 1},
+    // split K (the plan's deep n 2560 products), also into uneven and single-step splits
+    {128, 128, 2, 4, 4, 3, 1, 2, 3},
+    {64, 64, 2, 2, 4, 4, 2, 1, 2},
+    {64, 64, 2, 2, 1, 2, 2, 1, 8}};
 
 std::vector<MmqCase> tile_cases() {
     std::vector<MmqCase> cases;
@@ -293,7 +313,7 @@ TEST(MmqTiles, EveryPlanTileIsTested) {
     auto same = [](const MmqTile& a, const MmqTile& b) {
         return a.bm == b.bm && a.bn == b.bn && a.warps_m == b.warps_m && a.warps_n == b.warps_n &&
                a.kbs == b.kbs && a.stages == b.stages && a.min_blocks == b.min_blocks &&
-               a.geglu_passes == b.geglu_passes;
+               a.geglu_passes == b.geglu_passes && a.splits == b.splits;
     };
     for (auto type : {ggml::Type::Q8_0, ggml::Type::Q4_0})
         for (int k : {64, 2048, 2560, 4096, 5376, 10240, 21504})

@@ -192,7 +192,7 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
         EXPECT_FALSE(k.entries.empty()) << k.name;
     }
     for (const char* want :
-         {"mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1", "mmq.q8_0.k10240.m128n128.w2x4.s3b4.o1p2",
+         {"mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1", "mmq.q8_0.k10240.m128n128.w2x4.s3b4.o1p2.k3",
           "flash_prefill.hd512.g4.kv2.w0.f16"})
         EXPECT_TRUE(names.count(want)) << want;
     // Exactly the matvec widths the model has: d (also the LM head and the PLE context
@@ -507,7 +507,19 @@ TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
     const auto s = mmq_spec(ggml::Type::Q8_0, 2560, 10240);
     EXPECT_EQ(s.family, "mmq");
     EXPECT_EQ(s.name, "mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1");
-    EXPECT_EQ(s.entries, (std::vector<std::string>{"mmq", "mmq_geglu", "mmq_geglu_q8"}));
+    EXPECT_EQ(s.entries,
+              (std::vector<std::string>{"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce"}));
+    EXPECT_EQ(spec_constant(s, "SPLITS"), 1);
+    // The deep n 2560 products (80 tiles of 128 x 128 at T = 512) split K in three; shallow ones
+    // and wide ones do not.
+    const auto down = mmq_spec(ggml::Type::Q8_0, 10240, 2560);
+    EXPECT_EQ(down.name, "mmq.q8_0.k10240.m128n128.w2x4.s3b4.o1p2.k3");
+    EXPECT_EQ(spec_constant(down, "SPLITS"), 3);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q8_0, 2048, 2560), "SPLITS"), 3);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q8_0, 1024, 2560), "SPLITS"), 1);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q8_0, 5376, 4096), "SPLITS"), 1);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, MmqTile{64, 64, 2, 2, 4, 4, 2, 1, 9}),
+                 std::invalid_argument);
     EXPECT_EQ(spec_constant(s, "K"), 2560);
     EXPECT_EQ(spec_constant(s, "WTYPE"), 0);
     EXPECT_EQ(spec_constant(s, "THREADS"), 256);
