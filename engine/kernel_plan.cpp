@@ -483,20 +483,24 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
         throw ConfigError(
             "flash_prefill: KV cache type q8_0 has no tensor-core prefill attention (f16, bf16)");
     const int kv_const = kv_type_constant(kv);
-    const auto& [wm, ds, ks, kw, stages, splits] = tiling;
+    const auto& [wm, ds, ks, kw, stages, splits, dim_scores] = tiling;
     const int dslice = ds > 0 ? head_dim / ds : 0;
     const int threads = 32 * wm * ds * ks;
-    if (wm < 1 || ds < 1 || ks < 1 || kw < 16 || kw % 16 != 0 || kw % (8 * ds) != 0 || stages < 2 ||
+    if (wm < 1 || ds < 1 || ks < 1 || kw < 16 || kw % 16 != 0 ||
+        (!dim_scores && kw % (8 * ds) != 0) || (dim_scores && ds == 1) || stages < 2 ||
         threads > 1024 || head_dim % ds != 0 || dslice % 16 != 0 ||
         (ds > 1 && (dslice % 64 != 0 || wm * ks > 15)) ||
         !(splits == 1 || splits == 2 || splits == 4 || splits == 8))
         throw std::invalid_argument(fmt::format(
             "flash_prefill: tiling {} row warps x {} dim slices x {} key sets, {} keys per warp, "
-            "{} stages, {} key splits is impossible for head dim {}",
-            wm, ds, ks, kw, stages, splits, head_dim));
+            "{} stages, {} key splits{} is impossible for head dim {}",
+            wm, ds, ks, kw, stages, splits, dim_scores ? ", scores split by dims" : "", head_dim));
     const int kt = ks * kw, rows = 16 * wm, row_bytes = 2 * head_dim;
     // Q rows, the stages, and for shared scores (ds > 1) row maxima and P per (row warp, key set).
-    const int share = ds > 1 ? wm * ks * 16 * (ds * 4 + kw * 2) : 0;
+    // (With scores split by head dims: the group's fp32 partial scores instead.)
+    const int share = ds == 1      ? 0
+                      : dim_scores ? wm * ks * ds * 16 * kw * 4
+                                   : wm * ks * 16 * (ds * 4 + kw * 2);
     const int pipe = rows * row_bytes + stages * 2 * kt * row_bytes + share;
     const int merge = (ks - 1) * rows * (head_dim * 4 + 8);
     // Key splits: each block's partial O and (m, l) plus combine weights.
@@ -508,14 +512,15 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
             "shared memory ({} max)",
             head_dim, rows, kt, stages, smem, kFlashPrefillMaxSmem));
     // Independent accumulator chains for S: at least 4 n-tile chains per warp.
-    const int nt = kw / ds / 8;
+    const int nt = (dim_scores ? kw : kw / ds) / 8;
     const int s_sets = std::clamp(4 / nt, 1, 4);
     jit::KernelSpec s;
     s.family = "flash_prefill";
     s.name = fmt::format("flash_prefill.hd{}.g{}.kv{}.w{}.{}", head_dim, group, n_kv_heads, window,
                          kv_type_name(kv));
     if (tiling != flash_prefill_tiling(head_dim, group, n_kv_heads, kFlashPrefillDefaultChunk))
-        s.name += fmt::format(".m{}d{}k{}w{}s{}x{}", wm, ds, ks, kw, stages, splits);
+        s.name += fmt::format(".m{}d{}{}k{}w{}s{}x{}", wm, ds, dim_scores ? "h" : "", ks, kw,
+                              stages, splits);
     s.constants = {{"HEAD_DIM", head_dim},
                    {"GROUP", group},
                    {"N_KV_HEADS", n_kv_heads},
@@ -523,6 +528,7 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
                    {"KV_TYPE", kv_const},
                    {"WM", wm},
                    {"DS", ds},
+                   {"DIM_SCORES", dim_scores ? 1 : 0},
                    {"KS", ks},
                    {"KT", kt},
                    {"STAGES", stages},

@@ -147,10 +147,10 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
 // engine's prefill chunk; any T is correct, the split count only aims to fill the SMs at that
 // length); the overload taking a FlashPrefillTiling sets it explicitly (tests, benchmarks). A
 // tiling other than the default for kFlashPrefillDefaultChunk is spelled in the name
-// (".m<WM>d<DS>k<KS>w<KW>s<STAGES>x<SPLITS>"). Throws std::invalid_argument for impossible shapes
-// or tilings, ConfigError for KvType::Q8_0 (the engine keeps flash_decode for prefill then) or a
-// layer whose head count is not a multiple of its KV heads. Shared memory is capped at sm_80's
-// opt-in limit (163 KiB).
+// (".m<WM>d<DS>[h]k<KS>w<KW>s<STAGES>x<SPLITS>", h: scores split by head dims). Throws
+// std::invalid_argument for impossible shapes or tilings, ConfigError for KvType::Q8_0 (the engine
+// keeps flash_decode for prefill then) or a layer whose head count is not a multiple of its KV
+// heads. Shared memory is capped at sm_80's opt-in limit (163 KiB).
 inline constexpr int kFlashPrefillMaxSmem = 163 * 1024;
 inline constexpr int kFlashPrefillDefaultChunk = 512;
 // Blocks the default split count aims for (about the SM count of an H100/H200).
@@ -163,6 +163,7 @@ struct FlashPrefillTiling {
                      // 8 * dim_slices; KT = key_sets * warp_keys
     int stages;      // cp.async pipeline depth (>= 2)
     int splits = 1;  // SPLITS: blocks (one cluster) sharing a row block's key tiles: 1, 2, 4, 8
+    bool dim_scores = false;  // DIM_SCORES: dim slices split Q K^T by head dims (not by keys)
     bool operator==(const FlashPrefillTiling&) const = default;
 };
 FlashPrefillTiling flash_prefill_tiling(int head_dim, int group, int n_kv_heads,

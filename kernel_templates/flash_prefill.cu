@@ -26,6 +26,11 @@
 //     through shared memory (a named barrier over those DS warps), and each writes its part of P
 //     (in the cache type) to a shared 16 x KW buffer, from which every one of them reads all of
 //     P as A fragments for its slice of O += P V. No Q K^T work is repeated.
+//     With DIM_SCORES = 1 they split Q K^T by head dims instead: each computes fp32 partial
+//     scores of all KW keys over its DSLICE dims, the group adds them up through shared memory
+//     (one named barrier; every warp sums in the same order, so all hold the same S), and each
+//     runs the softmax itself with P straight from its registers. Per mma that reads fewer
+//     shared bytes than re-reading Q for a few keys, and needs no P buffer or maxima exchange.
 //   - key splits (SPLITS > 1, sm_90+): a row block is handled by a cluster of SPLITS blocks, block
 //     `split` of the cluster streaming tiles [split, split + 1) * n / SPLITS of the block's n key
 //     tiles. Each ends with its rows' unnormalized O and (m, l) in its own shared memory; after a
@@ -56,6 +61,7 @@
 //   KV_TYPE  cache element type (attn_kv.cuh: 0 f16, 1 bf16)
 //   WM       row warps, BLOCK_ROWS = 16 * WM query rows per block
 //   DS       head-dim slices             KS  key sets
+//   DIM_SCORES  with DS > 1: 0 the group's warps split the scores by keys, 1 by head dims
 //   KT       keys per tile (KS * KW, KW a multiple of 16, KW / DS a multiple of 8)
 //   STAGES   pipeline depth              S_SETS  accumulator sets of S (1, 2 or 4)
 //   SPLITS   blocks per row block (1, 2, 4, 8: the cluster size; key tiles split among them)
@@ -83,18 +89,24 @@ static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM"
 #define ROW_BYTES (HEAD_DIM * 2)
 #define CPR (HEAD_DIM / 8)  // 16-byte chunks per row
 #define KW (KT / KS)        // keys per (row warp, key set) and tile
-#define KWS (KW / DS)       // of which this warp's scores
-#define NT (KWS / 8)        // score n-tiles per warp
+// Score work of the DS warps of a group: split by keys (P shared) or by head dims (S shared).
+#define SHARE_P (DS > 1 && !DIM_SCORES)
+#define SHARE_S (DS > 1 && DIM_SCORES)
+#define KWS (SHARE_P ? KW / DS : KW)                             // keys of this warp's scores
+#define NT (KWS / 8)                                             // score n-tiles per warp
+#define S_KSTEPS (SHARE_S ? HEAD_DIM / DS / 16 : HEAD_DIM / 16)  // its k-steps of Q K^T
 #define DSLICE (HEAD_DIM / DS)
 #define Q_BYTES (BLOCK_ROWS * ROW_BYTES)
 #define STAGE_BYTES (2 * KT * ROW_BYTES)  // K rows, then V rows
 // Score sharing between the DS warps of a group (row warp, key set): row maxima [group][DS][16]
 // (after the loop: the partial sums l), then P [group][16][KW] in the cache type.
 #define N_GROUPS (WM * KS)
-#define RED_BYTES (DS > 1 ? N_GROUPS * DS * 16 * 4 : 0)
+// With head-dim score splits instead: fp32 partial scores [group][DS][NT][32 lanes] float4.
+#define RED_BYTES (SHARE_P ? N_GROUPS * DS * 16 * 4 : 0)
 #define P_ROW_BYTES (KW * 2)
-#define P_BYTES (DS > 1 ? N_GROUPS * 16 * P_ROW_BYTES : 0)
-#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + P_BYTES)
+#define P_BYTES (SHARE_P ? N_GROUPS * 16 * P_ROW_BYTES : 0)
+#define S_PART_BYTES (SHARE_S ? N_GROUPS * DS * 16 * KW * 4 : 0)
+#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + P_BYTES + S_PART_BYTES)
 // Merge area (reuses the pipeline's): O slices and (m, l) of key sets 1 .. KS - 1.
 #define MERGE_O_BYTES ((KS - 1) * BLOCK_ROWS * HEAD_DIM * 4)
 #define MERGE_BYTES (MERGE_O_BYTES + (KS - 1) * BLOCK_ROWS * 8)
@@ -107,7 +119,8 @@ static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM"
 #define LOG2E 1.4426950408889634f
 
 static_assert(KW % 16 == 0 && KT == KS * KW, "flash_prefill: KT / KS must be a multiple of 16");
-static_assert(KWS % 8 == 0, "flash_prefill: KW / DS must be a multiple of 8");
+static_assert(KWS % 8 == 0, "flash_prefill: KW / DS must be a multiple of 8 (keys split)");
+static_assert(DIM_SCORES == 0 || DIM_SCORES == 1, "flash_prefill: DIM_SCORES is 0 or 1");
 static_assert(S_SETS == 1 || S_SETS == 2 || S_SETS == 4, "flash_prefill: S_SETS 1, 2 or 4");
 static_assert(DS == 1 || N_GROUPS <= 15, "flash_prefill: one named barrier per group (1..15)");
 static_assert(DSLICE % 16 == 0 && (DS == 1 || DSLICE % 64 == 0),
@@ -311,8 +324,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
         off_a[j] = (uint32)(((2 * j + lchunk_a) ^ swz_key(row_a)) << 4);
         off_b[j] = (uint32)(((2 * j + lchunk_b) ^ swz_key(row_b)) << 4);
     }
-    const uint32 q_lane = smem0 + (wm * 16 + row_a) * ROW_BYTES;
-    const uint32 k_lane = (ks * KW + ds * KWS + row_b) * ROW_BYTES;  // within a stage
+    // Q and K rows from the warp's first score dim (a multiple of 64 dims when sliced: the
+    // swizzle keeps 8-chunk runs in place) and its first score key.
+    const uint32 dim0 = SHARE_S ? ds * DSLICE * 2 : 0;
+    const uint32 q_lane = smem0 + (wm * 16 + row_a) * ROW_BYTES + dim0;
+    const uint32 k_lane = (ks * KW + (SHARE_P ? ds * KWS : 0) + row_b) * ROW_BYTES + dim0;
     const uint32 v_lane = KT * ROW_BYTES + (ks * KW + row_a) * ROW_BYTES + ds * DSLICE * 2;
 
     // O accumulators of the slice: o[n] = {O[g][8n + 2tq], O[g][8n + 2tq + 1], O[g + 8][8n + 2tq],
@@ -321,10 +337,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
 #pragma unroll
     for (int n = 0; n < DSLICE / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
-    // Score sharing (DS > 1): this group's row maxima and P buffer.
+    // Score sharing (DS > 1): this group's row maxima and P buffer, or its partial scores.
     const int group = wm + WM * ks;
     float* red = (float*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * 16;
     uint8* p_rows = smem + Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + group * 16 * P_ROW_BYTES;
+    float4* s_parts = (float4*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * NT * 32;
 
     for (int it = 0; it < n_tiles; ++it) {
         const int nt_issue = it + STAGES - 1;
@@ -350,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
                 for (int n = 0; n < NT; ++n)
                     acc[set][n][0] = acc[set][n][1] = acc[set][n][2] = acc[set][n][3] = 0.0f;
 #pragma unroll
-            for (int kstep = 0; kstep < HEAD_DIM / 16; ++kstep) {
+            for (int kstep = 0; kstep < S_KSTEPS; ++kstep) {
                 const uint32 coff = 128 * (kstep / 4);
                 float(&sk)[NT][4] = acc[kstep % S_SETS];
                 uint32 qa[4];
@@ -376,7 +393,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[n][e] += acc[set][n][e];
-            const int a_own = a + ds * KWS;  // first key of this warp's scores
+            if (SHARE_S) {  // add the group's partial scores, in the same order in every warp
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    s_parts[(ds * NT + n) * 32 + lane] =
+                        make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+                group_sync(group);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    float4 sum = s_parts[n * 32 + lane];
+#pragma unroll
+                    for (int d = 1; d < DS; ++d) {
+                        const float4 v = s_parts[(d * NT + n) * 32 + lane];
+                        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+                    }
+                    s[n][0] = sum.x, s[n][1] = sum.y, s[n][2] = sum.z, s[n][3] = sum.w;
+                }
+            }
+            const int a_own = a + (SHARE_P ? ds * KWS : 0);  // first key of this warp's scores
             if (!full) {
 #pragma unroll
                 for (int n = 0; n < NT; ++n)
@@ -397,7 +431,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 2));
             }
-            if (DS > 1) {
+            if (SHARE_P) {
                 if (tq == 0) red[ds * 16 + g] = mx[0], red[ds * 16 + g + 8] = mx[1];
                 group_sync(group);
 #pragma unroll
@@ -433,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
                     o[n][2] *= scale[1], o[n][3] *= scale[1];
                 }
             }
-            if (DS > 1) {  // this warp's part of P into the group's buffer
+            if (SHARE_P) {  // this warp's part of P into the group's buffer
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     const int col = ds * KWS + 8 * n + 2 * tq;  // (col % 8) * 2 = 4 * tq bytes
@@ -444,14 +478,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
                 }
                 group_sync(group);
             }
-            // O += P V: with DS = 1 P's A fragments are the S accumulators of n-tiles 2kk, 2kk + 1
-            // (NT = KW / 8 then; the "% NT" only keeps the DS > 1 form of this dead branch in
-            // bounds); else they come from the shared P rows (like Q's: rows row_a at chunk
+            // O += P V: unless P is shared, P's A fragments are the S accumulators of n-tiles 2kk,
+            // 2kk + 1 (NT = KW / 8 then; the "% NT" only keeps the other form of this dead branch
+            // in bounds); else they come from the shared P rows (like Q's: rows row_a at chunk
             // 2kk + lchunk_a).
 #pragma unroll
             for (int kk = 0; kk < KW / 16; ++kk) {
                 uint32 pa[4];
-                if (DS == 1) {
+                if (!SHARE_P) {
                     pa[0] = kv_pack2(s[2 * kk % NT][0], s[2 * kk % NT][1]);
                     pa[1] = kv_pack2(s[2 * kk % NT][2], s[2 * kk % NT][3]);
                     pa[2] = kv_pack2(s[(2 * kk + 1) % NT][0], s[(2 * kk + 1) % NT][1]);
@@ -477,9 +511,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
         l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 1);
         l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 2);
     }
-    // With shared scores each warp summed its own keys' weights: add the group's partial sums
+    // With shared P each warp summed its own keys' weights: add the group's partial sums
     // (through the row-maxima buffer, idle now; the barriers keep it clear of the merge below).
-    if (DS > 1) {
+    if (SHARE_P) {
         if (tq == 0) red[ds * 16 + g] = l[0], red[ds * 16 + g + 8] = l[1];
         __syncthreads();
         l[0] = l[1] = 0.0f;

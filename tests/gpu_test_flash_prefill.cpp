@@ -3,7 +3,7 @@
 // 32..512, groups 1..16 (and 3, 12), causal and sliding windows, chunks of 1..512 tokens across
 // the 16-row and tile edges, first chunks (pos0 = 0) and later ones whose ring has wrapped, f16 and
 // bf16 caches, the default tiling of every head dim and the other warp roles (more key sets, head
-// dims split over warps, key splits over clusters of 1..8 blocks).
+// dims split over warps by keys or by dims, key splits over clusters of 1..8 blocks).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -282,6 +282,14 @@ std::vector<PrefillCase> cases() {
     v.push_back({512, 8, 4, 0, 64, 300, KvType::BF16, FlashPrefillTiling{4, 2, 1, 16, 3, 4}});
     v.push_back({512, 4, 2, 0, 64, 300, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 3, 1}});
     v.push_back({512, 4, 2, 0, 512, 4096, KvType::F16});
+    // Scores split by head dims (partial S added up across the dim slices), with key sets, with
+    // key splits, 48-row blocks.
+    v.push_back({512, 4, 2, 0, 130, 40, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 2, true}});
+    v.push_back(
+        {256, 4, 2, 512, 130, 600, KvType::BF16, FlashPrefillTiling{4, 2, 1, 32, 2, 1, true}});
+    v.push_back({128, 2, 2, 0, 64, 5, KvType::F16, FlashPrefillTiling{2, 2, 2, 16, 2, 2, true}});
+    v.push_back({512, 8, 4, 0, 17, 33, KvType::BF16, FlashPrefillTiling{3, 2, 1, 16, 3, 4, true}});
+    v.push_back({512, 4, 2, 0, 512, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 2, true}});
     return v;
 }
 

@@ -121,6 +121,13 @@ std::vector<KernelSpec> all_specs() {
     add(gj::gemma4::flash_prefill_spec(64, 2, 2, 8, KvType::BF16, Tiling{2, 1, 2, 16, 2, 4}));
     add(gj::gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{2, 2, 2, 16, 2, 2}));
     add(gj::gemma4::flash_prefill_spec(128, 1, 4, 0, KvType::F16, Tiling{1, 1, 1, 16, 2, 8}));
+    // Scores split by head dims.
+    add(gj::gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{4, 2, 1, 16, 2, 2, true}));
+    add(gj::gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::BF16,
+                                       Tiling{4, 2, 1, 32, 2, 1, true}));
+    add(gj::gemma4::flash_prefill_spec(128, 2, 2, 0, KvType::F16, Tiling{2, 2, 2, 16, 2, 2, true}));
+    add(gj::gemma4::flash_prefill_spec(512, 8, 4, 0, KvType::BF16,
+                                       Tiling{3, 2, 1, 16, 3, 4, true}));
     return specs;
 }
 
@@ -426,6 +433,14 @@ TEST(KernelPlan, FlashPrefillBuilders) {
                  std::invalid_argument);
     EXPECT_THROW(flash_prefill_spec(64, 4, 2, 0, KvType::F16, FlashPrefillTiling{8, 1, 8, 16, 2}),
                  std::invalid_argument);
+    // Scores split by head dims need dim slices; a tiling naming it is spelled with "h".
+    EXPECT_THROW(
+        flash_prefill_spec(256, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 1, 1, 32, 2, 1, true}),
+        std::invalid_argument);
+    EXPECT_EQ(
+        flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 2, true})
+            .name,
+        "flash_prefill.hd512.g4.kv2.w0.f16.m4d2hk1w16s2x2");
     // Key splits: a power of two up to a portable cluster of 8.
     for (int splits : {0, 3, 16})
         EXPECT_THROW(flash_prefill_spec(64, 4, 2, 0, KvType::F16,
