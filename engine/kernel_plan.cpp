@@ -454,13 +454,17 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
 
 FlashPrefillTiling flash_prefill_tiling(int head_dim, int group, int n_kv_heads, int chunk) {
     // 16-row warps keep O for their head-dim slice in registers: HEAD_DIM / DS / 2 floats per
-    // thread, at most 128 (hd 512 splits its head dim over two warps that share the scores).
-    // Row blocks of 64 rows (16 tokens of a 4-head group) read each K/V tile from L2 once for
-    // twice the rows of 32-row blocks; at hd 512 that leaves room for 16-key tiles only (Q rows
-    // plus 3 stages: 163 KiB). A chunk then has few row blocks (E4B, 512 tokens: 32 per KV head),
-    // so key splits (clusters of blocks sharing a row block's key tiles) bring the grid to about
-    // one block per SM.
-    FlashPrefillTiling t = head_dim >= 512   ? FlashPrefillTiling{4, 2, 1, 16, 3}
+    // thread, at most 128 (hd 512 splits its head dim over two warps, which split Q K^T by head
+    // dims and add their partial scores: fewer shared-memory bytes per mma than re-reading Q for
+    // 8 keys each). Row blocks of 64 rows (16 tokens of a 4-head group) read each K/V tile from
+    // L2 once for twice the rows of the former 32-row blocks; at hd 512 that leaves room for two
+    // stages of 16-key tiles (Q rows 64 KiB + 2 x 32 KiB + partial scores 8 KiB). A chunk then
+    // has few row blocks (E4B, 512 tokens: 32 per KV head), so key splits (clusters of blocks
+    // sharing a row block's key tiles) bring the grid to about one block per SM.
+    // These defaults follow a shared-memory and L2 traffic estimate; they are not yet timed on
+    // the GPU (the former 32-row tilings measured on the H200 at E4B shapes, T = 512, pos0 0 /
+    // 4096: hd 256 window 512 27 / 29 us, hd 512 53 / 391 us).
+    FlashPrefillTiling t = head_dim >= 512   ? FlashPrefillTiling{4, 2, 1, 16, 2, 1, true}
                            : head_dim >= 256 ? FlashPrefillTiling{4, 1, 2, 32, 2}
                                              : FlashPrefillTiling{4, 1, 2, 32, 3};
     const int64_t blocks =

@@ -363,6 +363,7 @@ TEST(KernelPlan, FlashPrefillBuilders) {
     EXPECT_EQ(global.family, "flash_prefill");
     EXPECT_EQ(global.entries, std::vector<std::string>{"flash_prefill"});
     EXPECT_EQ(spec_constant(global, "DS"), 2);  // O split over two warps: 128 registers each
+    EXPECT_EQ(spec_constant(global, "DIM_SCORES"), 1);
     EXPECT_EQ(flash_prefill_spec(e4b, 0, KvType::BF16).name,
               "flash_prefill.hd256.g4.kv2.w512.bf16");
     EXPECT_EQ(spec_constant(flash_prefill_spec(e4b, 0, KvType::BF16), "KV_TYPE"), 1);
@@ -438,9 +439,9 @@ TEST(KernelPlan, FlashPrefillBuilders) {
         flash_prefill_spec(256, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 1, 1, 32, 2, 1, true}),
         std::invalid_argument);
     EXPECT_EQ(
-        flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 2, true})
+        flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 4, true})
             .name,
-        "flash_prefill.hd512.g4.kv2.w0.f16.m4d2hk1w16s2x2");
+        "flash_prefill.hd512.g4.kv2.w0.f16.m4d2hk1w16s2x4");
     // Key splits: a power of two up to a portable cluster of 8.
     for (int splits : {0, 3, 16})
         EXPECT_THROW(flash_prefill_spec(64, 4, 2, 0, KvType::F16,
