@@ -41,10 +41,11 @@
 // Per warp and tile: S (16 x KWS) = Q K^T with Q (rounded to the cache type when staged) and K
 // rows through ldmatrix, the k-steps spread over S_SETS accumulator sets (independent mma chains
 // for latency hiding, added up at the end); masked scores -> -inf; online softmax in fp32 (exp2
-// with log2(e) folded in); P rounded to the cache type goes straight from the S accumulators into
-// A fragments when DS = 1 (the m16n8k16 C and A layouts line up), through the shared P buffer
-// otherwise; O += P V with V through ldmatrix.trans. Rows are stored with their 16-byte chunks
-// XOR-swizzled so every ldmatrix phase hits 8 distinct bank groups.
+// with log2(e) folded in; O is rescaled only on tiles where some row's maximum moved); P rounded
+// to the cache type goes straight from the S accumulators into A fragments (the m16n8k16 C and A
+// layouts line up) unless it is shared (DS > 1, DIM_SCORES 0: through the shared P buffer);
+// O += P V with V through ldmatrix.trans. Rows are stored with their 16-byte chunks XOR-swizzled
+// so every ldmatrix phase hits 8 distinct bank groups.
 // Skipping: a warp skips a tile slice none of its rows can see (the causal upper triangle, keys
 // left of the window), and applies the per-element mask only to slices that straddle an edge, so
 // the work is proportional to the visible keys. Blocks run in reverse row order: the last tokens
@@ -53,7 +54,8 @@
 // P = 0 times a NaN would still be NaN). Within the range every slot holds a live position: its
 // length is at most WINDOW + T - 1 <= slots on ring layers. A NaN in a K row reaches exactly the
 // rows that see it (masking replaces it, fmaxf ignores it in the row max, exp2 keeps it); one in a
-// V row also reaches the other rows of the warps that load it (P = 0 times NaN).
+// V row also reaches the other rows of the warps that load it (P = 0 times NaN), and with key
+// splits the rows of the block whose combine weight for that split is 0.
 //
 // Constants (prologue #defines):
 //   HEAD_DIM 32, 64, 128, 256 or 512     GROUP  query heads per KV head (models: 1..16)
@@ -62,7 +64,8 @@
 //   WM       row warps, BLOCK_ROWS = 16 * WM query rows per block
 //   DS       head-dim slices             KS  key sets
 //   DIM_SCORES  with DS > 1: 0 the group's warps split the scores by keys, 1 by head dims
-//   KT       keys per tile (KS * KW, KW a multiple of 16, KW / DS a multiple of 8)
+//   KT       keys per tile (KS * KW, KW a multiple of 16; KW / DS a multiple of 8 unless
+//            DIM_SCORES)
 //   STAGES   pipeline depth              S_SETS  accumulator sets of S (1, 2 or 4)
 //   SPLITS   blocks per row block (1, 2, 4, 8: the cluster size; key tiles split among them)
 //   THREADS  32 * WM * DS * KS           SMEM  dynamic shared memory bytes (checked here)

@@ -272,24 +272,25 @@ std::vector<PrefillCase> cases() {
     v.push_back({256, 2, 8, 1024, 130, 2000, KvType::F16, FlashPrefillTiling{2, 2, 1, 64, 2}});
     // Key splits (clusters of 2..8 blocks sharing a row block's tiles): with key sets, with shared
     // scores, 128-row blocks, splits that get no tile (T = 1, short first chunks), later chunks
-    // on wrapped rings, one split (the combine path's counterpart) at the same shape.
+    // on wrapped rings, one split (the combine path's counterpart) at the same shape, a whole
+    // 512-token chunk.
     v.push_back({64, 2, 2, 8, 17, 100, KvType::BF16, FlashPrefillTiling{2, 1, 2, 16, 2, 4}});
     v.push_back({128, 1, 4, 0, 130, 37, KvType::F16, FlashPrefillTiling{1, 1, 1, 16, 2, 8}});
     v.push_back({128, 1, 4, 0, 1, 0, KvType::F16, FlashPrefillTiling{1, 1, 1, 16, 2, 8}});
-    v.push_back({256, 4, 2, 512, 512, 4096, KvType::F16, FlashPrefillTiling{8, 1, 1, 32, 2, 4}});
+    v.push_back({256, 4, 2, 512, 512, 4100, KvType::F16, FlashPrefillTiling{8, 1, 1, 32, 2, 4}});
     v.push_back({256, 4, 2, 64, 130, 200, KvType::BF16, FlashPrefillTiling{8, 1, 1, 32, 3, 8}});
     v.push_back({512, 4, 2, 0, 130, 40, KvType::F16, FlashPrefillTiling{2, 2, 2, 16, 2, 2}});
     v.push_back({512, 8, 4, 0, 64, 300, KvType::BF16, FlashPrefillTiling{4, 2, 1, 16, 3, 4}});
     v.push_back({512, 4, 2, 0, 64, 300, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 3, 1}});
-    v.push_back({512, 4, 2, 0, 512, 4096, KvType::F16});
-    // Scores split by head dims (partial S added up across the dim slices), with key sets, with
-    // key splits, 48-row blocks.
-    v.push_back({512, 4, 2, 0, 130, 40, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 2, true}});
+    v.push_back({512, 4, 2, 0, 512, 1000, KvType::F16});
+    // Scores split by head dims (partial S added up across the dim slices; hd 512's default),
+    // with key sets, with key splits, 48-row blocks.
+    v.push_back({512, 4, 2, 0, 130, 40, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 4, true}});
     v.push_back(
         {256, 4, 2, 512, 130, 600, KvType::BF16, FlashPrefillTiling{4, 2, 1, 32, 2, 1, true}});
     v.push_back({128, 2, 2, 0, 64, 5, KvType::F16, FlashPrefillTiling{2, 2, 2, 16, 2, 2, true}});
     v.push_back({512, 8, 4, 0, 17, 33, KvType::BF16, FlashPrefillTiling{3, 2, 1, 16, 3, 4, true}});
-    v.push_back({512, 4, 2, 0, 512, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 2, true}});
+    v.push_back({512, 4, 2, 0, 512, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 3, 2}});
     return v;
 }
 
