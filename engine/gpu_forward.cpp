@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <set>
 #include <stdexcept>
 
 #include "engine/pinned_host.h"
@@ -38,8 +39,9 @@ struct WorkLayout {
     std::vector<int> decode_splits;  // per layer: attention splits of the decode graph
     uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
     uint64_t logits_work = 0;                       // workspace of the logits kernels
-    bool half_acts = false;   // cuBLAS products of f16/bf16 weights: converted activations
-    bool float_gate = false;  // cuBLAS GeGLU: the gate product's own fp32 buffer
+    bool half_acts = false;    // cuBLAS products of f16/bf16 weights: converted activations
+    bool float_gate = false;   // cuBLAS GeGLU: the gate product's own fp32 buffer
+    bool gemm_q8_ffn = false;  // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
 
     explicit WorkLayout(const GpuModel& m) {
         const Config& c = m.config();
@@ -70,6 +72,7 @@ struct WorkLayout {
         logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
         half_acts = !m.spec_convert().empty();
         float_gate = m.blas_ffn();
+        for (const GpuLayer& g : m.layers()) gemm_q8_ffn = gemm_q8_ffn || !g.gate.spec_gemm.empty();
     }
 
     uint64_t bytes() const {
@@ -83,7 +86,9 @@ struct WorkLayout {
                                 + part_o_floats + 2 * part_ml_pairs +
                                 (float_gate ? R * ffn_max : 0);
         return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
-               + (half_acts ? R * in_max * 2 : 0) + (kStateHeader + 2 * R) * 4 + readout_bytes();
+               + (half_acts ? R * in_max * 2 : 0) +
+               (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
+               (kStateHeader + 2 * R) * 4 + readout_bytes();
     }
     // Argmax token (16 B), top-k ids and values, then the logits kernels' workspace.
     uint64_t readout_bytes() const { return 16 + 2 * kMaxTopK * 4 + logits_work; }
@@ -100,7 +105,7 @@ uint64_t session_work_bytes(const GpuModel& model) {
 struct GpuSession::Work {
     WorkLayout layout;
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
-        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate;
+        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate, gq, gds;
     PinnedHost state_host, result_host;
 
     explicit Work(const GpuModel& m) : layout(m) {
@@ -134,6 +139,10 @@ struct GpuSession::Work {
         readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
         if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
         if (L.float_gate) fgate = jit::DeviceBuffer(R * L.ffn_max * 4);
+        if (L.gemm_q8_ffn) {
+            gq = jit::DeviceBuffer(R * L.ffn_max);
+            gds = jit::DeviceBuffer(R * (L.ffn_max / 32) * 8);
+        }
         state_host = PinnedHost((kStateHeader + 2 * R) * 4);
         result_host = PinnedHost(16 + 2 * kMaxTopK * 4);
     }
@@ -191,6 +200,20 @@ GpuSession::GpuSession(GpuModel& model)
     jit::check_driver(api.cuEventCreate(&forked_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     // Attention kernels that want more than the default 48 KiB of dynamic shared memory opt in
     // now, before any graph capture.
+    std::set<std::string> gemms;
+    for (const GpuLayer& g : model_.layers())
+        for (const GpuMatrix* m :
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            if (!m->spec_gemm.empty()) gemms.insert(m->spec_gemm);
+    for (const GpuMatrix* m : {&model_.lm_head(), &model_.ple_model_proj()})
+        if (!m->spec_gemm.empty()) gemms.insert(m->spec_gemm);
+    for (const std::string& name : gemms) {
+        const jit::KernelSpec& spec = model_.kernels().spec(name);
+        const int smem = int(spec_constant(spec, "SMEM"));
+        if (smem > 48 * 1024)
+            for (const std::string& entry : spec.entries)
+                model_.kernels().set_max_dynamic_smem(name, entry, smem);
+    }
     for (const GpuLayer& g : model_.layers()) {
         const int smem = int(spec_constant(model_.kernels().spec(g.flash_spec), "SMEM"));
         if (smem > 48 * 1024)
@@ -386,6 +409,10 @@ void GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdev
         blas_product(m, up, in.f, y, T, what);
         return;
     }
+    if (T > kPrefillCols && !m.spec_gemm.empty()) {
+        gemm(m, up, in, up ? "mmq_geglu" : "mmq", y, 0, T, what);
+        return;
+    }
     if (quant && in.q == 0) {
         quantize(in.f, T * m.cols);
         in.q = w_->xq.ptr();
@@ -415,6 +442,37 @@ void GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdev
             launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, cost);
         }
     }
+}
+
+void GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry,
+                      CUdeviceptr y, CUdeviceptr yds, int T, const char* what) {
+    if (in.q == 0) {
+        quantize(in.f, T * m.cols);
+        in.q = w_->xq.ptr();
+        in.ds = w_->xds.ptr();
+    }
+    const jit::KernelSpec& spec = model_.kernels().spec(m.spec_gemm);
+    CUdeviceptr w = m.ptr, wu = up ? up->ptr : 0, xq = in.q, xds = in.ds;
+    int n_rows = m.rows;
+    void* args[] = {&w, &wu, &xq, &xds, &y, &yds, &T, &n_rows};
+    const double flops = 2.0 * double(m.rows) * m.cols * T * (up ? 2 : 1);
+    launch(model_.kernels().get(m.spec_gemm, entry),
+           {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM"))},
+           {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
+           m.spec_gemm + " " + entry + " " + what,
+           LaunchCost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm});
+    ++paths_.mmq;
+}
+
+GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
+    const Work& w = *w_;
+    // The int8 GEMM writes the GeGLU product straight as Q8_1 for the down projection.
+    if (T > kPrefillCols && !g.gate.spec_gemm.empty() && g.gate.rows % 32 == 0) {
+        gemm(g.gate, &g.up, normed(), "mmq_geglu_q8", w.gq.ptr(), w.gds.ptr(), T, "ffn_gate|up");
+        return Input{0, w.gq.ptr(), w.gds.ptr()};
+    }
+    matvec(g.gate, &g.up, normed(), w.g.ptr(), T, "ffn_gate|up");
+    return Input{w.g.ptr()};
 }
 
 void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y,
@@ -594,8 +652,7 @@ void GpuSession::record_layer(int l, int T, bool decode) {
               "post_attention_norm+ffn_norm");
 
     // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x).
-    matvec(g.gate, &g.up, normed(), w.g.ptr(), T, "ffn_gate|up");
-    matvec(g.down, nullptr, Input{w.g.ptr()}, w.tmp.ptr(), T, "ffn_down");
+    matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down");
     if (!cfg_.has_ple()) {
         post_norm(model_.spec_post_scale_prenorm(), w.tmp.ptr(), g.post_ffw_norm, g.output_scale,
                   next_norm, T, "post_ffw_norm*scale+next_norm");

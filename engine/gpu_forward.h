@@ -147,6 +147,12 @@ class GpuSession {
     // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
     void matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
                 const char* what);
+    // The int8 tensor-core GEMM of a quantized matrix over a prefill chunk (entry mmq,
+    // mmq_geglu or mmq_geglu_q8; yds only for the last).
+    void gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry, CUdeviceptr y,
+              CUdeviceptr yds, int T, const char* what);
+    // The FFN's gelu(gate x) * (up x); returns it as the down projection's input.
+    Input ffn_gate_up(const GpuLayer& g, int T);
     // The matvec of a float matrix over a prefill chunk through cuBLAS.
     void blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y, int T,
                       const char* what);

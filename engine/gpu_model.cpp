@@ -106,6 +106,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     kv_geo_.type = kv_type_from_flags(flags);
     const bool repack = flags.get_bool("GEMMAJIT_REPACK");
     const bool blas = flags.get_bool("GEMMAJIT_BLAS");
+    // The int8 GEMM reads the split layout only; "auto" and "mma" are the mma.sync kernel (the
+    // one variant so far), "none" keeps the batched matvecs.
+    const bool mmq = flags.get_string("GEMMAJIT_MMQ_VARIANT") != "none";
     bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
 
     // Every matrix: kept in its type when a kernel reads it, else dequantized to F16.
@@ -121,6 +124,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.layout = repack ? MatvecLayout::Split : MatvecLayout::Ggml;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
+            if (mmq && g.layout == MatvecLayout::Split)
+                g.spec_gemm = kernels_.add(mmq_spec(t, g.cols, g.rows)).name;
         } else {
             g.type = is_float_type(t) ? t : ggml::Type::F16;
             if (g.type != t) {

@@ -44,6 +44,7 @@ struct PlanTypes {
     bool flash_mma = false;     // GEMMAJIT_FLASH_MMA: tensor-core decode attention
     bool blas = true;           // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
+    bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: int8 tensor-core prefill GEMMs
 };
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
@@ -86,6 +87,26 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
 // matvec for float weights (f32, f16, bf16) against fp32 activations:
 // "matvec_f.<type>.k<k>[.b<ncols>]". Throws like matvec_spec.
 jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
+
+// Prompt-batch GEMM on int8 tensor cores (kernel_templates/mmq.cu): Q8_0 / Q4_0 weights in the
+// split layout against Q8_1 activations; entries mmq, mmq_geglu, mmq_geglu_q8. Launch: grid
+// (ceil(n_rows / BN), ceil(T / BM)), block THREADS, dynamic smem SMEM (constants of the spec).
+// The tile: BM tokens x BN weight rows, a WARPS_M x WARPS_N warp grid, KBS 32-blocks of K per
+// pipeline stage, STAGES stages, registers for MIN_BLOCKS resident blocks per SM, and the GeGLU
+// entries' passes over the BM tokens (1 or 2; two halve their registers and shared memory).
+struct MmqTile {
+    int bm = 64, bn = 128, warps_m = 2, warps_n = 4, kbs = 2, stages = 4, min_blocks = 1,
+        geglu_passes = 1;
+};
+// The tile the plan uses for a k-wide matrix of n_rows rows (measured on the H200 with 512-token
+// chunks; kernel_plan.cpp lists the numbers).
+MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows);
+// "mmq.<type>.k<k>.m<BM>n<BN>.w<WARPS_M>x<WARPS_N>.s<STAGES>b<KBS>.o<MIN_BLOCKS>p<passes>". Throws
+// ConfigError for a weight type other than q8_0 / q4_0, std::invalid_argument for k % 32 != 0,
+// n_rows < 1 or an impossible tile (BM a multiple of 16 * WARPS_M, BN of 32 * WARPS_N, at most 16
+// warps; KBS 1, 2, 4, 8; 2..8 stages; shared memory within 227 KiB per block and 228 KiB per SM).
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows);
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile);
 
 // fp32 -> Q8_1 activation quantization (width-independent): "quantize_q8_1".
 jit::KernelSpec quantize_spec();

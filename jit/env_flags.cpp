@@ -140,7 +140,7 @@ const std::vector<FlagDef>& flag_table() {
          .family = "tuning",
          .type = T::Int,
          .cls = C::Neutral,
-         .default_value = "256",
+         .default_value = "512",
          .help = "prompt tokens per prefill chunk (each chunk runs layer by layer as one batch; "
                  "sliding-window KV rings grow by chunk - 1 slots)",
          .min = 1,

@@ -264,6 +264,8 @@ TEST_P(GpuVsCpu, LargeChunkPrefillMatchesTheCpuReference) {
                  quant ? kTolQuant : kTolBlas, "32-token chunks vs CPU");
     if (!quant) {
         EXPECT_GT(s.path_counts().blas, 0u) << "cuBLAS products did not run";
+    } else {
+        EXPECT_GT(s.path_counts().mmq, 0u) << "the int8 tensor-core GEMM did not run";
     }
     EXPECT_EQ(s.path_counts().flash_prefill, uint64_t(2 * cfg.n_layers))
         << "tensor-core prefill attention did not run on every layer of both chunks";
@@ -288,6 +290,28 @@ TEST(GpuForward, FlashPrefillKillSwitchAgrees) {
                      std::string("flash_prefill vs flash_decode ") + variant);
         EXPECT_GT(a.path_counts().flash_prefill, 0u);
         EXPECT_EQ(b.path_counts().flash_prefill, 0u);
+    }
+}
+
+// GEMMAJIT_MMQ_VARIANT=none keeps quantized prefill products on the batched dp4a matvecs (the
+// exact path): both take the same Q8_1 activations and exact integer block dots, so they differ
+// only in the fp32 summation order (and the GeGLU's Q8_1 output rounding).
+TEST(GpuForward, MmqKillSwitchAgrees) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-mmq");
+    for (auto wtype : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        const auto path = synth(dir, "tiny-e2b", wtype);
+        const auto on = flags(), off = flags({{"GEMMAJIT_MMQ_VARIANT", "none"}});
+        auto fast = load_gpu(path, 128, 32, on);
+        auto exact = load_gpu(path, 128, 32, off);
+        EXPECT_FALSE(fast->layers()[0].q.spec_gemm.empty());
+        EXPECT_TRUE(exact->layers()[0].q.spec_gemm.empty());
+        const auto tokens = test_tokens(40, fast->config().vocab_size);
+        GpuSession a(*fast), b(*exact);
+        expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), fast->config().vocab_size,
+                     kTolQuant, "int8 GEMM vs matvecs " + ggml::type_name(wtype));
+        EXPECT_GT(a.path_counts().mmq, 0u);
+        EXPECT_EQ(b.path_counts().mmq, 0u);
     }
 }
 
@@ -334,6 +358,7 @@ TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
                  "e4b one-chunk prefill vs CPU");
     EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(cfg.n_layers));
     EXPECT_GT(b.path_counts().blas, 0u);  // the BF16 / F32 PLE projections
+    EXPECT_GT(b.path_counts().mmq, 0u);
 }
 
 // A tensor type no kernel reads (here the PLE table as Q6_K) is dequantized to F16 on upload, with

@@ -55,6 +55,25 @@ KernelSpec ptx_selftest_spec() {
 const std::vector<ggml::Type> kWeightTypes = {ggml::Type::F32, ggml::Type::F16, ggml::Type::BF16,
                                               ggml::Type::Q8_0, ggml::Type::Q4_0};
 
+// The mmq (int8 tensor-core GEMM) specs of a model's dense matrices: (k, n_rows) of the Q, K, V,
+// O, gate/up and down projections of every layer, deduplicated by name.
+std::vector<KernelSpec> mmq_specs(const Config& cfg, ggml::Type t) {
+    std::vector<KernelSpec> specs;
+    std::set<std::string> seen;
+    auto add = [&](int k, int n) {
+        auto s = gj::gemma4::mmq_spec(t, k, n);
+        if (seen.insert(s.name).second) specs.push_back(s);
+    };
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        add(cfg.d_model, cfg.q_dim(l));
+        if (cfg.layers[l].has_kv) add(cfg.d_model, cfg.kv_dim(l));
+        add(cfg.q_dim(l), cfg.d_model);
+        add(cfg.d_model, cfg.layers[l].ffn_dim);
+        add(cfg.layers[l].ffn_dim, cfg.d_model);
+    }
+    return specs;
+}
+
 // Every distinct spec of every preset's plan (the five released models and the tiny test presets)
 // for every weight type, plus the selftest and the matvec forms no plan uses by default (ggml
 // layout, odd column counts).
@@ -91,6 +110,14 @@ std::vector<KernelSpec> all_specs() {
     for (const char* v : {"e4b", "31b"})
         for (const auto& s : build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::Q8_0))
             add(s);
+    // The prefill GEMMs of E4B and 31B (q8_0 and q4_0), and tiles the plan does not pick for them.
+    for (const char* v : {"e4b", "31b"})
+        for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+            for (const auto& s : mmq_specs(Config::preset(v), t)) add(s);
+    add(gj::gemma4::mmq_spec(ggml::Type::Q4_0, 96, gj::gemma4::MmqTile{32, 64, 2, 1, 4, 3}));
+    add(gj::gemma4::mmq_spec(ggml::Type::Q8_0, 96, gj::gemma4::MmqTile{128, 128, 4, 2, 1, 2}));
+    add(gj::gemma4::mmq_spec(ggml::Type::Q8_0, 2560,
+                             gj::gemma4::MmqTile{64, 128, 2, 4, 8, 2, 1, 2}));
     const Config tiny = Config::preset("tiny-keqv");
     for (int l = 0; l < tiny.n_layers; ++l)
         for (KvType kv : {KvType::F16, KvType::Q8_0}) {
@@ -168,10 +195,17 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
         EXPECT_TRUE(names.count(want)) << want;
     // Dense model: no MoE-only norms.
     EXPECT_FALSE(names.count("rmsnorm.n2560.w0"));
+    // Decode kernels compile first; the prefill-only ones (int8 GEMM, tensor-core attention)
+    // after them.
     for (const auto& k : plan) {
-        EXPECT_EQ(k.priority, 0) << k.name;
+        const bool prefill_only = k.family == "mmq" || k.family == "flash_prefill";
+        EXPECT_EQ(k.priority, prefill_only ? 1 : 0) << k.name;
         EXPECT_FALSE(k.entries.empty()) << k.name;
     }
+    for (const char* want :
+         {"mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1", "mmq.q8_0.k10240.m128n128.w2x4.s3b4.o1p2",
+          "flash_prefill.hd512.g4.kv2.w0.f16"})
+        EXPECT_TRUE(names.count(want)) << want;
     // Exactly the matvec widths the model has: d (also the LM head and the PLE context
     // projection), o-proj inputs (2048, 4096), FFN, PLE; for 1 and 8 columns.
     size_t matvecs = std::count_if(plan.begin(), plan.end(),
@@ -516,6 +550,56 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     EXPECT_THROW(flash_decode_spec(odd, 0), gj::gemma4::ConfigError);
 }
 
+TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
+    using gj::gemma4::mmq_spec;
+    using gj::gemma4::MmqTile;
+    using gj::gemma4::spec_constant;
+    const auto s = mmq_spec(ggml::Type::Q8_0, 2560, 10240);
+    EXPECT_EQ(s.family, "mmq");
+    EXPECT_EQ(s.name, "mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1");
+    EXPECT_EQ(s.entries, (std::vector<std::string>{"mmq", "mmq_geglu", "mmq_geglu_q8"}));
+    EXPECT_EQ(spec_constant(s, "K"), 2560);
+    EXPECT_EQ(spec_constant(s, "WTYPE"), 0);
+    EXPECT_EQ(spec_constant(s, "THREADS"), 256);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q4_0, 2560, 10240), "WTYPE"), 1);
+    // Few rows get smaller tiles, so a 512-token chunk still spreads over the SMs.
+    const auto narrow = mmq_spec(ggml::Type::Q8_0, 2560, 512);
+    EXPECT_LT(spec_constant(narrow, "BN") * spec_constant(narrow, "BM"),
+              spec_constant(s, "BN") * spec_constant(s, "BM"));
+    // Shared memory: STAGES stages of activations, weights, {d, s} and fp16 scales; here the
+    // GeGLU layout (16 tokens per pass, two matrices) is the larger one.
+    const auto t = mmq_spec(ggml::Type::Q4_0, 64, MmqTile{32, 64, 1, 2, 4, 3, 1, 2});
+    EXPECT_EQ(t.name, "mmq.q4_0.k64.m32n64.w1x2.s3b4.o1p2");
+    EXPECT_EQ(spec_constant(t, "SMEM"), 3 * (16 * 128 + 2 * 64 * 64 + 4 * 16 * 8 + 2 * 64 * 8));
+    EXPECT_EQ(spec_constant(t, "THREADS"), 64);
+    EXPECT_EQ(spec_constant(t, "GEGLU_PASSES"), 2);
+    // One pass: the plain layout (32 tokens, one matrix) against the GeGLU one (32, two).
+    const auto u = mmq_spec(ggml::Type::Q8_0, 64, MmqTile{32, 64, 1, 2, 2, 4, 2, 1});
+    EXPECT_EQ(spec_constant(u, "SMEM"), 4 * (32 * 64 + 2 * 64 * 64 + 2 * 32 * 8 + 2 * 64 * 4));
+    EXPECT_EQ(spec_constant(u, "MIN_BLOCKS"), 2);
+    try {
+        mmq_spec(ggml::Type::BF16, 2560, 512);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(mmq_spec(ggml::Type::Q6_K, 2560, 512), gj::gemma4::ConfigError);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560 + 16, 512), std::invalid_argument);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 0, 512), std::invalid_argument);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, 0), std::invalid_argument);
+    for (const MmqTile& bad : {MmqTile{48, 128, 2, 4, 2, 4},         // BM not whole warp m16 tiles
+                               MmqTile{64, 96, 2, 4, 2, 4},          // BN not whole 32-row groups
+                               MmqTile{64, 128, 2, 4, 3, 4},         // KBS
+                               MmqTile{64, 128, 2, 4, 2, 1},         // one stage
+                               MmqTile{64, 128, 8, 4, 2, 4},         // 32 warps
+                               MmqTile{256, 256, 4, 4, 4, 8},        // shared memory
+                               MmqTile{128, 128, 2, 4, 4, 3, 2, 2},  // ... for two blocks
+                               MmqTile{64, 128, 2, 4, 2, 4, 0, 1},   // no block per SM
+                               MmqTile{64, 128, 2, 4, 2, 4, 1, 3},   // three GeGLU passes
+                               MmqTile{32, 64, 2, 1, 2, 4, 1, 2}})   // half an m16 tile per pass
+        EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, bad), std::invalid_argument);
+}
+
 TEST(KernelPlan, LaunchGeometryIsConsistent) {
     for (const auto& k : all_specs()) {
         if (k.family == "rmsnorm") {
@@ -547,6 +631,9 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
             EXPECT_LE(c("SMEM"), gj::gemma4::kFlashPrefillMaxSmem) << k.name;
             // Registers: O of 16 rows x HEAD_DIM / DS fp32 per warp.
             EXPECT_LE(c("HEAD_DIM") / c("DS") / 2, 128) << k.name;
+        } else if (k.family == "mmq" && k.name.find(".k96.") == std::string::npos) {
+            // The plan's GEMM tiles fit sm_80's opt-in shared memory (163 KiB) as well as sm_90's.
+            EXPECT_LE(gj::gemma4::spec_constant(k, "SMEM"), 160 * 1024) << k.name;
         } else if (k.family == "flash_decode") {
             auto c = [&](const char* n) { return gj::gemma4::spec_constant(k, n); };
             const auto qsets = (c("GROUP") + c("QW") - 1) / c("QW");
@@ -770,6 +857,21 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                      {".reqnctapercluster", "mapa.shared::cluster", "ld.shared::cluster.v4.f32",
                       "barrier.cluster.arrive.release", "barrier.cluster.wait.acquire"})
                     EXPECT_EQ(body.find(want) != std::string::npos, clusters) << want;
+            } else if (s.family == "mmq") {
+                // int8 tensor cores fed by ldmatrix from a cp.async pipeline; the quantized
+                // GeGLU output rounds to int8 like quantize_q8_1.
+                for (const auto& e : s.entries) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    for (const char* want :
+                         {"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+                          "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
+                          "cp.async.wait_group", "bar.sync"})
+                        EXPECT_NE(body.find(want), std::string::npos) << e << " lacks " << want;
+                    EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
+                    EXPECT_EQ(body.find("cvt.rni.sat.s8.f32") != std::string::npos,
+                              e == "mmq_geglu_q8")
+                        << e;
+                }
             } else if (s.family == "quantize_q8_1") {
                 EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
                 EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);

@@ -1,0 +1,395 @@
+// mmq: prompt-batch matrix product C = X W^T on int8 tensor cores (mma.sync m16n8k32 s8) for
+// Q8_0 / Q4_0 weights in the split layout against Q8_1 activations, fp32 results.
+//
+// Per 32-element block b of the inner dimension, the tensor core forms the exact integer dot
+//   dot(t, n, b) = sum_{j < 32} qx[t][32b + j] * qw[n][32b + j]
+// (Q4_0: qw = the raw nibble 0..15), and the fp32 accumulator of (token t, row n) takes
+//   Q8_0: acc += dw[n][b] * (dx[t][b] * dot)
+//   Q4_0: acc += dw[n][b] * (dx[t][b] * dot - 8 * s[t][b])       s = dx * sum(qx): the -8 offset
+// with {dx, s} the activation block's Q8_1 scales and dw the weight block's fp16 scale. The int32
+// accumulator of each mma starts at the bit pattern of 1.5 * 2^23, so its result read as a float
+// is 1.5 * 2^23 + dot (|dot| < 2^22) and one exact subtraction gives float(dot): three fp32
+// operations per element and block, no int -> float conversion.
+//
+// Data: a block computes a BM (tokens) x BN (weight rows) tile. Each pipeline stage holds KBS
+// 32-blocks of K: activations [rows][KBS * 32] int8, weights [BN][KBS * 32] int8 (Q8_0) or
+// [BN][KBS * 16] nibble bytes (Q4_0) per matrix, the {dx, s} [KBS][rows] and fp16 dw [BN][KBS].
+// Everything is copied with cp.async (16-byte chunks for the payloads), STAGES stages in flight.
+// Payload rows are stored as 16-byte chunks XOR-swizzled within each 128-byte line, so ldmatrix
+// reads (8 rows at one chunk column) and the copies hit distinct banks. ldmatrix.x4 on the
+// activation tile gives the mma A fragment directly; on the Q8_0 tile it gives two n8 B
+// fragments; for Q4_0 one 32-bit word of a row holds the nibbles of both B registers (bytes
+// 4t..4t+3: low nibbles are elements 4t..4t+3, high nibbles 16+4t..16+4t+3): a mask and a shift.
+// Warps form a WARPS_M x WARPS_N grid over the tile. The GeGLU entries compute two matrices; with
+// GEGLU_PASSES = 2 they take the BM tokens in two passes of BM / 2 (the same registers and mma
+// work per warp and step as the plain entry, the weights read twice).
+// Rows past T or n_rows read the last valid row (clamped) and are never written.
+//
+// Constants (prologue #defines):
+//   K        inner dimension (multiple of 32)       WTYPE    0 = Q8_0, 1 = Q4_0 (split layout)
+//   BM, BN   block tile: tokens x weight rows       WARPS_M, WARPS_N  warp grid (see above)
+//   KBS      32-blocks of K per stage (1, 2, 4, 8)  STAGES   pipeline depth (>= 2)
+//   THREADS  32 * WARPS_M * WARPS_N                 MIN_BLOCKS  __launch_bounds__ blocks per SM
+//   GEGLU_PASSES  1 or 2 passes over the tokens in the GeGLU entries (see above)
+//   SMEM     dynamic shared memory bytes: STAGES times the larger stage of the plain and the
+//            GeGLU layouts (checked against the layout below)
+// Launch (every entry): grid (ceil(n_rows / BN), ceil(T / BM)), block THREADS, dynamic smem SMEM
+// (above 48 KiB the caller opts in: ModuleSet::set_max_dynamic_smem).
+//
+// Entries, one signature:
+//   (w, w_up, xq, xds, y, yds, T, n_rows)
+//     w, w_up  split-layout weights [n_rows][K] (w_up only for the GeGLU entries)
+//     xq, xds  Q8_1 activations int8 [T][K], float2 {d, d * sum(q)} [T][K / 32]
+//   mmq           y fp32 [T][n_rows] = X W^T                              (yds unused)
+//   mmq_geglu     y fp32 [T][n_rows] = gelu_tanh(X W^T) * (X W_up^T)      (yds unused)
+//   mmq_geglu_q8  the mmq_geglu product as Q8_1: y int8 [T][n_rows], yds float2 [T][n_rows / 32],
+//                 bit-identical to quantize_q8_1 over mmq_geglu's output; needs n_rows % 32 == 0
+#include "gj_ptx.cuh"
+
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+#ifndef GEGLU_PASSES
+#define GEGLU_PASSES 1
+#endif
+
+static_assert(K % 32 == 0 && K > 0, "mmq: K must be a positive multiple of 32");
+static_assert(WTYPE == 0 || WTYPE == 1, "mmq: WTYPE must be 0 (Q8_0) or 1 (Q4_0)");
+static_assert(THREADS == 32 * WARPS_M * WARPS_N, "mmq: THREADS must be 32 * WARPS_M * WARPS_N");
+static_assert(BM % (16 * WARPS_M) == 0, "mmq: a warp's token rows must be whole m16 tiles");
+static_assert(BN % (32 * WARPS_N) == 0,
+              "mmq: a warp's weight rows must be whole 32-row groups (one Q8_1 block of the "
+              "quantized GeGLU output)");
+static_assert(KBS == 1 || KBS == 2 || KBS == 4 || KBS == 8, "mmq: KBS must be 1, 2, 4 or 8");
+static_assert(STAGES >= 2 && STAGES <= 8, "mmq: STAGES must be in [2, 8]");
+static_assert((GEGLU_PASSES == 1 || GEGLU_PASSES == 2) && BM % (16 * WARPS_M * GEGLU_PASSES) == 0,
+              "mmq: GEGLU_PASSES must be 1 or 2, each pass whole m16 tiles per warp");
+
+constexpr int kKb = K / 32;                    // 32-blocks per row
+constexpr int kSteps = (kKb + KBS - 1) / KBS;  // pipeline steps over K
+constexpr int kWn = BN / WARPS_N;
+constexpr int kNf = kWn / 8;    // n8 fragments per warp
+constexpr int kXCpr = KBS * 2;  // 16-byte chunks per activation row
+constexpr int kWBytesPerKb = WTYPE == 0 ? 32 : 16;
+constexpr int kWCpr = KBS * kWBytesPerKb / 16;    // 16-byte chunks per weight row
+constexpr int kWBytes = BN * KBS * kWBytesPerKb;  // one matrix's payload per stage
+constexpr int kDwBytes = BN * KBS * 2;            // one matrix's fp16 scales per stage
+constexpr int32 kMagic = 0x4b400000;              // bits of 1.5 * 2^23
+constexpr float kMagicF = 12582912.0f;            // 1.5 * 2^23
+
+// The stage layout of an entry that computes kMats matrices for kRows tokens per pass.
+template <int kMats>
+struct MmqLayout {
+    static constexpr int kPasses = kMats == 2 ? GEGLU_PASSES : 1;
+    static constexpr int kRows = BM / kPasses;   // tokens per pass
+    static constexpr int kWm = kRows / WARPS_M;  // a warp's tokens per pass
+    static constexpr int kMf = kWm / 16;         // its m16 fragments
+    static constexpr int kXBytes = kRows * KBS * 32;
+    static constexpr int kW = kXBytes;                     // weights, kMats x kWBytes
+    static constexpr int kDx = kW + kMats * kWBytes;       // float2 [KBS][kRows]
+    static constexpr int kDw = kDx + KBS * kRows * 8;      // fp16 [kMats][BN][KBS]
+    static constexpr int kStage = kDw + kMats * kDwBytes;  // bytes per stage
+    static_assert(kXBytes % 128 == 0 && kWBytes % 128 == 0 && kDx % 16 == 0 && kDw % 16 == 0 &&
+                      kStage % 16 == 0,
+                  "mmq: tile pieces must keep 128-byte lines and 16-byte alignment");
+    static_assert(SMEM >= STAGES * kStage, "mmq: SMEM is smaller than the pipeline needs");
+};
+
+// Byte offset of 16-byte chunk c of row r in a tile of `cpr` chunks per row: the chunk's position
+// within its 128-byte line is XORed with the line index (rows of 128 bytes or less) or the row
+// (longer rows), so any 8 consecutive rows at one chunk column (an ldmatrix read) land in 8
+// different bank groups.
+GJ_DEVICE uint32 mmq_swizzle(int r, int c, int cpr) {
+    if (cpr >= 8) return (uint32)((r * cpr + (c & ~7) + ((c ^ r) & 7)) * 16);
+    const int f = r * cpr + c;
+    return (uint32)(((f & ~7) | ((f ^ (f >> 3)) & 7)) * 16);
+}
+
+// Asynchronous 8- and 4-byte copies (the activation scales; the weight scale rows of a stage).
+GJ_DEVICE void mmq_cp_async8(uint32 smem_dst, const void* gmem_src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_dst), "l"(gmem_src)
+                 : "memory");
+}
+GJ_DEVICE void mmq_cp_async4(uint32 smem_dst, const void* gmem_src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_dst), "l"(gmem_src)
+                 : "memory");
+}
+
+// Issues the copies of pipeline step `step` (tokens m0.., weight rows n0..) into the stage at
+// shared address `st`.
+template <int kMats>
+GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, const float2* xds,
+                              int m0, int n0, int T, int n_rows, int step) {
+    using L = MmqLayout<kMats>;
+    const int kb0 = step * KBS;
+    for (int i = threadIdx.x; i < L::kRows * kXCpr; i += THREADS) {
+        const int r = i / kXCpr, c = i % kXCpr;
+        if (kb0 + c / 2 < kKb) {
+            const int t = min(m0 + r, T - 1);
+            cp_async_cg16(st + mmq_swizzle(r, c, kXCpr), xq + (size_t)t * K + kb0 * 32 + c * 16);
+        }
+    }
+    const size_t row_bytes = (size_t)K * kWBytesPerKb / 32;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+        const uint32 wt = st + L::kW + m * kWBytes;
+        for (int i = threadIdx.x; i < BN * kWCpr; i += THREADS) {
+            const int r = i / kWCpr, c = i % kWCpr;
+            if (kb0 + c * 16 / kWBytesPerKb < kKb) {
+                const int n = min(n0 + r, n_rows - 1);
+                cp_async_cg16(wt + mmq_swizzle(r, c, kWCpr),
+                              w[m] + n * row_bytes + kb0 * kWBytesPerKb + c * 16);
+            }
+        }
+    }
+    for (int i = threadIdx.x; i < L::kRows * KBS; i += THREADS) {
+        const int kk = i / L::kRows, r = i % L::kRows;
+        if (kb0 + kk < kKb) {
+            const int t = min(m0 + r, T - 1);
+            mmq_cp_async8(st + L::kDx + (kk * L::kRows + r) * 8, xds + (size_t)t * kKb + kb0 + kk);
+        }
+    }
+    // Weight scales, from the scale plane after the payload plane. Whole steps with aligned rows
+    // copy asynchronously; otherwise (odd block counts, the ragged last step) plain loads and
+    // stores, which the __syncthreads before the stage is read also order.
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+        const uint16* scales = (const uint16*)(w[m] + (size_t)n_rows * row_bytes);
+        const uint32 dw = st + L::kDw + m * kDwBytes;
+        if (KBS > 1 && kKb % KBS == 0) {
+            for (int r = threadIdx.x; r < BN; r += THREADS) {
+                const int n = min(n0 + r, n_rows - 1);
+                const uint16* src = scales + (size_t)n * kKb + kb0;
+                if (KBS == 8)
+                    cp_async_ca16(dw + r * KBS * 2, src);
+                else if (KBS == 4)
+                    mmq_cp_async8(dw + r * KBS * 2, src);
+                else
+                    mmq_cp_async4(dw + r * KBS * 2, src);
+            }
+        } else {
+            for (int i = threadIdx.x; i < BN * KBS; i += THREADS) {
+                const int r = i / KBS, kk = i % KBS;
+                if (kb0 + kk < kKb) {
+                    const int n = min(n0 + r, n_rows - 1);
+                    const uint16 v = scales[(size_t)n * kKb + kb0 + kk];
+                    asm volatile("st.shared.u16 [%0], %1;" ::"r"(dw + (r * KBS + kk) * 2), "h"(v)
+                                 : "memory");
+                }
+            }
+        }
+    }
+}
+
+enum { mmq_epi_store = 0, mmq_epi_geglu = 1, mmq_epi_geglu_q8 = 2 };
+
+template <int kEpi>
+GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __restrict__ xq,
+                        const float2* __restrict__ xds, void* y, float2* yds, int T, int n_rows) {
+    constexpr int kMats = kEpi == mmq_epi_store ? 1 : 2;
+    using L = MmqLayout<kMats>;
+    constexpr int kMf = L::kMf, kWm = L::kWm;
+    extern __shared__ __align__(128) uint8 smem[];
+    const uint32 base = smem_addr(smem);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int g = lane / 4, tq = lane % 4;
+    const int n0 = blockIdx.x * BN;
+    const uint8* w[2] = {(const uint8*)w_gate, (const uint8*)w_up};
+
+    // Per-lane ldmatrix row/chunk selections (see the fragment layouts in gj_ptx.cuh). One
+    // ldmatrix.x4 of the weight tile covers kG n8 fragments: 2 (Q8_0: 16 rows x 32 bytes) or 4
+    // (Q4_0: 32 rows x 16 nibble bytes).
+    constexpr int kG = WTYPE == 0 ? 2 : 4;
+    constexpr int kB = kMf >= 4 ? 1 : (4 / kMf < kG ? 4 / kMf : kG);  // fragments per mma batch
+    const int a_row = wm * kWm + (lane % 8) + ((lane / 8) % 2) * 8;   // + i * 16
+    const int a_chunk = lane / 16;                                    // + kk * 2
+    const int b_row = wn * kWn + (WTYPE == 0 ? (lane % 8) + (lane / 16) * 8 : lane);
+    const int b_chunk = WTYPE == 0 ? (lane / 8) % 2 : 0;  // + kk * (chunks per block)
+
+#pragma unroll 1
+    for (int pass = 0; pass < L::kPasses; ++pass) {
+        const int m0 = blockIdx.y * BM + pass * L::kRows;
+        if (m0 >= T) break;             // the second pass of a partial last tile
+        if (pass > 0) __syncthreads();  // every warp is done with the stages of the first pass
+
+        float acc[kMats][kMf][kNf][4];
+#pragma unroll
+        for (int m = 0; m < kMats; ++m)
+#pragma unroll
+            for (int i = 0; i < kMf; ++i)
+#pragma unroll
+                for (int j = 0; j < kNf; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[m][i][j][e] = 0.0f;
+
+                        // Prologue: STAGES - 1 steps in flight (empty groups past the end keep the
+                        // count).
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < kSteps)
+                mmq_load_stage<kMats>(base + s * L::kStage, w, xq, xds, m0, n0, T, n_rows, s);
+            cp_async_commit();
+        }
+
+#pragma unroll 1
+        for (int step = 0; step < kSteps; ++step) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            {  // refill the stage everyone finished with in the previous step
+                const int next = step + STAGES - 1;
+                if (next < kSteps)
+                    mmq_load_stage<kMats>(base + (next % STAGES) * L::kStage, w, xq, xds, m0, n0, T,
+                                          n_rows, next);
+                cp_async_commit();
+            }
+            const uint32 st = base + (step % STAGES) * L::kStage;
+            const uint8* st_gen = smem + (step % STAGES) * L::kStage;
+            const float2* sdx = (const float2*)(st_gen + L::kDx);
+            const uint16* sdw = (const uint16*)(st_gen + L::kDw);
+#pragma unroll 1  // one 32-block at a time: bounds the registers ptxas spends on overlap
+            for (int kk = 0; kk < KBS; ++kk) {
+                if (kKb % KBS != 0 && step * KBS + kk >= kKb) break;  // ragged last step
+                uint32 a[kMf][4];
+#pragma unroll
+                for (int i = 0; i < kMf; ++i)
+                    ldmatrix_x4(a[i], st + mmq_swizzle(a_row + i * 16, kk * 2 + a_chunk, kXCpr));
+                float dx[kMf][2], c8[kMf][2];  // Q8_1 d, and -8 * s (Q4_0) of rows g, g + 8
+#pragma unroll
+                for (int i = 0; i < kMf; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float2 ds = sdx[kk * L::kRows + wm * kWm + i * 16 + h * 8 + g];
+                        dx[i][h] = ds.x;
+                        c8[i][h] = -8.0f * ds.y;
+                    }
+#pragma unroll
+                for (int m = 0; m < kMats; ++m)
+#pragma unroll
+                    for (int q = 0; q < kNf / kG; ++q) {
+                        uint32 r[4];
+                        ldmatrix_x4(r, st + L::kW + m * kWBytes +
+                                           mmq_swizzle(b_row + q * 8 * kG,
+                                                       kk * (kWCpr / KBS) + b_chunk, kWCpr));
+                        // Batches of kB fragments: their kB * kMf mmas are issued together
+                        // (independent), then scaled.
+#pragma unroll
+                        for (int jb = 0; jb < kG; jb += kB) {
+                            int32 d[kB][kMf][4];
+#pragma unroll
+                            for (int jj = 0; jj < kB; ++jj) {
+                                const int x = jb + jj;  // fragment of the ldmatrix group
+                                uint32 b[2];
+                                if (WTYPE == 0) {
+                                    b[0] = r[2 * x];
+                                    b[1] = r[2 * x + 1];
+                                } else {
+                                    b[0] = r[x] & 0x0f0f0f0fu;
+                                    b[1] = (r[x] >> 4) & 0x0f0f0f0fu;
+                                }
+                                const int32 bias[4] = {kMagic, kMagic, kMagic, kMagic};
+#pragma unroll
+                                for (int i = 0; i < kMf; ++i)
+                                    mma_s8_16x8x32(d[jj][i], a[i], b, bias);
+                            }
+#pragma unroll
+                            for (int jj = 0; jj < kB; ++jj) {
+                                const int j = q * kG + jb + jj;
+                                // The fp16 scales of rows col and col + 1 ([BN][KBS]).
+                                const int col = wn * kWn + j * 8 + 2 * tq;
+                                const uint16* dws = sdw + m * (kDwBytes / 2) + col * KBS + kk;
+                                const float dw0 = f16_to_f32(dws[0]), dw1 = f16_to_f32(dws[KBS]);
+#pragma unroll
+                                for (int i = 0; i < kMf; ++i)
+#pragma unroll
+                                    for (int e = 0; e < 4; ++e) {
+                                        const float dot = __int_as_float(d[jj][i][e]) - kMagicF;
+                                        const float part =
+                                            WTYPE == 0 ? dot * dx[i][e / 2]
+                                                       : fmaf(dot, dx[i][e / 2], c8[i][e / 2]);
+                                        acc[m][i][j][e] =
+                                            fmaf(part, e % 2 ? dw1 : dw0, acc[m][i][j][e]);
+                                    }
+                            }
+                        }
+                    }
+            }
+        }
+        cp_async_wait<0>();
+
+        // Epilogue. Element e of fragment (i, j): token g + 8 * (e / 2), weight row 2 tq + e % 2.
+#pragma unroll
+        for (int i = 0; i < kMf; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int t = m0 + wm * kWm + i * 16 + h * 8 + g;
+                float v[kNf][2];
+#pragma unroll
+                for (int j = 0; j < kNf; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float z = acc[0][i][j][2 * h + e];
+                        v[j][e] = kEpi == mmq_epi_store
+                                      ? z
+                                      : gelu_tanh(z) * acc[kMats - 1][i][j][2 * h + e];
+                    }
+                if (kEpi == mmq_epi_geglu_q8) {
+                    // Four n8 fragments across the lane quad are one 32-row Q8_1 block: the same
+                    // operations as quantize_q8_1_group8, with the quad's shuffles.
+#pragma unroll
+                    for (int q = 0; q < kNf / 4; ++q) {
+                        float amax = 0.0f;
+#pragma unroll
+                        for (int j = 4 * q; j < 4 * q + 4; ++j)
+                            amax = fmaxf(amax, fmaxf(fabsf(v[j][0]), fabsf(v[j][1])));
+                        amax = warp_max<4>(amax);
+                        const float d = amax * (1.0f / 127.0f);
+                        const float inv = amax > 0.0f ? q8_inv_scale(amax) : 0.0f;
+                        int32 sum = 0;
+                        int32 qv[4][2];
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                qv[j][e] = f32_to_s8_sat(v[4 * q + j][e] * inv);
+                                sum += qv[j][e];
+                            }
+                        sum = warp_sum_i32<4>(sum);
+                        const int nb = n0 + wn * kWn + q * 32;  // first row of the 32-row block
+                        if (t < T && nb < n_rows) {
+                            int8* yq = (int8*)y + (size_t)t * n_rows + nb;
+#pragma unroll
+                            for (int j = 0; j < 4; ++j)
+                                *(uint16*)(yq + j * 8 + 2 * tq) =
+                                    (uint16)((qv[j][0] & 0xff) | ((qv[j][1] & 0xff) << 8));
+                            if (tq == 0)
+                                yds[(size_t)t * (n_rows / 32) + nb / 32] =
+                                    make_float2(d, d * (float)sum);
+                        }
+                    }
+                } else if (t < T) {
+                    float* yr = (float*)y + (size_t)t * n_rows;
+#pragma unroll
+                    for (int j = 0; j < kNf; ++j) {
+                        const int n = n0 + wn * kWn + j * 8 + 2 * tq;
+                        if (n_rows % 2 == 0) {  // 8-byte aligned pairs, both in or both out
+                            if (n < n_rows) *(float2*)(yr + n) = make_float2(v[j][0], v[j][1]);
+                        } else {
+                            if (n < n_rows) yr[n] = v[j][0];
+                            if (n + 1 < n_rows) yr[n + 1] = v[j][1];
+                        }
+                    }
+                }
+            }
+    }
+}
+
+#define MMQ_ENTRY(NAME, EPI)                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                     \
+        NAME(const void* w, const void* w_up, const int8* xq, const float2* xds, void* y, \
+             float2* yds, int T, int n_rows) {                                            \
+        mmq_body<EPI>(w, w_up, xq, xds, y, yds, T, n_rows);                               \
+    }
+MMQ_ENTRY(mmq, mmq_epi_store)
+MMQ_ENTRY(mmq_geglu, mmq_epi_geglu)
+MMQ_ENTRY(mmq_geglu_q8, mmq_epi_geglu_q8)
