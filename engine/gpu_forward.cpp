@@ -583,6 +583,7 @@ void GpuSession::record_attention(int l, int T, bool decode) {
     const uint64_t q_dim = uint64_t(cfg_.q_dim(l));
     if (!decode && !gl.flash_prefill_spec.empty()) {
         // The whole chunk in one launch on tensor cores; K/V of this chunk are already cached.
+        // SPLITS blocks (a cluster) per row block share its key range.
         const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_prefill_spec);
         const unsigned rows_per_block = constant(spec, "BLOCK_ROWS");
         CUdeviceptr q = w.q.ptr(), kc = kv.k, vc = kv.v, positions = w.positions(),
@@ -590,7 +591,8 @@ void GpuSession::record_attention(int l, int T, bool decode) {
         int slots = kv.slots;
         void* args[] = {&q, &kc, &vc, &positions, &T, &slots, &out};
         launch(model_.kernels().get(gl.flash_prefill_spec, "flash_prefill"),
-               {ceil_div(uint64_t(T) * constant(spec, "GROUP"), rows_per_block),
+               {ceil_div(uint64_t(T) * constant(spec, "GROUP"), rows_per_block) *
+                    constant(spec, "SPLITS"),
                 unsigned(lc.n_kv_heads)},
                {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, gl.flash_prefill_spec,
                LaunchCost{0, attention_flops(l, pos_, T), WorkKind::Attention});

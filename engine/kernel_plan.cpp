@@ -538,18 +538,26 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
     return static_cast<int>(std::clamp<int64_t>(per_sm, 1, useful));
 }
 
-FlashPrefillTiling flash_prefill_tiling(int head_dim) {
+FlashPrefillTiling flash_prefill_tiling(int head_dim, int group, int n_kv_heads, int chunk) {
     // 16-row warps keep O for their head-dim slice in registers: HEAD_DIM / DS / 2 floats per
-    // thread, at most 128 (hd 512 splits its head dim over two warps that share the scores).
-    // Several key sets per tile multiply the warps per row: a 512-token chunk of an 8-head model
-    // has only 256 row warps for 132 SMs. Shared memory: Q rows plus STAGES tiles of K and V rows
-    // (hd 256/512: 144/163 KiB, one block per SM). Chosen on the H200 among 7 tilings per head
-    // dim at E4B shapes (T = 512, pos0 0 / 4096): hd 256 window 512: 27 / 29 us; hd 512 global:
-    // 53 / 391 us. (31B's global layers, 32 heads, run 17% faster at depth 4096 with 4 row warps
-    // and one key set, {4, 2, 1, 16, 2}, but E4B's 8 heads then leave most SMs idle.)
-    if (head_dim >= 512) return {2, 2, 2, 16, 2};
-    if (head_dim >= 256) return {2, 1, 4, 16, 2};
-    return {4, 1, 2, 32, 3};
+    // thread, at most 128 (hd 512 splits its head dim over two warps, which split Q K^T by head
+    // dims and add their partial scores: fewer shared-memory bytes per mma than re-reading Q for
+    // 8 keys each). Row blocks of 64 rows (16 tokens of a 4-head group) read each K/V tile from
+    // L2 once for twice the rows of the former 32-row blocks; at hd 512 that leaves room for two
+    // stages of 16-key tiles (Q rows 64 KiB + 2 x 32 KiB + partial scores 8 KiB). A chunk then
+    // has few row blocks (E4B, 512 tokens: 32 per KV head), so key splits (clusters of blocks
+    // sharing a row block's key tiles) bring the grid to about one block per SM.
+    // These defaults follow a shared-memory and L2 traffic estimate; they are not yet timed on
+    // the GPU (the former 32-row tilings measured on the H200 at E4B shapes, T = 512, pos0 0 /
+    // 4096: hd 256 window 512 27 / 29 us, hd 512 53 / 391 us).
+    FlashPrefillTiling t = head_dim >= 512   ? FlashPrefillTiling{4, 2, 1, 16, 2, 1, true}
+                           : head_dim >= 256 ? FlashPrefillTiling{4, 1, 2, 32, 2}
+                                             : FlashPrefillTiling{4, 1, 2, 32, 3};
+    const int64_t blocks =
+        (int64_t(std::max(1, chunk)) * std::max(1, group) + 16 * t.row_warps - 1) /
+        (16 * t.row_warps) * std::max(1, n_kv_heads);
+    while (t.splits < 8 && blocks * t.splits < kFlashPrefillTargetBlocks) t.splits *= 2;
+    return t;
 }
 
 jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
@@ -565,36 +573,44 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
         throw ConfigError(
             "flash_prefill: KV cache type q8_0 has no tensor-core prefill attention (f16, bf16)");
     const int kv_const = kv_type_constant(kv);
-    const auto& [wm, ds, ks, kw, stages] = tiling;
+    const auto& [wm, ds, ks, kw, stages, splits, dim_scores] = tiling;
     const int dslice = ds > 0 ? head_dim / ds : 0;
     const int threads = 32 * wm * ds * ks;
-    if (wm < 1 || ds < 1 || ks < 1 || kw < 16 || kw % 16 != 0 || kw % (8 * ds) != 0 || stages < 2 ||
+    if (wm < 1 || ds < 1 || ks < 1 || kw < 16 || kw % 16 != 0 ||
+        (!dim_scores && kw % (8 * ds) != 0) || (dim_scores && ds == 1) || stages < 2 ||
         threads > 1024 || head_dim % ds != 0 || dslice % 16 != 0 ||
-        (ds > 1 && (dslice % 64 != 0 || wm * ks > 15)))
+        (ds > 1 && (dslice % 64 != 0 || wm * ks > 15)) ||
+        !(splits == 1 || splits == 2 || splits == 4 || splits == 8))
         throw std::invalid_argument(fmt::format(
             "flash_prefill: tiling {} row warps x {} dim slices x {} key sets, {} keys per warp, "
-            "{} stages is impossible for head dim {}",
-            wm, ds, ks, kw, stages, head_dim));
+            "{} stages, {} key splits{} is impossible for head dim {}",
+            wm, ds, ks, kw, stages, splits, dim_scores ? ", scores split by dims" : "", head_dim));
     const int kt = ks * kw, rows = 16 * wm, row_bytes = 2 * head_dim;
     // Q rows, the stages, and for shared scores (ds > 1) row maxima and P per (row warp, key set).
-    const int share = ds > 1 ? wm * ks * 16 * (ds * 4 + kw * 2) : 0;
+    // (With scores split by head dims: the group's fp32 partial scores instead.)
+    const int share = ds == 1      ? 0
+                      : dim_scores ? wm * ks * ds * 16 * kw * 4
+                                   : wm * ks * 16 * (ds * 4 + kw * 2);
     const int pipe = rows * row_bytes + stages * 2 * kt * row_bytes + share;
     const int merge = (ks - 1) * rows * (head_dim * 4 + 8);
-    const int smem = std::max(pipe, merge);
+    // Key splits: each block's partial O and (m, l) plus combine weights.
+    const int split_bytes = splits > 1 ? rows * (head_dim * 4 + 12) : 0;
+    const int smem = std::max({pipe, merge, split_bytes});
     if (smem > kFlashPrefillMaxSmem)
         throw std::invalid_argument(fmt::format(
             "flash_prefill: head dim {} with {} rows and {}-key tiles x {} stages needs {} B of "
             "shared memory ({} max)",
             head_dim, rows, kt, stages, smem, kFlashPrefillMaxSmem));
     // Independent accumulator chains for S: at least 4 n-tile chains per warp.
-    const int nt = kw / ds / 8;
+    const int nt = (dim_scores ? kw : kw / ds) / 8;
     const int s_sets = std::clamp(4 / nt, 1, 4);
     jit::KernelSpec s;
     s.family = "flash_prefill";
     s.name = fmt::format("flash_prefill.hd{}.g{}.kv{}.w{}.{}", head_dim, group, n_kv_heads, window,
                          kv_type_name(kv));
-    if (tiling != flash_prefill_tiling(head_dim))
-        s.name += fmt::format(".m{}d{}k{}w{}s{}", wm, ds, ks, kw, stages);
+    if (tiling != flash_prefill_tiling(head_dim, group, n_kv_heads, kFlashPrefillDefaultChunk))
+        s.name += fmt::format(".m{}d{}{}k{}w{}s{}x{}", wm, ds, dim_scores ? "h" : "", ks, kw,
+                              stages, splits);
     s.constants = {{"HEAD_DIM", head_dim},
                    {"GROUP", group},
                    {"N_KV_HEADS", n_kv_heads},
@@ -602,11 +618,13 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
                    {"KV_TYPE", kv_const},
                    {"WM", wm},
                    {"DS", ds},
+                   {"DIM_SCORES", dim_scores ? 1 : 0},
                    {"KS", ks},
                    {"KT", kt},
                    {"STAGES", stages},
                    {"THREADS", threads},
                    {"BLOCK_ROWS", rows},
+                   {"SPLITS", splits},
                    {"S_SETS", s_sets},
                    {"SMEM", smem}};
     s.entries = {"flash_prefill"};
@@ -614,18 +632,19 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
     return s;
 }
 
-jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv) {
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                   int chunk) {
     return flash_prefill_spec(head_dim, group, n_kv_heads, window, kv,
-                              flash_prefill_tiling(head_dim));
+                              flash_prefill_tiling(head_dim, group, n_kv_heads, chunk));
 }
 
-jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv) {
+jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv, int chunk) {
     const LayerConfig& l = cfg.layers.at(layer);
     if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
         throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
                                       layer, cfg.n_heads, l.n_kv_heads));
     return flash_prefill_spec(l.head_dim, cfg.n_heads / l.n_kv_heads, l.n_kv_heads,
-                              l.sliding ? cfg.sliding_window : 0, kv);
+                              l.sliding ? cfg.sliding_window : 0, kv, chunk);
 }
 
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {

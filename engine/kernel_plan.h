@@ -64,8 +64,9 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 //   flash_decode:  block THREADS, grid (max_splits, N_KV_HEADS, max_T), dynamic smem SMEM bytes
 //                  (above 48 KiB the caller opts in once: ModuleSet::set_max_dynamic_smem)
 //   flash_combine: block COMBINE_THREADS, grid (N_KV_HEADS * GROUP * HEAD_DIM / 16, max_T)
-//   flash_prefill: block THREADS, grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), dynamic smem
-//                  SMEM bytes (opt in above 48 KiB)
+//   flash_prefill: block THREADS, grid (ceil(T * GROUP / BLOCK_ROWS) * SPLITS, N_KV_HEADS),
+//                  dynamic smem SMEM bytes (opt in above 48 KiB); clusters of (SPLITS, 1, 1)
+//                  blocks are compiled in (sm_90+), no workspace
 
 // rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8]".
 //   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
@@ -160,14 +161,22 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
 
 // Tensor-core prefill attention over the cache (entry flash_prefill, kernel_templates/
 // flash_prefill.cu): "flash_prefill.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>". Launch:
-// grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), block THREADS, dynamic smem SMEM bytes (opt in
-// above 48 KiB). The tiling (warps per block and their roles, keys per tile, pipeline depth) is
-// chosen per head dim; the overload taking a FlashPrefillTiling sets it explicitly (tests,
-// benchmarks). Throws std::invalid_argument for impossible shapes or tilings, ConfigError for
-// KvType::Q8_0 (the engine keeps flash_decode for prefill then) or a layer whose head count is
-// not a multiple of its KV heads.
-// Shared memory is capped at sm_80's opt-in limit (163 KiB).
+// grid (ceil(T * GROUP / BLOCK_ROWS) * SPLITS, N_KV_HEADS), block THREADS, dynamic smem SMEM
+// bytes (opt in above 48 KiB); SPLITS > 1 blocks of a row block form a cluster (compiled into the
+// kernel, so cuLaunchKernel works; sm_90+, earlier archs run split 0 alone) and share its key
+// tiles. The tiling (warps per block and their roles, keys per tile, pipeline depth, key splits)
+// is chosen per head dim, group, KV heads and the expected chunk length (`chunk` tokens: the
+// engine's prefill chunk; any T is correct, the split count only aims to fill the SMs at that
+// length); the overload taking a FlashPrefillTiling sets it explicitly (tests, benchmarks). A
+// tiling other than the default for kFlashPrefillDefaultChunk is spelled in the name
+// (".m<WM>d<DS>[h]k<KS>w<KW>s<STAGES>x<SPLITS>", h: scores split by head dims). Throws
+// std::invalid_argument for impossible shapes or tilings, ConfigError for KvType::Q8_0 (the engine
+// keeps flash_decode for prefill then) or a layer whose head count is not a multiple of its KV
+// heads. Shared memory is capped at sm_80's opt-in limit (163 KiB).
 inline constexpr int kFlashPrefillMaxSmem = 163 * 1024;
+inline constexpr int kFlashPrefillDefaultChunk = 512;
+// Blocks the default split count aims for (about the SM count of an H100/H200).
+inline constexpr int kFlashPrefillTargetBlocks = 128;
 struct FlashPrefillTiling {
     int row_warps;   // WM: warps of 16 query rows (BLOCK_ROWS = 16 * row_warps)
     int dim_slices;  // DS: warps splitting a row's head dim of O (sharing its scores)
@@ -175,13 +184,18 @@ struct FlashPrefillTiling {
     int warp_keys;   // KW: keys per (row warp, key set) and tile: a multiple of 16 and of
                      // 8 * dim_slices; KT = key_sets * warp_keys
     int stages;      // cp.async pipeline depth (>= 2)
+    int splits = 1;  // SPLITS: blocks (one cluster) sharing a row block's key tiles: 1, 2, 4, 8
+    bool dim_scores = false;  // DIM_SCORES: dim slices split Q K^T by head dims (not by keys)
     bool operator==(const FlashPrefillTiling&) const = default;
 };
-FlashPrefillTiling flash_prefill_tiling(int head_dim);
+FlashPrefillTiling flash_prefill_tiling(int head_dim, int group, int n_kv_heads,
+                                        int chunk = kFlashPrefillDefaultChunk);
 jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
                                    const FlashPrefillTiling& tiling);
-jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv);
-jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv = KvType::F16);
+jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
+                                   int chunk = kFlashPrefillDefaultChunk);
+jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv = KvType::F16,
+                                   int chunk = kFlashPrefillDefaultChunk);
 
 // Value of a spec constant; throws std::out_of_range naming the spec and constant.
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);

@@ -26,13 +26,26 @@
 //     through shared memory (a named barrier over those DS warps), and each writes its part of P
 //     (in the cache type) to a shared 16 x KW buffer, from which every one of them reads all of
 //     P as A fragments for its slice of O += P V. No Q K^T work is repeated.
+//     With DIM_SCORES = 1 they split Q K^T by head dims instead: each computes fp32 partial
+//     scores of all KW keys over its DSLICE dims, the group adds them up through shared memory
+//     (one named barrier; every warp sums in the same order, so all hold the same S), and each
+//     runs the softmax itself with P straight from its registers. Per mma that reads fewer
+//     shared bytes than re-reading Q for a few keys, and needs no P buffer or maxima exchange.
+//   - key splits (SPLITS > 1, sm_90+): a row block is handled by a cluster of SPLITS blocks, block
+//     `split` of the cluster streaming tiles [split, split + 1) * n / SPLITS of the block's n key
+//     tiles. Each ends with its rows' unnormalized O and (m, l) in its own shared memory; after a
+//     cluster barrier block `split` combines rows [split, split + 1) * BLOCK_ROWS / SPLITS over
+//     all SPLITS partials (distributed shared memory reads) and writes them. This lets larger row
+//     blocks (fewer K/V bytes from L2 per flop) still fill the SMs when T * GROUP / BLOCK_ROWS *
+//     N_KV_HEADS is small. Before sm_90 (no clusters) split 0 takes all tiles and the others exit.
 // Per warp and tile: S (16 x KWS) = Q K^T with Q (rounded to the cache type when staged) and K
 // rows through ldmatrix, the k-steps spread over S_SETS accumulator sets (independent mma chains
 // for latency hiding, added up at the end); masked scores -> -inf; online softmax in fp32 (exp2
-// with log2(e) folded in); P rounded to the cache type goes straight from the S accumulators into
-// A fragments when DS = 1 (the m16n8k16 C and A layouts line up), through the shared P buffer
-// otherwise; O += P V with V through ldmatrix.trans. Rows are stored with their 16-byte chunks
-// XOR-swizzled so every ldmatrix phase hits 8 distinct bank groups.
+// with log2(e) folded in; O is rescaled only on tiles where some row's maximum moved); P rounded
+// to the cache type goes straight from the S accumulators into A fragments (the m16n8k16 C and A
+// layouts line up) unless it is shared (DS > 1, DIM_SCORES 0: through the shared P buffer);
+// O += P V with V through ldmatrix.trans. Rows are stored with their 16-byte chunks XOR-swizzled
+// so every ldmatrix phase hits 8 distinct bank groups.
 // Skipping: a warp skips a tile slice none of its rows can see (the causal upper triangle, keys
 // left of the window), and applies the per-element mask only to slices that straddle an edge, so
 // the work is proportional to the visible keys. Blocks run in reverse row order: the last tokens
@@ -41,7 +54,8 @@
 // P = 0 times a NaN would still be NaN). Within the range every slot holds a live position: its
 // length is at most WINDOW + T - 1 <= slots on ring layers. A NaN in a K row reaches exactly the
 // rows that see it (masking replaces it, fmaxf ignores it in the row max, exp2 keeps it); one in a
-// V row also reaches the other rows of the warps that load it (P = 0 times NaN).
+// V row also reaches the other rows of the warps that load it (P = 0 times NaN), and with key
+// splits the rows of the block whose combine weight for that split is 0.
 //
 // Constants (prologue #defines):
 //   HEAD_DIM 32, 64, 128, 256 or 512     GROUP  query heads per KV head (models: 1..16)
@@ -49,12 +63,16 @@
 //   KV_TYPE  cache element type (attn_kv.cuh: 0 f16, 1 bf16)
 //   WM       row warps, BLOCK_ROWS = 16 * WM query rows per block
 //   DS       head-dim slices             KS  key sets
-//   KT       keys per tile (KS * KW, KW a multiple of 16, KW / DS a multiple of 8)
+//   DIM_SCORES  with DS > 1: 0 the group's warps split the scores by keys, 1 by head dims
+//   KT       keys per tile (KS * KW, KW a multiple of 16; KW / DS a multiple of 8 unless
+//            DIM_SCORES)
 //   STAGES   pipeline depth              S_SETS  accumulator sets of S (1, 2 or 4)
+//   SPLITS   blocks per row block (1, 2, 4, 8: the cluster size; key tiles split among them)
 //   THREADS  32 * WM * DS * KS           SMEM  dynamic shared memory bytes (checked here)
-// Launch flash_prefill: grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), block THREADS, SMEM
-//   dynamic bytes (the engine opts in above 48 KiB). A grid sized for a larger T is fine: blocks
-//   whose rows all lie past T * GROUP exit.
+// Launch flash_prefill: grid (ceil(T * GROUP / BLOCK_ROWS) * SPLITS, N_KV_HEADS), block THREADS,
+//   SMEM dynamic bytes (the engine opts in above 48 KiB); the cluster shape (SPLITS, 1, 1) is
+//   compiled into the kernel, so a plain launch works. No workspace. A grid sized for a larger T
+//   is fine: blocks whose rows all lie past T * GROUP exit.
 // Entry:
 //   flash_prefill(q [T][GROUP * N_KV_HEADS][HEAD_DIM] fp32, k_cache, v_cache, positions [T], T,
 //                 slots, out [T][GROUP * N_KV_HEADS][HEAD_DIM] fp32)
@@ -74,31 +92,89 @@ static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM"
 #define ROW_BYTES (HEAD_DIM * 2)
 #define CPR (HEAD_DIM / 8)  // 16-byte chunks per row
 #define KW (KT / KS)        // keys per (row warp, key set) and tile
-#define KWS (KW / DS)       // of which this warp's scores
-#define NT (KWS / 8)        // score n-tiles per warp
+// Score work of the DS warps of a group: split by keys (P shared) or by head dims (S shared).
+#define SHARE_P (DS > 1 && !DIM_SCORES)
+#define SHARE_S (DS > 1 && DIM_SCORES)
+#define KWS (SHARE_P ? KW / DS : KW)                             // keys of this warp's scores
+#define NT (KWS / 8)                                             // score n-tiles per warp
+#define S_KSTEPS (SHARE_S ? HEAD_DIM / DS / 16 : HEAD_DIM / 16)  // its k-steps of Q K^T
 #define DSLICE (HEAD_DIM / DS)
 #define Q_BYTES (BLOCK_ROWS * ROW_BYTES)
 #define STAGE_BYTES (2 * KT * ROW_BYTES)  // K rows, then V rows
 // Score sharing between the DS warps of a group (row warp, key set): row maxima [group][DS][16]
 // (after the loop: the partial sums l), then P [group][16][KW] in the cache type.
 #define N_GROUPS (WM * KS)
-#define RED_BYTES (DS > 1 ? N_GROUPS * DS * 16 * 4 : 0)
+// With head-dim score splits instead: fp32 partial scores [group][DS][NT][32 lanes] float4.
+#define RED_BYTES (SHARE_P ? N_GROUPS * DS * 16 * 4 : 0)
 #define P_ROW_BYTES (KW * 2)
-#define P_BYTES (DS > 1 ? N_GROUPS * 16 * P_ROW_BYTES : 0)
-#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + P_BYTES)
+#define P_BYTES (SHARE_P ? N_GROUPS * 16 * P_ROW_BYTES : 0)
+#define S_PART_BYTES (SHARE_S ? N_GROUPS * DS * 16 * KW * 4 : 0)
+#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + P_BYTES + S_PART_BYTES)
 // Merge area (reuses the pipeline's): O slices and (m, l) of key sets 1 .. KS - 1.
 #define MERGE_O_BYTES ((KS - 1) * BLOCK_ROWS * HEAD_DIM * 4)
 #define MERGE_BYTES (MERGE_O_BYTES + (KS - 1) * BLOCK_ROWS * 8)
-#define SMEM_NEED (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES)
+// Key splits (SPLITS > 1): the block's unnormalized O [BLOCK_ROWS][HEAD_DIM] fp32 and (m, l)
+// [BLOCK_ROWS] for the other blocks of its cluster, then its combine weights [BLOCK_ROWS].
+#define SPLIT_O_BYTES (BLOCK_ROWS * HEAD_DIM * 4)
+#define SPLIT_BYTES (SPLITS > 1 ? SPLIT_O_BYTES + BLOCK_ROWS * 12 : 0)
+#define SMEM_NEED2 (PIPE_BYTES > MERGE_BYTES ? PIPE_BYTES : MERGE_BYTES)
+#define SMEM_NEED (SMEM_NEED2 > SPLIT_BYTES ? SMEM_NEED2 : SPLIT_BYTES)
 #define LOG2E 1.4426950408889634f
 
 static_assert(KW % 16 == 0 && KT == KS * KW, "flash_prefill: KT / KS must be a multiple of 16");
-static_assert(KWS % 8 == 0, "flash_prefill: KW / DS must be a multiple of 8");
+static_assert(KWS % 8 == 0, "flash_prefill: KW / DS must be a multiple of 8 (keys split)");
+static_assert(DIM_SCORES == 0 || DIM_SCORES == 1, "flash_prefill: DIM_SCORES is 0 or 1");
 static_assert(S_SETS == 1 || S_SETS == 2 || S_SETS == 4, "flash_prefill: S_SETS 1, 2 or 4");
 static_assert(DS == 1 || N_GROUPS <= 15, "flash_prefill: one named barrier per group (1..15)");
 static_assert(DSLICE % 16 == 0 && (DS == 1 || DSLICE % 64 == 0),
               "flash_prefill: head-dim slices of 16 dims (64 when sliced, for the swizzle)");
+static_assert(SPLITS == 1 || SPLITS == 2 || SPLITS == 4 || SPLITS == 8,
+              "flash_prefill: SPLITS must be 1, 2, 4 or 8 (a portable cluster)");
 static_assert(SMEM == SMEM_NEED, "flash_prefill: SMEM differs from what the template needs");
+
+// Key splits run as thread-block clusters (sm_90+): the SPLITS blocks of a row block each take a
+// share of its key tiles and combine through distributed shared memory. Before sm_90 there are
+// no clusters: the block of split 0 takes every tile and the others exit (same launch, same
+// result, no speedup).
+#if SPLITS > 1 && __CUDA_ARCH__ >= 900
+#define CLUSTER SPLITS
+#define CLUSTER_ATTR __cluster_dims__(SPLITS, 1, 1)
+#else
+#define CLUSTER 1
+#define CLUSTER_ATTR
+#endif
+
+#if CLUSTER > 1
+// Barrier over every thread of the cluster; release/acquire orders the shared-memory writes
+// before it with the remote reads after it.
+GJ_DEVICE void cluster_sync() {
+    asm volatile(
+        "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+            : "memory");
+}
+// The address of this block's shared byte `addr` in the shared memory of cluster block `rank`.
+GJ_DEVICE uint32 cluster_map(uint32 addr, uint32 rank) {
+    uint32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+GJ_DEVICE float4 ld_cluster_f4(uint32 addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+GJ_DEVICE float2 ld_cluster_f2(uint32 addr) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+                 : "=f"(v.x), "=f"(v.y)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+#endif
 
 GJ_DEVICE float neg_inf() {
     return __int_as_float(0xff800000);
@@ -165,15 +241,18 @@ GJ_DEVICE int window_lo(int p) {
     return WINDOW > 0 ? max(0, p - WINDOW + 1) : 0;
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
     flash_prefill(const float* __restrict__ q, const void* __restrict__ k_cache,
                   const void* __restrict__ v_cache, const int* __restrict__ positions, int T,
                   int slots, float* __restrict__ out) {
     extern __shared__ __align__(16) uint8 smem[];
     const int total_rows = T * GROUP;
-    const int row0 = (gridDim.x - 1 - blockIdx.x) * BLOCK_ROWS;  // last tokens first
+    // Cluster rank (the split) and row block, last tokens first. A whole cluster shares row0, so
+    // blocks past the rows exit together.
+    const int split = blockIdx.x % SPLITS;
+    const int row0 = (gridDim.x / SPLITS - 1 - blockIdx.x / SPLITS) * BLOCK_ROWS;
     const int kvh = blockIdx.y;
-    if (row0 >= total_rows) return;
+    if (row0 >= total_rows || (CLUSTER == 1 && split != 0)) return;
     const uint8* kc = (const uint8*)k_cache;
     const uint8* vc = (const uint8*)v_cache;
 
@@ -185,7 +264,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int last_row = min(row0 + BLOCK_ROWS, total_rows) - 1;
     const int key_lo = window_lo(positions[row0 / GROUP]);
     const int key_hi = positions[last_row / GROUP];
-    const int n_tiles = (key_hi - key_lo + KT) / KT;
+    // This split's share of the range's tiles (all of them without clusters).
+    const int n_all = (key_hi - key_lo + KT) / KT;
+    const int t_begin = CLUSTER > 1 ? split * n_all / CLUSTER : 0;
+    const int n_tiles = (CLUSTER > 1 ? (split + 1) * n_all / CLUSTER : n_all) - t_begin;
+    const int first_key = key_lo + t_begin * KT, n_keys = key_hi - first_key + 1;
 
     const uint32 smem0 = smem_addr(smem);
     const uint32 stages0 = smem0 + Q_BYTES;
@@ -193,8 +276,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_tiles)
-            issue_tile(stages0 + s * STAGE_BYTES, kc, vc, key_lo + s * KT,
-                       min(KT, key_hi - key_lo + 1 - s * KT), slots, kvh);
+            issue_tile(stages0 + s * STAGE_BYTES, kc, vc, first_key + s * KT,
+                       min(KT, n_keys - s * KT), slots, kvh);
         cp_async_commit();  // possibly empty: keeps the group count uniform
     }
     // Q rows, rounded to the cache type, swizzled like the cache rows; rows past T * GROUP zero.
@@ -244,8 +327,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         off_a[j] = (uint32)(((2 * j + lchunk_a) ^ swz_key(row_a)) << 4);
         off_b[j] = (uint32)(((2 * j + lchunk_b) ^ swz_key(row_b)) << 4);
     }
-    const uint32 q_lane = smem0 + (wm * 16 + row_a) * ROW_BYTES;
-    const uint32 k_lane = (ks * KW + ds * KWS + row_b) * ROW_BYTES;  // within a stage
+    // Q and K rows from the warp's first score dim (a multiple of 64 dims when sliced: the
+    // swizzle keeps 8-chunk runs in place) and its first score key.
+    const uint32 dim0 = SHARE_S ? ds * DSLICE * 2 : 0;
+    const uint32 q_lane = smem0 + (wm * 16 + row_a) * ROW_BYTES + dim0;
+    const uint32 k_lane = (ks * KW + (SHARE_P ? ds * KWS : 0) + row_b) * ROW_BYTES + dim0;
     const uint32 v_lane = KT * ROW_BYTES + (ks * KW + row_a) * ROW_BYTES + ds * DSLICE * 2;
 
     // O accumulators of the slice: o[n] = {O[g][8n + 2tq], O[g][8n + 2tq + 1], O[g + 8][8n + 2tq],
@@ -254,21 +340,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int n = 0; n < DSLICE / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
-    // Score sharing (DS > 1): this group's row maxima and P buffer.
+    // Score sharing (DS > 1): this group's row maxima and P buffer, or its partial scores.
     const int group = wm + WM * ks;
     float* red = (float*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * 16;
     uint8* p_rows = smem + Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + group * 16 * P_ROW_BYTES;
+    float4* s_parts = (float4*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * NT * 32;
 
     for (int it = 0; it < n_tiles; ++it) {
         const int nt_issue = it + STAGES - 1;
         if (nt_issue < n_tiles)
-            issue_tile(stages0 + (nt_issue % STAGES) * STAGE_BYTES, kc, vc, key_lo + nt_issue * KT,
-                       min(KT, key_hi - key_lo + 1 - nt_issue * KT), slots, kvh);
+            issue_tile(stages0 + (nt_issue % STAGES) * STAGE_BYTES, kc, vc,
+                       first_key + nt_issue * KT, min(KT, n_keys - nt_issue * KT), slots, kvh);
         cp_async_commit();
         cp_async_wait<STAGES - 1>();  // tile `it` has landed (this thread's copies)
         __syncthreads();              // ... everyone's, and Q's stores
 
-        const int a = key_lo + it * KT + ks * KW;  // the warp's first key of this tile
+        const int a = first_key + it * KT + ks * KW;  // the warp's first key of this tile
         const int b = a + KW - 1;
         // Warp-uniform: skip a slice no row sees; mask only slices that straddle an edge.
         if (warp_live && b >= wlo_min && a <= wp_max) {
@@ -283,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 for (int n = 0; n < NT; ++n)
                     acc[set][n][0] = acc[set][n][1] = acc[set][n][2] = acc[set][n][3] = 0.0f;
 #pragma unroll
-            for (int kstep = 0; kstep < HEAD_DIM / 16; ++kstep) {
+            for (int kstep = 0; kstep < S_KSTEPS; ++kstep) {
                 const uint32 coff = 128 * (kstep / 4);
                 float(&sk)[NT][4] = acc[kstep % S_SETS];
                 uint32 qa[4];
@@ -309,7 +396,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 for (int n = 0; n < NT; ++n)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[n][e] += acc[set][n][e];
-            const int a_own = a + ds * KWS;  // first key of this warp's scores
+            if (SHARE_S) {  // add the group's partial scores, in the same order in every warp
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    s_parts[(ds * NT + n) * 32 + lane] =
+                        make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+                group_sync(group);
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+                    float4 sum = s_parts[n * 32 + lane];
+#pragma unroll
+                    for (int d = 1; d < DS; ++d) {
+                        const float4 v = s_parts[(d * NT + n) * 32 + lane];
+                        sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+                    }
+                    s[n][0] = sum.x, s[n][1] = sum.y, s[n][2] = sum.z, s[n][3] = sum.w;
+                }
+            }
+            const int a_own = a + (SHARE_P ? ds * KWS : 0);  // first key of this warp's scores
             if (!full) {
 #pragma unroll
                 for (int n = 0; n < NT; ++n)
@@ -330,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(GJ_FULL_MASK, mx[r], 2));
             }
-            if (DS > 1) {
+            if (SHARE_P) {
                 if (tq == 0) red[ds * 16 + g] = mx[0], red[ds * 16 + g + 8] = mx[1];
                 group_sync(group);
 #pragma unroll
@@ -358,11 +462,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
                 l[r] = fmaf(l[r], scale[r], sum);
             }
+            // Rescale O only when some row's maximum moved (mostly only on the first tiles).
+            if (__any_sync(GJ_FULL_MASK, scale[0] != 1.0f || scale[1] != 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < DSLICE / 8; ++n) {
-                o[n][0] *= scale[0], o[n][1] *= scale[0], o[n][2] *= scale[1], o[n][3] *= scale[1];
+                for (int n = 0; n < DSLICE / 8; ++n) {
+                    o[n][0] *= scale[0], o[n][1] *= scale[0];
+                    o[n][2] *= scale[1], o[n][3] *= scale[1];
+                }
             }
-            if (DS > 1) {  // this warp's part of P into the group's buffer
+            if (SHARE_P) {  // this warp's part of P into the group's buffer
 #pragma unroll
                 for (int n = 0; n < NT; ++n) {
                     const int col = ds * KWS + 8 * n + 2 * tq;  // (col % 8) * 2 = 4 * tq bytes
@@ -373,14 +481,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                 }
                 group_sync(group);
             }
-            // O += P V: with DS = 1 P's A fragments are the S accumulators of n-tiles 2kk, 2kk + 1
-            // (NT = KW / 8 then; the "% NT" only keeps the DS > 1 form of this dead branch in
-            // bounds); else they come from the shared P rows (like Q's: rows row_a at chunk
+            // O += P V: unless P is shared, P's A fragments are the S accumulators of n-tiles 2kk,
+            // 2kk + 1 (NT = KW / 8 then; the "% NT" only keeps the other form of this dead branch
+            // in bounds); else they come from the shared P rows (like Q's: rows row_a at chunk
             // 2kk + lchunk_a).
 #pragma unroll
             for (int kk = 0; kk < KW / 16; ++kk) {
                 uint32 pa[4];
-                if (DS == 1) {
+                if (!SHARE_P) {
                     pa[0] = kv_pack2(s[2 * kk % NT][0], s[2 * kk % NT][1]);
                     pa[1] = kv_pack2(s[2 * kk % NT][2], s[2 * kk % NT][3]);
                     pa[2] = kv_pack2(s[(2 * kk + 1) % NT][0], s[(2 * kk + 1) % NT][1]);
@@ -406,9 +514,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 1);
         l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 2);
     }
-    // With shared scores each warp summed its own keys' weights: add the group's partial sums
+    // With shared P each warp summed its own keys' weights: add the group's partial sums
     // (through the row-maxima buffer, idle now; the barriers keep it clear of the merge below).
-    if (DS > 1) {
+    if (SHARE_P) {
         if (tq == 0) red[ds * 16 + g] = l[0], red[ds * 16 + g + 8] = l[1];
         __syncthreads();
         l[0] = l[1] = 0.0f;
@@ -418,7 +526,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
 
     // Merge the KS key sets of each row through the idle pipeline memory: sets 1.. store, set 0
-    // folds them in.
+    // folds them in (and alone carries on).
     if (KS > 1) {
         float* mo = (float*)smem;                       // [KS - 1][BLOCK_ROWS][HEAD_DIM]
         float2* mml = (float2*)(smem + MERGE_O_BYTES);  // [KS - 1][BLOCK_ROWS]
@@ -435,35 +543,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
         }
         __syncthreads();
-        if (ks > 0) return;
+        if (ks == 0) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int br = wm * 16 + g + 8 * r;
-            float mx = m[r];
+            for (int r = 0; r < 2; ++r) {
+                const int br = wm * 16 + g + 8 * r;
+                float mx = m[r];
 #pragma unroll
-            for (int k = 1; k < KS; ++k) mx = fmaxf(mx, mml[(k - 1) * BLOCK_ROWS + br].x);
-            const float m_use = mx == neg_inf() ? 0.0f : mx;
-            const float f = exp2_approx((m[r] - m_use) * LOG2E);
-            l[r] *= f;
+                for (int k = 1; k < KS; ++k) mx = fmaxf(mx, mml[(k - 1) * BLOCK_ROWS + br].x);
+                const float m_use = mx == neg_inf() ? 0.0f : mx;
+                const float f = exp2_approx((m[r] - m_use) * LOG2E);
+                l[r] *= f;
 #pragma unroll
-            for (int n = 0; n < DSLICE / 8; ++n) o[n][2 * r] *= f, o[n][2 * r + 1] *= f;
+                for (int n = 0; n < DSLICE / 8; ++n) o[n][2 * r] *= f, o[n][2 * r + 1] *= f;
 #pragma unroll
-            for (int k = 1; k < KS; ++k) {
-                const float2 ml = mml[(k - 1) * BLOCK_ROWS + br];
-                const float fk = exp2_approx((ml.x - m_use) * LOG2E);
-                l[r] = fmaf(fk, ml.y, l[r]);
-                const float* theirs = mo + ((size_t)(k - 1) * BLOCK_ROWS + br) * HEAD_DIM;
+                for (int k = 1; k < KS; ++k) {
+                    const float2 ml = mml[(k - 1) * BLOCK_ROWS + br];
+                    const float fk = exp2_approx((ml.x - m_use) * LOG2E);
+                    l[r] = fmaf(fk, ml.y, l[r]);
+                    const float* theirs = mo + ((size_t)(k - 1) * BLOCK_ROWS + br) * HEAD_DIM;
 #pragma unroll
-                for (int n = 0; n < DSLICE / 8; ++n) {
-                    const float2 v = *(const float2*)(theirs + ds * DSLICE + 8 * n + 2 * tq);
-                    o[n][2 * r] = fmaf(fk, v.x, o[n][2 * r]);
-                    o[n][2 * r + 1] = fmaf(fk, v.y, o[n][2 * r + 1]);
+                    for (int n = 0; n < DSLICE / 8; ++n) {
+                        const float2 v = *(const float2*)(theirs + ds * DSLICE + 8 * n + 2 * tq);
+                        o[n][2 * r] = fmaf(fk, v.x, o[n][2 * r]);
+                        o[n][2 * r + 1] = fmaf(fk, v.y, o[n][2 * r + 1]);
+                    }
                 }
+                m[r] = mx;
             }
         }
     }
 
+#if CLUSTER == 1
     // Normalize and write the live rows of the slice.
+    if (ks > 0) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = rows_ab[r];
@@ -476,4 +588,70 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         for (int n = 0; n < DSLICE / 8; ++n)
             *(float2*)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
+#else
+    // Combine the key splits: every block leaves its unnormalized O and (m, l) in its own shared
+    // memory; block `split` then finishes rows [split, split + 1) * BLOCK_ROWS / SPLITS reading
+    // all SPLITS partials through the cluster. Columns are XOR-swizzled by the row (bits 3..4)
+    // so the fragment stores of a half warp (4 rows x 8 floats) hit 32 distinct banks.
+    float* po = (float*)smem;                                      // [BLOCK_ROWS][HEAD_DIM]
+    float2* pml = (float2*)(smem + SPLIT_O_BYTES);                 // [BLOCK_ROWS]
+    float* wts = (float*)(smem + SPLIT_O_BYTES + BLOCK_ROWS * 8);  // [BLOCK_ROWS / SPLITS][SPLITS]
+    __syncthreads();  // the key-set merge has read the memory these stores reuse
+    if (ks == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int br = wm * 16 + g + 8 * r;
+#pragma unroll
+            for (int n = 0; n < DSLICE / 8; ++n)
+                *(float2*)(po + br * HEAD_DIM +
+                           ((ds * DSLICE + 8 * n + 2 * tq) ^ ((br & 3) << 3))) =
+                    make_float2(o[n][2 * r], o[n][2 * r + 1]);
+            if (ds == 0 && tq == 0) pml[br] = make_float2(m[r], l[r]);
+        }
+    }
+    cluster_sync();
+    constexpr int kRows = BLOCK_ROWS / SPLITS;
+    const int br0 = split * kRows;
+    // Per row: weight of split s = e_s / sum_s e_s l_s with e_s = exp(m_s - max m). A split that
+    // saw none of the row's keys has m = -inf, l = 0: weight 0.
+    for (int i = threadIdx.x; i < kRows; i += THREADS) {
+        float ms[SPLITS], ls[SPLITS];
+        float mx = neg_inf();
+#pragma unroll
+        for (int sp = 0; sp < SPLITS; ++sp) {
+            const float2 ml = ld_cluster_f2(cluster_map(smem_addr(pml + br0 + i), sp));
+            ms[sp] = ml.x, ls[sp] = ml.y;
+            mx = fmaxf(mx, ml.x);
+        }
+        const float m_use = mx == neg_inf() ? 0.0f : mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < SPLITS; ++sp) {
+            ms[sp] = exp2_approx((ms[sp] - m_use) * LOG2E);
+            sum = fmaf(ms[sp], ls[sp], sum);
+        }
+        const float inv = 1.0f / sum;
+#pragma unroll
+        for (int sp = 0; sp < SPLITS; ++sp) wts[i * SPLITS + sp] = ms[sp] * inv;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kRows * (HEAD_DIM / 4); i += THREADS) {
+        const int r = i / (HEAD_DIM / 4), c = 4 * (i % (HEAD_DIM / 4));
+        const int br = br0 + r, row = row0 + br;
+        if (row >= total_rows) continue;
+        const uint32 src = smem_addr(po + br * HEAD_DIM + (c ^ ((br & 3) << 3)));
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int sp = 0; sp < SPLITS; ++sp) {
+            const float w = wts[r * SPLITS + sp];
+            const float4 v = ld_cluster_f4(cluster_map(src, sp));
+            acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y);
+            acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
+        }
+        const int t = row / GROUP, gh = row % GROUP;
+        *(float4*)(out + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM + c) =
+            acc;
+    }
+    cluster_sync();  // every block's partial stays in place until the others have read it
+#endif
 }

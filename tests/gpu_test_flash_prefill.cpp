@@ -3,7 +3,7 @@
 // 32..512, groups 1..16 (and 3, 12), causal and sliding windows, chunks of 1..512 tokens across
 // the 16-row and tile edges, first chunks (pos0 = 0) and later ones whose ring has wrapped, f16 and
 // bf16 caches, the default tiling of every head dim and the other warp roles (more key sets, head
-// dims split over warps).
+// dims split over warps by keys or by dims, key splits over clusters of 1..8 blocks).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -75,8 +75,9 @@ int slots_for(const PrefillCase& c) {
     return c.pos0 + c.T + 13;
 }
 
-// flash_prefill over `T` tokens with a grid sized for T + 40 tokens and the output rows past T
-// poisoned: the extra blocks must exit, and rows past T stay as they were.
+// flash_prefill over `T` tokens with a grid sized for T + 40 tokens (times SPLITS: clusters of key
+// splits) and the output rows past T poisoned: the extra blocks must exit, and rows past T stay as
+// they were.
 std::vector<float> run_prefill(const KernelSpec& spec, const DeviceBuffer& q,
                                const DeviceBuffer& kc, const DeviceBuffer& vc,
                                const DeviceBuffer& pos, int T, int slots) {
@@ -91,7 +92,8 @@ std::vector<float> run_prefill(const KernelSpec& spec, const DeviceBuffer& q,
     gj::jit::Device::get().synchronize();
     launch_smem_async(
         g.get(spec.name, "flash_prefill"),
-        {ceil_div(size_t(grid_t) * c("GROUP"), c("BLOCK_ROWS")), unsigned(c("N_KV_HEADS"))},
+        {ceil_div(size_t(grid_t) * c("GROUP"), c("BLOCK_ROWS")) * unsigned(c("SPLITS")),
+         unsigned(c("N_KV_HEADS"))},
         {unsigned(c("THREADS"))}, unsigned(c("SMEM")), q.ptr(), kc.ptr(), vc.ptr(), pos.ptr(), T,
         slots, out.ptr());
     gj::jit::Device::get().synchronize();
@@ -268,6 +270,27 @@ std::vector<PrefillCase> cases() {
     v.push_back({512, 8, 4, 0, 64, 0, KvType::BF16, FlashPrefillTiling{1, 2, 2, 16, 2}});
     v.push_back({256, 4, 2, 512, 512, 0, KvType::F16, FlashPrefillTiling{4, 1, 2, 32, 2}});
     v.push_back({256, 2, 8, 1024, 130, 2000, KvType::F16, FlashPrefillTiling{2, 2, 1, 64, 2}});
+    // Key splits (clusters of 2..8 blocks sharing a row block's tiles): with key sets, with shared
+    // scores, 128-row blocks, splits that get no tile (T = 1, short first chunks), later chunks
+    // on wrapped rings, one split (the combine path's counterpart) at the same shape, a whole
+    // 512-token chunk.
+    v.push_back({64, 2, 2, 8, 17, 100, KvType::BF16, FlashPrefillTiling{2, 1, 2, 16, 2, 4}});
+    v.push_back({128, 1, 4, 0, 130, 37, KvType::F16, FlashPrefillTiling{1, 1, 1, 16, 2, 8}});
+    v.push_back({128, 1, 4, 0, 1, 0, KvType::F16, FlashPrefillTiling{1, 1, 1, 16, 2, 8}});
+    v.push_back({256, 4, 2, 512, 512, 4100, KvType::F16, FlashPrefillTiling{8, 1, 1, 32, 2, 4}});
+    v.push_back({256, 4, 2, 64, 130, 200, KvType::BF16, FlashPrefillTiling{8, 1, 1, 32, 3, 8}});
+    v.push_back({512, 4, 2, 0, 130, 40, KvType::F16, FlashPrefillTiling{2, 2, 2, 16, 2, 2}});
+    v.push_back({512, 8, 4, 0, 64, 300, KvType::BF16, FlashPrefillTiling{4, 2, 1, 16, 3, 4}});
+    v.push_back({512, 4, 2, 0, 64, 300, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 3, 1}});
+    v.push_back({512, 4, 2, 0, 512, 1000, KvType::F16});
+    // Scores split by head dims (partial S added up across the dim slices; hd 512's default),
+    // with key sets, with key splits, 48-row blocks.
+    v.push_back({512, 4, 2, 0, 130, 40, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 4, true}});
+    v.push_back(
+        {256, 4, 2, 512, 130, 600, KvType::BF16, FlashPrefillTiling{4, 2, 1, 32, 2, 1, true}});
+    v.push_back({128, 2, 2, 0, 64, 5, KvType::F16, FlashPrefillTiling{2, 2, 2, 16, 2, 2, true}});
+    v.push_back({512, 8, 4, 0, 17, 33, KvType::BF16, FlashPrefillTiling{3, 2, 1, 16, 3, 4, true}});
+    v.push_back({512, 4, 2, 0, 512, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 3, 2}});
     return v;
 }
 

@@ -144,6 +144,17 @@ std::vector<KernelSpec> all_specs() {
     add(gj::gemma4::flash_prefill_spec(512, 8, 4, 0, KvType::BF16, Tiling{1, 2, 2, 16, 2}));
     add(gj::gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::F16, Tiling{4, 1, 2, 32, 2}));
     add(gj::gemma4::flash_prefill_spec(256, 2, 8, 1024, KvType::F16, Tiling{2, 2, 1, 64, 2}));
+    // Key splits (clusters) with key sets and with shared scores, and the widest cluster.
+    add(gj::gemma4::flash_prefill_spec(64, 2, 2, 8, KvType::BF16, Tiling{2, 1, 2, 16, 2, 4}));
+    add(gj::gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{2, 2, 2, 16, 2, 2}));
+    add(gj::gemma4::flash_prefill_spec(128, 1, 4, 0, KvType::F16, Tiling{1, 1, 1, 16, 2, 8}));
+    // Scores split by head dims.
+    add(gj::gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{4, 2, 1, 16, 2, 2, true}));
+    add(gj::gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::BF16,
+                                       Tiling{4, 2, 1, 32, 2, 1, true}));
+    add(gj::gemma4::flash_prefill_spec(128, 2, 2, 0, KvType::F16, Tiling{2, 2, 2, 16, 2, 2, true}));
+    add(gj::gemma4::flash_prefill_spec(512, 8, 4, 0, KvType::BF16,
+                                       Tiling{3, 2, 1, 16, 3, 4, true}));
     return specs;
 }
 
@@ -386,6 +397,7 @@ TEST(KernelPlan, FlashPrefillBuilders) {
     EXPECT_EQ(global.family, "flash_prefill");
     EXPECT_EQ(global.entries, std::vector<std::string>{"flash_prefill"});
     EXPECT_EQ(spec_constant(global, "DS"), 2);  // O split over two warps: 128 registers each
+    EXPECT_EQ(spec_constant(global, "DIM_SCORES"), 1);
     EXPECT_EQ(flash_prefill_spec(e4b, 0, KvType::BF16).name,
               "flash_prefill.hd256.g4.kv2.w512.bf16");
     EXPECT_EQ(spec_constant(flash_prefill_spec(e4b, 0, KvType::BF16), "KV_TYPE"), 1);
@@ -396,9 +408,33 @@ TEST(KernelPlan, FlashPrefillBuilders) {
     // An explicit tiling other than the default is part of the name; the default one is not.
     EXPECT_EQ(
         flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{2, 4, 1, 32, 2}).name,
-        "flash_prefill.hd512.g4.kv2.w0.f16.m2d4k1w32s2");
-    EXPECT_EQ(flash_prefill_spec(512, 4, 2, 0, KvType::F16, gj::gemma4::flash_prefill_tiling(512)),
-              global);
+        "flash_prefill.hd512.g4.kv2.w0.f16.m2d4k1w32s2x1");
+    EXPECT_EQ(
+        flash_prefill_spec(512, 4, 2, 0, KvType::F16, gj::gemma4::flash_prefill_tiling(512, 4, 2)),
+        global);
+    // Key splits bring a 512-token chunk to about one block per SM: E4B's 2 KV heads need them,
+    // 31B's 4 KV heads x group 8 fill the GPU without; a shorter expected chunk splits more and
+    // is named by its tiling.
+    const auto blocks_at = [&](const KernelSpec& s, int chunk) {
+        return (chunk * spec_constant(s, "GROUP") + spec_constant(s, "BLOCK_ROWS") - 1) /
+               spec_constant(s, "BLOCK_ROWS") * spec_constant(s, "N_KV_HEADS") *
+               spec_constant(s, "SPLITS");
+    };
+    for (const auto& [s, chunk] :
+         {std::pair{global, 512}, std::pair{flash_prefill_spec(e4b, 0), 512},
+          std::pair{flash_prefill_spec(Config::preset("31b"), 5), 512},
+          std::pair{flash_prefill_spec(e4b, 5, KvType::F16, 128), 128}}) {
+        const auto blocks = blocks_at(s, chunk);
+        EXPECT_GE(blocks, gj::gemma4::kFlashPrefillTargetBlocks) << s.name;
+        if (spec_constant(s, "SPLITS") > 1) {
+            EXPECT_LT(blocks / 2, gj::gemma4::kFlashPrefillTargetBlocks)
+                << s.name << ": one split fewer would fill the GPU";
+        }
+    }
+    EXPECT_GT(spec_constant(global, "SPLITS"), 1);
+    EXPECT_GT(spec_constant(flash_prefill_spec(e4b, 5, KvType::F16, 128), "SPLITS"),
+              spec_constant(global, "SPLITS"));
+    EXPECT_NE(flash_prefill_spec(e4b, 5, KvType::F16, 128).name, global.name);
     // Launch constants consistent with the template's checks.
     for (const auto& s :
          {global, flash_prefill_spec(e4b, 0), flash_prefill_spec(32, 2, 2, 8, KvType::F16)}) {
@@ -432,6 +468,20 @@ TEST(KernelPlan, FlashPrefillBuilders) {
                  std::invalid_argument);
     EXPECT_THROW(flash_prefill_spec(64, 4, 2, 0, KvType::F16, FlashPrefillTiling{8, 1, 8, 16, 2}),
                  std::invalid_argument);
+    // Scores split by head dims need dim slices; a tiling naming it is spelled with "h".
+    EXPECT_THROW(
+        flash_prefill_spec(256, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 1, 1, 32, 2, 1, true}),
+        std::invalid_argument);
+    EXPECT_EQ(
+        flash_prefill_spec(512, 4, 2, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 2, 4, true})
+            .name,
+        "flash_prefill.hd512.g4.kv2.w0.f16.m4d2hk1w16s2x4");
+    // Key splits: a power of two up to a portable cluster of 8.
+    for (int splits : {0, 3, 16})
+        EXPECT_THROW(flash_prefill_spec(64, 4, 2, 0, KvType::F16,
+                                        FlashPrefillTiling{2, 1, 1, 16, 2, splits}),
+                     std::invalid_argument)
+            << splits;
     Config odd = Config::preset("tiny");
     odd.n_heads = 3;
     EXPECT_THROW(flash_prefill_spec(odd, 0), gj::gemma4::ConfigError);
@@ -812,6 +862,13 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
                     EXPECT_NE(body.find(want), std::string::npos) << "flash_prefill lacks " << want;
                 EXPECT_EQ(body.find(".local"), std::string::npos)
                     << "flash_prefill uses local memory";
+                // Key splits run as clusters combining through distributed shared memory on
+                // sm_90; before it split 0 runs alone and no cluster instruction is emitted.
+                const bool clusters = gj::gemma4::spec_constant(s, "SPLITS") > 1 && arch == "sm_90";
+                for (const char* want :
+                     {".reqnctapercluster", "mapa.shared::cluster", "ld.shared::cluster.v4.f32",
+                      "barrier.cluster.arrive.release", "barrier.cluster.wait.acquire"})
+                    EXPECT_EQ(body.find(want) != std::string::npos, clusters) << want;
             } else if (s.family == "mmq") {
                 // int8 tensor cores fed by ldmatrix from a cp.async pipeline; the quantized
                 // GeGLU output rounds to int8 like quantize_q8_1.
