@@ -215,8 +215,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
         g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type, mma)).name;
         if (flags.get_bool("GEMMAJIT_FLASH_PREFILL") && kv_geo_.type != KvType::Q8_0)
-            g.flash_prefill_spec =
-                kernels_.add(flash_prefill_spec(c, l, kv_geo_.type, kv_geo_.max_chunk)).name;
+            // Tiled for the default chunk, not this load's: the kernel set then does not depend
+            // on the context or chunk a session asks for, so `precompile --model` covers it.
+            g.flash_prefill_spec = kernels_.add(flash_prefill_spec(c, l, kv_geo_.type)).name;
     }
     if (c.has_ple()) {
         ple_table_ = plan_table(w.per_layer_token_embd);
