@@ -414,19 +414,17 @@ void GpuSession::quantize(CUdeviceptr x, int n_values) {
            {threads}, 0, args, name);
 }
 
-void GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
-                        const char* what) {
+int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
+                       const char* what, bool partials_ok) {
     const bool quant = m.quantized();
     const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
     const double flops_per_col = 2.0 * double(m.rows) * m.cols * (up ? 2 : 1);
     if (T > kPrefillCols && !quant && m.blas && model_.blas()) {
         blas_product(m, up, in.f, y, T, what);
-        return;
+        return 1;
     }
-    if (T > kPrefillCols && !m.spec_gemm.empty()) {
-        gemm(m, up, in, up ? "mmq_geglu" : "mmq", y, 0, T, what);
-        return;
-    }
+    if (T > kPrefillCols && !m.spec_gemm.empty())
+        return gemm(m, up, in, up ? "mmq_geglu" : "mmq", y, 0, T, what, partials_ok);
     if (quant && in.q == 0) {
         quantize(in.f, T * m.cols);
         in.q = w_->xq.ptr();
@@ -456,10 +454,11 @@ void GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdev
             launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, cost);
         }
     }
+    return 1;
 }
 
-void GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry,
-                      CUdeviceptr y, CUdeviceptr yds, int T, const char* what) {
+int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry,
+                     CUdeviceptr y, CUdeviceptr yds, int T, const char* what, bool partials_ok) {
     if (in.q == 0) {
         quantize(in.f, T * m.cols);
         in.q = w_->xq.ptr();
@@ -478,6 +477,10 @@ void GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const c
            {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM")), splits},
            {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, label,
            LaunchCost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm});
+    if (splits > 1 && partials_ok) {
+        ++paths_.mmq;
+        return int(splits);  // the caller's post-norm sums the planes
+    }
     if (splits > 1) {
         int n = T * m.rows;
         void* rargs[] = {&out, &y, &n};
@@ -485,6 +488,11 @@ void GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const c
                label + " reduce", LaunchCost{0, 0, WorkKind::Gemm});
     }
     ++paths_.mmq;
+    return 1;
+}
+
+CUdeviceptr GpuSession::product(int parts) const {
+    return parts > 1 ? w_->gemm_split.ptr() : w_->tmp.ptr();
 }
 
 GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
@@ -670,19 +678,21 @@ void GpuSession::record_layer(int l, int T, bool decode) {
                {ceil_div(rows, warps), unsigned(T)}, {32 * warps}, 0, args, g.attn_prep_spec);
     }
     record_attention(l, T, decode);
-    matvec(g.o, nullptr, Input{w.attn.ptr()}, w.tmp.ptr(), T, "attn_output");
-    post_norm(model_.spec_post_prenorm(), w.tmp.ptr(), g.post_attention_norm, 0, g.ffn_norm, T,
-              "post_attention_norm+ffn_norm");
+    // Split-K products leave their partial planes for the post-norm to sum.
+    int parts = matvec(g.o, nullptr, Input{w.attn.ptr()}, w.tmp.ptr(), T, "attn_output", true);
+    post_norm(model_.spec_post_prenorm(parts), product(parts), g.post_attention_norm, 0, g.ffn_norm,
+              T, "post_attention_norm+ffn_norm");
 
     // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x).
-    matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down");
+    parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", true);
     if (!cfg_.has_ple()) {
-        post_norm(model_.spec_post_scale_prenorm(), w.tmp.ptr(), g.post_ffw_norm, g.output_scale,
-                  next_norm, T, "post_ffw_norm*scale+next_norm");
+        post_norm(model_.spec_post_scale_prenorm(parts), product(parts), g.post_ffw_norm,
+                  g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm");
         return;
     }
     // The updated stream is the PLE gate's input (quantized by the same launch).
-    post_norm(model_.spec_post_quant(), w.tmp.ptr(), g.post_ffw_norm, 0, 0, T, "post_ffw_norm");
+    post_norm(model_.spec_post_quant(parts), product(parts), g.post_ffw_norm, 0, 0, T,
+              "post_ffw_norm");
 
     // PLE: x = (x + post_norm(proj(gelu(inp_gate x) * ple[l]))) * layer_output_scale.
     matvec(g.inp_gate, nullptr, Input{w.x.ptr(), w.xq.ptr(), w.xds.ptr()}, w.ple_gate.ptr(), T,

@@ -145,12 +145,15 @@ class GpuSession {
                    CUdeviceptr w2, int T, const char* what);
     void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what);
     // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
-    void matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
-                const char* what);
+    // Returns 1, or with `partials_ok` the number of split-K partial planes left in the
+    // workspace (product(parts)) instead of y.
+    int matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
+               const char* what, bool partials_ok = false);
+    CUdeviceptr product(int parts) const;  // where a residual product of `parts` planes is
     // The int8 tensor-core GEMM of a quantized matrix over a prefill chunk (entry mmq,
     // mmq_geglu or mmq_geglu_q8; yds only for the last).
-    void gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry, CUdeviceptr y,
-              CUdeviceptr yds, int T, const char* what);
+    int gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry, CUdeviceptr y,
+             CUdeviceptr yds, int T, const char* what, bool partials_ok = false);
     // The FFN's gelu(gate x) * (up x); returns it as the down projection's input.
     Input ffn_gate_up(const GpuLayer& g, int T);
     // The matvec of a float matrix over a prefill chunk through cuBLAS.

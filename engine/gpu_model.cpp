@@ -237,6 +237,19 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     spec_post_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, false, true)).name;
     spec_post_scale_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, true, true)).name;
     if (c.has_ple()) spec_post_quant_ = kernels_.add(rmsnorm_spec(d, true, true, true)).name;
+    bool split_gemms = false;  // some attention-output / FFN-down GEMM splits K
+    for (const GpuLayer& g : layers_)
+        for (const GpuMatrix* m : {&g.o, &g.down})
+            if (!m->spec_gemm.empty())
+                split_gemms =
+                    split_gemms || spec_constant(kernels_.spec(m->spec_gemm), "SPLITS") > 1;
+    if (split_gemms) {
+        const int p = kMmqSplits;
+        spec_parts_[0] = kernels_.add(rmsnorm_spec(d, true, true, true, false, true, p)).name;
+        spec_parts_[1] = kernels_.add(rmsnorm_spec(d, true, true, true, true, true, p)).name;
+        if (c.has_ple())
+            spec_parts_[2] = kernels_.add(rmsnorm_spec(d, true, true, true, false, false, p)).name;
+    }
     spec_quantize_ = kernels_.add(quantize_spec()).name;
     if (blas_half) spec_convert_ = kernels_.add(convert_f32_spec()).name;
     spec_logits_ = kernels_.add(logits_spec(c.vocab_size, std::min(kMaxTopK, c.vocab_size))).name;

@@ -144,9 +144,16 @@ class GpuModel {
     // Specializations of the width-generic kernels (names in kernels()); see plan_layout() for the
     // norm chain.
     const std::string& spec_prenorm() const { return spec_prenorm_; }
-    const std::string& spec_post_prenorm() const { return spec_post_prenorm_; }
-    const std::string& spec_post_scale_prenorm() const { return spec_post_scale_prenorm_; }
-    const std::string& spec_post_quant() const { return spec_post_quant_; }  // PLE models
+    // parts > 1: the form that reads the split-K partial planes of the product before it.
+    const std::string& spec_post_prenorm(int parts = 1) const {
+        return parts > 1 ? spec_parts_[0] : spec_post_prenorm_;
+    }
+    const std::string& spec_post_scale_prenorm(int parts = 1) const {
+        return parts > 1 ? spec_parts_[1] : spec_post_scale_prenorm_;
+    }
+    const std::string& spec_post_quant(int parts = 1) const {  // PLE models
+        return parts > 1 ? spec_parts_[2] : spec_post_quant_;
+    }
     const std::string& spec_quantize() const { return spec_quantize_; }
     const std::string& spec_ple_finish() const { return spec_ple_finish_; }
     const std::string& spec_gelu_mul() const { return spec_gelu_mul_; }
@@ -189,6 +196,7 @@ class GpuModel {
     CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
         spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_;
+    std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
     uint64_t decode_bytes_ = 0;

@@ -69,7 +69,11 @@ std::string supported_types() {
 
 }  // namespace
 
-jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2) {
+jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
+                             int parts) {
+    if (parts < 1 || parts > 8 || (parts > 1 && !add))
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: {} input planes (1..8, more than 1 only with the residual add)", parts));
     if (n <= 0 || n % 4 != 0)
         throw std::invalid_argument(
             fmt::format("rmsnorm: width {} is not a positive multiple of 4", n));
@@ -95,8 +99,9 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     }
     jit::KernelSpec s;
     s.family = "rmsnorm";
-    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
-                         scale ? ".scale" : "", norm2 ? ".n2" : "", quant ? ".q8" : "");
+    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
+                         scale ? ".scale" : "", norm2 ? ".n2" : "", quant ? ".q8" : "",
+                         parts > 1 ? fmt::format(".p{}", parts) : std::string());
     s.constants = {{"N", n},
                    {"TPR", tpr},
                    {"RPB", rpb},
@@ -104,7 +109,8 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
                    {"QUANT", quant ? 1 : 0},
                    {"ADD", add ? 1 : 0},
                    {"SCALE", scale ? 1 : 0},
-                   {"NORM2", norm2 ? 1 : 0}};
+                   {"NORM2", norm2 ? 1 : 0},
+                   {"PARTS", parts}};
     s.entries = {scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
     s.priority = 0;
     return s;
@@ -195,7 +201,7 @@ MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows) {
     // The 128 x 128 tiles of a deep product (k >= 2048) split K in three: 80 tiles alone fill 60%
     // of the SMs; 240 run in two full waves of a third of the work each.
     if (n_rows < 4224 && wide_tiles >= 80)
-        return MmqTile{128, 128, 2, 4, 4, 3, 1, 2, k >= 2048 && wide_tiles < 100 ? 3 : 1};
+        return MmqTile{128, 128, 2, 4, 4, 3, 1, 2, k >= 2048 && wide_tiles < 100 ? kMmqSplits : 1};
     return q8 ? MmqTile{64, 128, 2, 4, 2, 3, 2, 1} : MmqTile{64, 128, 2, 4, 8, 2, 1, 1};
 }
 
@@ -743,7 +749,13 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (cfg.has_ple()) add_matvec(types.ple_model_proj, d);
 
     // Prefill products of the quantized matrices on the int8 tensor-core GEMM (split layout
-    // only), one specialization per (input width, output rows) tile choice.
+    // only), one specialization per (input width, output rows) tile choice; the post-norms after
+    // split-K products (attention output, FFN down) read their partial planes.
+    if (types.mmq && types.layout == MatvecLayout::Split && q_mat) {
+        add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits));
+        add(rmsnorm_spec(d, true, true, true, true, true, kMmqSplits));
+        if (cfg.has_ple()) add(rmsnorm_spec(d, true, true, true, false, false, kMmqSplits));
+    }
     if (types.mmq && types.layout == MatvecLayout::Split) {
         auto add_gemm = [&](ggml::Type t, int k, int n) {
             if (matvec_type_tag(t) && n > 0) add(mmq_spec(t, k, n));

@@ -68,15 +68,17 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 //                  dynamic smem SMEM bytes (opt in above 48 KiB); clusters of (SPLITS, 1, 1)
 //                  blocks are compiled in (sm_90+), no workspace
 
-// rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8]".
+// rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8][.p<parts>]".
 //   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
 //   add:    y = residual + norm(x) [* w]
 //   scale:  y = (residual + norm(x) * w) * (*scale)   (layer_output_scale; needs add)
 //   norm2:  also y2 = norm(y) * w2                     (the next pre-norm; needs add)
+//   parts:  x is the sum of that many [rows][n] planes (split-K partials of the int8 GEMM;
+//           needs add)
 // Entry "rmsnorm" without scale and norm2, else "rmsnorm_ext" (see kernel_templates/rmsnorm.cu).
 // Throws std::invalid_argument for an impossible combination.
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
-                             bool scale = false, bool norm2 = false);
+                             bool scale = false, bool norm2 = false, int parts = 1);
 
 // matvec of input width k. Q8_0 / Q4_0: "matvec_q8_0.k<k>[.b<ncols>][.split]" (int8 activations);
 // F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for another
@@ -98,6 +100,8 @@ struct MmqTile {
     int bm = 64, bn = 128, warps_m = 2, warps_n = 4, kbs = 2, stages = 4, min_blocks = 1,
         geglu_passes = 1, splits = 1;  // splits: K split of the plain entry (mmq_reduce)
 };
+// The K split of the plan's split tiles (the post-norms that read their partials use it too).
+inline constexpr int kMmqSplits = 3;
 // The tile the plan uses for a k-wide matrix of n_rows rows (measured on the H200 with 512-token
 // chunks; kernel_plan.cpp lists the numbers).
 MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows);

@@ -21,6 +21,9 @@
 //   ADD     1: y = residual + normed (residual may alias y)
 //   SCALE   1: y = (residual + normed) * (*scale), the scale read from device memory (needs ADD)
 //   NORM2   1: y2 = y / sqrt(mean(y^2) + eps) * w2 (needs ADD)
+//   PARTS   x is the sum of PARTS planes [rows][N] (plane z at x + z * rows * N), added in order
+//           z = 0, 1, ... like mmq_reduce: the split-K partial products of the int8 GEMM reduced
+//           here instead of in a pass of their own (needs ADD)
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
 // Entries (rows contiguous, stride N):
 //   SCALE = NORM2 = 0: rmsnorm(x, w, residual, y, yq, yds, rows, eps)
@@ -50,12 +53,17 @@
 #ifndef NORM2
 #define NORM2 0
 #endif
+#ifndef PARTS
+#define PARTS 1
+#endif
 
 static_assert(N % 4 == 0, "rmsnorm: N must be a multiple of 4 (float4 rows)");
 static_assert((TPR <= 32 && (32 % TPR) == 0) || (TPR % 32 == 0 && TPR <= 1024),
               "rmsnorm: TPR must divide 32 or be a multiple of 32 up to 1024");
 static_assert(RPB == 1 || TPR <= 32, "rmsnorm: several rows per block need TPR <= 32");
 static_assert(TPR * RPB <= 1024, "rmsnorm: block too large");
+static_assert(PARTS >= 1 && PARTS <= 8 && (PARTS == 1 || ADD),
+              "rmsnorm: PARTS must be 1..8, and more than 1 only for a residual update (ADD)");
 static_assert(!QUANT || (N % 32 == 0 && TPR % 8 == 0),
               "rmsnorm: QUANT needs N % 32 == 0 and TPR % 8 == 0 (8 lanes per 32-block)");
 static_assert(ADD || !(SCALE || NORM2),
@@ -111,6 +119,15 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     for (int k = 0; k < VPT; ++k) {
         const int i = k * TPR + tr;
         v[k] = (VEC % TPR == 0 || i < VEC) ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int z = 1; z < PARTS; ++z)
+            if (VEC % TPR == 0 || i < VEC) {
+                const float4 p = xr[(size_t)z * rows * VEC + i];
+                v[k].x += p.x;
+                v[k].y += p.y;
+                v[k].z += p.z;
+                v[k].w += p.w;
+            }
         ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     }
     ss = gj_row_sum(ss, partial[0]);

@@ -391,6 +391,56 @@ INSTANTIATE_TEST_SUITE_P(
                       NormExtCase{128, 7, true, true, true},     // tiny d: rows share a block
                       NormExtCase{128, 5, true, false, false}));
 
+// PARTS: the post-norm reading the split-K partial planes of the int8 GEMM gives bitwise what it
+// gives for their sum taken in plane order (as mmq_reduce sums them), for both entries.
+TEST(RmsNormParts, SumsThePlanesLikeTheReduce) {
+    GJ_REQUIRE_GPU();
+    for (const bool ext : {false, true})
+        for (const auto& [n, rows] : {std::pair{2560, 37}, std::pair{5376, 3}, std::pair{128, 9}}) {
+            const int parts = 3;
+            const KernelSpec split = gj::gemma4::rmsnorm_spec(n, true, true, true, ext, ext, parts);
+            const KernelSpec whole = gj::gemma4::rmsnorm_spec(n, true, true, true, ext, ext);
+            SCOPED_TRACE(split.name + " rows=" + std::to_string(rows));
+            GpuKernels g({split, whole});
+            std::mt19937 rng(n + rows);
+            const size_t total = size_t(n) * rows;
+            const auto planes = random_normal(parts * total, 2.0f, rng);
+            std::vector<float> sum(total);
+            for (size_t i = 0; i < total; ++i)
+                sum[i] = (planes[i] + planes[total + i]) + planes[2 * total + i];
+            const auto w = random_normal(n, 1.0f, rng), w2 = random_normal(n, 1.0f, rng);
+            const auto res = random_normal(total, 5.0f, rng);
+            const std::vector<float> scale = {0.37f};
+            auto run = [&](const KernelSpec& spec, const std::vector<float>& u) {
+                auto du = to_device(u), dw = to_device(w), dw2 = to_device(w2);
+                auto dscale = to_device(scale), dres = to_device(res);
+                DeviceBuffer dy2(total * 4), dq(total), dds(total / 32 * 8 + 8);
+                const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+                const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+                if (ext)
+                    launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(rows, rpb)}, {tpr * rpb},
+                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dscale.ptr(), dw2.ptr(),
+                           dy2.ptr(), dq.ptr(), dds.ptr(), rows, 1e-6f);
+                else
+                    launch(g.get(spec.name, "rmsnorm"), {ceil_div(rows, rpb)}, {tpr * rpb},
+                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dq.ptr(), dds.ptr(), rows,
+                           1e-6f);
+                auto y = from_device<float>(dres, total);
+                const auto q = from_device<int8_t>(dq, total);
+                for (int8_t v : q) y.push_back(float(v));
+                if (ext) {
+                    const auto y2 = from_device<float>(dy2, total);
+                    y.insert(y.end(), y2.begin(), y2.end());
+                }
+                return y;
+            };
+            const auto a = run(split, planes), b = run(whole, sum);
+            ASSERT_TRUE(all_finite(a));
+            ASSERT_EQ(a.size(), b.size());
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+        }
+}
+
 // Decode bandwidth for the E4B FFN shapes (gate/up: 10240 x 2560, down: 2560 x 10240) over a
 // grid of launch constants. Weights rotate over enough copies to defeat the L2 cache.
 TEST(MatvecBench, DISABLED_E4bFfnShapes) {
