@@ -524,12 +524,20 @@ jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int w
     return s;
 }
 
-jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv, bool tensor_cores) {
+namespace {
+// Query heads per KV head of a layer; throws ConfigError when they do not divide.
+int gqa_group(const Config& cfg, int layer) {
     const LayerConfig& l = cfg.layers.at(layer);
     if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
         throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
                                       layer, cfg.n_heads, l.n_kv_heads));
-    return flash_decode_spec(l.head_dim, cfg.n_heads / l.n_kv_heads, l.n_kv_heads,
+    return cfg.n_heads / l.n_kv_heads;
+}
+}  // namespace
+
+jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv, bool tensor_cores) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    return flash_decode_spec(l.head_dim, gqa_group(cfg, layer), l.n_kv_heads,
                              l.sliding ? cfg.sliding_window : 0, kv, tensor_cores);
 }
 
@@ -646,10 +654,7 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
 
 jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv, int chunk) {
     const LayerConfig& l = cfg.layers.at(layer);
-    if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
-        throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
-                                      layer, cfg.n_heads, l.n_kv_heads));
-    return flash_prefill_spec(l.head_dim, cfg.n_heads / l.n_kv_heads, l.n_kv_heads,
+    return flash_prefill_spec(l.head_dim, gqa_group(cfg, layer), l.n_kv_heads,
                               l.sliding ? cfg.sliding_window : 0, kv, chunk);
 }
 

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -271,25 +272,38 @@ TEST_P(GpuVsCpu, LargeChunkPrefillMatchesTheCpuReference) {
         << "tensor-core prefill attention did not run on every layer of both chunks";
 }
 
+// Loads `path` as is and with the kill switch `off` (32-token chunks, so prefill takes the fast
+// paths), checks that the exact path agrees with the fast one on 40 tokens within `tol`, and
+// returns the two sessions' fast-path counts (fast, exact).
+std::pair<GpuSession::PathCounts, GpuSession::PathCounts> kill_switch_agrees(
+    const std::filesystem::path& path, gj::jit::EnvMap off, float tol, const std::string& what,
+    const std::function<void(const GpuModel& fast, const GpuModel& exact)>& check_models) {
+    const auto on_flags = flags(), off_flags = flags(std::move(off));
+    auto fast = load_gpu(path, 128, 32, on_flags);
+    auto exact = load_gpu(path, 128, 32, off_flags);
+    check_models(*fast, *exact);
+    const int V = fast->config().vocab_size;
+    const auto tokens = test_tokens(40, V);
+    GpuSession a(*fast), b(*exact);
+    expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), V, tol, what);
+    return {a.path_counts(), b.path_counts()};
+}
+
 // GEMMAJIT_FLASH_PREFILL=0 attends one query at a time on the split-K decode kernel (fp32, the
 // exact path); the tensor-core kernel rounds q and P to the KV type.
 TEST(GpuForward, FlashPrefillKillSwitchAgrees) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-flash-prefill");
     for (const char* variant : {"tiny", "tiny-keqv"}) {
-        const auto path = synth(dir, variant, ggml::Type::Q8_0);
-        const auto on = flags(), off = flags({{"GEMMAJIT_FLASH_PREFILL", "0"}});
-        auto fast = load_gpu(path, 256, 32, on);
-        auto exact = load_gpu(path, 256, 32, off);
-        EXPECT_FALSE(fast->layers()[0].flash_prefill_spec.empty());
-        EXPECT_TRUE(exact->layers()[0].flash_prefill_spec.empty());
-        const int V = fast->config().vocab_size;
-        const auto tokens = test_tokens(70, V);
-        GpuSession a(*fast), b(*exact);
-        expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), V, kTolQuant,
-                     std::string("flash_prefill vs flash_decode ") + variant);
-        EXPECT_GT(a.path_counts().flash_prefill, 0u);
-        EXPECT_EQ(b.path_counts().flash_prefill, 0u);
+        const auto [fast, exact] = kill_switch_agrees(
+            synth(dir, variant, ggml::Type::Q8_0), {{"GEMMAJIT_FLASH_PREFILL", "0"}}, kTolQuant,
+            std::string("flash_prefill vs flash_decode ") + variant,
+            [](const GpuModel& f, const GpuModel& e) {
+                EXPECT_FALSE(f.layers()[0].flash_prefill_spec.empty());
+                EXPECT_TRUE(e.layers()[0].flash_prefill_spec.empty());
+            });
+        EXPECT_GT(fast.flash_prefill, 0u);
+        EXPECT_EQ(exact.flash_prefill, 0u);
     }
 }
 
@@ -300,18 +314,15 @@ TEST(GpuForward, MmqKillSwitchAgrees) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-mmq");
     for (auto wtype : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
-        const auto path = synth(dir, "tiny-e2b", wtype);
-        const auto on = flags(), off = flags({{"GEMMAJIT_MMQ_VARIANT", "none"}});
-        auto fast = load_gpu(path, 128, 32, on);
-        auto exact = load_gpu(path, 128, 32, off);
-        EXPECT_FALSE(fast->layers()[0].q.spec_gemm.empty());
-        EXPECT_TRUE(exact->layers()[0].q.spec_gemm.empty());
-        const auto tokens = test_tokens(40, fast->config().vocab_size);
-        GpuSession a(*fast), b(*exact);
-        expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), fast->config().vocab_size,
-                     kTolQuant, "int8 GEMM vs matvecs " + ggml::type_name(wtype));
-        EXPECT_GT(a.path_counts().mmq, 0u);
-        EXPECT_EQ(b.path_counts().mmq, 0u);
+        const auto [fast, exact] =
+            kill_switch_agrees(synth(dir, "tiny-e2b", wtype), {{"GEMMAJIT_MMQ_VARIANT", "none"}},
+                               kTolQuant, "int8 GEMM vs matvecs " + ggml::type_name(wtype),
+                               [](const GpuModel& f, const GpuModel& e) {
+                                   EXPECT_FALSE(f.layers()[0].q.spec_gemm.empty());
+                                   EXPECT_TRUE(e.layers()[0].q.spec_gemm.empty());
+                               });
+        EXPECT_GT(fast.mmq, 0u);
+        EXPECT_EQ(exact.mmq, 0u);
     }
 }
 
@@ -320,18 +331,15 @@ TEST(GpuForward, BlasKillSwitchAgrees) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-blas");
     for (auto wtype : {ggml::Type::F32, ggml::Type::BF16, ggml::Type::F16}) {
-        const auto path = synth(dir, "tiny-e2b", wtype);
-        const auto on = flags(), off = flags({{"GEMMAJIT_BLAS", "0"}});
-        auto fast = load_gpu(path, 128, 32, on);
-        auto exact = load_gpu(path, 128, 32, off);
-        ASSERT_NE(fast->blas(), nullptr) << "cuBLAS could not be loaded";
-        EXPECT_EQ(exact->blas(), nullptr);
-        const auto tokens = test_tokens(40, fast->config().vocab_size);
-        GpuSession a(*fast), b(*exact);
-        expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), fast->config().vocab_size,
-                     kTolBlas, "cuBLAS vs matvecs " + ggml::type_name(wtype));
-        EXPECT_GT(a.path_counts().blas, 0u);
-        EXPECT_EQ(b.path_counts().blas, 0u);
+        const auto [fast, exact] =
+            kill_switch_agrees(synth(dir, "tiny-e2b", wtype), {{"GEMMAJIT_BLAS", "0"}}, kTolBlas,
+                               "cuBLAS vs matvecs " + ggml::type_name(wtype),
+                               [](const GpuModel& f, const GpuModel& e) {
+                                   ASSERT_NE(f.blas(), nullptr) << "cuBLAS could not be loaded";
+                                   EXPECT_EQ(e.blas(), nullptr);
+                               });
+        EXPECT_GT(fast.blas, 0u);
+        EXPECT_EQ(exact.blas, 0u);
     }
 }
 
