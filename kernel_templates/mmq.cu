@@ -237,7 +237,7 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     // (Q4_0: 32 rows x 16 nibble bytes).
     constexpr int kG = WTYPE == 0 ? 2 : 4;
     constexpr int kB = kMf >= 4 ? 1 : (4 / kMf < kG ? 4 / kMf : kG);  // fragments per mma batch
-    const int a_row = wm * kWm + (lane % 8) + ((lane / 8) % 2) * 8;  // + i * 16
+    const int a_row = wm * kWm + (lane % 8) + ((lane / 8) % 2) * 8;   // + i * 16
     const int a_chunk = lane / 16;                                    // + kk * 2
     const int b_row = wn * kWn + (WTYPE == 0 ? (lane % 8) + (lane / 16) * 8 : lane);
     const int b_chunk = WTYPE == 0 ? (lane / 8) % 2 : 0;  // + kk * kBStep
@@ -249,7 +249,7 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     for (int i = 0; i < kMf; ++i) a_off[i] = mmq_swizzle(a_row + i * 16, a_chunk, kXCpr);
 #pragma unroll
     for (int q = 0; q < kNf / kG; ++q) b_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, kWCpr);
-    // The lane's {d, s} rows g (+ 8 h + 16 i) and its weight scale rows 2 tq (+ 1, + 8 j) of a stage.
+    // The lane's {d, s} row g (+ 8 h + 16 i) and weight scale rows 2 tq (+ 1, + 8 j) of a stage.
     const int dx_row = wm * kWm + g;
     const int dw_row = wn * kWn + 2 * tq;
 
@@ -319,8 +319,8 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
 #pragma unroll
                     for (int q = 0; q < kNf / kG; ++q) {
                         uint32 r[4];
-                        ldmatrix_x4(r, st + L::kW + m * kWBytes +
-                                           mmq_swizzle_add(b_off[q], kk * kBStep));
+                        ldmatrix_x4(
+                            r, st + L::kW + m * kWBytes + mmq_swizzle_add(b_off[q], kk * kBStep));
                         // Batches of kB fragments: their kB * kMf mmas are issued together
                         // (independent), then scaled.
 #pragma unroll
