@@ -114,6 +114,14 @@ GJ_DEVICE uint32 mmq_swizzle(int r, int c, int cpr) {
     return (uint32)(((f & ~7) | ((f ^ (f >> 3)) & 7)) * 16);
 }
 
+// mmq_swizzle(r, c + dc, cpr) from off = mmq_swizzle(r, c, cpr), for c below dc's lowest set bit
+// (c and dc share no bits, c + dc < cpr): the chunk's position within its line is XORed and lines
+// past the first are added. The ldmatrix offsets of later 32-blocks of a stage then cost one XOR
+// of a per-lane value with a constant.
+GJ_DEVICE uint32 mmq_swizzle_add(uint32 off, int dc) {
+    return (off ^ (uint32)((dc & 7) * 16)) + (uint32)((dc & ~7) * 16);
+}
+
 // Asynchronous 8- and 4-byte copies (the activation scales; the weight scale rows of a stage).
 GJ_DEVICE void mmq_cp_async8(uint32 smem_dst, const void* gmem_src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_dst), "l"(gmem_src)
@@ -124,6 +132,17 @@ GJ_DEVICE void mmq_cp_async4(uint32 smem_dst, const void* gmem_src) {
                  : "memory");
 }
 
+// Calls f(i) for each i = threadIdx.x + j * THREADS below N: a count fixed at compile time, so the
+// copies unroll and their per-thread address arithmetic leaves the pipeline loop.
+template <int N, typename F>
+GJ_DEVICE void mmq_per_thread(F&& f) {
+#pragma unroll
+    for (int j = 0; j < (N + THREADS - 1) / THREADS; ++j) {
+        const int i = (int)threadIdx.x + j * THREADS;
+        if (N % THREADS == 0 || i < N) f(i);
+    }
+}
+
 // Issues the copies of pipeline step `step` (tokens m0.., weight rows n0..) into the stage at
 // shared address `st`.
 template <int kMats>
@@ -131,33 +150,34 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
                               int m0, int n0, int T, int n_rows, int step) {
     using L = MmqLayout<kMats>;
     const int kb0 = step * KBS;
-    for (int i = threadIdx.x; i < L::kRows * kXCpr; i += THREADS) {
+    constexpr bool kWhole = kKb % KBS == 0;  // every step holds KBS blocks
+    mmq_per_thread<L::kRows * kXCpr>([&](int i) {
         const int r = i / kXCpr, c = i % kXCpr;
-        if (kb0 + c / 2 < kKb) {
+        if (kWhole || kb0 + c / 2 < kKb) {
             const int t = min(m0 + r, T - 1);
             cp_async_cg16(st + mmq_swizzle(r, c, kXCpr), xq + (size_t)t * K + kb0 * 32 + c * 16);
         }
-    }
+    });
     const size_t row_bytes = (size_t)K * kWBytesPerKb / 32;
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
         const uint32 wt = st + L::kW + m * kWBytes;
-        for (int i = threadIdx.x; i < BN * kWCpr; i += THREADS) {
+        mmq_per_thread<BN * kWCpr>([&](int i) {
             const int r = i / kWCpr, c = i % kWCpr;
-            if (kb0 + c * 16 / kWBytesPerKb < kKb) {
+            if (kWhole || kb0 + c * 16 / kWBytesPerKb < kKb) {
                 const int n = min(n0 + r, n_rows - 1);
                 cp_async_cg16(wt + mmq_swizzle(r, c, kWCpr),
                               w[m] + n * row_bytes + kb0 * kWBytesPerKb + c * 16);
             }
-        }
+        });
     }
-    for (int i = threadIdx.x; i < L::kRows * KBS; i += THREADS) {
+    mmq_per_thread<L::kRows * KBS>([&](int i) {
         const int kk = i / L::kRows, r = i % L::kRows;
-        if (kb0 + kk < kKb) {
+        if (kWhole || kb0 + kk < kKb) {
             const int t = min(m0 + r, T - 1);
             mmq_cp_async8(st + L::kDx + (kk * L::kRows + r) * 8, xds + (size_t)t * kKb + kb0 + kk);
         }
-    }
+    });
     // Weight scales, from the scale plane after the payload plane. Whole steps with aligned rows
     // copy asynchronously; otherwise (odd block counts, the ragged last step) plain loads and
     // stores, which the __syncthreads before the stage is read also order.
@@ -166,7 +186,7 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
         const uint16* scales = (const uint16*)(w[m] + (size_t)n_rows * row_bytes);
         const uint32 dw = st + L::kDw + m * kDwBytes;
         if (KBS > 1 && kKb % KBS == 0) {
-            for (int r = threadIdx.x; r < BN; r += THREADS) {
+            mmq_per_thread<BN>([&](int r) {
                 const int n = min(n0 + r, n_rows - 1);
                 const uint16* src = scales + (size_t)n * kKb + kb0;
                 if (KBS == 8)
@@ -175,7 +195,7 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
                     mmq_cp_async8(dw + r * KBS * 2, src);
                 else
                     mmq_cp_async4(dw + r * KBS * 2, src);
-            }
+            });
         } else {
             for (int i = threadIdx.x; i < BN * KBS; i += THREADS) {
                 const int r = i / KBS, kk = i % KBS;
@@ -220,7 +240,18 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     const int a_row = wm * kWm + (lane % 8) + ((lane / 8) % 2) * 8;   // + i * 16
     const int a_chunk = lane / 16;                                    // + kk * 2
     const int b_row = wn * kWn + (WTYPE == 0 ? (lane % 8) + (lane / 16) * 8 : lane);
-    const int b_chunk = WTYPE == 0 ? (lane / 8) % 2 : 0;  // + kk * (chunks per block)
+    const int b_chunk = WTYPE == 0 ? (lane / 8) % 2 : 0;  // + kk * kBStep
+    constexpr int kBStep = kWCpr / KBS;                   // weight chunks per 32-block
+    // The lane's ldmatrix offsets within a stage's tiles at its first 32-block (a chunk below 2 or
+    // kBStep, so mmq_swizzle_add reaches the later ones).
+    uint32 a_off[kMf], b_off[kNf / kG];
+#pragma unroll
+    for (int i = 0; i < kMf; ++i) a_off[i] = mmq_swizzle(a_row + i * 16, a_chunk, kXCpr);
+#pragma unroll
+    for (int q = 0; q < kNf / kG; ++q) b_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, kWCpr);
+    // The lane's {d, s} row g (+ 8 h + 16 i) and weight scale rows 2 tq (+ 1, + 8 j) of a stage.
+    const int dx_row = wm * kWm + g;
+    const int dw_row = wn * kWn + 2 * tq;
 
 #pragma unroll 1
     for (int pass = 0; pass < L::kPasses; ++pass) {
@@ -248,20 +279,23 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
             cp_async_commit();
         }
 
+        int stage = 0;  // ls % STAGES, the pipeline stage of step ls (kept without a division)
 #pragma unroll 1
         for (int ls = 0; ls < n_steps; ++ls) {
-            const int step = s_begin + ls;  // the step of K; ls picks its pipeline stage
+            const int step = s_begin + ls;  // the step of K
             cp_async_wait<STAGES - 2>();
             __syncthreads();
             {  // refill the stage everyone finished with in the previous step
                 const int next = ls + STAGES - 1;
+                const int next_stage = stage == 0 ? STAGES - 1 : stage - 1;  // next % STAGES
                 if (next < n_steps)
-                    mmq_load_stage<kMats>(base + (next % STAGES) * L::kStage, w, xq, xds, m0, n0, T,
+                    mmq_load_stage<kMats>(base + next_stage * L::kStage, w, xq, xds, m0, n0, T,
                                           n_rows, s_begin + next);
                 cp_async_commit();
             }
-            const uint32 st = base + (ls % STAGES) * L::kStage;
-            const uint8* st_gen = smem + (ls % STAGES) * L::kStage;
+            const uint32 st = base + stage * L::kStage;
+            const uint8* st_gen = smem + stage * L::kStage;
+            stage = stage == STAGES - 1 ? 0 : stage + 1;
             const float2* sdx = (const float2*)(st_gen + L::kDx);
             const uint16* sdw = (const uint16*)(st_gen + L::kDw);
 #pragma unroll 1  // one 32-block at a time: bounds the registers ptxas spends on overlap
@@ -270,13 +304,13 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                 uint32 a[kMf][4];
 #pragma unroll
                 for (int i = 0; i < kMf; ++i)
-                    ldmatrix_x4(a[i], st + mmq_swizzle(a_row + i * 16, kk * 2 + a_chunk, kXCpr));
+                    ldmatrix_x4(a[i], st + mmq_swizzle_add(a_off[i], kk * 2));
                 float dx[kMf][2], c8[kMf][2];  // Q8_1 d, and -8 * s (Q4_0) of rows g, g + 8
 #pragma unroll
                 for (int i = 0; i < kMf; ++i)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const float2 ds = sdx[kk * L::kRows + wm * kWm + i * 16 + h * 8 + g];
+                        const float2 ds = sdx[kk * L::kRows + dx_row + i * 16 + h * 8];
                         dx[i][h] = ds.x;
                         c8[i][h] = -8.0f * ds.y;
                     }
@@ -285,9 +319,8 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
 #pragma unroll
                     for (int q = 0; q < kNf / kG; ++q) {
                         uint32 r[4];
-                        ldmatrix_x4(r, st + L::kW + m * kWBytes +
-                                           mmq_swizzle(b_row + q * 8 * kG,
-                                                       kk * (kWCpr / KBS) + b_chunk, kWCpr));
+                        ldmatrix_x4(
+                            r, st + L::kW + m * kWBytes + mmq_swizzle_add(b_off[q], kk * kBStep));
                         // Batches of kB fragments: their kB * kMf mmas are issued together
                         // (independent), then scaled.
 #pragma unroll
@@ -313,8 +346,8 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                             for (int jj = 0; jj < kB; ++jj) {
                                 const int j = q * kG + jb + jj;
                                 // The fp16 scales of rows col and col + 1 ([BN][KBS]).
-                                const int col = wn * kWn + j * 8 + 2 * tq;
-                                const uint16* dws = sdw + m * (kDwBytes / 2) + col * KBS + kk;
+                                const uint16* dws =
+                                    sdw + m * (kDwBytes / 2) + (dw_row + j * 8) * KBS + kk;
                                 const float dw0 = f16_to_f32(dws[0]), dw1 = f16_to_f32(dws[KBS]);
 #pragma unroll
                                 for (int i = 0; i < kMf; ++i)
