@@ -6,7 +6,6 @@
 #include <cmath>
 #include <map>
 #include <numeric>
-#include <set>
 #include <stdexcept>
 
 #include "engine/pinned_host.h"
@@ -73,18 +72,12 @@ struct WorkLayout {
         logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
         half_acts = !m.spec_convert().empty();
         float_gate = m.blas_ffn();
-        auto split_planes = [&](const GpuMatrix& mat) {
-            if (mat.spec_gemm.empty()) return;
-            const uint64_t s = uint64_t(spec_constant(m.kernels().spec(mat.spec_gemm), "SPLITS"));
-            if (s > 1) gemm_split_floats = std::max(gemm_split_floats, s * rows * mat.rows);
-        };
-        for (const GpuLayer& g : m.layers()) {
-            gemm_q8_ffn = gemm_q8_ffn || !g.gate.spec_gemm.empty();
-            for (const GpuMatrix* mat : {&g.q, &g.k, &g.v, &g.o, &g.down, &g.inp_gate, &g.proj})
-                split_planes(*mat);
+        for (const GpuLayer& g : m.layers()) gemm_q8_ffn = gemm_q8_ffn || !g.gate.spec_gemm.empty();
+        for (const GpuMatrix* mat : m.matrices()) {  // the largest split-K partial planes
+            if (mat->spec_gemm.empty()) continue;
+            const uint64_t s = uint64_t(spec_constant(m.kernels().spec(mat->spec_gemm), "SPLITS"));
+            if (s > 1) gemm_split_floats = std::max(gemm_split_floats, s * rows * mat->rows);
         }
-        split_planes(m.lm_head());
-        split_planes(m.ple_model_proj());
     }
 
     uint64_t bytes() const {
@@ -212,31 +205,6 @@ GpuSession::GpuSession(GpuModel& model)
         jit::check_driver(api.cuEventCreate(&joined_[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
     jit::check_driver(api.cuEventCreate(&forked_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-    // Attention kernels that want more than the default 48 KiB of dynamic shared memory opt in
-    // now, before any graph capture.
-    std::set<std::string> gemms;
-    for (const GpuLayer& g : model_.layers())
-        for (const GpuMatrix* m :
-             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
-            if (!m->spec_gemm.empty()) gemms.insert(m->spec_gemm);
-    for (const GpuMatrix* m : {&model_.lm_head(), &model_.ple_model_proj()})
-        if (!m->spec_gemm.empty()) gemms.insert(m->spec_gemm);
-    for (const std::string& name : gemms) {
-        const jit::KernelSpec& spec = model_.kernels().spec(name);
-        const int smem = int(spec_constant(spec, "SMEM"));
-        if (smem > 48 * 1024)
-            for (const std::string& entry : spec.entries)
-                if (entry != "mmq_reduce") model_.kernels().set_max_dynamic_smem(name, entry, smem);
-    }
-    for (const GpuLayer& g : model_.layers()) {
-        const int smem = int(spec_constant(model_.kernels().spec(g.flash_spec), "SMEM"));
-        if (smem > 48 * 1024)
-            model_.kernels().set_max_dynamic_smem(g.flash_spec, "flash_decode", smem);
-        if (g.flash_prefill_spec.empty()) continue;
-        const int psmem = int(spec_constant(model_.kernels().spec(g.flash_prefill_spec), "SMEM"));
-        if (psmem > 48 * 1024)
-            model_.kernels().set_max_dynamic_smem(g.flash_prefill_spec, "flash_prefill", psmem);
-    }
 }
 
 GpuSession::~GpuSession() {
@@ -477,17 +445,14 @@ int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const ch
            {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM")), splits},
            {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, label,
            LaunchCost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm});
-    if (splits > 1 && partials_ok) {
-        ++paths_.mmq;
-        return int(splits);  // the caller's post-norm sums the planes
-    }
+    ++paths_.mmq;
+    if (splits > 1 && partials_ok) return int(splits);  // the caller's post-norm sums the planes
     if (splits > 1) {
         int n = T * m.rows;
         void* rargs[] = {&out, &y, &n};
         launch(model_.kernels().get(m.spec_gemm, "mmq_reduce"), {ceil_div(n, 256)}, {256}, 0, rargs,
                label + " reduce", LaunchCost{0, 0, WorkKind::Gemm});
     }
-    ++paths_.mmq;
     return 1;
 }
 

@@ -29,6 +29,13 @@ void GpuKernels::build(const jit::Flags& flags,
     std::vector<jit::CompiledKernel> compiled = jit.compile_plan(list, jit::Device::get().arch());
     for (const auto& k : compiled) compiled_now_ += k.cache_hit ? 0 : 1;
     jit.load(modules_, compiled);
+    // Templates that take more than the default 48 KiB of dynamic shared memory say how much in
+    // their SMEM constant; every entry of such a spec may launch with that much.
+    for (const jit::KernelSpec& s : list)
+        for (const auto& [name, value] : s.constants)
+            if (name == "SMEM" && value > 48 * 1024)
+                for (const std::string& entry : s.entries)
+                    modules_.set_max_dynamic_smem(s.name, entry, int(value));
     built_ = true;
     compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (progress)
@@ -49,11 +56,6 @@ const jit::Kernel& GpuKernels::get(std::string_view spec_name, std::string_view 
         throw std::logic_error(
             fmt::format("GpuKernels: {}/{} requested before build()", spec_name, entry));
     return modules_.kernel(spec_name, entry);
-}
-
-void GpuKernels::set_max_dynamic_smem(std::string_view spec_name, std::string_view entry,
-                                      int bytes) {
-    modules_.set_max_dynamic_smem(spec_name, entry, bytes);
 }
 
 std::vector<jit::KernelSpec> GpuKernels::specs() const {

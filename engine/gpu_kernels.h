@@ -24,14 +24,13 @@ class GpuKernels {
     bool has(std::string_view spec_name) const;
 
     // Compiles every spec for the local GPU and loads them, with the cache and compile settings
-    // of `flags`. `progress` gets one line before and a running count during compilation (NVRTC
+    // of `flags`; entries of a spec whose SMEM constant exceeds 48 KiB get that dynamic shared
+    // memory limit. `progress` gets one line before and a running count during compilation (NVRTC
     // misses only; cache hits are quick).
     void build(const jit::Flags& flags, const std::function<void(const std::string&)>& progress);
 
     const jit::KernelSpec& spec(std::string_view spec_name) const;
     const jit::Kernel& get(std::string_view spec_name, std::string_view entry) const;
-    // Raises an entry's dynamic shared memory limit (before capture; throws naming the kernel).
-    void set_max_dynamic_smem(std::string_view spec_name, std::string_view entry, int bytes);
 
     std::vector<jit::KernelSpec> specs() const;
     size_t size() const { return specs_.size(); }

@@ -55,6 +55,17 @@ std::string MemoryPlan::describe() const {
 
 GpuModel::~GpuModel() = default;
 
+std::vector<const GpuMatrix*> GpuModel::matrices() const {
+    std::vector<const GpuMatrix*> out;
+    for (const GpuLayer& g : layers_)
+        for (const GpuMatrix* m :
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            if (m->present()) out.push_back(m);
+    for (const GpuMatrix* m : {&lm_head_, &ple_model_proj_})
+        if (m->present()) out.push_back(m);
+    return out;
+}
+
 std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path,
                                                const GpuModelOptions& opts) {
     std::unique_ptr<GpuModel> m(new GpuModel());
@@ -263,11 +274,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     vector_floats += w.output_norm.size() + w.per_layer_proj_norm.size() + 2 * 64;
     weights += vector_floats * sizeof(float);
 
-    decode_bytes_ = lm_head_.bytes + ple_model_proj_.bytes;
-    for (const auto& g : layers_)
-        for (const GpuMatrix* m :
-             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
-            decode_bytes_ += m->bytes;
+    decode_bytes_ = 0;
+    for (const GpuMatrix* m : matrices()) decode_bytes_ += m->bytes;
     decode_bytes_ += token_embd_.bytes / std::max(1, token_embd_.rows);
     if (c.has_ple()) decode_bytes_ += ple_table_.bytes / std::max(1, ple_table_.rows);
 

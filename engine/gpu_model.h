@@ -133,6 +133,8 @@ class GpuModel {
     const jit::Flags& flags() const { return flags_; }  // the settings it was loaded with
 
     const std::vector<GpuLayer>& layers() const { return layers_; }
+    // Every matrix on the GPU (layer matrices, LM head, PLE projection), absent ones left out.
+    std::vector<const GpuMatrix*> matrices() const;
     const GpuTable& token_embd() const { return token_embd_; }
     const GpuMatrix& lm_head() const { return lm_head_; }
     CUdeviceptr output_norm() const { return output_norm_; }

@@ -35,7 +35,7 @@
 //            GeGLU layouts (checked against the layout below)
 //   SPLITS   the plain entry splits K over SPLITS blocks (1: no split); see mmq_reduce
 // Launch (every entry): grid (ceil(n_rows / BN), ceil(T / BM)), block THREADS, dynamic smem SMEM
-// (above 48 KiB the caller opts in: ModuleSet::set_max_dynamic_smem). With SPLITS > 1 the plain
+// (above 48 KiB the engine opts every entry in). With SPLITS > 1 the plain
 // entry takes grid z = SPLITS and y = a workspace of SPLITS planes [T][n_rows] fp32; then
 // mmq_reduce(workspace, y, T * n_rows), grid ceil(T * n_rows / 256), block 256, sums them in a
 // fixed order (deterministic). Split K fills the SMs when ceil(n_rows / BN) * ceil(T / BM) is
