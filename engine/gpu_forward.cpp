@@ -38,9 +38,10 @@ struct WorkLayout {
     std::vector<int> decode_splits;  // per layer: attention splits of the decode graph
     uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
     uint64_t logits_work = 0;                       // workspace of the logits kernels
-    bool half_acts = false;    // cuBLAS products of f16/bf16 weights: converted activations
-    bool float_gate = false;   // cuBLAS GeGLU: the gate product's own fp32 buffer
-    bool gemm_q8_ffn = false;  // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
+    bool half_acts = false;      // cuBLAS products of f16/bf16 weights: converted activations
+    bool float_gate = false;     // cuBLAS GeGLU: the gate product's own fp32 buffer
+    bool gemm_q8_ffn = false;    // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
+    bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
     uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
 
     explicit WorkLayout(const GpuModel& m) {
@@ -72,7 +73,10 @@ struct WorkLayout {
         logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
         half_acts = !m.spec_convert().empty();
         float_gate = m.blas_ffn();
-        for (const GpuLayer& g : m.layers()) gemm_q8_ffn = gemm_q8_ffn || !g.gate.spec_gemm.empty();
+        for (const GpuLayer& g : m.layers()) {
+            gemm_q8_ffn = gemm_q8_ffn || (!g.gate.spec_gemm.empty() && !g.gate.gemm_bf16);
+            gemm_bf16_ffn = gemm_bf16_ffn || g.gate.gemm_bf16;
+        }
         for (const GpuMatrix* mat : m.matrices()) {  // the largest split-K partial planes
             if (mat->spec_gemm.empty()) continue;
             const uint64_t s = uint64_t(spec_constant(m.kernels().spec(mat->spec_gemm), "SPLITS"));
@@ -93,7 +97,7 @@ struct WorkLayout {
         return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
                + (half_acts ? R * in_max * 2 : 0) +
                (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
-               (kStateHeader + 2 * R) * 4 + readout_bytes();
+               (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + (kStateHeader + 2 * R) * 4 + readout_bytes();
     }
     // Argmax token (16 B), top-k ids and values, then the logits kernels' workspace.
     uint64_t readout_bytes() const { return 16 + 2 * kMaxTopK * 4 + logits_work; }
@@ -110,7 +114,7 @@ uint64_t session_work_bytes(const GpuModel& model) {
 struct GpuSession::Work {
     WorkLayout layout;
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
-        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate, gq, gds,
+        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate, gq, gds, gbf,
         gemm_split;
     PinnedHost state_host, result_host;
 
@@ -150,6 +154,7 @@ struct GpuSession::Work {
             gq = jit::DeviceBuffer(R * L.ffn_max);
             gds = jit::DeviceBuffer(R * (L.ffn_max / 32) * 8);
         }
+        if (L.gemm_bf16_ffn) gbf = jit::DeviceBuffer(R * L.ffn_max * 2);
         state_host = PinnedHost((kStateHeader + 2 * R) * 4);
         result_host = PinnedHost(16 + 2 * kMaxTopK * 4);
     }
@@ -392,7 +397,7 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
         return 1;
     }
     if (T > kPrefillCols && !m.spec_gemm.empty())
-        return gemm(m, up, in, up ? "mmq_geglu" : "mmq", y, 0, T, what, partials_ok);
+        return gemm(m, up, in, up ? GemmOut::Geglu : GemmOut::Plain, y, 0, T, what, partials_ok);
     if (quant && in.q == 0) {
         quantize(in.f, T * m.cols);
         in.q = w_->xq.ptr();
@@ -425,33 +430,64 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     return 1;
 }
 
-int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry,
+GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what) {
+    if (in.bf) return in;
+    const std::string& name = model_.spec_convert();
+    const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+    CUdeviceptr out = w_->xhalf.ptr();
+    void* args[] = {&in.f, &out, &n};
+    launch(model_.kernels().get(name, "f32_to_bf16"), {ceil_div(n / 4, threads)}, {threads}, 0,
+           args, name + " " + what);
+    in.bf = out;
+    return in;
+}
+
+int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut out_form,
                      CUdeviceptr y, CUdeviceptr yds, int T, const char* what, bool partials_ok) {
-    if (in.q == 0) {
-        quantize(in.f, T * m.cols);
-        in.q = w_->xq.ptr();
-        in.ds = w_->xds.ptr();
-    }
     const jit::KernelSpec& spec = model_.kernels().spec(m.spec_gemm);
     // The plain product of a split-K spec writes partial planes to the workspace, then sums them.
     const unsigned splits = up ? 1 : constant(spec, "SPLITS");
-    CUdeviceptr w = m.ptr, wu = up ? up->ptr : 0, xq = in.q, xds = in.ds;
+    CUdeviceptr w = m.ptr, wu = up ? up->ptr : 0;
     CUdeviceptr out = splits > 1 ? w_->gemm_split.ptr() : y;
     int n_rows = m.rows;
-    void* args[] = {&w, &wu, &xq, &xds, &out, &yds, &T, &n_rows};
     const double flops = 2.0 * double(m.rows) * m.cols * T * (up ? 2 : 1);
-    const std::string label = m.spec_gemm + " " + entry + " " + what;
-    launch(model_.kernels().get(m.spec_gemm, entry),
-           {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM")), splits},
-           {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, label,
-           LaunchCost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm});
-    ++paths_.mmq;
+    const LaunchCost cost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm};
+    const int form = int(out_form);
+    std::string reduce;
+    if (m.gemm_bf16) {
+        // bf16 activations; the GeGLU entries take BN / 2 rows of each matrix per block.
+        in = with_bf16(in, T * m.cols, what);
+        static const char* const entries[] = {"gemm_wgmma", "gemm_wgmma_geglu",
+                                              "gemm_wgmma_geglu_bf16"};
+        const unsigned rows = constant(spec, "BN") / (up ? 2 : 1);
+        void* args[] = {&w, &wu, &in.bf, &out, &T, &n_rows};
+        launch(model_.kernels().get(m.spec_gemm, entries[form]),
+               {ceil_div(m.rows, rows), ceil_div(T, constant(spec, "BM")), splits},
+               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
+               m.spec_gemm + " " + entries[form] + " " + what, cost);
+        ++paths_.wgmma;
+        reduce = "gemm_wgmma_reduce";
+    } else {
+        if (in.q == 0) {
+            quantize(in.f, T * m.cols);
+            in.q = w_->xq.ptr();
+            in.ds = w_->xds.ptr();
+        }
+        static const char* const entries[] = {"mmq", "mmq_geglu", "mmq_geglu_q8"};
+        void* args[] = {&w, &wu, &in.q, &in.ds, &out, &yds, &T, &n_rows};
+        launch(model_.kernels().get(m.spec_gemm, entries[form]),
+               {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM")), splits},
+               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
+               m.spec_gemm + " " + entries[form] + " " + what, cost);
+        ++paths_.mmq;
+        reduce = "mmq_reduce";
+    }
     if (splits > 1 && partials_ok) return int(splits);  // the caller's post-norm sums the planes
     if (splits > 1) {
         int n = T * m.rows;
         void* rargs[] = {&out, &y, &n};
-        launch(model_.kernels().get(m.spec_gemm, "mmq_reduce"), {ceil_div(n, 256)}, {256}, 0, rargs,
-               label + " reduce", LaunchCost{0, 0, WorkKind::Gemm});
+        launch(model_.kernels().get(m.spec_gemm, reduce), {ceil_div(n, 256)}, {256}, 0, rargs,
+               m.spec_gemm + " " + reduce + " " + what, LaunchCost{0, 0, WorkKind::Gemm});
     }
     return 1;
 }
@@ -462,9 +498,16 @@ CUdeviceptr GpuSession::product(int parts) const {
 
 GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
     const Work& w = *w_;
-    // The int8 GEMM writes the GeGLU product straight as Q8_1 for the down projection.
-    if (T > kPrefillCols && !g.gate.spec_gemm.empty() && g.gate.rows % 32 == 0) {
-        gemm(g.gate, &g.up, normed(), "mmq_geglu_q8", w.gq.ptr(), w.gds.ptr(), T, "ffn_gate|up");
+    // The GEMM writes the GeGLU product straight in the down projection's input form: bf16 for
+    // the wgmma GEMM, Q8_1 for the int8 one.
+    if (T > kPrefillCols && g.gate.gemm_bf16 && g.down.gemm_bf16) {
+        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gbf.ptr(), 0, T, "ffn_gate|up");
+        return Input{0, 0, 0, w.gbf.ptr()};
+    }
+    if (T > kPrefillCols && !g.gate.spec_gemm.empty() && !g.gate.gemm_bf16 &&
+        g.gate.rows % 32 == 0) {
+        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gq.ptr(), w.gds.ptr(), T,
+             "ffn_gate|up");
         return Input{0, w.gq.ptr(), w.gds.ptr()};
     }
     matvec(g.gate, &g.up, normed(), w.g.ptr(), T, "ffn_gate|up");
@@ -617,17 +660,21 @@ void GpuSession::record_layer(int l, int T, bool decode) {
     // profiling, whose per-launch events time one kernel at a time.
     const int branches = lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
     const bool concurrent = streams_ && branches > 0 && !profiler_;
+    // The bf16 form of h for the wgmma GEMMs, made once for Q, K and V (before the fork).
+    const Input h = T > kPrefillCols && g.q.gemm_bf16
+                        ? with_bf16(normed(), T * cfg_.d_model, "attn_norm")
+                        : normed();
     if (concurrent) fork(branches);
     if (lc.has_kv) {
         if (concurrent) stream_ = side_[0];
-        matvec(g.k, nullptr, normed(), w.kraw.ptr(), T, "attn_k");
+        matvec(g.k, nullptr, h, w.kraw.ptr(), T, "attn_k");
         if (lc.has_v_proj) {
             if (concurrent) stream_ = side_[1];
-            matvec(g.v, nullptr, normed(), w.vraw.ptr(), T, "attn_v");
+            matvec(g.v, nullptr, h, w.vraw.ptr(), T, "attn_v");
         }
         stream_ = jit::Device::get().stream();
     }
-    matvec(g.q, nullptr, normed(), w.q.ptr(), T, "attn_q");
+    matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
     if (concurrent) join(branches);
     {
         const KvCache::Layer& kv = kv_.layer(l);
@@ -664,7 +711,8 @@ void GpuSession::record_layer(int l, int T, bool decode) {
            "inp_gate");
     {
         const std::string& name = model_.spec_gelu_mul();
-        const bool q8 = g.proj.quantized();  // the product goes straight to Q8_1
+        // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM reads fp32).
+        const bool q8 = g.proj.quantized() && !(T > kPrefillCols && g.proj.gemm_bf16);
         CUdeviceptr gate = w.ple_gate.ptr(), other = w.ple.ptr() + uint64_t(l) * cfg_.ple_dim * 4,
                     out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
         int stride = cfg_.n_layers * cfg_.ple_dim;

@@ -91,7 +91,8 @@ class GpuSession {
 
     // How often each prefill fast path ran (tests assert that the path they compare really ran).
     struct PathCounts {
-        uint64_t mmq = 0;            // int8 tensor-core GEMM launches
+        uint64_t mmq = 0;            // int8 tensor-core GEMM launches (mma.sync)
+        uint64_t wgmma = 0;          // bf16 warpgroup GEMM launches (sm_90)
         uint64_t blas = 0;           // cuBLAS products
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
     };
@@ -118,9 +119,12 @@ class GpuSession {
 
     // The activations a matvec reads: fp32 rows, and (for int8 weights) their Q8_1 form when
     // already made; a quantized matrix with q == 0 quantizes f into the shared Q8_1 buffer first.
+    // bf: their bf16 form (the wgmma GEMM's input) when already made, else converted from f.
     struct Input {
-        CUdeviceptr f = 0, q = 0, ds = 0;
+        CUdeviceptr f = 0, q = 0, ds = 0, bf = 0;
     };
+    // `in` with its bf16 form: converts n values of in.f into the shared bf16 buffer unless made.
+    Input with_bf16(Input in, int n, const std::string& what);
 
     // Launch sequence pieces over T rows; tokens and positions come from the step state.
     void record_forward(int T, bool decode);
@@ -150,9 +154,11 @@ class GpuSession {
     int matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
                const char* what, bool partials_ok = false);
     CUdeviceptr product(int parts) const;  // where a residual product of `parts` planes is
-    // The int8 tensor-core GEMM of a quantized matrix over a prefill chunk (entry mmq,
-    // mmq_geglu or mmq_geglu_q8; yds only for the last).
-    int gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, const char* entry, CUdeviceptr y,
+    // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
+    // gemm_wgmma): y = W x (Plain), gelu(W x) * (up x) in fp32 (Geglu), or that GeGLU in the
+    // down projection's input form (GegluNext: Q8_1 y + yds for mmq, bf16 y for gemm_wgmma).
+    enum class GemmOut { Plain, Geglu, GegluNext };
+    int gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut out, CUdeviceptr y,
              CUdeviceptr yds, int T, const char* what, bool partials_ok = false);
     // The FFN's gelu(gate x) * (up x); returns it as the down projection's input.
     Input ffn_gate_up(const GpuLayer& g, int T);

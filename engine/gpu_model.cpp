@@ -117,10 +117,13 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     kv_geo_.type = kv_type_from_flags(flags);
     const bool repack = flags.get_bool("GEMMAJIT_REPACK");
     const bool blas = flags.get_bool("GEMMAJIT_BLAS");
-    // The int8 GEMM reads the split layout only; "auto" and "mma" are the mma.sync kernel (the
-    // one variant so far), "none" keeps the batched matvecs.
+    // Prefill GEMMs of Q8_0/Q4_0 matrices (split layout only): "wgmma" (sm_90 only) and "mma"
+    // (int8 mma.sync, sm_80+) kernels; "auto" takes wgmma where the target is sm_90; "none" keeps
+    // the batched matvecs.
     const bool mmq = flags.get_string("GEMMAJIT_MMQ_VARIANT") != "none";
+    const bool wgmma = mmq && wgmma_gemm_selected(flags);
     bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
+    bool gemm_bf16 = false;  // some prefill GEMM takes bf16 activations (gemm_wgmma)
 
     // Every matrix: kept in its type when a kernel reads it, else dequantized to F16.
     std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
@@ -135,8 +138,14 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.layout = repack ? MatvecLayout::Split : MatvecLayout::Ggml;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
-            if (mmq && g.layout == MatvecLayout::Split)
-                g.spec_gemm = kernels_.add(mmq_spec(t, g.cols, g.rows)).name;
+            if (mmq && g.layout == MatvecLayout::Split) {
+                g.spec_gemm = kernels_
+                                  .add(wgmma ? gemm_wgmma_spec(t, g.cols, g.rows)
+                                             : mmq_spec(t, g.cols, g.rows))
+                                  .name;
+                g.gemm_bf16 = wgmma;
+                gemm_bf16 = gemm_bf16 || wgmma;
+            }
         } else {
             g.type = is_float_type(t) ? t : ggml::Type::F16;
             if (g.type != t) {
@@ -262,7 +271,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             spec_parts_[2] = kernels_.add(rmsnorm_spec(d, true, true, true, false, false, p)).name;
     }
     spec_quantize_ = kernels_.add(quantize_spec()).name;
-    if (blas_half) spec_convert_ = kernels_.add(convert_f32_spec()).name;
+    if (blas_half || gemm_bf16) spec_convert_ = kernels_.add(convert_f32_spec()).name;
     spec_logits_ = kernels_.add(logits_spec(c.vocab_size, std::min(kMaxTopK, c.vocab_size))).name;
 
     // Every fp32 vector: norms (d, head dims, P) and one float per layer scale.

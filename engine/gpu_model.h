@@ -63,8 +63,9 @@ struct GpuMatrix {
     uint64_t bytes = 0;
     std::string spec_decode;   // one activation column
     std::string spec_prefill;  // kPrefillCols columns
-    std::string spec_gemm;     // Q8_0/Q4_0 split layout: the int8 tensor-core GEMM of prefill
-                               // chunks (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
+    std::string spec_gemm;     // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
+                               // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
+    bool gemm_bf16 = false;    // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
     bool blas = false;         // float weights: prefill products through cuBLAS (GEMMAJIT_BLAS)
     std::string spec_geglu;    // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
     bool present() const { return rows > 0; }

@@ -7,6 +7,7 @@
 
 #include "engine/gemma4_config.h"
 #include "engine/ggml_types.h"
+#include "jit/env_flags.h"
 #include "jit/kernel_spec.h"
 
 namespace gj::gemma4 {
@@ -44,8 +45,13 @@ struct PlanTypes {
     bool flash_mma = false;     // GEMMAJIT_FLASH_MMA: tensor-core decode attention
     bool blas = true;           // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
-    bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: int8 tensor-core prefill GEMMs
+    bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
+    bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
 };
+// Whether GEMMAJIT_MMQ_VARIANT selects the wgmma GEMM for the plan's target
+// (jit::default_target_arch): "wgmma", or "auto" on sm_90. Throws ConfigError for "wgmma" with
+// another target.
+bool wgmma_gemm_selected(const jit::Flags& flags);
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
 // ---- Single-spec builders (the plan is made of these; the engine and tests use them too). ----
@@ -112,6 +118,29 @@ MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows);
 // warps; KBS 1, 2, 4, 8; 2..8 stages; shared memory within 227 KiB per block and 228 KiB per SM).
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows);
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile);
+
+// Prompt-batch product Y = X W^T on Hopper's warpgroup tensor cores (kernel_templates/
+// gemm_wgmma.cu, sm_90a only): Q8_0 / Q4_0 weights in the split layout dequantized to bf16 in
+// shared memory, bf16 activations X [T][k]; entries gemm_wgmma (fp32 Y), gemm_wgmma_geglu (fp32),
+// gemm_wgmma_geglu_bf16 (bf16, the down projection's input). Launch: grid (ceil(n_rows / R),
+// ceil(T / BM)) with R = BN for gemm_wgmma and BN / 2 for the GeGLU entries, block THREADS,
+// dynamic smem SMEM (opt in above 48 KiB). The tile: BM tokens (64 or 128: one or two
+// warpgroups), BN converted weight rows (64, 128, 256), `stages` copy steps of 64 elements of K,
+// and the K split of the plain entry (1 or kMmqSplits, whose partial planes the post-norms read;
+// else entry gemm_wgmma_reduce sums them).
+struct GemmWgmmaTile {
+    int bm = 128, bn = 128, stages = 4, splits = 1;
+    bool operator==(const GemmWgmmaTile&) const = default;
+};
+// The tile the plan uses for a k-wide matrix of n_rows rows (measured with 512-token chunks;
+// kernel_plan.cpp lists the numbers).
+GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows);
+// "gemm_wgmma.<type>.k<k>.m<BM>n<BN>.s<stages>[.k<splits>]" (arch_specific 90). Throws
+// ConfigError for a weight type other than q8_0 / q4_0, std::invalid_argument for k not a positive
+// multiple of 32, n_rows < 1 or an impossible tile (BM 64/128, BN 64/128/256, 3..6 stages, 1..8
+// splits, shared memory within 227 KiB).
+jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, int n_rows);
+jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTile& tile);
 
 // fp32 -> Q8_1 activation quantization (width-independent): "quantize_q8_1".
 jit::KernelSpec quantize_spec();

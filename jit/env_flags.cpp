@@ -193,9 +193,11 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Enum,
          .cls = C::OutputChanging,
          .default_value = "auto",
-         .help = "prefill products of Q8_0/Q4_0 weights: auto (the best for the device), mma "
-                 "(int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact path)",
-         .choices = {"auto", "mma", "none"}},
+         .help = "prefill products of Q8_0/Q4_0 weights: auto (wgmma on sm_90, else mma), "
+                 "wgmma (bf16 warpgroup GEMM of weights dequantized in shared memory, sm_90 "
+                 "only), mma (int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact "
+                 "path)",
+         .choices = {"auto", "wgmma", "mma", "none"}},
         {.name = "GEMMAJIT_BLAS",
          .family = "path",
          .type = T::Bool,

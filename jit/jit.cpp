@@ -81,11 +81,20 @@ KernelResources resources_from_json(const nlohmann::json& j) {
 nlohmann::json spec_json(const KernelSpec& s) {
     nlohmann::json constants = nlohmann::json::array();
     for (const auto& [name, value] : s.constants) constants.push_back({name, value});
-    return {{"family", s.family},
-            {"name", s.name},
-            {"constants", constants},
-            {"entries", s.entries},
-            {"priority", s.priority}};
+    return {{"family", s.family},   {"name", s.name},         {"constants", constants},
+            {"entries", s.entries}, {"priority", s.priority}, {"arch_specific", s.arch_specific}};
+}
+
+// The target a spec compiles for: `arch`, or its architecture-specific form (sm_90 -> sm_90a)
+// for a spec that needs one; another arch cannot run that spec.
+std::string target_arch(const KernelSpec& spec, std::string_view arch) {
+    if (spec.arch_specific == 0) return std::string(arch);
+    const std::string want = fmt::format("sm_{}", spec.arch_specific);
+    if (arch == want || arch == want + "a") return want + "a";
+    throw std::invalid_argument(fmt::format(
+        "kernel {} uses {}a-only instructions and cannot be compiled for {} (a plan made for {}; "
+        "set GEMMAJIT_ARCH to the target before planning, or GEMMAJIT_MMQ_VARIANT=mma)",
+        spec.name, want, arch, want));
 }
 
 // Everything about one (spec, arch) that is known before compiling.
@@ -141,7 +150,7 @@ struct Jit::Impl {
     Prepared prepare(const KernelSpec& spec, std::string_view arch) {
         Prepared p;
         p.spec = spec;
-        p.arch = std::string(arch);
+        p.arch = target_arch(spec, arch);
         p.source = jit::render(spec, templates);
         CompileOptions opts = base;
         opts.arch = p.arch;
@@ -330,11 +339,15 @@ Jit::~Jit() {
     }
 }
 
-std::string Jit::default_arch() const {
-    const std::string& forced = impl_->flags.get_string("GEMMAJIT_ARCH");
+std::string default_target_arch(const Flags& flags) {
+    const std::string& forced = flags.get_string("GEMMAJIT_ARCH");
     if (!forced.empty()) return forced;
     if (device_available()) return Device::get().arch();
     return "sm_90";
+}
+
+std::string Jit::default_arch() const {
+    return default_target_arch(impl_->flags);
 }
 
 std::string Jit::cache_root() const {

@@ -69,6 +69,9 @@ struct PlanProgress {
 using LogSink = std::function<void(const std::string&)>;
 
 // Compiles and caches kernels. Thread-safe: compile() may run concurrently for distinct specs.
+// The target architecture a plan is made for: GEMMAJIT_ARCH, else the local GPU's, else "sm_90".
+std::string default_target_arch(const Flags& flags);
+
 class Jit {
   public:
     Jit();  // configuration from the env-flag registry (cache dir/mode, arch, lineinfo, ...)
@@ -77,7 +80,7 @@ class Jit {
     explicit Jit(const Flags& flags, LogSink log = {});
     ~Jit();
 
-    // Target arch for this process: GEMMAJIT_ARCH, else the local GPU's, else "sm_90".
+    // Target arch for this process: default_target_arch(flags).
     std::string default_arch() const;
     std::string cache_root() const;  // effective cache root ("" when the cache is off)
 

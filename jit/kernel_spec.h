@@ -23,6 +23,11 @@ struct KernelSpec {
     std::vector<std::string> entries;
     // Compile order: lower first. 0 = decode path (blocks the first token), 1 = prefill, 2 = rare.
     int priority = 0;
+    // 0: portable across the targets the engine supports. N (e.g. 90): the template uses
+    // instructions of sm_N's architecture-specific feature set (wgmma on sm_90), so it is compiled
+    // for sm_<N>a and for no other target (Jit::compile refuses another arch with an error naming
+    // the spec).
+    int arch_specific = 0;
 
     bool operator==(const KernelSpec&) const = default;
 };

@@ -50,6 +50,7 @@
 //   mmq_geglu_q8  the mmq_geglu product as Q8_1: y int8 [T][n_rows], yds float2 [T][n_rows / 32],
 //                 bit-identical to quantize_q8_1 over mmq_geglu's output; needs n_rows % 32 == 0
 #include "gj_ptx.cuh"
+#include "split_k_reduce.cuh"
 
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
@@ -442,16 +443,6 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     }
 MMQ_ENTRY(mmq, mmq_epi_store)
 
-// y[i] = sum of the SPLITS partial planes part[z][i] in order z = 0, 1, ... (a fixed order, so
-// the result does not depend on which split finished first), i < n = T * n_rows.
-extern "C" __global__ void __launch_bounds__(256)
-    mmq_reduce(const float* __restrict__ part, float* __restrict__ y, int n) {
-    const int i = blockIdx.x * 256 + threadIdx.x;
-    if (i >= n) return;
-    float s = part[i];
-#pragma unroll
-    for (int z = 1; z < SPLITS; ++z) s += part[(size_t)z * n + i];
-    y[i] = s;
-}
+GJ_SPLIT_K_REDUCE_ENTRY(mmq_reduce)
 MMQ_ENTRY(mmq_geglu, mmq_epi_geglu)
 MMQ_ENTRY(mmq_geglu_q8, mmq_epi_geglu_q8)

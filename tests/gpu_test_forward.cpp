@@ -60,6 +60,11 @@ constexpr float kTolBlas = 2e-2f;
 // q8_0 KV cache: K and V rounded to 8 bits per 32-block (measured 0.7-2.5% of max|logit|).
 constexpr float kTolQ8Kv = 6e-2f;
 
+// An sm_90 GPU: GEMMAJIT_MMQ_VARIANT=auto takes the wgmma GEMM there.
+bool sm90() {
+    return gj::jit::Device::get().arch() == "sm_90";
+}
+
 std::vector<int32_t> test_tokens(int n, int vocab, uint32_t seed = 12345) {
     std::vector<int32_t> t = {2};
     uint32_t s = seed;
@@ -265,11 +270,57 @@ TEST_P(GpuVsCpu, LargeChunkPrefillMatchesTheCpuReference) {
                  quant ? kTolQuant : kTolBlas, "32-token chunks vs CPU");
     if (!quant) {
         EXPECT_GT(s.path_counts().blas, 0u) << "cuBLAS products did not run";
+    } else if (sm90()) {  // GEMMAJIT_MMQ_VARIANT=auto: the wgmma GEMM on sm_90, else mma.sync
+        EXPECT_GT(s.path_counts().wgmma, 0u) << "the wgmma GEMM did not run";
+        EXPECT_EQ(s.path_counts().mmq, 0u);
     } else {
         EXPECT_GT(s.path_counts().mmq, 0u) << "the int8 tensor-core GEMM did not run";
+        EXPECT_EQ(s.path_counts().wgmma, 0u);
     }
     EXPECT_EQ(s.path_counts().flash_prefill, uint64_t(2 * cfg.n_layers))
         << "tensor-core prefill attention did not run on every layer of both chunks";
+}
+
+// Each prefill GEMM variant the GPU has (mma everywhere, wgmma on sm_90), forced, against the CPU
+// reference on 32-token chunks, with its launches counted and the other variant's not.
+TEST(GpuForward, GemmVariantsMatchTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-gemm-variants");
+    std::vector<std::string> variants = {"mma"};
+    if (sm90()) variants.push_back("wgmma");
+    for (const char* preset : {"tiny-e2b", "tiny-keqv"})
+        for (auto wtype : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+            for (const auto& v : variants) {
+                const std::string what =
+                    std::string(preset) + " " + ggml::type_name(wtype) + " " + v;
+                SCOPED_TRACE(what);
+                const auto path = synth(dir, preset, wtype);
+                const auto f = flags({{"GEMMAJIT_MMQ_VARIANT", v}});
+                auto model = load_gpu(path, 256, 32, f);
+                const Config& cfg = model->config();
+                EXPECT_EQ(model->layers()[0].q.gemm_bf16, v == "wgmma");
+                const auto tokens = test_tokens(5 * cfg.sliding_window, cfg.vocab_size);
+                GpuSession s(*model);
+                expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), cfg.vocab_size,
+                             kTolQuant, what + " vs CPU");
+                EXPECT_GT(v == "wgmma" ? s.path_counts().wgmma : s.path_counts().mmq, 0u);
+                EXPECT_EQ(v == "wgmma" ? s.path_counts().mmq : s.path_counts().wgmma, 0u);
+            }
+}
+
+// GEMMAJIT_MMQ_VARIANT=wgmma on a GPU that is not sm_90 ends in an error naming the flag.
+TEST(GpuForward, WgmmaVariantNeedsSm90) {
+    GJ_REQUIRE_GPU();
+    if (sm90()) GTEST_SKIP() << "this GPU is sm_90: the wgmma variant is available";
+    gj::test::ScratchDir dir("gpu-wgmma-refused");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    try {
+        load_gpu(path, 256, 32, flags({{"GEMMAJIT_MMQ_VARIANT", "wgmma"}}));
+        ADD_FAILURE() << "loaded a wgmma plan on " << gj::jit::Device::get().arch();
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("GEMMAJIT_MMQ_VARIANT=wgmma"), std::string::npos)
+            << e.what();
+    }
 }
 
 // Loads `path` as is and with the kill switch `off` (32-token chunks, so prefill takes the fast
@@ -308,8 +359,9 @@ TEST(GpuForward, FlashPrefillKillSwitchAgrees) {
 }
 
 // GEMMAJIT_MMQ_VARIANT=none keeps quantized prefill products on the batched dp4a matvecs (the
-// exact path): both take the same Q8_1 activations and exact integer block dots, so they differ
-// only in the fp32 summation order (and the GeGLU's Q8_1 output rounding).
+// exact path). The int8 GEMM takes the same Q8_1 activations and exact integer block dots, so they
+// differ only in the fp32 summation order (and the GeGLU's Q8_1 output rounding); the wgmma GEMM
+// multiplies bf16 activations by bf16-rounded weights.
 TEST(GpuForward, MmqKillSwitchAgrees) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-mmq");
@@ -321,8 +373,8 @@ TEST(GpuForward, MmqKillSwitchAgrees) {
                                    EXPECT_FALSE(f.layers()[0].q.spec_gemm.empty());
                                    EXPECT_TRUE(e.layers()[0].q.spec_gemm.empty());
                                });
-        EXPECT_GT(fast.mmq, 0u);
-        EXPECT_EQ(exact.mmq, 0u);
+        EXPECT_GT(fast.mmq + fast.wgmma, 0u);
+        EXPECT_EQ(exact.mmq + exact.wgmma, 0u);
     }
 }
 
@@ -366,7 +418,7 @@ TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
                  "e4b one-chunk prefill vs CPU");
     EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(cfg.n_layers));
     EXPECT_GT(b.path_counts().blas, 0u);  // the BF16 / F32 PLE projections
-    EXPECT_GT(b.path_counts().mmq, 0u);
+    EXPECT_GT(sm90() ? b.path_counts().wgmma : b.path_counts().mmq, 0u);
 }
 
 // A tensor type no kernel reads (here the PLE table as Q6_K) is dequantized to F16 on upload, with

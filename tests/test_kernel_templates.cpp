@@ -928,3 +928,66 @@ TEST(KernelTemplates, EverySpecCompilesWithItsInstructionsAndNoSpills) {
         }
     }
 }
+
+// The wgmma GEMM (sm_90a only) at the E4B and 31B shapes and every tile the plan or the GPU test
+// uses: it compiles for sm_90a with warpgroup tensor-core instructions, swizzled shared-memory
+// descriptors and the async-proxy fence, no local memory; another target is refused by name.
+TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
+    using gj::gemma4::GemmWgmmaTile;
+    std::vector<KernelSpec> specs;
+    std::set<std::string> seen;
+    auto add = [&](const KernelSpec& s) {
+        if (seen.insert(s.name).second) specs.push_back(s);
+    };
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        for (const char* v : {"e4b", "31b"}) {
+            const Config cfg = Config::preset(v);
+            for (int l = 0; l < cfg.n_layers; ++l) {
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.q_dim(l)));
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.q_dim(l), cfg.d_model));
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.layers[l].ffn_dim));
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.layers[l].ffn_dim, cfg.d_model));
+            }
+        }
+        for (const GemmWgmmaTile& tile : {GemmWgmmaTile{64, 64, 3}, GemmWgmmaTile{128, 256, 4},
+                                          GemmWgmmaTile{64, 256, 6}, GemmWgmmaTile{128, 64, 5}})
+            add(gj::gemma4::gemm_wgmma_spec(t, 96, tile));
+    }
+    gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
+    const auto compiled = jit.compile_plan(specs, "sm_90", 2);
+    ASSERT_EQ(compiled.size(), specs.size());
+    for (const auto& c : compiled) {
+        SCOPED_TRACE(c.spec.name);
+        EXPECT_EQ(c.arch, "sm_90a");
+        // ptxas serializes wgmmas it cannot prove independent of the surrounding code (a
+        // "Potential Performance Loss" note): that would make the conversion overlap vanish.
+        EXPECT_EQ(c.log.find("wgmma.mma_async instructions are serialized"), std::string::npos)
+            << c.log;
+        for (size_t i = 0; i < c.spec.entries.size(); ++i) {
+            const std::string& e = c.spec.entries[i];
+            const auto body = entry_ptx(c.ptx, e);
+            if (e == "gemm_wgmma_reduce") {  // the split-K sum: plain loads, no tensor cores
+                EXPECT_NE(body.find("ld.global"), std::string::npos) << e;
+                EXPECT_EQ(body.find("wgmma.mma_async"), std::string::npos) << e;
+                continue;
+            }
+            for (const char* want :
+                 {"wgmma.mma_async.sync.aligned.m64n", "wgmma.fence.sync.aligned",
+                  "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
+                  "fence.proxy.async.shared::cta", "cp.async.cg.shared.global",
+                  "cvt.rn.bf16x2.f32"})
+                EXPECT_NE(body.find(want), std::string::npos) << e << " lacks " << want;
+            EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
+            EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << e;
+            EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << e;
+            std::printf("[ regs     ] %s %s: %d\n", c.spec.name.c_str(), e.c_str(),
+                        c.resources_per_entry[i].registers);
+        }
+    }
+    try {
+        jit.compile(specs.front(), "sm_80");
+        ADD_FAILURE() << "compiled an sm_90a kernel for sm_80";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(specs.front().name), std::string::npos) << e.what();
+    }
+}

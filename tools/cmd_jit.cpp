@@ -50,7 +50,16 @@ struct Plan {
     std::vector<jit::KernelSpec> specs;
 };
 
-Plan load_plan(const PlanSource& src) {
+// The process's flags with the target arch set to `arch` (empty: unchanged): a plan depends on its
+// target (the prefill GEMM variant), so each arch gets its own.
+jit::Flags flags_for_arch(const std::string& arch) {
+    jit::EnvMap env = jit::process_environment();
+    if (!arch.empty()) env["GEMMAJIT_ARCH"] = arch;
+    return jit::Flags::parse(env);
+}
+
+Plan load_plan(const PlanSource& src, const std::string& arch) {
+    const jit::Flags flags = flags_for_arch(arch);
     Plan plan;
     if (!src.model.empty()) {
         // A file's own tensor types decide each kernel: exactly the set a GPU load compiles.
@@ -58,7 +67,9 @@ Plan load_plan(const PlanSource& src) {
             throw std::invalid_argument(
                 "--wtype applies to --variant; with --model the file's tensor types decide");
         plan.label = src.model;
-        plan.specs = gemma4::GpuModel::kernel_specs(src.model);
+        gemma4::GpuModelOptions opts;
+        opts.flags = &flags;
+        plan.specs = gemma4::GpuModel::kernel_specs(src.model, opts);
         return plan;
     }
     ggml::Type wtype = ggml::Type::Q8_0;
@@ -69,7 +80,10 @@ Plan load_plan(const PlanSource& src) {
     }
     const std::string variant = src.variant.empty() ? "e4b" : src.variant;
     plan.label = variant + " (" + ggml::type_name(wtype) + ")";
-    plan.specs = gemma4::build_kernel_plan(gemma4::Config::preset(variant), wtype);
+    // The prefill GEMM variant as a load would pick it (GEMMAJIT_MMQ_VARIANT, the target arch).
+    gemma4::PlanTypes types{wtype, wtype, wtype, wtype};
+    types.wgmma = gemma4::wgmma_gemm_selected(flags);
+    plan.specs = gemma4::build_kernel_plan(gemma4::Config::preset(variant), types);
     return plan;
 }
 
@@ -129,9 +143,9 @@ void cmd_env() {
 }
 
 void cmd_kernels(const PlanSource& src, std::string arch, bool status) {
-    Plan plan = load_plan(src);
     jit::Jit jit;
     if (arch.empty()) arch = jit.default_arch();
+    Plan plan = load_plan(src, arch);
     fmt::print("{} kernels for {} on {}\n", plan.specs.size(), plan.label, arch);
     size_t width = 4;
     for (const auto& s : plan.specs) width = std::max(width, s.name.size());
@@ -147,7 +161,6 @@ void cmd_kernels(const PlanSource& src, std::string arch, bool status) {
 }
 
 void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, bool load) {
-    Plan plan = load_plan(src);
     if (load) jit::Device::get();  // no GPU: fail before compiling anything
     jit::Jit jit;
     std::vector<std::string> arch_list = split_list(archs);
@@ -159,6 +172,7 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, b
     jit::ModuleSet modules;
     double load_ms = -1;
     for (const auto& arch : arch_list) {
+        const Plan plan = load_plan(src, arch);
         std::vector<jit::CompiledKernel> out = jit.compile_plan(plan.specs, arch, jobs);
         if (load && arch == jit::Device::get().arch()) {
             auto l0 = std::chrono::steady_clock::now();
@@ -194,9 +208,9 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, b
 // The kernel named on the command line, compiled (or loaded) for the requested arch.
 jit::CompiledKernel compiled_spec(const PlanSource& src, const std::string& name,
                                   std::string arch) {
-    Plan plan = load_plan(src);
     jit::Jit jit;
     if (arch.empty()) arch = jit.default_arch();
+    const Plan plan = load_plan(src, arch);
     return jit.compile(find_spec(plan, name), arch);
 }
 
