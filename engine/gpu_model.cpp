@@ -234,7 +234,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
         g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type, mma)).name;
-        if (flags.get_bool("GEMMAJIT_FLASH_PREFILL") && kv_geo_.type != KvType::Q8_0)
+        if (flags.get_bool("GEMMAJIT_FLASH_PREFILL"))
             // Tiled for the default chunk, not this load's: the kernel set then does not depend
             // on the context or chunk a session asks for, so `precompile --model` covers it.
             g.flash_prefill_spec = kernels_.add(flash_prefill_spec(c, l, kv_geo_.type)).name;

@@ -653,6 +653,31 @@ FlashPrefillTiling flash_prefill_tiling(int head_dim, int group, int n_kv_heads,
     return t;
 }
 
+namespace {
+
+// Dynamic shared memory of kernel_templates/flash_prefill.cu for a (valid) tiling: Q rows, the
+// stages, and for shared scores (ds > 1) row maxima and P per (row warp, key set) (with scores
+// split by head dims: the group's fp32 partial scores instead); after the loop the key sets'
+// merge area and the key splits' partials reuse it.
+int flash_prefill_smem(int head_dim, KvType kv, const FlashPrefillTiling& t) {
+    const int kt = t.key_sets * t.warp_keys, rows = 16 * t.row_warps, row_bytes = 2 * head_dim;
+    const int share = t.dim_slices == 1 ? 0
+                      : t.dim_scores
+                          ? t.row_warps * t.key_sets * t.dim_slices * 16 * t.warp_keys * 4
+                          : t.row_warps * t.key_sets * 16 * (t.dim_slices * 4 + t.warp_keys * 2);
+    // q8_0: a stage holds the int8 payload rows and fp16 scales of K and V (each plane padded to
+    // 16 bytes), and one fp16 tile holds the dequantized K and V rows.
+    const int stage = kv == KvType::Q8_0 ? 2 * ((kt * (head_dim + head_dim / 16) + 15) / 16 * 16)
+                                         : 2 * kt * row_bytes;
+    const int conv = kv == KvType::Q8_0 ? 2 * kt * row_bytes : 0;
+    const int pipe = rows * row_bytes + t.stages * stage + conv + share;
+    const int merge = (t.key_sets - 1) * rows * (head_dim * 4 + 8);
+    const int split_bytes = t.splits > 1 ? rows * (head_dim * 4 + 12) : 0;
+    return std::max({pipe, merge, split_bytes});
+}
+
+}  // namespace
+
 jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
                                    const FlashPrefillTiling& tiling) {
     if (!(head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256 ||
@@ -662,9 +687,6 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
     if (group < 1 || group > 256 || n_kv_heads < 1 || n_kv_heads > 65535 || window < 0)
         throw std::invalid_argument(fmt::format("flash_prefill: group {}, {} KV heads, window {}",
                                                 group, n_kv_heads, window));
-    if (kv == KvType::Q8_0)
-        throw ConfigError(
-            "flash_prefill: KV cache type q8_0 has no tensor-core prefill attention (f16, bf16)");
     const int kv_const = kv_type_constant(kv);
     const auto& [wm, ds, ks, kw, stages, splits, dim_scores] = tiling;
     const int dslice = ds > 0 ? head_dim / ds : 0;
@@ -678,17 +700,8 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
             "flash_prefill: tiling {} row warps x {} dim slices x {} key sets, {} keys per warp, "
             "{} stages, {} key splits{} is impossible for head dim {}",
             wm, ds, ks, kw, stages, splits, dim_scores ? ", scores split by dims" : "", head_dim));
-    const int kt = ks * kw, rows = 16 * wm, row_bytes = 2 * head_dim;
-    // Q rows, the stages, and for shared scores (ds > 1) row maxima and P per (row warp, key set).
-    // (With scores split by head dims: the group's fp32 partial scores instead.)
-    const int share = ds == 1      ? 0
-                      : dim_scores ? wm * ks * ds * 16 * kw * 4
-                                   : wm * ks * 16 * (ds * 4 + kw * 2);
-    const int pipe = rows * row_bytes + stages * 2 * kt * row_bytes + share;
-    const int merge = (ks - 1) * rows * (head_dim * 4 + 8);
-    // Key splits: each block's partial O and (m, l) plus combine weights.
-    const int split_bytes = splits > 1 ? rows * (head_dim * 4 + 12) : 0;
-    const int smem = std::max({pipe, merge, split_bytes});
+    const int kt = ks * kw, rows = 16 * wm;
+    const int smem = flash_prefill_smem(head_dim, kv, tiling);
     if (smem > kFlashPrefillMaxSmem)
         throw std::invalid_argument(fmt::format(
             "flash_prefill: head dim {} with {} rows and {}-key tiles x {} stages needs {} B of "
@@ -727,8 +740,13 @@ jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int 
 
 jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
                                    int chunk) {
-    return flash_prefill_spec(head_dim, group, n_kv_heads, window, kv,
-                              flash_prefill_tiling(head_dim, group, n_kv_heads, chunk));
+    FlashPrefillTiling t = flash_prefill_tiling(head_dim, group, n_kv_heads, chunk);
+    // A q8_0 cache adds the fp16 tile to the stages: where the f16 tiling already fills the
+    // shared memory, tiles of half the keys (the name then spells the tiling).
+    if (kv == KvType::Q8_0 && flash_prefill_smem(head_dim, kv, t) > kFlashPrefillMaxSmem &&
+        t.warp_keys % (32 * (t.dim_scores ? 1 : t.dim_slices)) == 0)
+        t.warp_keys /= 2;
+    return flash_prefill_spec(head_dim, group, n_kv_heads, window, kv, t);
 }
 
 jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv, int chunk) {
@@ -888,8 +906,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {
         add(attn_prep_spec(cfg, l, types.kv));
         add(flash_decode_spec(cfg, l, types.kv, types.flash_mma));
-        if (types.flash_prefill && types.kv != KvType::Q8_0)
-            add(flash_prefill_spec(cfg, l, types.kv));
+        if (types.flash_prefill) add(flash_prefill_spec(cfg, l, types.kv));
     }
     return plan;
 }

@@ -193,7 +193,8 @@ jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvTy
 int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens, int sm_count);
 
 // Tensor-core prefill attention over the cache (entry flash_prefill, kernel_templates/
-// flash_prefill.cu): "flash_prefill.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>". Launch:
+// flash_prefill.cu): "flash_prefill.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16|q8_0>" (q8_0:
+// tiles dequantized to fp16 in shared memory, products in fp16). Launch:
 // grid (ceil(T * GROUP / BLOCK_ROWS) * SPLITS, N_KV_HEADS), block THREADS, dynamic smem SMEM
 // bytes (opt in above 48 KiB); SPLITS > 1 blocks of a row block form a cluster (compiled into the
 // kernel, so cuLaunchKernel works; sm_90+, earlier archs run split 0 alone) and share its key
@@ -203,9 +204,8 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
 // length); the overload taking a FlashPrefillTiling sets it explicitly (tests, benchmarks). A
 // tiling other than the default for kFlashPrefillDefaultChunk is spelled in the name
 // (".m<WM>d<DS>[h]k<KS>w<KW>s<STAGES>x<SPLITS>", h: scores split by head dims). Throws
-// std::invalid_argument for impossible shapes or tilings, ConfigError for KvType::Q8_0 (the engine
-// keeps flash_decode for prefill then) or a layer whose head count is not a multiple of its KV
-// heads. Shared memory is capped at sm_80's opt-in limit (163 KiB).
+// std::invalid_argument for impossible shapes or tilings, ConfigError for a layer whose head count
+// is not a multiple of its KV heads. Shared memory is capped at sm_80's opt-in limit (163 KiB).
 inline constexpr int kFlashPrefillMaxSmem = 163 * 1024;
 inline constexpr int kFlashPrefillDefaultChunk = 512;
 // Blocks the default split count aims for (about the SM count of an H100/H200).

@@ -1,5 +1,6 @@
 // flash_prefill: attention of a prefill chunk of T query tokens over a layer's KV cache on
-// tensor cores (mma.sync m16n8k16 in the cache's type, fp32 accumulation, fp32 online softmax).
+// tensor cores (mma.sync m16n8k16 in the cache's type, fp32 accumulation, fp32 online softmax;
+// a q8_0 cache is dequantized to fp16 in shared memory, tile by tile, and multiplied in fp16).
 // The chunk's own K/V rows are already in the cache (attn_prep appended them).
 //
 // Semantics (those of flash_decode.cu's exact path): query head h of token t at position
@@ -60,7 +61,10 @@
 // Constants (prologue #defines):
 //   HEAD_DIM 32, 64, 128, 256 or 512     GROUP  query heads per KV head (models: 1..16)
 //   N_KV_HEADS                           WINDOW sliding window (0 = causal over the whole cache)
-//   KV_TYPE  cache element type (attn_kv.cuh: 0 f16, 1 bf16)
+//   KV_TYPE  cache element type (attn_kv.cuh: 0 f16, 1 bf16, 2 q8_0). q8_0: a stage holds the
+//            tile's int8 payload rows and fp16 scales (K plane, then V plane); after the tile
+//            lands all threads dequantize it into one fp16 tile (d * q rounded to fp16, laid out
+//            like an f16 stage) that the warps then read, one extra barrier per tile.
 //   WM       row warps, BLOCK_ROWS = 16 * WM query rows per block
 //   DS       head-dim slices             KS  key sets
 //   DIM_SCORES  with DS > 1: 0 the group's warps split the scores by keys, 1 by head dims
@@ -100,7 +104,17 @@ static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM"
 #define S_KSTEPS (SHARE_S ? HEAD_DIM / DS / 16 : HEAD_DIM / 16)  // its k-steps of Q K^T
 #define DSLICE (HEAD_DIM / DS)
 #define Q_BYTES (BLOCK_ROWS * ROW_BYTES)
+#if KV_Q8
+// A q8_0 plane's share of a stage: KT payload rows of HEAD_DIM bytes, then their scales.
+#define RAW_PLANE_BYTES ((KT * (KV_ROW_BYTES + KV_SCALE_ROW_BYTES) + 15) / 16 * 16)
+#define STAGE_BYTES (2 * RAW_PLANE_BYTES)  // K plane, then V plane
+#define CONV_BYTES (2 * KT * ROW_BYTES)    // the dequantized tile: fp16 K rows, then V rows
+#else
 #define STAGE_BYTES (2 * KT * ROW_BYTES)  // K rows, then V rows
+#define CONV_BYTES 0
+#endif
+// Where the score-sharing buffers start: after Q, the stages and the dequantized tile.
+#define SHARE_OFFSET (Q_BYTES + STAGES * STAGE_BYTES + CONV_BYTES)
 // Score sharing between the DS warps of a group (row warp, key set): row maxima [group][DS][16]
 // (after the loop: the partial sums l), then P [group][16][KW] in the cache type.
 #define N_GROUPS (WM * KS)
@@ -109,7 +123,7 @@ static_assert(BLOCK_ROWS == 16 * WM, "flash_prefill: BLOCK_ROWS must be 16 * WM"
 #define P_ROW_BYTES (KW * 2)
 #define P_BYTES (SHARE_P ? N_GROUPS * 16 * P_ROW_BYTES : 0)
 #define S_PART_BYTES (SHARE_S ? N_GROUPS * DS * 16 * KW * 4 : 0)
-#define PIPE_BYTES (Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + P_BYTES + S_PART_BYTES)
+#define PIPE_BYTES (SHARE_OFFSET + RED_BYTES + P_BYTES + S_PART_BYTES)
 // Merge area (reuses the pipeline's): O slices and (m, l) of key sets 1 .. KS - 1.
 #define MERGE_O_BYTES ((KS - 1) * BLOCK_ROWS * HEAD_DIM * 4)
 #define MERGE_BYTES (MERGE_O_BYTES + (KS - 1) * BLOCK_ROWS * 8)
@@ -201,12 +215,21 @@ GJ_DEVICE void group_sync(int group) {
     asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "n"(32 * DS) : "memory");
 }
 
-// d += a * b on one m16n8k16 tile in the cache's type with fp32 accumulators.
+// The tensor-core operand type: the cache's (f16 or bf16); fp16 for a q8_0 cache.
+// d += a * b on one m16n8k16 tile in that type with fp32 accumulators.
 GJ_DEVICE void mma_kv(float d[4], const uint32 a[4], const uint32 b[2]) {
-#if KV_TYPE == 0
-    mma_f16_16x8x16(d, a, b, d);
-#else
+#if KV_TYPE == 1
     mma_bf16_16x8x16(d, a, b, d);
+#else
+    mma_f16_16x8x16(d, a, b, d);
+#endif
+}
+// Two floats -> one 32-bit word of two operands (lo in bits 0..15), round to nearest even.
+GJ_DEVICE uint32 op_pack2(float lo, float hi) {
+#if KV_TYPE == 1
+    return pack_u16x2(f32_to_bf16(lo), f32_to_bf16(hi));
+#else
+    return pack_f16x2(lo, hi);
 #endif
 }
 
@@ -217,10 +240,93 @@ GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool li
                  : "memory");
 }
 
+#if KV_Q8
+// Scales are copied in pieces of SCALE_GRAIN bytes (cp.async takes 4, 8 or 16); a 32-dim head
+// has 2 bytes of scales per row, which plain loads copy instead (visible to the other threads
+// after the barrier that precedes the tile's dequantization, like the asynchronous copies).
+#define SCALE_GRAIN (KV_SCALE_ROW_BYTES >= 16 ? 16 : KV_SCALE_ROW_BYTES)
+GJ_DEVICE void copy_scale_or_zero(uint32 smem_dst, uint8* smem_dst_generic, const uint8* gmem_src,
+                                  bool live) {
+#if SCALE_GRAIN >= 4
+    (void)smem_dst_generic;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_dst), "l"(gmem_src),
+                 "n"(SCALE_GRAIN), "r"(live ? SCALE_GRAIN : 0)
+                 : "memory");
+#else
+    (void)smem_dst;
+    *(uint16*)smem_dst_generic = live ? *(const uint16*)gmem_src : (uint16)0;
+#endif
+}
+
+// q8_0: the payload rows (16-byte chunks) and scales of the KT cache rows of K and V for positions
+// first .. first + count - 1 into a stage (K plane, V plane); rows past `count` become zeros.
+GJ_DEVICE void issue_tile(uint32 stage, uint8* stage_generic, const uint8* k_cache,
+                          const uint8* v_cache, int first, int count, int slots, int kvh) {
+    constexpr int kCpr = KV_ROW_BYTES / 16;  // payload chunks per row
+    constexpr int kChunks = KT * kCpr;
+#pragma unroll
+    for (int k = 0; k < (kChunks + THREADS - 1) / THREADS; ++k) {
+        const int i = k * THREADS + threadIdx.x;
+        if (kChunks % THREADS == 0 || i < kChunks) {
+            const int r = i / kCpr, c = i % kCpr;
+            const bool live = r < count;
+            const int slot = live ? (first + r) % slots : 0;
+            const size_t off = ((size_t)slot * N_KV_HEADS + kvh) * KV_ROW_BYTES + c * 16;
+            const uint32 dst = stage + r * KV_ROW_BYTES + c * 16;
+            cp_async16_or_zero(dst, k_cache + off, live);
+            cp_async16_or_zero(dst + RAW_PLANE_BYTES, v_cache + off, live);
+        }
+    }
+    const uint8* k_scales = kv_scale_plane(k_cache, slots);
+    const uint8* v_scales = kv_scale_plane(v_cache, slots);
+    constexpr int kGrainsPerRow = KV_SCALE_ROW_BYTES / SCALE_GRAIN;
+    constexpr int kGrains = KT * kGrainsPerRow;
+#pragma unroll
+    for (int k = 0; k < (kGrains + THREADS - 1) / THREADS; ++k) {
+        const int i = k * THREADS + threadIdx.x;
+        if (kGrains % THREADS == 0 || i < kGrains) {
+            const int r = i / kGrainsPerRow, c = i % kGrainsPerRow;
+            const bool live = r < count;
+            const int slot = live ? (first + r) % slots : 0;
+            const size_t off =
+                ((size_t)slot * N_KV_HEADS + kvh) * KV_SCALE_ROW_BYTES + c * SCALE_GRAIN;
+            const int dst = KT * KV_ROW_BYTES + r * KV_SCALE_ROW_BYTES + c * SCALE_GRAIN;
+            copy_scale_or_zero(stage + dst, stage_generic + dst, k_scales + off, live);
+            copy_scale_or_zero(stage + RAW_PLANE_BYTES + dst, stage_generic + RAW_PLANE_BYTES + dst,
+                               v_scales + off, live);
+        }
+    }
+}
+
+// Dequantizes a landed q8_0 stage into the fp16 tile `conv` (K rows, then V rows, swizzled like
+// an f16 stage): element = fp16(d * q), exact q times the block's fp16 scale, rounded once. The
+// int8 -> float step places the biased byte in the mantissa of 2^23 (one subtraction).
+GJ_DEVICE void dequantize_tile(const uint8* stage, uint8* conv) {
+    constexpr int kUnits = 2 * KT * CPR;  // 16-byte output chunks (8 elements)
+#pragma unroll 4
+    for (int i = threadIdx.x; i < kUnits; i += THREADS) {
+        const int plane = i / (KT * CPR), r = (i / CPR) % KT, c = i % CPR;
+        const uint8* raw = stage + plane * RAW_PLANE_BYTES;
+        const uint2 q = *(const uint2*)(raw + r * KV_ROW_BYTES + 8 * c);
+        const float d = f16_to_f32(
+            *(const uint16*)(raw + KT * KV_ROW_BYTES + r * KV_SCALE_ROW_BYTES + 2 * (c / 4)));
+        const uint32 x0 = q.x ^ 0x80808080u, x1 = q.y ^ 0x80808080u;  // q + 128 per byte
+        const float off = 8388736.0f;                                 // 2^23 + 128
+        float v[8];
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            v[b] = (__uint_as_float(__byte_perm(x0, 0x4b000000u, 0x7440u + b)) - off) * d;
+            v[4 + b] = (__uint_as_float(__byte_perm(x1, 0x4b000000u, 0x7440u + b)) - off) * d;
+        }
+        *(uint4*)(conv + plane * KT * ROW_BYTES + chunk_offset(r, c)) = make_uint4(
+            op_pack2(v[0], v[1]), op_pack2(v[2], v[3]), op_pack2(v[4], v[5]), op_pack2(v[6], v[7]));
+    }
+}
+#else
 // cp.async of the KT cache rows of K and V for positions first .. first + count - 1 (ring slots)
 // into a stage; rows past `count` become zeros.
-GJ_DEVICE void issue_tile(uint32 stage, const uint8* k_cache, const uint8* v_cache, int first,
-                          int count, int slots, int kvh) {
+GJ_DEVICE void issue_tile(uint32 stage, uint8* /*stage_generic*/, const uint8* k_cache,
+                          const uint8* v_cache, int first, int count, int slots, int kvh) {
     constexpr int kChunks = KT * CPR;
 #pragma unroll
     for (int k = 0; k < (kChunks + THREADS - 1) / THREADS; ++k) {
@@ -236,6 +342,7 @@ GJ_DEVICE void issue_tile(uint32 stage, const uint8* k_cache, const uint8* v_cac
         }
     }
 }
+#endif
 
 GJ_DEVICE int window_lo(int p) {
     return WINDOW > 0 ? max(0, p - WINDOW + 1) : 0;
@@ -276,8 +383,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_tiles)
-            issue_tile(stages0 + s * STAGE_BYTES, kc, vc, first_key + s * KT,
-                       min(KT, n_keys - s * KT), slots, kvh);
+            issue_tile(stages0 + s * STAGE_BYTES, smem + Q_BYTES + s * STAGE_BYTES, kc, vc,
+                       first_key + s * KT, min(KT, n_keys - s * KT), slots, kvh);
         cp_async_commit();  // possibly empty: keeps the group count uniform
     }
     // Q rows, rounded to the cache type, swizzled like the cache rows; rows past T * GROUP zero.
@@ -290,8 +397,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
             const float* src =
                 q + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM + 8 * c;
             const float4 x = ((const float4*)src)[0], y = ((const float4*)src)[1];
-            w = make_uint4(kv_pack2(x.x, x.y), kv_pack2(x.z, x.w), kv_pack2(y.x, y.y),
-                           kv_pack2(y.z, y.w));
+            w = make_uint4(op_pack2(x.x, x.y), op_pack2(x.z, x.w), op_pack2(y.x, y.y),
+                           op_pack2(y.z, y.w));
         }
         *(uint4*)(smem + chunk_offset(r, c)) = w;
     }
@@ -342,25 +449,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
     // Score sharing (DS > 1): this group's row maxima and P buffer, or its partial scores.
     const int group = wm + WM * ks;
-    float* red = (float*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * 16;
-    uint8* p_rows = smem + Q_BYTES + STAGES * STAGE_BYTES + RED_BYTES + group * 16 * P_ROW_BYTES;
-    float4* s_parts = (float4*)(smem + Q_BYTES + STAGES * STAGE_BYTES) + group * DS * NT * 32;
+    float* red = (float*)(smem + SHARE_OFFSET) + group * DS * 16;
+    uint8* p_rows = smem + SHARE_OFFSET + RED_BYTES + group * 16 * P_ROW_BYTES;
+    float4* s_parts = (float4*)(smem + SHARE_OFFSET) + group * DS * NT * 32;
 
     for (int it = 0; it < n_tiles; ++it) {
         const int nt_issue = it + STAGES - 1;
         if (nt_issue < n_tiles)
-            issue_tile(stages0 + (nt_issue % STAGES) * STAGE_BYTES, kc, vc,
+            issue_tile(stages0 + (nt_issue % STAGES) * STAGE_BYTES,
+                       smem + Q_BYTES + (nt_issue % STAGES) * STAGE_BYTES, kc, vc,
                        first_key + nt_issue * KT, min(KT, n_keys - nt_issue * KT), slots, kvh);
         cp_async_commit();
         cp_async_wait<STAGES - 1>();  // tile `it` has landed (this thread's copies)
         __syncthreads();              // ... everyone's, and Q's stores
+#if KV_Q8
+        // Every warp is past the previous tile's reads of the fp16 tile (the barrier above).
+        dequantize_tile(smem + Q_BYTES + (it % STAGES) * STAGE_BYTES,
+                        smem + Q_BYTES + STAGES * STAGE_BYTES);
+        __syncthreads();
+#endif
 
         const int a = first_key + it * KT + ks * KW;  // the warp's first key of this tile
         const int b = a + KW - 1;
         // Warp-uniform: skip a slice no row sees; mask only slices that straddle an edge.
         if (warp_live && b >= wlo_min && a <= wp_max) {
             const bool full = a >= wlo_max && b <= wp_min;
-            const uint32 stage = stages0 + (it % STAGES) * STAGE_BYTES;
+            const uint32 stage = KV_Q8 ? stages0 + STAGES * STAGE_BYTES  // the fp16 tile
+                                       : stages0 + (it % STAGES) * STAGE_BYTES;
 
             // S for this warp's KWS keys; k-step i accumulates into set i % S_SETS.
             float acc[S_SETS][NT][4];
@@ -477,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
 #pragma unroll
                     for (int r = 0; r < 2; ++r)
                         *(uint32*)(p_rows + p_chunk_offset(g + 8 * r, col / 8) + 4 * tq) =
-                            kv_pack2(s[n][2 * r], s[n][2 * r + 1]);
+                            op_pack2(s[n][2 * r], s[n][2 * r + 1]);
                 }
                 group_sync(group);
             }
@@ -489,10 +604,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
             for (int kk = 0; kk < KW / 16; ++kk) {
                 uint32 pa[4];
                 if (!SHARE_P) {
-                    pa[0] = kv_pack2(s[2 * kk % NT][0], s[2 * kk % NT][1]);
-                    pa[1] = kv_pack2(s[2 * kk % NT][2], s[2 * kk % NT][3]);
-                    pa[2] = kv_pack2(s[(2 * kk + 1) % NT][0], s[(2 * kk + 1) % NT][1]);
-                    pa[3] = kv_pack2(s[(2 * kk + 1) % NT][2], s[(2 * kk + 1) % NT][3]);
+                    pa[0] = op_pack2(s[2 * kk % NT][0], s[2 * kk % NT][1]);
+                    pa[1] = op_pack2(s[2 * kk % NT][2], s[2 * kk % NT][3]);
+                    pa[2] = op_pack2(s[(2 * kk + 1) % NT][0], s[(2 * kk + 1) % NT][1]);
+                    pa[3] = op_pack2(s[(2 * kk + 1) % NT][2], s[(2 * kk + 1) % NT][3]);
                 } else {
                     ldmatrix_x4(pa, smem_addr(p_rows + p_chunk_offset(row_a, 2 * kk + lchunk_a)));
                 }

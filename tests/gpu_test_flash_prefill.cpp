@@ -135,7 +135,7 @@ class FlashPrefillTest : public ::testing::TestWithParam<PrefillCase> {};
 TEST_P(FlashPrefillTest, MatchesCpuAndFlashDecode) {
     GJ_REQUIRE_GPU();
     const PrefillCase& c = GetParam();
-    const bool bf16 = c.kv == KvType::BF16;
+    const bool bf16 = c.kv == KvType::BF16, q8 = c.kv == KvType::Q8_0;
     const int T = c.T, H = c.group * c.kv_heads, hd = c.hd, slots = slots_for(c);
     const KernelSpec spec =
         c.tiling
@@ -169,15 +169,31 @@ TEST_P(FlashPrefillTest, MatchesCpuAndFlashDecode) {
             }
         }
     }
-    const auto kbits = encode(k, bf16);
-    const auto vbits = encode(random_normal(cache_elems, 1.0f, rng), bf16);
-    auto dkc = to_device(kbits);
-    auto dvc = to_device(vbits);
+    // The cache planes as the GPU holds them, and the values they decode to (the reference's K/V).
+    const auto v = random_normal(cache_elems, 1.0f, rng);
+    std::vector<uint8_t> kplane, vplane;
+    std::vector<float> kval, vval;
+    if (q8) {
+        kplane = kv_q8_encode(k);
+        vplane = kv_q8_encode(v);
+        kval = kv_q8_decode(kplane);
+        vval = kv_q8_decode(vplane);
+    } else {
+        const auto kbits = encode(k, bf16), vbits = encode(v, bf16);
+        kplane.resize(kbits.size() * 2);
+        vplane.resize(vbits.size() * 2);
+        std::memcpy(kplane.data(), kbits.data(), kplane.size());
+        std::memcpy(vplane.data(), vbits.data(), vplane.size());
+        kval = decode(kbits, bf16);
+        vval = decode(vbits, bf16);
+    }
+    auto dkc = to_device(kplane);
+    auto dvc = to_device(vplane);
     auto dpos = to_device(positions);
     auto dq = to_device(q);
     std::vector<double> l2;
-    const auto want = attention(q, decode(kbits, bf16), decode(vbits, bf16), positions, H,
-                                c.kv_heads, hd, c.window, slots, nullptr, &l2);
+    const auto want =
+        attention(q, kval, vval, positions, H, c.kv_heads, hd, c.window, slots, nullptr, &l2);
 
     const auto got = run_prefill(spec, dq, dkc, dvc, dpos, T, slots);
     ASSERT_TRUE(std::all_of(got.begin(), got.end(), [](float f) { return std::isfinite(f); }))
@@ -191,8 +207,9 @@ TEST_P(FlashPrefillTest, MatchesCpuAndFlashDecode) {
     // ||q o k_j||, and the output by about twice that against v of rms 1; rounding P to the cache
     // type adds <= u. 4u (max_j ||q o k_j|| + 1) is about 3.5 sigma; a wrong key, slot, head or
     // window edge is O(1) (the planted keys). flash_decode's fp32 path is exact to ~1e-6, so the
-    // same bound holds against it.
-    const double u = bf16 ? 0x1p-8 : 0x1p-11;
+    // same bound holds against it. q8_0: products in fp16, and the dequantized K and V rounded to
+    // fp16 once more (another 2^-11 per element): u = 2^-10.
+    const double u = bf16 ? 0x1p-8 : q8 ? 0x1p-10 : 0x1p-11;
     int failures = 0;
     double worst = 0, worst_rel = 0;  // rms error / tolerance; max |error| / max |reference|
     for (const auto& [name, ref] : {std::pair{"cpu", &want}, std::pair{"flash_decode", &ref_gpu}})
@@ -258,6 +275,22 @@ std::vector<PrefillCase> cases() {
     v.push_back({512, 12, 1, 0, 15, 50, KvType::F16});
     v.push_back({512, 1, 2, 0, 64, 9, KvType::BF16});
     v.push_back({512, 4, 2, 8, 64, 100, KvType::F16});
+    // A q8_0 cache (tiles dequantized to fp16 in shared memory): every head dim (their scale rows
+    // of 2, 4, 8, 16 and 32 bytes), windows and wrapped rings, groups, dim-split and key-split
+    // tilings, a whole 512-token chunk.
+    v.push_back({32, 2, 2, 8, 17, 100, KvType::Q8_0});
+    v.push_back({64, 8, 1, 0, 130, 0, KvType::Q8_0});
+    v.push_back({128, 4, 2, 100, 64, 333, KvType::Q8_0});
+    v.push_back({256, 4, 2, 512, 130, 0, KvType::Q8_0});
+    v.push_back({256, 4, 2, 512, 64, 1000, KvType::Q8_0});
+    v.push_back({256, 2, 8, 24, 15, 0, KvType::Q8_0});
+    v.push_back({512, 4, 2, 0, 130, 0, KvType::Q8_0});
+    v.push_back({512, 16, 1, 0, 16, 0, KvType::Q8_0});
+    v.push_back({512, 4, 2, 8, 64, 100, KvType::Q8_0});
+    v.push_back({256, 4, 2, 512, 512, 0, KvType::Q8_0});
+    v.push_back({512, 4, 2, 0, 64, 30, KvType::Q8_0, FlashPrefillTiling{4, 2, 1, 16, 2, 2, true}});
+    v.push_back({256, 4, 2, 512, 64, 600, KvType::Q8_0, FlashPrefillTiling{2, 2, 1, 32, 3}});
+    v.push_back({64, 2, 2, 8, 40, 30, KvType::Q8_0, FlashPrefillTiling{2, 1, 2, 16, 2, 4}});
     // A whole 512-token chunk at the E4B shapes.
     v.push_back({256, 4, 2, 512, 512, 0, KvType::F16});
     v.push_back({512, 4, 2, 0, 512, 0, KvType::F16});

@@ -536,8 +536,9 @@ TEST(GpuForward, Bf16KvCacheMatchesTheCpuReference) {
 }
 
 // GEMMAJIT_KV_TYPE=q8_0 on the tiny presets (float weights, where the cache dominates the error,
-// and int8 weights), past the sliding window with the rings wrapping: chunked prefill and decode
-// steps against the CPU reference (which keeps K/V in fp32).
+// and int8 weights), past the sliding window with the rings wrapping: chunked prefill (chunks of 4
+// on the split-K attention, chunks of 32 on the tensor-core one) and decode steps against the CPU
+// reference (which keeps K/V in fp32).
 TEST(GpuForward, Q8KvCacheMatchesTheCpuReferencePastTheWindow) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-q8kv");
@@ -565,6 +566,14 @@ TEST(GpuForward, Q8KvCacheMatchesTheCpuReferencePastTheWindow) {
         expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQ8Kv,
                      case_name(c) + " q8_0 KV: decode steps vs CPU");
         EXPECT_EQ(s.graph_launches(), uint64_t(T - 1));
+        // Chunks of 32 tokens: the tensor-core prefill attention dequantizing the q8_0 cache.
+        auto big = load_gpu(path, 256, 32, f);
+        EXPECT_TRUE(big->layers()[0].flash_prefill_spec.ends_with(".q8_0"))
+            << big->layers()[0].flash_prefill_spec;
+        GpuSession b(*big);
+        expect_agree(ref, b.prefill_logits(tokens), cfg.vocab_size, kTolQ8Kv,
+                     case_name(c) + " q8_0 KV: 32-token chunks vs CPU");
+        EXPECT_EQ(b.path_counts().flash_prefill, uint64_t((T + 31) / 32 * cfg.n_layers));
     }
 }
 
