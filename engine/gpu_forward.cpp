@@ -39,6 +39,8 @@ struct WorkLayout {
     uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
     uint64_t logits_work = 0;                       // workspace of the logits kernels
     bool half_acts = false;      // cuBLAS products of f16/bf16 weights: converted activations
+    bool bf16_acts = false;      // wgmma GEMMs: bf16 activations (their own buffer: a model may
+                                 // mix them with cuBLAS products of f16 weights)
     bool float_gate = false;     // cuBLAS GeGLU: the gate product's own fp32 buffer
     bool gemm_q8_ffn = false;    // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
     bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
@@ -72,6 +74,7 @@ struct WorkLayout {
         in_max = std::max({d, q_max, ffn_max, ple});
         logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
         half_acts = !m.spec_convert().empty();
+        for (const GpuMatrix* mat : m.matrices()) bf16_acts = bf16_acts || mat->gemm_bf16;
         float_gate = m.blas_ffn();
         for (const GpuLayer& g : m.layers()) {
             gemm_q8_ffn = gemm_q8_ffn || (!g.gate.spec_gemm.empty() && !g.gate.gemm_bf16);
@@ -95,7 +98,7 @@ struct WorkLayout {
                                 + part_o_floats + 2 * part_ml_pairs +
                                 (float_gate ? R * ffn_max : 0) + gemm_split_floats;
         return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
-               + (half_acts ? R * in_max * 2 : 0) +
+               + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
                (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
                (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + (kStateHeader + 2 * R) * 4 + readout_bytes();
     }
@@ -114,8 +117,8 @@ uint64_t session_work_bytes(const GpuModel& model) {
 struct GpuSession::Work {
     WorkLayout layout;
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
-        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, fgate, gq, gds, gbf,
-        gemm_split;
+        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, xbf, fgate, gq, gds,
+        gbf, gemm_split;
     PinnedHost state_host, result_host;
 
     explicit Work(const GpuModel& m) : layout(m) {
@@ -148,6 +151,7 @@ struct GpuSession::Work {
         state = zeroed((kStateHeader + 2 * R) * 4);
         readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
         if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
+        if (L.bf16_acts) xbf = jit::DeviceBuffer(R * L.in_max * 2);
         if (L.float_gate) fgate = jit::DeviceBuffer(R * L.ffn_max * 4);
         if (L.gemm_split_floats) gemm_split = jit::DeviceBuffer(L.gemm_split_floats * 4);
         if (L.gemm_q8_ffn) {
@@ -434,7 +438,7 @@ GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what
     if (in.bf) return in;
     const std::string& name = model_.spec_convert();
     const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
-    CUdeviceptr out = w_->xhalf.ptr();
+    CUdeviceptr out = w_->xbf.ptr();
     void* args[] = {&in.f, &out, &n};
     launch(model_.kernels().get(name, "f32_to_bf16"), {ceil_div(n / 4, threads)}, {threads}, 0,
            args, name + " " + what);
@@ -490,6 +494,10 @@ int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut 
                m.spec_gemm + " " + reduce + " " + what, LaunchCost{0, 0, WorkKind::Gemm});
     }
     return 1;
+}
+
+bool GpuSession::splits_k(const GpuMatrix& m) const {
+    return !m.spec_gemm.empty() && constant(model_.kernels().spec(m.spec_gemm), "SPLITS") > 1;
 }
 
 CUdeviceptr GpuSession::product(int parts) const {
@@ -659,9 +667,12 @@ void GpuSession::record_layer(int l, int T, bool decode) {
     // matvecs that alone leave most of the GPU idle (in a graph: parallel branches). Not while
     // profiling, whose per-launch events time one kernel at a time.
     const int branches = lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
-    const bool concurrent = streams_ && branches > 0 && !profiler_;
+    // Split-K products share one partial-plane workspace: those run one at a time.
+    const bool split_qkv = T > kPrefillCols && (splits_k(g.q) || splits_k(g.k) || splits_k(g.v));
+    const bool concurrent = streams_ && branches > 0 && !profiler_ && !split_qkv;
     // The bf16 form of h for the wgmma GEMMs, made once for Q, K and V (before the fork).
-    const Input h = T > kPrefillCols && g.q.gemm_bf16
+    const bool bf16_qkv = g.q.gemm_bf16 || g.k.gemm_bf16 || g.v.gemm_bf16;
+    const Input h = T > kPrefillCols && bf16_qkv
                         ? with_bf16(normed(), T * cfg_.d_model, "attn_norm")
                         : normed();
     if (concurrent) fork(branches);

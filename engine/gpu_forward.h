@@ -153,7 +153,8 @@ class GpuSession {
     // workspace (product(parts)) instead of y.
     int matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
                const char* what, bool partials_ok = false);
-    CUdeviceptr product(int parts) const;  // where a residual product of `parts` planes is
+    bool splits_k(const GpuMatrix& m) const;  // its prefill GEMM writes split-K partial planes
+    CUdeviceptr product(int parts) const;     // where a residual product of `parts` planes is
     // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
     // gemm_wgmma): y = W x (Plain), gelu(W x) * (up x) in fp32 (Geglu), or that GeGLU in the
     // down projection's input form (GegluNext: Q8_1 y + yds for mmq, bf16 y for gemm_wgmma).

@@ -16,6 +16,7 @@
 #include "engine/weights.h"
 #include "jit/cuda_driver.h"
 #include "jit/env_flags.h"
+#include "jit/jit.h"
 
 namespace gj::gemma4 {
 
@@ -87,7 +88,9 @@ std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path
 
 std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
                                          const GpuModelOptions& opts) {
-    std::unique_ptr<GpuModel> m = open_model(path, opts);
+    GpuModelOptions o = opts;
+    o.target_arch = jit::Device::get().arch();  // what GpuKernels compiles for
+    std::unique_ptr<GpuModel> m = open_model(path, o);
     m->plan_memory(opts);
     m->upload(opts);
     return m;
@@ -121,7 +124,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     // (int8 mma.sync, sm_80+) kernels; "auto" takes wgmma where the target is sm_90; "none" keeps
     // the batched matvecs.
     const bool mmq = flags.get_string("GEMMAJIT_MMQ_VARIANT") != "none";
-    const bool wgmma = mmq && wgmma_gemm_selected(flags);
+    const bool wgmma =
+        mmq && wgmma_gemm_selected(flags, opts.target_arch.empty() ? jit::default_target_arch(flags)
+                                                                   : opts.target_arch);
     bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
     bool gemm_bf16 = false;  // some prefill GEMM takes bf16 activations (gemm_wgmma)
 

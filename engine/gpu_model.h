@@ -44,6 +44,9 @@ struct GpuModelOptions {
     // GEMMAJIT_* settings (kill switches, KV type, memory limit); null: the process's. Tests pass
     // explicit ones to compare a fast path with its exact counterpart in one process.
     const jit::Flags* flags = nullptr;
+    // The architecture the plan targets (it picks the prefill GEMM variant); empty:
+    // jit::default_target_arch. A load sets the GPU's own, which it compiles for.
+    std::string target_arch;
 };
 
 // Activation columns of the batched (prefill) matvecs: a chunk runs in groups of this many

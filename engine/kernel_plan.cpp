@@ -285,13 +285,12 @@ GemmWgmmaTile gemm_wgmma_tile(ggml::Type /*weight_type*/, int k, int n_rows) {
     return {64, 64, 4, 1};
 }
 
-bool wgmma_gemm_selected(const jit::Flags& flags) {
+bool wgmma_gemm_selected(const jit::Flags& flags, const std::string& arch) {
     const std::string variant = flags.get_string("GEMMAJIT_MMQ_VARIANT");
-    const std::string arch = jit::default_target_arch(flags);
     const bool sm90 = arch == "sm_90" || arch == "sm_90a";
     if (variant == "wgmma" && !sm90)
         throw ConfigError(fmt::format(
-            "GEMMAJIT_MMQ_VARIANT=wgmma needs an sm_90 target (wgmma is sm_90a-only); this plan "
+            "GEMMAJIT_MMQ_VARIANT=wgmma needs an sm_90 GPU (wgmma is sm_90a-only); this plan "
             "targets {}",
             arch));
     return variant == "wgmma" || (variant == "auto" && sm90);

@@ -48,10 +48,9 @@ struct PlanTypes {
     bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
     bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
 };
-// Whether GEMMAJIT_MMQ_VARIANT selects the wgmma GEMM for the plan's target
-// (jit::default_target_arch): "wgmma", or "auto" on sm_90. Throws ConfigError for "wgmma" with
-// another target.
-bool wgmma_gemm_selected(const jit::Flags& flags);
+// Whether GEMMAJIT_MMQ_VARIANT selects the wgmma GEMM for a plan targeting `arch` (sm_90 or
+// sm_90a: "wgmma" or "auto"; else never). Throws ConfigError for "wgmma" with another target.
+bool wgmma_gemm_selected(const jit::Flags& flags, const std::string& arch);
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
 // ---- Single-spec builders (the plan is made of these; the engine and tests use them too). ----

@@ -92,9 +92,9 @@ std::string target_arch(const KernelSpec& spec, std::string_view arch) {
     const std::string want = fmt::format("sm_{}", spec.arch_specific);
     if (arch == want || arch == want + "a") return want + "a";
     throw std::invalid_argument(fmt::format(
-        "kernel {} uses {}a-only instructions and cannot be compiled for {} (a plan made for {}; "
-        "set GEMMAJIT_ARCH to the target before planning, or GEMMAJIT_MMQ_VARIANT=mma)",
-        spec.name, want, arch, want));
+        "kernel {} uses {}a-only instructions and cannot be compiled for {} (it belongs to a plan "
+        "for {}; plan for {} instead, or set GEMMAJIT_MMQ_VARIANT=mma)",
+        spec.name, want, arch, want, arch));
 }
 
 // Everything about one (spec, arch) that is known before compiling.

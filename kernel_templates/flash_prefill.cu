@@ -624,6 +624,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
         __syncthreads();  // the stage is refilled by a later iteration's issue
     }
     cp_async_wait<0>();
+    // A key split with no tiles (n_tiles is block-uniform) passed no barrier: order the Q
+    // staging stores before the merge areas below reuse that memory.
+    if (n_tiles == 0) __syncthreads();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(GJ_FULL_MASK, l[r], 1);

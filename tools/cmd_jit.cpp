@@ -82,7 +82,7 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
     plan.label = variant + " (" + ggml::type_name(wtype) + ")";
     // The prefill GEMM variant as a load would pick it (GEMMAJIT_MMQ_VARIANT, the target arch).
     gemma4::PlanTypes types{wtype, wtype, wtype, wtype};
-    types.wgmma = gemma4::wgmma_gemm_selected(flags);
+    types.wgmma = gemma4::wgmma_gemm_selected(flags, jit::default_target_arch(flags));
     plan.specs = gemma4::build_kernel_plan(gemma4::Config::preset(variant), types);
     return plan;
 }
