@@ -436,14 +436,18 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
 
 GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what) {
     if (in.bf) return in;
+    in.bf = convert(in.f, n, "f32_to_bf16", w_->xbf.ptr(), what);
+    return in;
+}
+
+CUdeviceptr GpuSession::convert(CUdeviceptr x, int n, const char* entry, CUdeviceptr out,
+                                const std::string& what) {
     const std::string& name = model_.spec_convert();
     const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
-    CUdeviceptr out = w_->xbf.ptr();
-    void* args[] = {&in.f, &out, &n};
-    launch(model_.kernels().get(name, "f32_to_bf16"), {ceil_div(n / 4, threads)}, {threads}, 0,
-           args, name + " " + what);
-    in.bf = out;
-    return in;
+    void* args[] = {&x, &out, &n};
+    launch(model_.kernels().get(name, entry), {ceil_div(n / 4, threads)}, {threads}, 0, args,
+           name + " " + what);
+    return out;
 }
 
 int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut out_form,
@@ -528,17 +532,9 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdevicep
     const jit::BlasType type = m.type == ggml::Type::F32   ? jit::BlasType::F32
                                : m.type == ggml::Type::F16 ? jit::BlasType::F16
                                                            : jit::BlasType::BF16;
-    if (type != jit::BlasType::F32) {  // cuBLAS multiplies two matrices of one type
-        const std::string& name = model_.spec_convert();
-        const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
-        CUdeviceptr out = w_->xhalf.ptr();
-        int n = T * m.cols;
-        void* args[] = {&x, &out, &n};
-        launch(
-            model_.kernels().get(name, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16"),
-            {ceil_div(n / 4, threads)}, {threads}, 0, args, name + " " + what);
-        x = out;
-    }
+    if (type != jit::BlasType::F32)  // cuBLAS multiplies two matrices of one type
+        x = convert(x, T * m.cols, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16",
+                    w_->xhalf.ptr(), what);
     const double flops = 2.0 * double(m.rows) * m.cols * T;
     auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
         profiled(

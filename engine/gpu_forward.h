@@ -125,6 +125,9 @@ class GpuSession {
     };
     // `in` with its bf16 form: converts n values of in.f into the shared bf16 buffer unless made.
     Input with_bf16(Input in, int n, const std::string& what);
+    // n fp32 values at x -> f16 / bf16 at out (entry f32_to_f16 / f32_to_bf16); returns out.
+    CUdeviceptr convert(CUdeviceptr x, int n, const char* entry, CUdeviceptr out,
+                        const std::string& what);
 
     // Launch sequence pieces over T rows; tokens and positions come from the step state.
     void record_forward(int T, bool decode);

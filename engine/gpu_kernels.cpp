@@ -28,14 +28,7 @@ void GpuKernels::build(const jit::Flags& flags,
     std::vector<jit::KernelSpec> list = specs();
     std::vector<jit::CompiledKernel> compiled = jit.compile_plan(list, jit::Device::get().arch());
     for (const auto& k : compiled) compiled_now_ += k.cache_hit ? 0 : 1;
-    jit.load(modules_, compiled);
-    // Templates that take more than the default 48 KiB of dynamic shared memory say how much in
-    // their SMEM constant; every entry of such a spec may launch with that much.
-    for (const jit::KernelSpec& s : list)
-        for (const auto& [name, value] : s.constants)
-            if (name == "SMEM" && value > 48 * 1024)
-                for (const std::string& entry : s.entries)
-                    modules_.set_max_dynamic_smem(s.name, entry, int(value));
+    jit.load(modules_, compiled);  // opts entries in to their SMEM constant
     built_ = true;
     compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (progress)

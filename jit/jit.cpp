@@ -399,6 +399,12 @@ void Jit::load(ModuleSet& modules, std::vector<CompiledKernel>& kernels) {
             k = rebuild(k, e.what());
             modules.load(k);
         }
+        // A template that takes more than the default 48 KiB of dynamic shared memory says how
+        // much in its SMEM constant; every entry of the spec may launch with that much.
+        for (const auto& [name, value] : k.spec.constants)
+            if (name == "SMEM" && value > 48 * 1024)
+                for (const std::string& entry : k.spec.entries)
+                    modules.set_max_dynamic_smem(k.spec.name, entry, int(value));
     }
 }
 

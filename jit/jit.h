@@ -101,6 +101,8 @@ class Jit {
 
     // Loads compiled kernels into `modules`. A cache hit the driver rejects is evicted (one
     // warning), recompiled and loaded again; the entry in `kernels` is replaced by the rebuild.
+    // Entries of a spec whose SMEM constant exceeds 48 KiB are opted in to that much dynamic
+    // shared memory.
     void load(ModuleSet& modules, std::vector<CompiledKernel>& kernels);
     // Deletes the cache entry of `bad` (naming `reason` in one warning) and compiles it afresh.
     CompiledKernel rebuild(const CompiledKernel& bad, std::string_view reason);

@@ -30,18 +30,6 @@ using gj::jit::KernelSpec;
 
 namespace {
 
-// Each spec compiles once per process.
-GpuKernels& kernels_for(const KernelSpec& spec) {
-    static std::map<std::string, std::unique_ptr<GpuKernels>> cache;
-    auto& slot = cache[spec.name];
-    if (!slot) {
-        slot = std::make_unique<GpuKernels>(std::vector<KernelSpec>{spec});
-        const std::string entry = spec.family == "flash_prefill" ? "flash_prefill" : "flash_decode";
-        slot->set_max_dynamic_smem(spec.name, entry, int(spec_constant(spec, "SMEM")));
-    }
-    return *slot;
-}
-
 std::vector<uint16_t> encode(const std::vector<float>& x, bool bf16) {
     std::vector<uint16_t> h(x.size());
     for (size_t i = 0; i < x.size(); ++i) h[i] = kv_encode(x[i], bf16);

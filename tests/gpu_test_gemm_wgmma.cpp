@@ -108,19 +108,6 @@ std::string case_name(const WgCase& c) {
     return spec_of(c).name + " n" + std::to_string(c.n) + " T" + std::to_string(c.T);
 }
 
-// The module of one spec, compiled on first use (ctest runs every test in its own process, so
-// each compiles only what it launches), its entries opted in to their shared memory.
-const GpuKernels& kernels(const KernelSpec& spec) {
-    static std::map<std::string, std::unique_ptr<GpuKernels>> loaded;
-    auto& slot = loaded[spec.name];
-    if (!slot) {
-        slot = std::make_unique<GpuKernels>(std::vector<KernelSpec>{spec});
-        for (const auto& e : spec.entries)
-            slot->set_max_dynamic_smem(spec.name, e, int(spec_constant(spec, "SMEM")));
-    }
-    return *slot;
-}
-
 // Launches one entry: grid (ceil(n / R), ceil(T / BM)) with R = BN for the plain entry and BN / 2
 // for the GeGLU ones, block THREADS, SMEM bytes. A split-K plain entry writes its SPLITS planes to
 // `work` (T * n * SPLITS floats), then gemm_wgmma_reduce sums them into y.
@@ -165,7 +152,7 @@ TEST_P(GemmWgmma, MatchesDequantizedReference) {
     const WgCase c = GetParam();
     const KernelSpec spec = spec_of(c);
     SCOPED_TRACE(case_name(c));
-    const GpuKernels& g = kernels(spec);
+    const GpuKernels& g = kernels_for(spec);
     std::mt19937 rng(c.k * 131 + c.n * 7 + c.T);
     std::vector<float> wf, uf;
     const auto wb = random_weights(c.type, c.n, c.k, rng, wf);
@@ -297,10 +284,6 @@ TEST(GemmWgmmaBench, DISABLED_Shapes) {
                         c.resources_per_entry[i].spill_store_bytes);
         std::printf("\n");
     }
-    for (const auto& s : specs)
-        for (const auto& e : s.entries)
-            const_cast<GpuKernels&>(g).set_max_dynamic_smem(s.name, e,
-                                                            int(spec_constant(s, "SMEM")));
     auto& dev = gj::jit::Device::get();
     std::mt19937 rng(5);
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})

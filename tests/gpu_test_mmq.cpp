@@ -128,20 +128,6 @@ KernelSpec matvec_spec_of(const MatvecShape& s) {
     return gj::gemma4::matvec_spec(s.type, s.k, 8, MatvecLayout::Split);
 }
 
-// The module of one spec, compiled on first use (ctest runs every test in its own process, so
-// each compiles only what it launches), mmq entries opted in to their shared memory.
-GpuKernels& kernels(const KernelSpec& spec) {
-    static std::map<std::string, std::unique_ptr<GpuKernels>> loaded;
-    auto& slot = loaded[spec.name];
-    if (!slot) {
-        slot = std::make_unique<GpuKernels>(std::vector<KernelSpec>{spec});
-        if (spec.family == "mmq")
-            for (const auto& e : spec.entries)
-                slot->set_max_dynamic_smem(spec.name, e, int(spec_constant(spec, "SMEM")));
-    }
-    return *slot;
-}
-
 // Launches one mmq spec's entries from the shared module set.
 struct Launcher {
     const KernelSpec& spec;
@@ -155,12 +141,12 @@ struct Launcher {
         const unsigned splits = entry == "mmq" ? unsigned(spec_constant(spec, "SPLITS")) : 1;
         gj::jit::DeviceBuffer part(splits > 1 ? size_t(splits) * T * n * 4 : 16);
         launch_smem_async(
-            kernels(spec).get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm), splits},
+            kernels_for(spec).get(spec.name, entry), {ceil_div(n, bn), ceil_div(T, bm), splits},
             {unsigned(spec_constant(spec, "THREADS"))}, unsigned(spec_constant(spec, "SMEM")), w,
             w_up, xq, xds, splits > 1 ? part.ptr() : y, yds, T, n);
         if (splits > 1)
-            launch_smem_async(kernels(spec).get(spec.name, "mmq_reduce"), {ceil_div(T * n, 256)},
-                              {256}, 0, part.ptr(), y, T * n);
+            launch_smem_async(kernels_for(spec).get(spec.name, "mmq_reduce"),
+                              {ceil_div(T * n, 256)}, {256}, 0, part.ptr(), y, T * n);
         dev.synchronize();
     }
 };
@@ -226,7 +212,7 @@ TEST_P(MmqTest, EveryEntryMatchesCpu) {
     // quantize_q8_1 over mmq_geglu's fp32 output, on the GPU and on the CPU (which agree bit for
     // bit: gpu_test_kernels), must give exactly the fused output.
     DeviceBuffer rq(ny), rds(nb * 8);
-    launch(kernels(quant).get(quant.name, "quantize_q8_1"), {ceil_div(8 * nb, 256)}, {256},
+    launch(kernels_for(quant).get(quant.name, "quantize_q8_1"), {ceil_div(8 * nb, 256)}, {256},
            yg.ptr(), rq.ptr(), rds.ptr(), int(nb));
     const auto fused_q = from_device<int8_t>(yq, ny);
     const auto fused_ds = from_device<float>(yds, 2 * nb);
@@ -357,9 +343,9 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
             const CUdeviceptr xq_c = dxq.ptr() + size_t(c0) * s.k;
             const CUdeviceptr xds_c = dxds.ptr() + size_t(c0) * (s.k / 32) * 8;
             const size_t y_off = size_t(c0) * s.n * 4;
-            launch(kernels(mv).get(mv.name, base), {ceil_div(s.n, mrows)}, {threads}, dw.ptr(),
+            launch(kernels_for(mv).get(mv.name, base), {ceil_div(s.n, mrows)}, {threads}, dw.ptr(),
                    none, xq_c, xds_c, none, my.ptr() + y_off, s.n);
-            launch(kernels(mv).get(mv.name, base + "_geglu"), {ceil_div(s.n, mrows)}, {threads},
+            launch(kernels_for(mv).get(mv.name, base + "_geglu"), {ceil_div(s.n, mrows)}, {threads},
                    dw.ptr(), du.ptr(), xq_c, xds_c, none, myg.ptr() + y_off, s.n);
         }
         const size_t used = size_t(s.T) * s.n;

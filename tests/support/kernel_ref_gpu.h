@@ -13,22 +13,23 @@ namespace gj::test::kref {
 
 class GpuKernels {
   public:
-    // Compiles (in parallel) and loads every spec for the local GPU. Throws on any failure.
+    // Compiles (in parallel) and loads every spec for the local GPU (entries opted in to their
+    // SMEM constant, like the engine's). Throws on any failure.
     explicit GpuKernels(const std::vector<jit::KernelSpec>& specs);
     const jit::Kernel& get(std::string_view spec_name, std::string_view entry) const {
         return modules_.kernel(spec_name, entry);
     }
     const std::vector<jit::CompiledKernel>& compiled() const { return compiled_; }
-    // Lets an entry launch with up to `bytes` of dynamic shared memory (needed above 48 KiB).
-    void set_max_dynamic_smem(std::string_view spec_name, std::string_view entry, int bytes) {
-        modules_.set_max_dynamic_smem(spec_name, entry, bytes);
-    }
 
   private:
     jit::Jit jit_;
     jit::ModuleSet modules_;
     std::vector<jit::CompiledKernel> compiled_;
 };
+
+// The module of one spec, compiled on first use and kept for the process (ctest runs every test
+// in its own process, so each compiles only the specs it launches).
+const GpuKernels& kernels_for(const jit::KernelSpec& spec);
 
 template <class T>
 jit::DeviceBuffer to_device(const std::vector<T>& v) {
