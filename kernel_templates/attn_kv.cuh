@@ -1,5 +1,5 @@
-// attn_kv.cuh: the KV cache element type, shared by attn_prep (writes rows) and flash_decode
-// (reads them).
+// attn_kv.cuh: the KV cache element type, shared by attn_prep (writes rows), flash_decode and
+// flash_prefill (reads them).
 //   KV_TYPE 0 = IEEE fp16 (default), 1 = bfloat16: 2 bytes per element, so a cache row of
 //     HEAD_DIM elements is 2 * HEAD_DIM bytes and 8 elements fill one 16-byte load.
 //   KV_TYPE 2 = q8_0: int8 payloads with one fp16 scale per 32 consecutive elements of a row,
@@ -65,6 +65,21 @@ GJ_DEVICE float kv_to_f32(uint16 h) {
 #endif
 }
 #else
+// Scales are copied into shared memory in pieces of KV_SCALE_GRAIN bytes (cp.async takes 4, 8 or
+// 16); a 32-dim head has 2 bytes of scales per row, which plain loads copy instead (visible to the
+// other threads after the barrier that precedes their use, like the asynchronous copies). Dead
+// rows (!live) get zeros.
+#define KV_SCALE_GRAIN (KV_SCALE_ROW_BYTES >= 16 ? 16 : KV_SCALE_ROW_BYTES)
+GJ_DEVICE void kv_copy_scale_or_zero(uint8* smem_dst, const uint8* gmem_src, bool live) {
+#if KV_SCALE_GRAIN >= 4
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_addr(smem_dst)),
+                 "l"(gmem_src), "n"(KV_SCALE_GRAIN), "r"(live ? KV_SCALE_GRAIN : 0)
+                 : "memory");
+#else
+    *(uint16*)smem_dst = live ? *(const uint16*)gmem_src : (uint16)0;
+#endif
+}
+
 // Signed byte b (0..3) of a 32-bit word of q8_0 payload, as a float.
 GJ_DEVICE float q8_byte(uint32 w, int b) {
     return (float)((int32)(w << (24 - 8 * b)) >> 24);

@@ -130,25 +130,10 @@ GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool li
 }
 
 #if KV_Q8
-// Scales are copied in pieces of SCALE_GRAIN bytes (cp.async takes 4, 8 or 16); a 32-dim head
-// has 2 bytes of scales per row, which plain loads copy instead.
-#define SCALE_GRAIN (SCALE_ROW_BYTES >= 16 ? 16 : SCALE_ROW_BYTES)
-
-GJ_DEVICE void copy_scale_or_zero(uint8* smem_dst, const uint8* gmem_src, bool live) {
-#if SCALE_GRAIN >= 4
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_addr(smem_dst)),
-                 "l"(gmem_src), "n"(SCALE_GRAIN), "r"(live ? SCALE_GRAIN : 0)
-                 : "memory");
-#else
-    // Visible to the other threads after stream_tiles' barrier like the asynchronous copies.
-    *(uint16*)smem_dst = live ? *(const uint16*)gmem_src : (uint16)0;
-#endif
-}
-
 // The scales of the tile's rows (see issue_tile) after the stage's K and V payload rows.
 GJ_DEVICE void issue_tile_scales(uint8* stage, const uint8* k_scales, const uint8* v_scales,
                                  int first, int count, int slots, int kvh) {
-    constexpr int kGrainsPerRow = SCALE_ROW_BYTES / SCALE_GRAIN;
+    constexpr int kGrainsPerRow = SCALE_ROW_BYTES / KV_SCALE_GRAIN;
     constexpr int kGrains = TILE * kGrainsPerRow;
 #pragma unroll
     for (int k = 0; k < (kGrains + THREADS - 1) / THREADS; ++k) {
@@ -158,10 +143,10 @@ GJ_DEVICE void issue_tile_scales(uint8* stage, const uint8* k_scales, const uint
             const bool live = r < count;
             const int slot = live ? (first + r) % slots : 0;
             const size_t off =
-                ((size_t)slot * N_KV_HEADS + kvh) * SCALE_ROW_BYTES + c * SCALE_GRAIN;
-            const int dst = TILE * ROW_BYTES + r * SCALE_ROW_BYTES + c * SCALE_GRAIN;
-            copy_scale_or_zero(stage + dst, k_scales + off, live);
-            copy_scale_or_zero(stage + PLANE_TILE_BYTES + dst, v_scales + off, live);
+                ((size_t)slot * N_KV_HEADS + kvh) * SCALE_ROW_BYTES + c * KV_SCALE_GRAIN;
+            const int dst = TILE * ROW_BYTES + r * SCALE_ROW_BYTES + c * KV_SCALE_GRAIN;
+            kv_copy_scale_or_zero(stage + dst, k_scales + off, live);
+            kv_copy_scale_or_zero(stage + PLANE_TILE_BYTES + dst, v_scales + off, live);
         }
     }
 }

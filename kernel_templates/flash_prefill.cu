@@ -241,23 +241,6 @@ GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool li
 }
 
 #if KV_Q8
-// Scales are copied in pieces of SCALE_GRAIN bytes (cp.async takes 4, 8 or 16); a 32-dim head
-// has 2 bytes of scales per row, which plain loads copy instead (visible to the other threads
-// after the barrier that precedes the tile's dequantization, like the asynchronous copies).
-#define SCALE_GRAIN (KV_SCALE_ROW_BYTES >= 16 ? 16 : KV_SCALE_ROW_BYTES)
-GJ_DEVICE void copy_scale_or_zero(uint32 smem_dst, uint8* smem_dst_generic, const uint8* gmem_src,
-                                  bool live) {
-#if SCALE_GRAIN >= 4
-    (void)smem_dst_generic;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem_dst), "l"(gmem_src),
-                 "n"(SCALE_GRAIN), "r"(live ? SCALE_GRAIN : 0)
-                 : "memory");
-#else
-    (void)smem_dst;
-    *(uint16*)smem_dst_generic = live ? *(const uint16*)gmem_src : (uint16)0;
-#endif
-}
-
 // q8_0: the payload rows (16-byte chunks) and scales of the KT cache rows of K and V for positions
 // first .. first + count - 1 into a stage (K plane, V plane); rows past `count` become zeros.
 GJ_DEVICE void issue_tile(uint32 stage, uint8* stage_generic, const uint8* k_cache,
@@ -279,7 +262,7 @@ GJ_DEVICE void issue_tile(uint32 stage, uint8* stage_generic, const uint8* k_cac
     }
     const uint8* k_scales = kv_scale_plane(k_cache, slots);
     const uint8* v_scales = kv_scale_plane(v_cache, slots);
-    constexpr int kGrainsPerRow = KV_SCALE_ROW_BYTES / SCALE_GRAIN;
+    constexpr int kGrainsPerRow = KV_SCALE_ROW_BYTES / KV_SCALE_GRAIN;
     constexpr int kGrains = KT * kGrainsPerRow;
 #pragma unroll
     for (int k = 0; k < (kGrains + THREADS - 1) / THREADS; ++k) {
@@ -289,11 +272,10 @@ GJ_DEVICE void issue_tile(uint32 stage, uint8* stage_generic, const uint8* k_cac
             const bool live = r < count;
             const int slot = live ? (first + r) % slots : 0;
             const size_t off =
-                ((size_t)slot * N_KV_HEADS + kvh) * KV_SCALE_ROW_BYTES + c * SCALE_GRAIN;
-            const int dst = KT * KV_ROW_BYTES + r * KV_SCALE_ROW_BYTES + c * SCALE_GRAIN;
-            copy_scale_or_zero(stage + dst, stage_generic + dst, k_scales + off, live);
-            copy_scale_or_zero(stage + RAW_PLANE_BYTES + dst, stage_generic + RAW_PLANE_BYTES + dst,
-                               v_scales + off, live);
+                ((size_t)slot * N_KV_HEADS + kvh) * KV_SCALE_ROW_BYTES + c * KV_SCALE_GRAIN;
+            const int dst = KT * KV_ROW_BYTES + r * KV_SCALE_ROW_BYTES + c * KV_SCALE_GRAIN;
+            kv_copy_scale_or_zero(stage_generic + dst, k_scales + off, live);
+            kv_copy_scale_or_zero(stage_generic + RAW_PLANE_BYTES + dst, v_scales + off, live);
         }
     }
 }
