@@ -5,7 +5,7 @@
 // conversions, half2 arithmetic, int8/f16 tensor-core fragments, ldmatrix, cp.async, warp
 // reductions, fast transcendental approximations and loads for the 2-byte-aligned fields of ggml
 // quant blocks. Each helper is one or a few instructions; the GPU numerics test
-// (tests/gpu_test_ptx_helpers.cpp via kernel_templates/ptx_selftest.cu) checks every one of them.
+// (tests/jit/gpu_test_ptx_helpers.cpp via kernel_templates/ptx_selftest.cu) checks every one of them.
 //
 // Targets: sm_80 and newer (cp.async, cvt.rn.bf16.f32 and cvt.rn.f16x2.f32 need sm_80).
 //

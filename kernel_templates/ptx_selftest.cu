@@ -1,5 +1,5 @@
 // ptx_selftest: one small kernel per group of gj_ptx.cuh helpers, so the GPU numerics test
-// (tests/gpu_test_ptx_helpers.cpp) can compare every helper against CPU math, and the compile test
+// (tests/jit/gpu_test_ptx_helpers.cpp) can compare every helper against CPU math, and the compile test
 // can assert that each helper really emits the instruction it is named after.
 //
 // Constants: none. Launch geometry is given per entry below. Not a model kernel: it is compiled

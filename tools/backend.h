@@ -5,12 +5,12 @@
 #include <memory>
 #include <string>
 
-#include "engine/cpu_forward.h"
-#include "engine/generate.h"
-#include "engine/generate_cpu.h"
-#include "engine/generate_gpu.h"
-#include "engine/gpu_forward.h"
-#include "engine/gpu_model.h"
+#include "engine/cpu/cpu_forward.h"
+#include "engine/generate/generate.h"
+#include "engine/generate/generate_cpu.h"
+#include "engine/generate/generate_gpu.h"
+#include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/gpu_model.h"
 
 namespace gj::tools {
 

@@ -8,11 +8,11 @@
 #include <iostream>
 #include <string>
 
-#include "engine/chat_format.h"
-#include "engine/gguf.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_data.h"
+#include "engine/text/chat_format.h"
+#include "engine/gguf/gguf.h"
+#include "engine/text/sampler.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tokenizer_data.h"
 #include "tools/backend.h"
 #include "tools/commands.h"
 

@@ -20,12 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_forward.h"
-#include "engine/gemma4_config.h"
-#include "engine/gguf.h"
-#include "engine/gpu_forward.h"
-#include "engine/gpu_model.h"
-#include "engine/synth.h"
+#include "engine/cpu/cpu_forward.h"
+#include "engine/model/gemma4_config.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/model/synth.h"
 #include "jit/device.h"
 #include "tools/commands.h"
 

@@ -7,12 +7,12 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/chat_format.h"
-#include "engine/generate.h"
-#include "engine/gguf.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer.h"
-#include "engine/vocab_json.h"
+#include "engine/text/chat_format.h"
+#include "engine/generate/generate.h"
+#include "engine/gguf/gguf.h"
+#include "engine/text/sampler.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/vocab_json.h"
 #include "tools/backend.h"
 #include "tools/commands.h"
 

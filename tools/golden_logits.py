@@ -12,7 +12,7 @@ are reversed torch shapes), runs one token sequence several sliding windows long
   <out>/<variant>.logits.f32  logits, [positions][vocab] little-endian f32
   <out>/<variant>.hidden.f32  (debug, not committed) HF hidden states [L+1][positions][d]
 
-tests/test_cpu_forward_golden.cpp re-synthesizes the same file and compares the CPU forward.
+tests/cpu/test_cpu_forward_golden.cpp re-synthesizes the same file and compares the CPU forward.
 
 Regenerating (needs torch and transformers >= 5 with gemma4, e.g. on the GPU machine):
   for v in tiny tiny-e2b tiny-keqv tiny-moe; do

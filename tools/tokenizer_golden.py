@@ -10,7 +10,7 @@ Builds a `tokenizers` BPE model from a vocabulary exported by gemmajit
   - BPE by merge rank over characters, byte_fallback to <0xXX>, ignore_merges off;
   - decoder: "\u2581" -> " ", byte fallback, fuse.
 and records, for every text in tests/data/tokenizer/cases.json, the ids (no BOS) and the decoded
-text. test_tokenizer_golden requires engine/tokenizer.cpp to reproduce them exactly.
+text. test_tokenizer_golden requires engine/text/tokenizer.cpp to reproduce them exactly.
 
 Known difference, by design: llama.cpp (and gemmajit) emit a pure newline run that is a vocabulary
 token whole even when no merge sequence builds it; stock BPE can only do that with ignore_merges,

@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/dequant.h"
-#include "engine/gguf.h"
+#include "engine/gguf/dequant.h"
+#include "engine/gguf/gguf.h"
 
 namespace {
 

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/chat_format.h"
-#include "engine/sampler.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat_format.h"
+#include "engine/text/sampler.h"
+#include "engine/text/tokenizer.h"
 
 namespace {
 

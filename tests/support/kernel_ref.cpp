@@ -5,9 +5,9 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "engine/dequant.h"
-#include "engine/half.h"
-#include "engine/quantize.h"
+#include "engine/gguf/dequant.h"
+#include "engine/gguf/half.h"
+#include "engine/gguf/quantize.h"
 
 namespace gj::test::kref {
 

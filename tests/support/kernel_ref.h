@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/ggml_types.h"
+#include "engine/gguf/ggml_types.h"
 
 namespace gj::test::kref {
 

@@ -1,0 +1,199 @@
+// One sequence on the GPU: the KV cache, the work buffers and the launch sequence of the Gemma 4
+// forward pass (reference/gemma4-spec.md section 2) over a loaded GpuModel.
+//
+// Decode runs one token as ONE CUDA graph, captured on first use for each readout and replayed
+// for every later token with no node patching: everything that changes per token (the token id,
+// its position) lives in a small device-side step state written by one async copy before
+// cuGraphLaunch, and every grid is sized for the maximum (attention splits past the live range
+// write neutral partials). GEMMAJIT_GRAPHS=0 launches the very same kernels eagerly.
+//
+// Prefill runs a prompt in chunks of up to prefill_chunk() tokens; each chunk goes layer by layer
+// as one batch (matvecs over kPrefillCols activation columns at a time, attention with one query
+// per token). Only the chosen token, the top-k candidates or (on request) the logits reach the
+// host.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/gpu/gpu_model.h"
+#include "engine/gpu/kv_cache.h"
+
+namespace gj::gemma4 {
+
+// What a step hands back to the host.
+enum class Readout {
+    Logits,  // the whole softcapped row (vocab floats)
+    Argmax,  // the greedy token only
+    TopK,    // the kMaxTopK best candidates (ids + softcapped logits)
+};
+
+struct StepOutput {
+    int32_t token = -1;         // Argmax
+    std::vector<int32_t> ids;   // TopK: candidate ids in ascending id order
+    std::vector<float> values;  // TopK: their softcapped logits
+    std::vector<float> logits;  // Logits: [vocab], softcapped
+};
+
+// Device bytes one session's work buffers take (the model's memory plan counts them).
+uint64_t session_work_bytes(const GpuModel& model);
+
+// What a launch computes, for the prefill time split.
+enum class WorkKind { Gemm, Attention, Other };
+
+// Time of one kernel kind in a profiled step (decode step or prefill).
+struct KernelTime {
+    std::string label;  // kernel spec and what it computes, e.g. "matvec_q8_0.k2560.split ffn"
+    WorkKind kind = WorkKind::Other;
+    int launches = 0;
+    double microseconds = 0;
+    uint64_t weight_bytes = 0;  // weights it read (matvecs, gathers)
+    double flops = 0;           // multiply-adds x 2 (matrix products, attention)
+};
+
+// What one launch reads and computes (profiling only).
+struct LaunchCost {
+    uint64_t bytes = 0;  // weights read
+    double flops = 0;
+    WorkKind kind = WorkKind::Other;
+};
+
+class GpuSession {
+  public:
+    explicit GpuSession(GpuModel& model);  // allocates the KV cache and work buffers
+    ~GpuSession();
+    GpuSession(const GpuSession&) = delete;
+    GpuSession& operator=(const GpuSession&) = delete;
+
+    const GpuModel& model() const { return model_; }
+    int position() const { return pos_; }
+    int context() const;
+    // Drops every position (the cache is simply overwritten as the sequence refills).
+    void reset() { pos_ = 0; }
+    // Keeps positions [0, keep) and drops the rest. Returns false (and changes nothing) when a
+    // sliding layer's ring has already overwritten a key those positions need; then reset()
+    // and prefill again.
+    bool rewind(int keep);
+
+    // Runs `tokens` at the next positions (chunked); the readout is of the last token. Throws
+    // std::invalid_argument for an empty list, a token outside the vocabulary, or a sequence
+    // longer than the context. `progress(done, total)` is called after every chunk.
+    StepOutput prefill(std::span<const int32_t> tokens, Readout readout,
+                       const std::function<void(int, int)>& progress = {});
+    // Runs one token at the next position.
+    StepOutput decode(int32_t token, Readout readout);
+    // Runs `tokens` and returns the softcapped logits of every one, [T][vocab].
+    std::vector<float> prefill_logits(std::span<const int32_t> tokens);
+
+    // How often each prefill fast path ran (tests assert that the path they compare really ran).
+    struct PathCounts {
+        uint64_t mmq = 0;            // int8 tensor-core GEMM launches (mma.sync)
+        uint64_t wgmma = 0;          // bf16 warpgroup GEMM launches (sm_90)
+        uint64_t blas = 0;           // cuBLAS products
+        uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
+    };
+    const PathCounts& path_counts() const { return paths_; }
+
+    // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured and how
+    // many times one was launched.
+    bool graphs_enabled() const { return graphs_; }
+    uint64_t graph_captures() const { return graph_captures_; }
+    uint64_t graph_launches() const { return graph_launches_; }
+
+    // Runs one decode step eagerly with an event pair around every launch and returns the time
+    // per kernel kind, slowest first (the step's result is discarded: the position does not
+    // advance). Timings include the event overhead (a few microseconds per launch).
+    std::vector<KernelTime> profile_decode_step(int32_t token);
+    // Runs `tokens` like prefill() (chunked, at the next positions, which it advances) with an
+    // event pair around every launch and returns the time per kernel kind, slowest first.
+    std::vector<KernelTime> profile_prefill(std::span<const int32_t> tokens);
+
+  private:
+    struct Work;
+    struct Graph;
+    struct Profiler;
+
+    // The activations a matvec reads: fp32 rows, and (for int8 weights) their Q8_1 form when
+    // already made; a quantized matrix with q == 0 quantizes f into the shared Q8_1 buffer first.
+    // bf: their bf16 form (the wgmma GEMM's input) when already made, else converted from f.
+    struct Input {
+        CUdeviceptr f = 0, q = 0, ds = 0, bf = 0;
+    };
+    // `in` with its bf16 form: converts n values of in.f into the shared bf16 buffer unless made.
+    Input with_bf16(Input in, int n, const std::string& what);
+    // n fp32 values at x -> f16 / bf16 at out (entry f32_to_f16 / f32_to_bf16); returns out.
+    CUdeviceptr convert(CUdeviceptr x, int n, const char* entry, CUdeviceptr out,
+                        const std::string& what);
+
+    // Launch sequence pieces over T rows; tokens and positions come from the step state.
+    void record_forward(int T, bool decode);
+    void record_embedding(int T);
+    void record_layer(int l, int T, bool decode);
+    void record_attention(int l, int T, bool decode);
+    // Multiply-adds x 2 of layer l's attention for T queries from position pos0.
+    double attention_flops(int l, int pos0, int T) const;
+    void record_readout(int row, Readout readout);
+    void record_all_logits(int T);
+
+    // Kernel launches (the profiler hooks in here).
+    void launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block, unsigned smem,
+                void** args, const std::string& label, LaunchCost cost = {});
+    // Runs `enqueue` (work on stream_), timed as one launch when profiling.
+    template <class F>
+    void profiled(const std::string& label, LaunchCost cost, F&& enqueue);
+    std::vector<KernelTime> collect_profile(const Profiler& prof) const;
+    // x' = residual + norm(x) * w [* scale]; then y2 = norm(x') * w2 with its Q8_1 form (the
+    // next pre-norm), or without w2 just x' (quantized when `quantize`).
+    void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
+                   CUdeviceptr w2, int T, const char* what);
+    void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what);
+    // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
+    // Returns 1, or with `partials_ok` the number of split-K partial planes left in the
+    // workspace (product(parts)) instead of y.
+    int matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
+               const char* what, bool partials_ok = false);
+    bool splits_k(const GpuMatrix& m) const;  // its prefill GEMM writes split-K partial planes
+    CUdeviceptr product(int parts) const;     // where a residual product of `parts` planes is
+    // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
+    // gemm_wgmma): y = W x (Plain), gelu(W x) * (up x) in fp32 (Geglu), or that GeGLU in the
+    // down projection's input form (GegluNext: Q8_1 y + yds for mmq, bf16 y for gemm_wgmma).
+    enum class GemmOut { Plain, Geglu, GegluNext };
+    int gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut out, CUdeviceptr y,
+             CUdeviceptr yds, int T, const char* what, bool partials_ok = false);
+    // The FFN's gelu(gate x) * (up x); returns it as the down projection's input.
+    Input ffn_gate_up(const GpuLayer& g, int T);
+    // The matvec of a float matrix over a prefill chunk through cuBLAS.
+    void blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y, int T,
+                      const char* what);
+    void quantize(CUdeviceptr x, int n_values);
+    Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
+
+    void write_step_state(std::span<const int32_t> tokens, int pos0);
+    StepOutput read_result(Readout readout);
+    void check_tokens(std::span<const int32_t> tokens) const;
+
+    // Forks to the side streams (K, V projections) and joins back to the compute stream.
+    void fork(int branches);
+    void join(int branches);
+
+    GpuModel& model_;
+    const Config& cfg_;
+    KvCache kv_;
+    std::unique_ptr<Work> w_;
+    std::vector<std::unique_ptr<Graph>> graphs_list_;
+    Profiler* profiler_ = nullptr;
+    CUstream stream_ = nullptr;  // where launch() enqueues: the device stream or a side one
+    CUstream side_[2] = {};      // K and V projections, concurrent with Q (GEMMAJIT_STREAMS)
+    CUevent forked_ = nullptr, joined_[2] = {};
+    int pos_ = 0;
+    bool graphs_ = true;
+    bool streams_ = true;
+    uint64_t graph_captures_ = 0, graph_launches_ = 0;
+    PathCounts paths_;
+};
+
+}  // namespace gj::gemma4

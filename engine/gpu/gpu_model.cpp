@@ -1,0 +1,537 @@
+#include "engine/gpu/gpu_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "engine/gguf/dequant.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gpu/gpu_forward.h"
+#include "engine/gguf/half.h"
+#include "engine/base/thread_pool.h"
+#include "engine/model/weights.h"
+#include "jit/cuda_driver.h"
+#include "jit/env_flags.h"
+#include "jit/jit.h"
+
+namespace gj::gemma4 {
+
+namespace {
+
+std::string gib(uint64_t bytes) {
+    return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30));
+}
+
+bool is_float_type(ggml::Type t) {
+    return t == ggml::Type::F32 || t == ggml::Type::F16 || t == ggml::Type::BF16;
+}
+bool is_block_quant(ggml::Type t) {
+    return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
+}
+uint64_t type_bytes(ggml::Type t, uint64_t rows, uint64_t cols) {
+    return rows * *ggml::row_bytes(t, cols);
+}
+
+}  // namespace
+
+uint64_t MemoryPlan::needed() const {
+    const uint64_t resident = weights + (ple_on_gpu ? ple_table : 0) + reserve;
+    return std::max(resident + staging, resident + kv + work);
+}
+
+std::string MemoryPlan::describe() const {
+    std::string s = fmt::format("weights {}", gib(weights));
+    if (ple_table)
+        s +=
+            fmt::format(" + PLE table {} ({})", gib(ple_table), ple_on_gpu ? "GPU" : "pinned host");
+    s += fmt::format(" + KV cache {} + work buffers {} + reserve {}", gib(kv), gib(work),
+                     gib(reserve));
+    if (staging > kv + work) s += fmt::format(" (repack staging {} while loading)", gib(staging));
+    return s;
+}
+
+GpuModel::~GpuModel() = default;
+
+std::vector<const GpuMatrix*> GpuModel::matrices() const {
+    std::vector<const GpuMatrix*> out;
+    for (const GpuLayer& g : layers_)
+        for (const GpuMatrix* m :
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            if (m->present()) out.push_back(m);
+    for (const GpuMatrix* m : {&lm_head_, &ple_model_proj_})
+        if (m->present()) out.push_back(m);
+    return out;
+}
+
+std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path,
+                                               const GpuModelOptions& opts) {
+    std::unique_ptr<GpuModel> m(new GpuModel());
+    m->path_ = path;
+    m->flags_ = opts.flags ? *opts.flags : jit::Flags::process();
+    m->file_ = gguf::File::open(path);
+    m->cfg_ = Config::from_gguf(*m->file_);
+    if (m->cfg_.is_moe())
+        throw GpuModelError(fmt::format(
+            "{}: {} is a mixture-of-experts model ({} experts, top-{}); the GPU forward covers "
+            "only dense Gemma 4 models so far: run it with --cpu",
+            path.string(), m->cfg_.name, m->cfg_.n_experts, m->cfg_.n_experts_used));
+    WeightOptions wopts;
+    wopts.f32_copy_limit_bytes = 0;  // matrices stay in the mapping until uploaded
+    m->weights_ = std::make_unique<Weights>(*m->file_, m->cfg_, wopts);
+    m->plan_layout(opts);
+    return m;
+}
+
+std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
+                                         const GpuModelOptions& opts) {
+    GpuModelOptions o = opts;
+    o.target_arch = jit::Device::get().arch();  // what GpuKernels compiles for
+    std::unique_ptr<GpuModel> m = open_model(path, o);
+    m->plan_memory(opts);
+    m->upload(opts);
+    return m;
+}
+
+std::vector<jit::KernelSpec> GpuModel::kernel_specs(const std::filesystem::path& path,
+                                                    const GpuModelOptions& opts) {
+    return open_model(path, opts)->kernels_.specs();
+}
+
+// ---- Planning: types, layouts, kernels, memory ------------------------------------------------
+
+// Types, layouts and kernels of every tensor, and the bytes they take: no GPU involved, so
+// `gemmajit kernels/precompile --model` list exactly the set a load compiles.
+void GpuModel::plan_layout(const GpuModelOptions& opts) {
+    const jit::Flags& flags = flags_;
+    const Config& c = cfg_;
+    const Weights& w = *weights_;
+
+    kv_geo_.context = opts.context > 0 ? opts.context : c.context_length;
+    if (kv_geo_.context > c.context_length)
+        throw GpuModelError(fmt::format("context {} exceeds the {} positions {} was trained for",
+                                        kv_geo_.context, c.context_length, c.name));
+    kv_geo_.max_chunk =
+        opts.prefill_chunk > 0 ? opts.prefill_chunk : int(flags.get_int("GEMMAJIT_PREFILL_CHUNK"));
+    kv_geo_.max_chunk = std::min(kv_geo_.max_chunk, kv_geo_.context);
+    kv_geo_.type = kv_type_from_flags(flags);
+    const bool repack = flags.get_bool("GEMMAJIT_REPACK");
+    const bool blas = flags.get_bool("GEMMAJIT_BLAS");
+    // Prefill GEMMs of Q8_0/Q4_0 matrices (split layout only): "wgmma" (sm_90 only) and "mma"
+    // (int8 mma.sync, sm_80+) kernels; "auto" takes wgmma where the target is sm_90; "none" keeps
+    // the batched matvecs.
+    const bool mmq = flags.get_string("GEMMAJIT_MMQ_VARIANT") != "none";
+    const bool wgmma =
+        mmq && wgmma_gemm_selected(flags, opts.target_arch.empty() ? jit::default_target_arch(flags)
+                                                                   : opts.target_arch);
+    bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
+    bool gemm_bf16 = false;  // some prefill GEMM takes bf16 activations (gemm_wgmma)
+
+    // Every matrix: kept in its type when a kernel reads it, else dequantized to F16.
+    std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
+    auto plan_matrix = [&](const Matrix& m) {
+        GpuMatrix g;
+        g.name = m.name();
+        g.rows = int(m.rows());
+        g.cols = int(m.cols());
+        const ggml::Type t = m.type();
+        if (is_block_quant(t) && g.cols % 32 == 0) {
+            g.type = t;
+            g.layout = repack ? MatvecLayout::Split : MatvecLayout::Ggml;
+            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout)).name;
+            g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
+            if (mmq && g.layout == MatvecLayout::Split) {
+                g.spec_gemm = kernels_
+                                  .add(wgmma ? gemm_wgmma_spec(t, g.cols, g.rows)
+                                             : mmq_spec(t, g.cols, g.rows))
+                                  .name;
+                g.gemm_bf16 = wgmma;
+                gemm_bf16 = gemm_bf16 || wgmma;
+            }
+        } else {
+            g.type = is_float_type(t) ? t : ggml::Type::F16;
+            if (g.type != t) {
+                auto& d = dequantized[ggml::type_name(t)];
+                d.first += 1;
+                d.second += type_bytes(t, g.rows, g.cols);
+            }
+            g.spec_decode = kernels_.add(matvec_f_spec(g.type, g.cols, 1)).name;
+            g.spec_prefill = kernels_.add(matvec_f_spec(g.type, g.cols, kPrefillCols)).name;
+            g.blas = blas;
+            wants_blas_ = wants_blas_ || blas;
+            blas_half = blas_half || (blas && g.type != ggml::Type::F32);
+        }
+        g.bytes = type_bytes(g.type, g.rows, g.cols);
+        return g;
+    };
+    auto plan_table = [&](const Matrix& m) {
+        GpuTable g;
+        g.name = m.name();
+        g.rows = int(m.rows());
+        g.cols = int(m.cols());
+        const ggml::Type t = m.type();
+        g.type = is_float_type(t) || is_block_quant(t) ? t : ggml::Type::F16;
+        if (g.type != t) {
+            auto& d = dequantized[ggml::type_name(t)];
+            d.first += 1;
+            d.second += type_bytes(t, g.rows, g.cols);
+        }
+        g.bytes = type_bytes(g.type, g.rows, g.cols);
+        g.spec = kernels_.add(embed_rows_spec(g.cols, g.type, g.rows)).name;
+        return g;
+    };
+
+    uint64_t weights = 0, staging = 0;
+    auto account = [&](const GpuMatrix& g) {
+        weights += g.bytes;
+        if (g.layout == MatvecLayout::Split) staging = std::max(staging, g.bytes);
+    };
+
+    token_embd_ = plan_table(w.token_embd);
+    weights += token_embd_.bytes;
+    // The tied LM head reads token_embd: the gather copy serves it directly unless the matvec
+    // wants the split layout, which then gets its own copy.
+    lm_head_ = plan_matrix(w.output);
+    const bool lm_head_shares = w.output.name() == w.token_embd.name() &&
+                                lm_head_.layout == MatvecLayout::Ggml &&
+                                lm_head_.type == token_embd_.type;
+    if (!lm_head_shares) account(lm_head_);
+
+    layers_.resize(c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l) {
+        const LayerConfig& lc = c.layers[l];
+        const LayerWeights& lw = w.layers[l];
+        GpuLayer& g = layers_[l];
+        g.q = plan_matrix(lw.attn_q);
+        account(g.q);
+        if (lc.has_kv) {
+            g.k = plan_matrix(lw.attn_k);
+            account(g.k);
+            if (lc.has_v_proj) {
+                g.v = plan_matrix(lw.attn_v);
+                account(g.v);
+            }
+        }
+        g.o = plan_matrix(lw.attn_output);
+        g.gate = plan_matrix(lw.ffn_gate);
+        g.up = plan_matrix(lw.ffn_up);
+        g.down = plan_matrix(lw.ffn_down);
+        for (GpuMatrix* m : {&g.o, &g.gate, &g.up, &g.down}) account(*m);
+        if (g.gate.type != g.up.type || g.gate.layout != g.up.layout)
+            throw GpuModelError(fmt::format(
+                "{}: layer {} stores ffn_gate as {} and ffn_up as {}; the fused gate|up matvec "
+                "needs one type",
+                path_.string(), l, ggml::type_name(g.gate.type), ggml::type_name(g.up.type)));
+        if (c.has_ple()) {
+            g.inp_gate = plan_matrix(lw.inp_gate);
+            g.proj = plan_matrix(lw.proj);
+            account(g.inp_gate);
+            account(g.proj);
+        }
+        if (g.gate.blas) {
+            g.gate.spec_geglu = kernels_.add(gelu_mul_spec(lc.ffn_dim)).name;
+            blas_ffn_ = true;
+        }
+        g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
+        // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
+        const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
+        g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type, mma)).name;
+        if (flags.get_bool("GEMMAJIT_FLASH_PREFILL"))
+            // Tiled for the default chunk, not this load's: the kernel set then does not depend
+            // on the context or chunk a session asks for, so `precompile --model` covers it.
+            g.flash_prefill_spec = kernels_.add(flash_prefill_spec(c, l, kv_geo_.type)).name;
+    }
+    if (c.has_ple()) {
+        ple_table_ = plan_table(w.per_layer_token_embd);
+        ple_model_proj_ = plan_matrix(w.per_layer_model_proj);
+        account(ple_model_proj_);
+        spec_ple_finish_ = kernels_.add(ple_finish_spec(c.n_layers, c.ple_dim)).name;
+        spec_gelu_mul_ = kernels_.add(gelu_mul_spec(c.ple_dim)).name;
+    }
+    // Norms over the residual stream (all also write Q8_1 activations: d is a multiple of 32,
+    // and a float-weight consumer reads the fp32 copy instead). The pre-norm of the first layer
+    // stands alone; every later pre-norm (and the output norm) is chained to the residual update
+    // before it: post_attention_norm + ffn_norm, and the layer's last post-norm + layer scale +
+    // the next layer's attn_norm. With PLE the post_ffw_norm update also quantizes the updated
+    // stream, the PLE gate's input.
+    const int d = c.d_model;
+    spec_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true)).name;
+    spec_post_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, false, true)).name;
+    spec_post_scale_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, true, true)).name;
+    if (c.has_ple()) spec_post_quant_ = kernels_.add(rmsnorm_spec(d, true, true, true)).name;
+    bool split_gemms = false;  // some attention-output / FFN-down GEMM splits K
+    for (const GpuLayer& g : layers_)
+        for (const GpuMatrix* m : {&g.o, &g.down})
+            if (!m->spec_gemm.empty())
+                split_gemms =
+                    split_gemms || spec_constant(kernels_.spec(m->spec_gemm), "SPLITS") > 1;
+    if (split_gemms) {
+        const int p = kMmqSplits;
+        spec_parts_[0] = kernels_.add(rmsnorm_spec(d, true, true, true, false, true, p)).name;
+        spec_parts_[1] = kernels_.add(rmsnorm_spec(d, true, true, true, true, true, p)).name;
+        if (c.has_ple())
+            spec_parts_[2] = kernels_.add(rmsnorm_spec(d, true, true, true, false, false, p)).name;
+    }
+    spec_quantize_ = kernels_.add(quantize_spec()).name;
+    if (blas_half || gemm_bf16) spec_convert_ = kernels_.add(convert_f32_spec()).name;
+    spec_logits_ = kernels_.add(logits_spec(c.vocab_size, std::min(kMaxTopK, c.vocab_size))).name;
+
+    // Every fp32 vector: norms (d, head dims, P) and one float per layer scale.
+    uint64_t vector_floats = 0;
+    for (const auto& lw : w.layers)
+        vector_floats += lw.attn_norm.size() + lw.q_norm.size() + lw.k_norm.size() +
+                         lw.post_attention_norm.size() + lw.ffn_norm.size() +
+                         lw.post_ffw_norm.size() + lw.post_norm.size() + 8 * 64;
+    vector_floats += w.output_norm.size() + w.per_layer_proj_norm.size() + 2 * 64;
+    weights += vector_floats * sizeof(float);
+
+    decode_bytes_ = 0;
+    for (const GpuMatrix* m : matrices()) decode_bytes_ += m->bytes;
+    decode_bytes_ += token_embd_.bytes / std::max(1, token_embd_.rows);
+    if (c.has_ple()) decode_bytes_ += ple_table_.bytes / std::max(1, ple_table_.rows);
+
+    for (const auto& [type, d] : dequantized)
+        notices_.push_back(fmt::format(
+            "{} tensor{} stored as {} ({}): no GPU kernel reads {}, so they are dequantized to "
+            "F16 on upload",
+            d.first, d.first == 1 ? "" : "s", type, gib(d.second), type));
+
+    mem_.weights = weights;
+    mem_.ple_table = ple_table_.bytes;
+    mem_.staging = staging;
+}
+
+// Where everything goes on this GPU (PLE table on the GPU or pinned host memory, the context the
+// KV cache allows) and whether it fits.
+void GpuModel::plan_memory(const GpuModelOptions& opts) {
+    const jit::Flags& flags = flags_;
+    jit::Device& dev = jit::Device::get();
+    const Config& c = cfg_;
+    // Memory: place the PLE table, then check everything fits. Without an explicit context the
+    // model's own is halved (down to 4096) until the KV cache fits, with a notice.
+    mem_.reserve = uint64_t(256) << 20;
+    mem_.free = dev.free_memory();
+    const uint64_t limit = flags.get_size("GEMMAJIT_GPU_MEMORY_LIMIT");
+    if (limit > 0) mem_.free = std::min<uint64_t>(mem_.free, limit);
+    const std::string& ple_where = flags.get_string("GEMMAJIT_PLE_TABLE");
+    auto place = [&] {
+        mem_.kv = kv_cache_bytes(c, kv_geo_);
+        mem_.work = session_work_bytes(*this);
+        mem_.ple_on_gpu = c.has_ple() && ple_where != "host";
+        if (mem_.ple_on_gpu && ple_where == "auto" && mem_.needed() > mem_.free)
+            mem_.ple_on_gpu = false;
+        return mem_.needed() <= mem_.free;
+    };
+    bool fits = place();
+    const int wanted = kv_geo_.context;
+    while (!fits && opts.context == 0 && kv_geo_.context > 4096) {
+        kv_geo_.context = std::max(4096, kv_geo_.context / 2);
+        kv_geo_.max_chunk = std::min(kv_geo_.max_chunk, kv_geo_.context);
+        fits = place();
+    }
+    ple_table_.on_gpu = mem_.ple_on_gpu;
+    if (!fits)
+        throw GpuModelError(fmt::format(
+            "{}: {} needs {} of GPU memory ({}) but {} has only {} free; use a smaller context "
+            "(--ctx, now {} positions), a smaller weight type, or a GPU with more memory",
+            path_.string(), c.name, gib(mem_.needed()), mem_.describe(), dev.name(), gib(mem_.free),
+            kv_geo_.context));
+    if (kv_geo_.context != wanted)
+        notices_.push_back(fmt::format(
+            "context reduced from {} to {} positions so the KV cache fits in GPU memory (--ctx "
+            "sets it)",
+            wanted, kv_geo_.context));
+}
+
+// ---- Upload -----------------------------------------------------------------------------------
+
+void GpuModel::upload(const GpuModelOptions& opts) {
+    auto say = [&](const std::string& s) {
+        if (opts.progress) opts.progress(s);
+    };
+    jit::Device& dev = jit::Device::get();
+    const jit::DriverApi& api = jit::driver();
+    const CUstream stream = dev.stream();
+    const Weights& w = *weights_;
+    for (const auto& n : notices_) say(n);
+
+    if (wants_blas_) {
+        std::string why;
+        blas_ = jit::Blas::get(&why);
+        if (!blas_) say(why + ": prefill products of float weights stay on the batched matvecs");
+    }
+    say(fmt::format("{}: {} kernels for {}", cfg_.name, kernels_.size(), dev.arch()));
+    kernels_.build(flags_, say);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t total = mem_.weights + (mem_.ple_on_gpu ? mem_.ple_table : 0);
+    say(fmt::format(
+        "uploading {} of weights to {}{}", gib(total), dev.name(),
+        cfg_.has_ple() && !mem_.ple_on_gpu
+            ? fmt::format(" (PLE table, {}, stays in pinned host memory)", gib(mem_.ple_table))
+            : std::string()));
+    uint64_t done = 0, next_report = uint64_t(1) << 30;
+    auto progressed = [&](uint64_t bytes) {
+        done += bytes;
+        if (done >= next_report) {
+            say(fmt::format("  {} / {}", gib(done), gib(total)));
+            next_report += uint64_t(1) << 30;
+        }
+    };
+
+    jit::DeviceBuffer staging;
+    if (mem_.staging) staging = jit::DeviceBuffer(mem_.staging);
+    ThreadPool pool;
+
+    // Host rows of a matrix the GPU cannot read, as F16, in pieces of ~64 MiB.
+    auto upload_dequantized = [&](const gguf::TensorInfo& t, CUdeviceptr dst, uint64_t rows,
+                                  uint64_t cols) {
+        const uint64_t piece_rows = std::max<uint64_t>(1, (uint64_t(64) << 20) / (cols * 2));
+        std::vector<uint16_t> half(piece_rows * cols);
+        const uint64_t src_row_bytes = *ggml::row_bytes(t.type, cols);
+        for (uint64_t r0 = 0; r0 < rows; r0 += piece_rows) {
+            const uint64_t n = std::min(piece_rows, rows - r0);
+            pool.parallel_for(n, [&](size_t i) {
+                thread_local std::vector<float> row;
+                row.resize(cols);
+                dequantize_row(t.type, t.data + (r0 + i) * src_row_bytes, row.data(),
+                               int64_t(cols));
+                for (uint64_t j = 0; j < cols; ++j) half[i * cols + j] = f32_to_f16(row[j]);
+            });
+            jit::check_driver(
+                api.cuMemcpyHtoDAsync(dst + r0 * cols * 2, half.data(), n * cols * 2, stream),
+                "cuMemcpyHtoDAsync(dequantized " + t.name + ")");
+            dev.synchronize();  // `half` is refilled next
+        }
+    };
+    auto alloc = [&](uint64_t bytes) {
+        buffers_.emplace_back(bytes);
+        return buffers_.back().ptr();
+    };
+    auto upload_matrix = [&](GpuMatrix& g) {
+        const gguf::TensorInfo& t = file_->tensor(g.name);
+        g.ptr = alloc(g.bytes);
+        if (g.type != t.type) {
+            upload_dequantized(t, g.ptr, g.rows, g.cols);
+        } else if (g.layout == MatvecLayout::Split) {
+            jit::check_driver(api.cuMemcpyHtoDAsync(staging.ptr(), t.data, t.n_bytes, stream),
+                              "cuMemcpyHtoDAsync(" + g.name + ")");
+            const jit::Kernel& repack = kernels_.get(
+                g.spec_decode, g.type == ggml::Type::Q8_0 ? "repack_q8_0" : "repack_q4_0");
+            CUdeviceptr src = staging.ptr(), dst = g.ptr;
+            int rows = g.rows;
+            void* args[] = {&src, &dst, &rows};
+            const uint64_t blocks = uint64_t(g.rows) * (g.cols / 32);
+            repack.launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
+        } else {
+            jit::check_driver(api.cuMemcpyHtoDAsync(g.ptr, t.data, t.n_bytes, stream),
+                              "cuMemcpyHtoDAsync(" + g.name + ")");
+        }
+        progressed(g.bytes);
+    };
+    auto upload_table = [&](GpuTable& g, bool on_gpu) {
+        const gguf::TensorInfo& t = file_->tensor(g.name);
+        if (!on_gpu) {
+            pinned_ple_ = PinnedHost(g.bytes);
+            uint8_t* dst = pinned_ple_.as<uint8_t>();
+            if (g.type == t.type) {
+                const uint64_t piece = uint64_t(64) << 20;
+                pool.parallel_for((t.n_bytes + piece - 1) / piece, [&](size_t i) {
+                    const uint64_t off = i * piece;
+                    std::memcpy(dst + off, t.data + off, std::min(piece, t.n_bytes - off));
+                });
+            } else {
+                const uint64_t src_row_bytes = *ggml::row_bytes(t.type, uint64_t(g.cols));
+                pool.parallel_for(uint64_t(g.rows), [&](size_t r) {
+                    thread_local std::vector<float> row;
+                    row.resize(g.cols);
+                    dequantize_row(t.type, t.data + r * src_row_bytes, row.data(), g.cols);
+                    uint16_t* out = reinterpret_cast<uint16_t*>(dst) + r * g.cols;
+                    for (int j = 0; j < g.cols; ++j) out[j] = f32_to_f16(row[j]);
+                });
+            }
+            g.ptr = pinned_ple_.device_ptr();
+            g.on_gpu = false;
+            return;
+        }
+        g.ptr = alloc(g.bytes);
+        if (g.type != t.type)
+            upload_dequantized(t, g.ptr, uint64_t(g.rows), uint64_t(g.cols));
+        else
+            jit::check_driver(api.cuMemcpyHtoDAsync(g.ptr, t.data, t.n_bytes, stream),
+                              "cuMemcpyHtoDAsync(" + g.name + ")");
+        progressed(g.bytes);
+    };
+
+    upload_table(token_embd_, true);
+    if (w.output.name() == w.token_embd.name() && lm_head_.layout == MatvecLayout::Ggml &&
+        lm_head_.type == token_embd_.type)
+        lm_head_.ptr = token_embd_.ptr;
+    else
+        upload_matrix(lm_head_);
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+        GpuLayer& g = layers_[l];
+        for (GpuMatrix* m : {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            if (m->present()) upload_matrix(*m);
+    }
+    if (cfg_.has_ple()) {
+        upload_matrix(ple_model_proj_);
+        upload_table(ple_table_, mem_.ple_on_gpu);
+    }
+
+    // fp32 vectors: one arena, each vector 256-byte aligned (float4 loads).
+    std::vector<float> arena;
+    std::vector<std::pair<CUdeviceptr*, size_t>> fixups;
+    auto place = [&](CUdeviceptr* target, const std::vector<float>& v) {
+        if (v.empty()) return;
+        arena.resize((arena.size() + 63) / 64 * 64);
+        fixups.push_back({target, arena.size()});
+        arena.insert(arena.end(), v.begin(), v.end());
+    };
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+        const LayerWeights& lw = w.layers[l];
+        GpuLayer& g = layers_[l];
+        place(&g.attn_norm, lw.attn_norm);
+        place(&g.q_norm, lw.q_norm);
+        place(&g.k_norm, lw.k_norm);
+        place(&g.post_attention_norm, lw.post_attention_norm);
+        place(&g.ffn_norm, lw.ffn_norm);
+        place(&g.post_ffw_norm, lw.post_ffw_norm);
+        place(&g.post_norm, lw.post_norm);
+        place(&g.output_scale, std::vector<float>{lw.output_scale});
+    }
+    place(&output_norm_, w.output_norm);
+    place(&ple_proj_norm_, w.per_layer_proj_norm);
+    vectors_ = jit::DeviceBuffer(arena.size() * sizeof(float));
+    jit::check_driver(
+        api.cuMemcpyHtoDAsync(vectors_.ptr(), arena.data(), arena.size() * sizeof(float), stream),
+        "cuMemcpyHtoDAsync(norm vectors)");
+    for (auto [target, offset] : fixups) *target = vectors_.ptr() + offset * sizeof(float);
+    dev.synchronize();  // staging and the host arena go away next
+
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    say(fmt::format("weights on the GPU in {:.1f} s ({:.1f} GB/s); {}", s,
+                    s > 0 ? double(done) / s / 1e9 : 0.0, mem_.describe()));
+}
+
+std::string GpuModel::summary() const {
+    std::map<std::string, uint64_t> by_type;
+    for (const auto& g : layers_)
+        for (const GpuMatrix* m :
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            if (m->present()) by_type[ggml::type_name(m->type)] += m->bytes;
+    std::string types;
+    for (const auto& [t, b] : by_type)
+        types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, gib(b));
+    return fmt::format(
+        "{} ({} layers, d {}, context {}, KV {}), layer matrices: {}; LM head {} {}; "
+        "decode reads {} per token",
+        cfg_.name, cfg_.n_layers, cfg_.d_model, kv_geo_.context, kv_type_name(kv_geo_.type), types,
+        ggml::type_name(lm_head_.type),
+        lm_head_.layout == MatvecLayout::Split ? "(split)" : "(GGUF blocks)", gib(decode_bytes_));
+}
+
+}  // namespace gj::gemma4

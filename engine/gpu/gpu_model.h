@@ -1,0 +1,217 @@
+// A Gemma 4 model on the GPU: the GGUF's weights uploaded once, in their own quantization
+// (Q8_0/Q4_0 repacked on the GPU into the split layout the matvecs read fastest; F32/F16/BF16 as
+// they are; any other type dequantized to F16 on upload with a one-line notice), the per-layer
+// embedding table on the GPU when it fits (else in pinned host memory the kernels read directly),
+// and the model's kernel set compiled and loaded. Placement is planned before anything is
+// allocated: a model that cannot fit fails with the memory it needs and what is free.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model/gemma4_config.h"
+#include "engine/gguf/ggml_types.h"
+#include "engine/gpu/gpu_kernels.h"
+#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kv_cache.h"
+#include "engine/gpu/pinned_host.h"
+#include "jit/blas.h"
+#include "jit/device.h"
+#include "jit/env_flags.h"
+
+namespace gj::gguf {
+class File;
+}
+
+namespace gj::gemma4 {
+
+class Weights;
+
+// The GPU path does not cover this model or these settings (MoE, memory, context); what() says
+// what and what to do instead.
+struct GpuModelError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct GpuModelOptions {
+    int context = 0;        // positions a session may hold; 0: the model's context length
+    int prefill_chunk = 0;  // tokens per prefill chunk; 0: GEMMAJIT_PREFILL_CHUNK
+    std::function<void(const std::string&)> progress;  // status lines; null: silent
+    // GEMMAJIT_* settings (kill switches, KV type, memory limit); null: the process's. Tests pass
+    // explicit ones to compare a fast path with its exact counterpart in one process.
+    const jit::Flags* flags = nullptr;
+    // The architecture the plan targets (it picks the prefill GEMM variant); empty:
+    // jit::default_target_arch. A load sets the GPU's own, which it compiles for.
+    std::string target_arch;
+};
+
+// Activation columns of the batched (prefill) matvecs: a chunk runs in groups of this many
+// tokens, each group reading the weights once.
+inline constexpr int kPrefillCols = 8;
+// Candidates of the top-k readout (the logits kernel's TOPK): temperature sampling with any
+// top-k up to this many picks from them.
+inline constexpr int kMaxTopK = 64;
+
+// One weight matrix on the GPU and the matvec specializations that multiply by it.
+struct GpuMatrix {
+    std::string name;
+    ggml::Type type = ggml::Type::F32;  // as stored on the GPU
+    MatvecLayout layout = MatvecLayout::Ggml;
+    int rows = 0, cols = 0;  // y[rows] = W x[cols]
+    CUdeviceptr ptr = 0;
+    uint64_t bytes = 0;
+    std::string spec_decode;   // one activation column
+    std::string spec_prefill;  // kPrefillCols columns
+    std::string spec_gemm;     // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
+                               // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
+    bool gemm_bf16 = false;    // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
+    bool blas = false;         // float weights: prefill products through cuBLAS (GEMMAJIT_BLAS)
+    std::string spec_geglu;    // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
+    bool present() const { return rows > 0; }
+    // Q8_0/Q4_0: the input arrives as Q8_1 activations; float types read fp32 activations.
+    bool quantized() const { return type == ggml::Type::Q8_0 || type == ggml::Type::Q4_0; }
+};
+
+// A table read by row (token embedding, PLE table) with the embed_rows kernel.
+struct GpuTable {
+    std::string name;
+    ggml::Type type = ggml::Type::F32;
+    int rows = 0, cols = 0;
+    CUdeviceptr ptr = 0;  // device memory, or a pinned host pointer when !on_gpu
+    uint64_t bytes = 0;
+    bool on_gpu = true;
+    std::string spec;  // embed_rows specialization
+};
+
+struct GpuLayer {
+    GpuMatrix q, k, v, o, gate, up, down, inp_gate, proj;
+    // fp32 vectors (and the layer output scale as one float) in the model's vector arena.
+    CUdeviceptr attn_norm = 0, q_norm = 0, k_norm = 0, post_attention_norm = 0, ffn_norm = 0,
+                post_ffw_norm = 0, post_norm = 0, output_scale = 0;
+    std::string attn_prep_spec, flash_spec;
+    // Tensor-core prefill attention (GEMMAJIT_FLASH_PREFILL; not for a q8_0 KV cache); empty:
+    // prefill attends through flash_spec, one query at a time.
+    std::string flash_prefill_spec;
+};
+
+// Device memory the model and one session need, decided before any allocation.
+struct MemoryPlan {
+    uint64_t weights = 0;    // matrices, embedding tables (the PLE table only when on the GPU)
+    uint64_t ple_table = 0;  // per_layer_token_embd
+    bool ple_on_gpu = true;
+    uint64_t staging = 0;  // largest repacked matrix, held only while loading
+    uint64_t kv = 0;       // KV cache for the planned context
+    uint64_t work = 0;     // activations, attention partials, logits
+    uint64_t reserve = 0;  // modules, graphs, driver
+    uint64_t free = 0;     // what the driver reports (or GEMMAJIT_GPU_MEMORY_LIMIT)
+    uint64_t needed() const;
+    std::string describe() const;  // "weights 4.8 GiB + PLE table 2.8 GiB (GPU) + ..."
+};
+
+class GpuModel {
+  public:
+    // Opens the GGUF, plans placement, compiles the kernel set and uploads the weights. Throws
+    // GpuModelError (MoE, does not fit, bad context), ConfigError / gguf::FormatError (bad
+    // file), jit::DeviceUnavailable (no GPU).
+    static std::unique_ptr<GpuModel> load(const std::filesystem::path& path,
+                                          const GpuModelOptions& opts = {});
+    // The kernel specializations load() would compile for this file and these settings, without
+    // touching a GPU (for `gemmajit kernels/precompile --model`).
+    static std::vector<jit::KernelSpec> kernel_specs(const std::filesystem::path& path,
+                                                     const GpuModelOptions& opts = {});
+    ~GpuModel();
+    GpuModel(const GpuModel&) = delete;
+    GpuModel& operator=(const GpuModel&) = delete;
+
+    const Config& config() const { return cfg_; }
+    const std::filesystem::path& path() const { return path_; }
+    GpuKernels& kernels() { return kernels_; }
+    const GpuKernels& kernels() const { return kernels_; }
+    const KvGeometry& kv_geometry() const { return kv_geo_; }
+    int prefill_chunk() const { return kv_geo_.max_chunk; }
+    const MemoryPlan& memory() const { return mem_; }
+    const jit::Flags& flags() const { return flags_; }  // the settings it was loaded with
+
+    const std::vector<GpuLayer>& layers() const { return layers_; }
+    // Every matrix on the GPU (layer matrices, LM head, PLE projection), absent ones left out.
+    std::vector<const GpuMatrix*> matrices() const;
+    const GpuTable& token_embd() const { return token_embd_; }
+    const GpuMatrix& lm_head() const { return lm_head_; }
+    CUdeviceptr output_norm() const { return output_norm_; }
+    // PLE (when config().has_ple()).
+    const GpuTable& ple_table() const { return ple_table_; }
+    const GpuMatrix& ple_model_proj() const { return ple_model_proj_; }
+    CUdeviceptr ple_proj_norm() const { return ple_proj_norm_; }
+
+    // Specializations of the width-generic kernels (names in kernels()); see plan_layout() for the
+    // norm chain.
+    const std::string& spec_prenorm() const { return spec_prenorm_; }
+    // parts > 1: the form that reads the split-K partial planes of the product before it.
+    const std::string& spec_post_prenorm(int parts = 1) const {
+        return parts > 1 ? spec_parts_[0] : spec_post_prenorm_;
+    }
+    const std::string& spec_post_scale_prenorm(int parts = 1) const {
+        return parts > 1 ? spec_parts_[1] : spec_post_scale_prenorm_;
+    }
+    const std::string& spec_post_quant(int parts = 1) const {  // PLE models
+        return parts > 1 ? spec_parts_[2] : spec_post_quant_;
+    }
+    const std::string& spec_quantize() const { return spec_quantize_; }
+    const std::string& spec_ple_finish() const { return spec_ple_finish_; }
+    const std::string& spec_gelu_mul() const { return spec_gelu_mul_; }
+    const std::string& spec_logits() const { return spec_logits_; }  // softcap, argmax, top-k
+    // fp32 -> f16/bf16 activations for cuBLAS (when some matrix with blas is F16/BF16).
+    const std::string& spec_convert() const { return spec_convert_; }
+
+    // cuBLAS for the prefill products of float weights: null when no matrix wants it, when
+    // GEMMAJIT_BLAS=0, or when the library could not be loaded (a notice said so).
+    jit::Blas* blas() const { return blas_; }
+    // Whether some layer's FFN gate|up pair is float with blas (the session then keeps an fp32
+    // gate buffer for the two-product GeGLU).
+    bool blas_ffn() const { return blas_ffn_; }
+
+    // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
+    // and the two gathered embedding rows): the numerator of the decode GB/s figure.
+    uint64_t decode_weight_bytes() const { return decode_bytes_; }
+    std::string summary() const;  // one line: name, types, placement, memory
+
+  private:
+    GpuModel() = default;
+    static std::unique_ptr<GpuModel> open_model(const std::filesystem::path& path,
+                                                const GpuModelOptions& opts);
+    void plan_layout(const GpuModelOptions& opts);
+    void plan_memory(const GpuModelOptions& opts);
+    void upload(const GpuModelOptions& opts);
+
+    std::filesystem::path path_;
+    std::unique_ptr<gguf::File> file_;
+    Config cfg_;
+    jit::Flags flags_;
+    std::unique_ptr<Weights> weights_;
+    GpuKernels kernels_;
+    KvGeometry kv_geo_;
+    MemoryPlan mem_;
+
+    std::vector<GpuLayer> layers_;
+    GpuTable token_embd_, ple_table_;
+    GpuMatrix lm_head_, ple_model_proj_;
+    CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
+    std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
+        spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_;
+    std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
+    jit::Blas* blas_ = nullptr;
+    bool wants_blas_ = false, blas_ffn_ = false;
+    uint64_t decode_bytes_ = 0;
+
+    // Storage: one device buffer per matrix/table, the fp32 vector arena, the pinned PLE table.
+    std::vector<jit::DeviceBuffer> buffers_;
+    jit::DeviceBuffer vectors_;
+    PinnedHost pinned_ple_;
+    std::vector<std::string> notices_;  // dequantized-on-upload types, one line each
+};
+
+}  // namespace gj::gemma4

@@ -1,0 +1,785 @@
+// The GPU forward pass end to end: logits against the CPU reference on every dense tiny preset
+// (several weight types, sequences past the sliding window with the KV rings wrapping) and on a
+// synthetic E4B at its real shapes with few layers; graph replay against eager launches (bitwise,
+// and the graph really ran); every kill switch against its exact path; chunked against whole
+// prefill; rewinding; and the errors for models and inputs the GPU path cannot take.
+//
+// Tolerances, relative to the largest |logit| of the reference:
+//   quantized weights: the activations are quantized to int8 per 32 values (Q8_1) before every
+//     matvec, and K/V are stored as fp16: 3e-2 (measured on the H200: 1.7-2.1% on the tiny
+//     presets, whose 128-wide rows average the rounding least; 0.7% at the E4B shapes);
+//   float weights: fp32 activations, only the fp16 KV cache differs: 5e-3 (measured 0.03%);
+//   bf16 KV cache (8 mantissa bits instead of 11): 4e-2 (measured 0.3%);
+//   q8_0 KV cache (int8 per 32-block: errors up to half a step of amax / 127, about 4x bf16's in
+//     rms for normed rows), with float or quantized weights: 6e-2 (measured on the H200: 0.7-1.0%
+//     with float weights, 2.5% with Q8_0 weights).
+// The argmax must agree at every position, except where the reference's top two logits are within
+// twice the tolerance of each other (a near tie rounding may flip; counted and printed).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/cpu_forward.h"
+#include "engine/generate/generate.h"
+#include "engine/generate/generate_gpu.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/gguf/half.h"
+#include "engine/model/synth.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tokenizer_data.h"
+#include "jit/env_flags.h"
+#include "tests/support/test_env.h"
+
+using gj::gemma4::Config;
+using gj::gemma4::CpuModel;
+using gj::gemma4::CpuSession;
+using gj::gemma4::GpuModel;
+using gj::gemma4::GpuModelError;
+using gj::gemma4::GpuModelOptions;
+using gj::gemma4::GpuSession;
+using gj::gemma4::MatvecLayout;
+using gj::gemma4::Readout;
+namespace ggml = gj::ggml;
+
+namespace {
+
+constexpr float kTolQuant = 3e-2f;
+constexpr float kTolFloat = 5e-3f;
+constexpr float kTolBf16Kv = 4e-2f;
+// cuBLAS products of F16/BF16 weights take activations rounded to the weight type (bf16: 8
+// significant bits), so float-weight models agree less tightly than with fp32 activations.
+constexpr float kTolBlas = 2e-2f;
+// q8_0 KV cache: K and V rounded to 8 bits per 32-block (measured 0.7-2.5% of max|logit|).
+constexpr float kTolQ8Kv = 6e-2f;
+
+// An sm_90 GPU: GEMMAJIT_MMQ_VARIANT=auto takes the wgmma GEMM there.
+bool sm90() {
+    return gj::jit::Device::get().arch() == "sm_90";
+}
+
+std::vector<int32_t> test_tokens(int n, int vocab, uint32_t seed = 12345) {
+    std::vector<int32_t> t = {2};
+    uint32_t s = seed;
+    while (int(t.size()) < n) {
+        s = s * 1103515245u + 12345u;
+        t.push_back(int32_t((s >> 8) % uint32_t(vocab)));
+    }
+    return t;
+}
+
+std::filesystem::path synth(const gj::test::ScratchDir& dir, const std::string& variant,
+                            ggml::Type wtype, int layers = 0) {
+    gj::synth::Options o;
+    o.variant = variant;
+    o.wtype = wtype;
+    o.layers = layers;
+    const auto path = dir.path() / (variant + "-" + ggml::type_name(wtype) + "-" +
+                                    std::to_string(layers) + ".gguf");
+    if (!std::filesystem::exists(path)) gj::synth::write_model(o, path);
+    return path;
+}
+
+gj::jit::Flags flags(gj::jit::EnvMap env = {}) {
+    return gj::jit::Flags::parse(env);
+}
+
+std::unique_ptr<GpuModel> load_gpu(const std::filesystem::path& path, int context, int chunk,
+                                   const gj::jit::Flags& f) {
+    GpuModelOptions o;
+    o.context = context;
+    o.prefill_chunk = chunk;
+    o.flags = &f;
+    return GpuModel::load(path, o);
+}
+
+std::vector<float> cpu_logits(const std::filesystem::path& path,
+                              const std::vector<int32_t>& tokens) {
+    auto model = CpuModel::load(path);
+    CpuSession s(*model);
+    return s.prefill(tokens);
+}
+
+int argmax(const float* row, int n) {
+    return int(std::max_element(row, row + n) - row);
+}
+
+struct Agreement {
+    float max_diff = 0, scale = 0;
+    int mismatches = 0, near_ties = 0;
+};
+
+// got vs ref, both [T][V].
+Agreement compare(const std::vector<float>& ref, const std::vector<float>& got, int V, float tol) {
+    Agreement a;
+    EXPECT_EQ(ref.size(), got.size());
+    for (float v : ref) a.scale = std::max(a.scale, std::fabs(v));
+    const int T = int(ref.size() / V);
+    for (size_t i = 0; i < std::min(ref.size(), got.size()); ++i) {
+        if (!std::isfinite(got[i])) {
+            ADD_FAILURE() << "non-finite logit at flat index " << i;
+            return a;
+        }
+        a.max_diff = std::max(a.max_diff, std::fabs(ref[i] - got[i]));
+    }
+    for (int t = 0; t < T; ++t) {
+        const float* r = ref.data() + size_t(t) * V;
+        const int x = argmax(r, V), y = argmax(got.data() + size_t(t) * V, V);
+        if (x == y) continue;
+        if (r[x] - r[y] <= 2 * tol * a.scale)
+            ++a.near_ties;
+        else
+            ++a.mismatches;
+    }
+    return a;
+}
+
+void expect_agree(const std::vector<float>& ref, const std::vector<float>& got, int V, float tol,
+                  const std::string& what) {
+    const Agreement a = compare(ref, got, V, tol);
+    std::printf(
+        "  %-48s max|diff| %.3g = %.3g of max|logit| %.3g; argmax: %d near ties, %d "
+        "mismatches over %zu positions\n",
+        what.c_str(), a.max_diff, a.scale > 0 ? a.max_diff / a.scale : 0.0, a.scale, a.near_ties,
+        a.mismatches, ref.size() / V);
+    EXPECT_LE(a.max_diff, tol * a.scale) << what;
+    EXPECT_EQ(a.mismatches, 0) << what;
+}
+
+// Logits of every position the token-by-token way: prefill of the first token, then decode
+// steps (the decode graph when graphs are on).
+std::vector<float> decode_logits(GpuSession& s, const std::vector<int32_t>& tokens) {
+    std::vector<float> out;
+    auto first = s.prefill({tokens.data(), 1}, Readout::Logits);
+    out.insert(out.end(), first.logits.begin(), first.logits.end());
+    for (size_t i = 1; i < tokens.size(); ++i) {
+        auto r = s.decode(tokens[i], Readout::Logits);
+        out.insert(out.end(), r.logits.begin(), r.logits.end());
+    }
+    return out;
+}
+
+// A copy of `src` with per_layer_token_embd stored as Q6_K (random blocks with small scales;
+// every bit pattern is a valid Q6_K block): a type no GPU kernel reads, as the Q6_K embeddings of
+// real Q4_0 releases.
+std::filesystem::path with_q6k_ple_table(const std::filesystem::path& src,
+                                         const std::filesystem::path& dst) {
+    auto in = gj::gguf::File::open(src);
+    gj::gguf::Writer w;
+    for (const auto& [key, value] : in->metadata()) w.set(key, value);
+    const std::string table = "per_layer_token_embd.weight";
+    for (const auto& t : in->tensors())
+        w.add_tensor(t.name, t.name == table ? ggml::Type::Q6_K : t.type, t.dims);
+    w.begin(dst);
+    for (const auto& t : in->tensors()) {
+        if (t.name != table) {
+            w.write_tensor_data(t.name, {t.data, size_t(t.n_bytes)});
+            continue;
+        }
+        // block_q6_K: ql[128], qh[64], int8 scales[16], fp16 d (210 bytes per 256 values).
+        const uint64_t blocks = t.n_elements / 256;
+        std::vector<uint8_t> q(blocks * 210);
+        uint32_t s = 99;
+        for (uint64_t b = 0; b < blocks; ++b) {
+            uint8_t* blk = &q[b * 210];
+            for (int i = 0; i < 192; ++i) blk[i] = uint8_t((s = s * 1664525u + 1013904223u) >> 24);
+            for (int i = 0; i < 16; ++i)
+                blk[192 + i] = uint8_t(int8_t(1 + ((s = s * 1664525u + 1013904223u) >> 29)));
+            const uint16_t d = gj::f32_to_f16(1.0f / 1024.0f);
+            std::memcpy(blk + 208, &d, 2);
+        }
+        w.write_tensor_data(t.name, q);
+    }
+    w.finish();
+    return dst;
+}
+
+struct Case {
+    std::string variant;
+    ggml::Type wtype;
+};
+std::string case_name(const Case& c) {
+    std::string n = c.variant + "_" + ggml::type_name(c.wtype);
+    std::replace(n.begin(), n.end(), '-', '_');
+    return n;
+}
+// gtest prints parameters (and ctest shows them in test names) through PrintTo.
+void PrintTo(const Case& c, std::ostream* os) {
+    *os << case_name(c);
+}
+
+class GpuVsCpu : public ::testing::TestWithParam<Case> {
+  protected:
+    gj::test::ScratchDir dir_{"gpu-forward"};
+};
+
+}  // namespace
+
+// Chunks of 4 make every sliding ring 16 slots (window 8 + 3, rounded up): 40 tokens wrap each ring
+// twice, and the prefill sees several chunks.
+TEST_P(GpuVsCpu, LogitsMatchTheCpuReferencePastTheWindow) {
+    GJ_REQUIRE_GPU();
+    const Case& c = GetParam();
+    const auto path = synth(dir_, c.variant, c.wtype);
+    const auto f = flags();
+    auto model = load_gpu(path, 256, 4, f);
+    const Config& cfg = model->config();
+    const int T = 5 * cfg.sliding_window;
+    const auto tokens = test_tokens(T, cfg.vocab_size);
+    const auto ref = cpu_logits(path, tokens);
+    const bool quant = c.wtype == ggml::Type::Q8_0 || c.wtype == ggml::Type::Q4_0;
+    const float tol = quant ? kTolQuant : kTolFloat;
+
+    GpuSession s(*model);
+    expect_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, tol, "chunked prefill vs CPU");
+    s.reset();
+    expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, tol, "decode steps vs CPU");
+    EXPECT_EQ(s.graph_launches(), uint64_t(T - 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Presets, GpuVsCpu,
+    ::testing::Values(Case{"tiny", ggml::Type::Q8_0}, Case{"tiny-e2b", ggml::Type::Q8_0},
+                      Case{"tiny-keqv", ggml::Type::Q8_0}, Case{"tiny", ggml::Type::Q4_0},
+                      Case{"tiny-keqv", ggml::Type::Q4_0}, Case{"tiny", ggml::Type::F32},
+                      Case{"tiny-e2b", ggml::Type::BF16}, Case{"tiny-keqv", ggml::Type::F16}),
+    [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+
+// Prompt chunks of 32 tokens take the prefill fast paths (the int8 tensor-core GEMM, cuBLAS for
+// float weights, tensor-core attention), which chunks of at most kPrefillCols tokens never reach;
+// 40 tokens run one chunk of 32 and one of 8, past the window. Each fast path that applies to the
+// model must have run.
+TEST_P(GpuVsCpu, LargeChunkPrefillMatchesTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    const Case& c = GetParam();
+    const auto path = synth(dir_, c.variant, c.wtype);
+    const auto f = flags();
+    auto model = load_gpu(path, 256, 32, f);
+    const Config& cfg = model->config();
+    const auto tokens = test_tokens(5 * cfg.sliding_window, cfg.vocab_size);
+    const bool quant = c.wtype == ggml::Type::Q8_0 || c.wtype == ggml::Type::Q4_0;
+    GpuSession s(*model);
+    expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), cfg.vocab_size,
+                 quant ? kTolQuant : kTolBlas, "32-token chunks vs CPU");
+    if (!quant) {
+        EXPECT_GT(s.path_counts().blas, 0u) << "cuBLAS products did not run";
+    } else if (sm90()) {  // GEMMAJIT_MMQ_VARIANT=auto: the wgmma GEMM on sm_90, else mma.sync
+        EXPECT_GT(s.path_counts().wgmma, 0u) << "the wgmma GEMM did not run";
+        EXPECT_EQ(s.path_counts().mmq, 0u);
+    } else {
+        EXPECT_GT(s.path_counts().mmq, 0u) << "the int8 tensor-core GEMM did not run";
+        EXPECT_EQ(s.path_counts().wgmma, 0u);
+    }
+    EXPECT_EQ(s.path_counts().flash_prefill, uint64_t(2 * cfg.n_layers))
+        << "tensor-core prefill attention did not run on every layer of both chunks";
+}
+
+// Each prefill GEMM variant the GPU has (mma everywhere, wgmma on sm_90), forced, against the CPU
+// reference on 32-token chunks, with its launches counted and the other variant's not.
+TEST(GpuForward, GemmVariantsMatchTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-gemm-variants");
+    std::vector<std::string> variants = {"mma"};
+    if (sm90()) variants.push_back("wgmma");
+    for (const char* preset : {"tiny-e2b", "tiny-keqv"})
+        for (auto wtype : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+            for (const auto& v : variants) {
+                const std::string what =
+                    std::string(preset) + " " + ggml::type_name(wtype) + " " + v;
+                SCOPED_TRACE(what);
+                const auto path = synth(dir, preset, wtype);
+                const auto f = flags({{"GEMMAJIT_MMQ_VARIANT", v}});
+                auto model = load_gpu(path, 256, 32, f);
+                const Config& cfg = model->config();
+                EXPECT_EQ(model->layers()[0].q.gemm_bf16, v == "wgmma");
+                const auto tokens = test_tokens(5 * cfg.sliding_window, cfg.vocab_size);
+                GpuSession s(*model);
+                expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), cfg.vocab_size,
+                             kTolQuant, what + " vs CPU");
+                EXPECT_GT(v == "wgmma" ? s.path_counts().wgmma : s.path_counts().mmq, 0u);
+                EXPECT_EQ(v == "wgmma" ? s.path_counts().mmq : s.path_counts().wgmma, 0u);
+            }
+}
+
+// GEMMAJIT_MMQ_VARIANT=wgmma on a GPU that is not sm_90 ends in an error naming the flag.
+TEST(GpuForward, WgmmaVariantNeedsSm90) {
+    GJ_REQUIRE_GPU();
+    if (sm90()) GTEST_SKIP() << "this GPU is sm_90: the wgmma variant is available";
+    gj::test::ScratchDir dir("gpu-wgmma-refused");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    try {
+        load_gpu(path, 256, 32, flags({{"GEMMAJIT_MMQ_VARIANT", "wgmma"}}));
+        ADD_FAILURE() << "loaded a wgmma plan on " << gj::jit::Device::get().arch();
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("GEMMAJIT_MMQ_VARIANT=wgmma"), std::string::npos)
+            << e.what();
+    }
+}
+
+// Loads `path` as is and with the kill switch `off` (32-token chunks, so prefill takes the fast
+// paths), checks that the exact path agrees with the fast one on 40 tokens within `tol`, and
+// returns the two sessions' fast-path counts (fast, exact).
+std::pair<GpuSession::PathCounts, GpuSession::PathCounts> kill_switch_agrees(
+    const std::filesystem::path& path, gj::jit::EnvMap off, float tol, const std::string& what,
+    const std::function<void(const GpuModel& fast, const GpuModel& exact)>& check_models) {
+    const auto on_flags = flags(), off_flags = flags(std::move(off));
+    auto fast = load_gpu(path, 128, 32, on_flags);
+    auto exact = load_gpu(path, 128, 32, off_flags);
+    check_models(*fast, *exact);
+    const int V = fast->config().vocab_size;
+    const auto tokens = test_tokens(40, V);
+    GpuSession a(*fast), b(*exact);
+    expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), V, tol, what);
+    return {a.path_counts(), b.path_counts()};
+}
+
+// GEMMAJIT_FLASH_PREFILL=0 attends one query at a time on the split-K decode kernel (fp32, the
+// exact path); the tensor-core kernel rounds q and P to the KV type.
+TEST(GpuForward, FlashPrefillKillSwitchAgrees) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-flash-prefill");
+    for (const char* variant : {"tiny", "tiny-keqv"}) {
+        const auto [fast, exact] = kill_switch_agrees(
+            synth(dir, variant, ggml::Type::Q8_0), {{"GEMMAJIT_FLASH_PREFILL", "0"}}, kTolQuant,
+            std::string("flash_prefill vs flash_decode ") + variant,
+            [](const GpuModel& f, const GpuModel& e) {
+                EXPECT_FALSE(f.layers()[0].flash_prefill_spec.empty());
+                EXPECT_TRUE(e.layers()[0].flash_prefill_spec.empty());
+            });
+        EXPECT_GT(fast.flash_prefill, 0u);
+        EXPECT_EQ(exact.flash_prefill, 0u);
+    }
+}
+
+// GEMMAJIT_MMQ_VARIANT=none keeps quantized prefill products on the batched dp4a matvecs (the
+// exact path). The int8 GEMM takes the same Q8_1 activations and exact integer block dots, so they
+// differ only in the fp32 summation order (and the GeGLU's Q8_1 output rounding); the wgmma GEMM
+// multiplies bf16 activations by bf16-rounded weights.
+TEST(GpuForward, MmqKillSwitchAgrees) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-mmq");
+    for (auto wtype : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        const auto [fast, exact] =
+            kill_switch_agrees(synth(dir, "tiny-e2b", wtype), {{"GEMMAJIT_MMQ_VARIANT", "none"}},
+                               kTolQuant, "int8 GEMM vs matvecs " + ggml::type_name(wtype),
+                               [](const GpuModel& f, const GpuModel& e) {
+                                   EXPECT_FALSE(f.layers()[0].q.spec_gemm.empty());
+                                   EXPECT_TRUE(e.layers()[0].q.spec_gemm.empty());
+                               });
+        EXPECT_GT(fast.mmq + fast.wgmma, 0u);
+        EXPECT_EQ(exact.mmq + exact.wgmma, 0u);
+    }
+}
+
+// GEMMAJIT_BLAS=0 keeps float-weight prefill products on the batched fp32 matvecs (the exact path).
+TEST(GpuForward, BlasKillSwitchAgrees) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-blas");
+    for (auto wtype : {ggml::Type::F32, ggml::Type::BF16, ggml::Type::F16}) {
+        const auto [fast, exact] =
+            kill_switch_agrees(synth(dir, "tiny-e2b", wtype), {{"GEMMAJIT_BLAS", "0"}}, kTolBlas,
+                               "cuBLAS vs matvecs " + ggml::type_name(wtype),
+                               [](const GpuModel& f, const GpuModel& e) {
+                                   ASSERT_NE(f.blas(), nullptr) << "cuBLAS could not be loaded";
+                                   EXPECT_EQ(e.blas(), nullptr);
+                               });
+        EXPECT_GT(fast.blas, 0u);
+        EXPECT_EQ(exact.blas, 0u);
+    }
+}
+
+// The real E4B shapes (d 2560, head dims 256/512, vocab 262144, PLE 42 x 256 wide table cut to 6
+// layers, layer 5 global) against the CPU reference over a short sequence.
+TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-e4b");
+    const auto path = synth(dir, "e4b", ggml::Type::Q8_0, 6);
+    const auto f = flags();
+    auto model = load_gpu(path, 1024, 8, f);
+    const Config& cfg = model->config();
+    ASSERT_EQ(cfg.d_model, 2560);
+    const auto tokens = test_tokens(20, cfg.vocab_size, 777);
+    const auto ref = cpu_logits(path, tokens);
+    GpuSession s(*model);
+    expect_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQuant, "e4b prefill vs CPU");
+    s.reset();
+    expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQuant, "e4b decode vs CPU");
+    // One 20-token chunk: the prefill fast paths at the real shapes.
+    auto big = load_gpu(path, 1024, 64, f);
+    GpuSession b(*big);
+    expect_agree(ref, b.prefill_logits(tokens), cfg.vocab_size, kTolQuant,
+                 "e4b one-chunk prefill vs CPU");
+    EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(cfg.n_layers));
+    EXPECT_GT(b.path_counts().blas, 0u);  // the BF16 / F32 PLE projections
+    EXPECT_GT(sm90() ? b.path_counts().wgmma : b.path_counts().mmq, 0u);
+}
+
+// A tensor type no kernel reads (here the PLE table as Q6_K) is dequantized to F16 on upload, with
+// a one-line notice, and the model still matches the CPU reference (which reads the Q6_K rows).
+TEST(GpuForward, UnsupportedTensorTypesAreDequantizedToF16) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-q6k");
+    const auto path =
+        with_q6k_ple_table(synth(dir, "tiny", ggml::Type::Q8_0), dir.path() / "q6k.gguf");
+    const auto f = flags();
+    std::vector<std::string> lines;
+    GpuModelOptions o;
+    o.context = 128;
+    o.prefill_chunk = 8;
+    o.flags = &f;
+    o.progress = [&](const std::string& line) { lines.push_back(line); };
+    auto model = GpuModel::load(path, o);
+    EXPECT_EQ(model->ple_table().type, ggml::Type::F16);
+    int notices = 0;
+    for (const auto& l : lines)
+        notices += l.find("q6_k") != std::string::npos && l.find("F16") != std::string::npos;
+    EXPECT_EQ(notices, 1);
+    const auto tokens = test_tokens(24, model->config().vocab_size);
+    GpuSession s(*model);
+    expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
+                 kTolQuant, "Q6_K PLE table (F16 on the GPU) vs CPU");
+}
+
+// The decode graph (with the K/V projections on parallel branches) replays the exact path, eager
+// launches on one stream, bitwise: equal logits over 32 steps, with the graph captured once per
+// readout and launched every step.
+TEST(GpuForward, GraphReplayIsBitIdenticalToEagerLaunches) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-graph");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    const auto on = flags(), off = flags({{"GEMMAJIT_GRAPHS", "0"}, {"GEMMAJIT_STREAMS", "0"}});
+    auto mg = load_gpu(path, 128, 16, on);
+    auto me = load_gpu(path, 128, 16, off);
+    GpuSession g(*mg), e(*me);
+    ASSERT_TRUE(g.graphs_enabled());
+    ASSERT_FALSE(e.graphs_enabled());
+    const auto prompt = test_tokens(5, mg->config().vocab_size);
+    auto pg = g.prefill(prompt, Readout::Argmax), pe = e.prefill(prompt, Readout::Argmax);
+    ASSERT_EQ(pg.token, pe.token);
+    int32_t tok = pg.token;
+    for (int i = 0; i < 32; ++i) {
+        auto a = g.decode(tok, Readout::Logits), b = e.decode(tok, Readout::Logits);
+        ASSERT_EQ(a.logits.size(), b.logits.size());
+        ASSERT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4))
+            << "graph and eager logits differ at step " << i;
+        tok = argmax(a.logits.data(), int(a.logits.size()));
+    }
+    EXPECT_EQ(g.graph_captures(), 1u);
+    EXPECT_EQ(g.graph_launches(), 32u);
+    EXPECT_EQ(e.graph_launches(), 0u);
+    // A second readout gets its own graph; the argmax agrees with the logits.
+    auto a = g.decode(tok, Readout::Argmax);
+    auto b = e.decode(tok, Readout::Logits);
+    EXPECT_EQ(a.token, argmax(b.logits.data(), int(b.logits.size())));
+    EXPECT_EQ(g.graph_captures(), 2u);
+}
+
+// GEMMAJIT_REPACK=0 keeps the GGUF block layout (the split layout must really be used by default),
+// with logits within the int8 tolerance of each other (the summation order differs).
+TEST(GpuForward, RepackKillSwitchAgrees) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-repack");
+    for (auto wtype : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        const auto path = synth(dir, "tiny", wtype);
+        const auto on = flags(), off = flags({{"GEMMAJIT_REPACK", "0"}});
+        auto split = load_gpu(path, 128, 8, on);
+        auto plain = load_gpu(path, 128, 8, off);
+        EXPECT_EQ(split->layers()[0].q.layout, MatvecLayout::Split);
+        EXPECT_EQ(split->lm_head().layout, MatvecLayout::Split);
+        EXPECT_EQ(plain->layers()[0].q.layout, MatvecLayout::Ggml);
+        const auto tokens = test_tokens(24, split->config().vocab_size);
+        GpuSession a(*split), b(*plain);
+        expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), split->config().vocab_size,
+                     kTolQuant, "split vs GGUF layout " + ggml::type_name(wtype));
+    }
+}
+
+// The PLE table read from pinned host memory gives bitwise the same logits as on the GPU.
+TEST(GpuForward, PleTableInHostMemoryIsBitIdentical) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-ple");
+    const auto path = synth(dir, "tiny-e2b", ggml::Type::Q8_0);
+    const auto gpu = flags({{"GEMMAJIT_PLE_TABLE", "gpu"}}),
+               host = flags({{"GEMMAJIT_PLE_TABLE", "host"}});
+    auto a = load_gpu(path, 128, 8, gpu);
+    auto b = load_gpu(path, 128, 8, host);
+    EXPECT_TRUE(a->ple_table().on_gpu);
+    EXPECT_FALSE(b->ple_table().on_gpu);
+    const auto tokens = test_tokens(30, a->config().vocab_size);
+    GpuSession sa(*a), sb(*b);
+    const auto la = sa.prefill_logits(tokens), lb = sb.prefill_logits(tokens);
+    ASSERT_EQ(la.size(), lb.size());
+    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4));
+    sa.reset();
+    sb.reset();
+    const auto da = decode_logits(sa, tokens), db = decode_logits(sb, tokens);
+    EXPECT_EQ(0, std::memcmp(da.data(), db.data(), da.size() * 4));
+}
+
+TEST(GpuForward, Bf16KvCacheMatchesTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-bf16kv");
+    const auto path = synth(dir, "tiny", ggml::Type::F32);
+    const auto f = flags({{"GEMMAJIT_KV_TYPE", "bf16"}});
+    auto model = load_gpu(path, 128, 4, f);
+    const auto tokens = test_tokens(40, model->config().vocab_size);
+    GpuSession s(*model);
+    expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
+                 kTolBf16Kv, "bf16 KV vs CPU");
+}
+
+// GEMMAJIT_KV_TYPE=q8_0 on the tiny presets (float weights, where the cache dominates the error,
+// and int8 weights), past the sliding window with the rings wrapping: chunked prefill (chunks of 4
+// on the split-K attention, chunks of 32 on the tensor-core one) and decode steps against the CPU
+// reference (which keeps K/V in fp32).
+TEST(GpuForward, Q8KvCacheMatchesTheCpuReferencePastTheWindow) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-q8kv");
+    const auto f = flags({{"GEMMAJIT_KV_TYPE", "q8_0"}});
+    for (const Case& c : {Case{"tiny", ggml::Type::F32}, Case{"tiny-e2b", ggml::Type::BF16},
+                          Case{"tiny-keqv", ggml::Type::F16}, Case{"tiny", ggml::Type::Q8_0}}) {
+        SCOPED_TRACE(case_name(c));
+        const auto path = synth(dir, c.variant, c.wtype);
+        auto model = load_gpu(path, 256, 4, f);
+        const Config& cfg = model->config();
+        // The q8_0 kernels are the ones loaded.
+        for (int l = 0; l < cfg.n_layers; ++l) {
+            EXPECT_TRUE(model->layers()[l].flash_spec.ends_with(".q8_0")) << l;
+            if (cfg.layers[l].has_kv) {
+                EXPECT_TRUE(model->layers()[l].attn_prep_spec.ends_with(".q8_0")) << l;
+            }
+        }
+        const int T = 5 * cfg.sliding_window;
+        const auto tokens = test_tokens(T, cfg.vocab_size);
+        const auto ref = cpu_logits(path, tokens);
+        GpuSession s(*model);
+        expect_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQ8Kv,
+                     case_name(c) + " q8_0 KV: chunked prefill vs CPU");
+        s.reset();
+        expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQ8Kv,
+                     case_name(c) + " q8_0 KV: decode steps vs CPU");
+        EXPECT_EQ(s.graph_launches(), uint64_t(T - 1));
+        // Chunks of 32 tokens: the tensor-core prefill attention dequantizing the q8_0 cache.
+        auto big = load_gpu(path, 256, 32, f);
+        EXPECT_TRUE(big->layers()[0].flash_prefill_spec.ends_with(".q8_0"))
+            << big->layers()[0].flash_prefill_spec;
+        GpuSession b(*big);
+        expect_agree(ref, b.prefill_logits(tokens), cfg.vocab_size, kTolQ8Kv,
+                     case_name(c) + " q8_0 KV: 32-token chunks vs CPU");
+        EXPECT_EQ(b.path_counts().flash_prefill, uint64_t((T + 31) / 32 * cfg.n_layers));
+    }
+}
+
+// The tensor-core attention has no q8_0 form: asking for both fails at load, naming both flags.
+TEST(GpuForward, Q8KvCacheWithFlashMmaIsRefused) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-q8kv-mma");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    const auto f = flags({{"GEMMAJIT_KV_TYPE", "q8_0"}, {"GEMMAJIT_FLASH_MMA", "1"}});
+    try {
+        load_gpu(path, 128, 4, f);
+        FAIL() << "expected an error";
+    } catch (const std::exception& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("q8_0"), std::string::npos) << what;
+        EXPECT_NE(what.find("GEMMAJIT_FLASH_MMA"), std::string::npos) << what;
+    }
+}
+
+// Prompt in chunks of 4 vs at once (one chunk): the same logits within the int8 tolerance (the
+// attention split count follows the chunk's end, so the combine order may differ), and the decode
+// after either prefill agrees.
+TEST(GpuForward, ChunkedPrefillAgreesWithWholePrefill) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-chunks");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    const auto f = flags();
+    auto small = load_gpu(path, 256, 4, f);
+    auto whole = load_gpu(path, 256, 64, f);
+    const int V = small->config().vocab_size;
+    const auto tokens = test_tokens(50, V);
+    GpuSession a(*small), b(*whole);
+    expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), V, kTolQuant,
+                 "chunks of 4 vs one chunk of 50");
+    a.reset();
+    b.reset();
+    const auto ra = a.prefill(tokens, Readout::Logits), rb = b.prefill(tokens, Readout::Logits);
+    expect_agree(rb.logits, ra.logits, V, kTolQuant, "last-token readout");
+    const auto da = a.decode(7, Readout::Logits), db = b.decode(7, Readout::Logits);
+    expect_agree(db.logits, da.logits, V, kTolQuant, "decode after the prefill");
+}
+
+// Greedy and top-k sampling pick the same tokens from the device readout as from the whole logits
+// row on the host (GEMMAJIT_GPU_SAMPLING=0).
+TEST(GpuForward, DeviceSamplingPicksWhatHostSamplingPicks) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-sampling");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    gj::tok::Tokenizer tokenizer(gj::tok::read_vocab(*gj::gguf::File::open(path)));
+    const auto on = flags(), off = flags({{"GEMMAJIT_GPU_SAMPLING", "0"}});
+    auto mon = load_gpu(path, 256, 16, on);
+    auto moff = load_gpu(path, 256, 16, off);
+    const auto prompt = test_tokens(12, mon->config().vocab_size);
+    for (float temp : {0.0f, 1.0f}) {
+        gj::sample::SamplerParams p;
+        p.temperature = temp;
+        p.top_k = 40;
+        p.top_p = 0.9f;
+        p.seed = 5;
+        std::vector<int32_t> got[2];
+        for (int i = 0; i < 2; ++i) {
+            GpuSession s(i == 0 ? *mon : *moff);
+            gj::gen::GpuForward fwd(s);
+            EXPECT_EQ(fwd.reduces_on_device(), i == 0);
+            gj::sample::Sampler sampler(p);
+            gj::gen::GenerateOptions go;
+            go.max_tokens = 40;
+            got[i] = gj::gen::generate(fwd, tokenizer, sampler, prompt, go, {}).tokens;
+        }
+        EXPECT_EQ(got[0], got[1]) << "temperature " << temp;
+        EXPECT_FALSE(got[0].empty());
+    }
+    EXPECT_EQ(gj::gen::readout_for(gj::sample::SamplerParams{}).kind,
+              gj::gen::Readout::Kind::TopK);  // Gemma defaults: top-k 64 on the device
+}
+
+// Rewinding keeps the cache: recomputing the dropped tokens reproduces their logits exactly, and a
+// rewind past what a sliding ring still holds is refused.
+TEST(GpuForward, RewindRecomputesDroppedPositions) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-rewind");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
+    const auto f = flags();
+    auto model = load_gpu(path, 256, 4, f);  // rings of 16 slots, window 8
+    const auto tokens = test_tokens(30, model->config().vocab_size);
+    GpuSession s(*model);
+    s.prefill({tokens.data(), 25}, Readout::Argmax);
+    const auto want = s.decode(tokens[25], Readout::Logits);
+    ASSERT_TRUE(s.rewind(22));
+    s.prefill({tokens.data() + 22, 3}, Readout::Argmax);
+    const auto got = s.decode(tokens[25], Readout::Logits);
+    // Positions 22..24 were first computed in chunks [20, 24) and [24, 25), now as one chunk: the
+    // tensor-core prefill attention tiles the rows differently (another summation order, q and P
+    // rounded to f16), so the int8 tolerance rather than bit equality.
+    expect_agree(want.logits, got.logits, model->config().vocab_size, kTolQuant,
+                 "decode after rewind and re-prefill");
+    EXPECT_EQ(s.position(), 26);
+    EXPECT_FALSE(s.rewind(10)) << "positions 10..25 overwrote ring slots position 10 still needs";
+    EXPECT_EQ(s.position(), 26);
+}
+
+TEST(GpuForward, ImpossibleRequestsFailClearly) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-errors");
+    const auto path = synth(dir, "tiny-e2b", ggml::Type::Q8_0);
+    auto message = [](auto&& fn) {
+        try {
+            fn();
+        } catch (const std::exception& e) {
+            return std::string(e.what());
+        }
+        return std::string("(no exception)");
+    };
+    // Too little memory: the message says how much is needed and how much is free.
+    {
+        const auto f = flags({{"GEMMAJIT_GPU_MEMORY_LIMIT", "1M"}});
+        const std::string m = message([&] { load_gpu(path, 128, 8, f); });
+        EXPECT_NE(m.find("needs"), std::string::npos) << m;
+        EXPECT_NE(m.find("free"), std::string::npos) << m;
+        EXPECT_NE(m.find("weights"), std::string::npos) << m;
+    }
+    // Just enough memory without the PLE table: it moves to pinned host memory by itself.
+    {
+        const auto f = flags();
+        auto full = load_gpu(path, 128, 8, f);
+        const auto& mem = full->memory();
+        ASSERT_TRUE(mem.ple_on_gpu);
+        const uint64_t limit = mem.needed() - mem.ple_table / 2;
+        const auto lf = flags({{"GEMMAJIT_GPU_MEMORY_LIMIT", std::to_string(limit)}});
+        auto squeezed = load_gpu(path, 128, 8, lf);
+        EXPECT_FALSE(squeezed->memory().ple_on_gpu);
+        EXPECT_FALSE(squeezed->ple_table().on_gpu);
+    }
+    // A sequence longer than the context, a token outside the vocabulary.
+    {
+        const auto f = flags();
+        auto model = load_gpu(path, 64, 8, f);
+        GpuSession s(*model);
+        const std::string m = message([&] { s.prefill(test_tokens(65, 1000), Readout::Argmax); });
+        EXPECT_NE(m.find("context of 64"), std::string::npos) << m;
+        EXPECT_EQ(s.position(), 0);
+        const std::string v = message([&] { s.decode(1 << 20, Readout::Argmax); });
+        EXPECT_NE(v.find("outside the vocabulary"), std::string::npos) << v;
+        const std::string c = message([&] { load_gpu(path, 1 << 20, 8, f); });
+        EXPECT_NE(c.find("exceeds"), std::string::npos) << c;
+    }
+    // The MoE model is CPU-only for now.
+    {
+        const auto moe = synth(dir, "tiny-moe", ggml::Type::Q8_0);
+        const auto f = flags();
+        const std::string m = message([&] { load_gpu(moe, 128, 8, f); });
+        EXPECT_NE(m.find("mixture-of-experts"), std::string::npos) << m;
+        EXPECT_NE(m.find("--cpu"), std::string::npos) << m;
+    }
+}
+
+// The commands on the GPU: run streams text, chat keeps the conversation, bench prints its table,
+// logits agrees with the CPU reference's argmax.
+TEST(GpuForward, CommandsRunOnTheGpu) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-cli");
+    const auto path = synth(dir, "tiny", ggml::Type::Q8_0).string();
+    const std::string exe = gj::test::gemmajit_exe();
+    auto run =
+        gj::test::run_command(exe + " run --model " + path + " -p 'Hello there' -n 12 --temp 0");
+    EXPECT_EQ(run.exit_code, 0) << run.out;
+    EXPECT_NE(run.out.find("generation:"), std::string::npos) << run.out;
+    EXPECT_EQ(run.out.find("CPU reference"), std::string::npos) << run.out;
+
+    auto chat = gj::test::run_command("printf 'Hi\\nAnd again\\n/quit\\n' | " + exe +
+                                      " chat --model " + path + " -n 6 --temp 0");
+    EXPECT_EQ(chat.exit_code, 0) << chat.out;
+
+    auto bench = gj::test::run_command(exe + " bench --model " + path +
+                                       " -p 16 -n 8 -d 0,32 -r 2 --profile");
+    EXPECT_EQ(bench.exit_code, 0) << bench.out;
+    for (const char* want : {"pp16", "tg8", "tg8 @ d32", "copy bandwidth", "kernel time"})
+        EXPECT_NE(bench.out.find(want), std::string::npos) << want << "\n" << bench.out;
+
+    auto gpu = gj::test::run_command(exe + " logits --model " + path + " --tokens 2,10,20,30");
+    auto cpu =
+        gj::test::run_command(exe + " logits --cpu --model " + path + " --tokens 2,10,20,30");
+    EXPECT_EQ(gpu.exit_code, 0) << gpu.out;
+    EXPECT_EQ(cpu.exit_code, 0) << cpu.out;
+
+    auto moe = gj::test::run_command(exe + " run --model " +
+                                     synth(dir, "tiny-moe", ggml::Type::Q8_0).string() + " -p hi");
+    EXPECT_EQ(moe.exit_code, 1) << moe.out;
+    EXPECT_NE(moe.out.find("mixture-of-experts"), std::string::npos) << moe.out;
+}
+
+// `precompile --model` warms exactly the kernel set a GPU load compiles: after it, a load with
+// GEMMAJIT_REQUIRE_CACHED=1 (any miss is an error) succeeds and runs NVRTC zero times.
+TEST(GpuForward, PrecompiledModelLoadsWithoutCompiling) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-precompile");
+    const auto cache = dir.path() / "cache";
+    for (auto wtype : {ggml::Type::Q8_0, ggml::Type::BF16}) {
+        const auto path = synth(dir, "tiny-e2b", wtype).string();
+        auto pre = gj::test::run_command("GEMMAJIT_CACHE_DIR=" + cache.string() + " " +
+                                         gj::test::gemmajit_exe() + " precompile --model " + path);
+        ASSERT_EQ(pre.exit_code, 0) << pre.out;
+        const auto f =
+            flags({{"GEMMAJIT_CACHE_DIR", cache.string()}, {"GEMMAJIT_REQUIRE_CACHED", "1"}});
+        auto model = load_gpu(path, 256, 16, f);
+        EXPECT_EQ(model->kernels().compiled_now(), 0u) << path;
+        EXPECT_EQ(model->kernels().size(), GpuModel::kernel_specs(path, {}).size()) << path;
+    }
+}

@@ -1,0 +1,517 @@
+// Model kernels on the GPU against CPU references on random data: quantize_q8_1, rmsnorm (with and
+// without weight, per head, residual add, fused quantization, and rmsnorm_ext: the layer output
+// scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
+// the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
+// counts that do not fill the last block).
+// MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "engine/gpu/kernel_plan.h"
+#include "tests/support/kernel_ref.h"
+#include "tests/support/kernel_ref_gpu.h"
+#include "tests/support/test_env.h"
+
+using namespace gj::test::kref;
+using gj::gemma4::MatvecLayout;
+using gj::jit::DeviceBuffer;
+using gj::jit::KernelSpec;
+namespace ggml = gj::ggml;
+
+namespace {
+
+std::vector<float> interleave(const Q81& q) {
+    std::vector<float> ds;
+    for (size_t i = 0; i < q.d.size(); ++i) ds.push_back(q.d[i]), ds.push_back(q.s[i]);
+    return ds;
+}
+
+bool all_finite(const std::vector<float>& v) {
+    for (float f : v)
+        if (!std::isfinite(f)) return false;
+    return true;
+}
+
+// A matvec spec with its launch constants overridden (name extended so it stays unique).
+KernelSpec matvec_variant(ggml::Type t, int k, int ncols, MatvecLayout layout, int threads,
+                          int rows, int unroll) {
+    KernelSpec s = gj::gemma4::matvec_spec(t, k, ncols, layout);
+    for (auto& [name, value] : s.constants) {
+        if (name == "THREADS") value = threads;
+        if (name == "ROWS") value = rows;
+        if (name == "UNROLL") value = unroll;
+    }
+    s.name += ".t" + std::to_string(threads) + ".r" + std::to_string(rows) + ".u" +
+              std::to_string(unroll);
+    return s;
+}
+
+// Uploads ggml blocks, and for the split layout repacks them on the GPU (checking the repack
+// against the CPU's) and returns the repacked buffer.
+DeviceBuffer weights_on_device(const GpuKernels& g, const KernelSpec& spec, ggml::Type t,
+                               const std::vector<uint8_t>& blocks, int n, int k,
+                               MatvecLayout layout) {
+    DeviceBuffer src = to_device(blocks);
+    if (layout == MatvecLayout::Ggml) return src;
+    DeviceBuffer dst(blocks.size() + 16);
+    const size_t n_blocks = size_t(n) * (k / 32);
+    const std::string entry = t == ggml::Type::Q8_0 ? "repack_q8_0" : "repack_q4_0";
+    launch(g.get(spec.name, entry), {ceil_div(n_blocks, 256)}, {256}, src.ptr(), dst.ptr(), n);
+    EXPECT_EQ(from_device<uint8_t>(dst, blocks.size()), split_layout(t, blocks, n, k))
+        << spec.name << ": GPU repack differs from the CPU split layout";
+    return dst;
+}
+
+struct MatvecCase {
+    ggml::Type type;
+    MatvecLayout layout;
+    int k, n, threads, rows, ncols;
+};
+
+void check_matvec(const MatvecCase& c) {
+    const KernelSpec spec = matvec_variant(c.type, c.k, c.ncols, c.layout, c.threads, c.rows, 4);
+    SCOPED_TRACE(spec.name + " n=" + std::to_string(c.n));
+    GpuKernels g({spec});
+    std::mt19937 rng(c.k * 31 + c.n);
+    std::vector<float> wf, uf;
+    const auto wb = random_weights(c.type, c.n, c.k, rng, wf);
+    const auto ub = random_weights(c.type, c.n, c.k, rng, uf);
+    const auto x = random_normal(size_t(c.ncols) * c.k, 1.0f, rng);
+    const auto res = random_normal(size_t(c.ncols) * c.n, 1.0f, rng);
+    const Q81 q = quantize_q8_1(x.data(), x.size());
+    auto dw = weights_on_device(g, spec, c.type, wb, c.n, c.k, c.layout);
+    auto du = weights_on_device(g, spec, c.type, ub, c.n, c.k, c.layout);
+    auto dxq = to_device(q.q);
+    auto dxds = to_device(interleave(q));
+    const size_t ny = size_t(c.ncols) * c.n;
+    DeviceBuffer y_store(ny * 4), y_geglu(ny * 4);
+    auto y_add = to_device(res);  // residual aliases the output
+    const std::string base = spec.entries[0];
+    const gj::jit::LaunchDims grid{ceil_div(c.n, c.rows)}, block{unsigned(c.threads)};
+    const CUdeviceptr none = 0;
+    launch(g.get(spec.name, base), grid, block, dw.ptr(), none, dxq.ptr(), dxds.ptr(), none,
+           y_store.ptr(), c.n);
+    launch(g.get(spec.name, base + "_add"), grid, block, dw.ptr(), none, dxq.ptr(), dxds.ptr(),
+           y_add.ptr(), y_add.ptr(), c.n);
+    launch(g.get(spec.name, base + "_geglu"), grid, block, dw.ptr(), du.ptr(), dxq.ptr(),
+           dxds.ptr(), none, y_geglu.ptr(), c.n);
+    const auto ys = from_device<float>(y_store, ny);
+    const auto ya = from_device<float>(y_add, ny);
+    const auto yg = from_device<float>(y_geglu, ny);
+    ASSERT_TRUE(all_finite(ys) && all_finite(ya) && all_finite(yg)) << "NaN/inf in the output";
+
+    int failures = 0;
+    for (int col = 0; col < c.ncols && failures < 10; ++col)
+        for (int r = 0; r < c.n && failures < 10; ++r) {
+            const size_t o = size_t(col) * c.n + r;
+            double scale_w, scale_u;
+            const double exact =
+                matvec_row_q81(&wf[size_t(r) * c.k], q, size_t(col) * c.k, c.k, &scale_w);
+            const double up =
+                matvec_row_q81(&uf[size_t(r) * c.k], q, size_t(col) * c.k, c.k, &scale_u);
+            // Exact path (same int8 activations): only fp32 accumulation order differs, a few
+            // roundings of partial sums bounded by sum |w * x|: 1e-5 of that.
+            const double tol_w = 1e-5 * scale_w + 1e-30, tol_u = 1e-5 * scale_u + 1e-30;
+            // Against fp32 activations: int8 activation rounding, ~6e-3 of the row's magnitude
+            // sqrt(sum (w x)^2) in rms; 5e-2 is about 8 sigma.
+            double fp32 = 0, mag2 = 0;
+            for (int j = 0; j < c.k; ++j) {
+                const double t = double(wf[size_t(r) * c.k + j]) * x[size_t(col) * c.k + j];
+                fp32 += t;
+                mag2 += t * t;
+            }
+            const double gate_out = gelu_tanh(float(exact));
+            const double want_geglu = gate_out * up;
+            const double tol_geglu = 1.2 * tol_w * std::fabs(up) + tol_u * std::fabs(gate_out) +
+                                     1e-6 * std::fabs(want_geglu);
+            const bool ok =
+                std::fabs(ys[o] - exact) <= tol_w &&
+                std::fabs(ys[o] - fp32) <= 5e-2 * std::sqrt(mag2) &&
+                std::fabs(ya[o] - (res[o] + exact)) <= tol_w + 1e-6 * std::fabs(res[o]) &&
+                std::fabs(yg[o] - want_geglu) <= tol_geglu;
+            if (!ok) {
+                ++failures;
+                ADD_FAILURE() << "row " << r << " col " << col << ": y " << ys[o] << " exact "
+                              << exact << " (tol " << tol_w << ") fp32 " << fp32 << "; add "
+                              << ya[o] << " want " << res[o] + exact << "; geglu " << yg[o]
+                              << " want " << want_geglu << " (tol " << tol_geglu << ")";
+            }
+        }
+}
+
+}  // namespace
+
+TEST(QuantizeQ81, MatchesCpuBitForBit) {
+    GJ_REQUIRE_GPU();
+    std::mt19937 rng(11);
+    const int k = 2560, rows = 3;
+    auto x = random_normal(size_t(k) * rows, 2.0f, rng);
+    std::fill(x.begin(), x.begin() + 32, 0.0f);              // all-zero block: d = 0, q = 0
+    x[40] = 1000.0f;                                         // one dominant value
+    for (int j = 64; j < 96; ++j) x[j] = 1e-30f * (j - 80);  // tiny values
+    for (int j = 96; j < 128; ++j) x[j] = 0.5f * (j % 4);    // exact ties after scaling
+    const KernelSpec spec = gj::gemma4::quantize_spec();
+    GpuKernels g({spec});
+    auto dx = to_device(x);
+    const int n_blocks = k * rows / 32;
+    DeviceBuffer dq(size_t(k) * rows), dds(size_t(n_blocks) * 8);
+    launch(g.get(spec.name, "quantize_q8_1"), {ceil_div(8 * n_blocks, 256)}, {256}, dx.ptr(),
+           dq.ptr(), dds.ptr(), n_blocks);
+    const Q81 want = quantize_q8_1(x.data(), x.size());
+    EXPECT_EQ(from_device<int8_t>(dq, x.size()), want.q);
+    const auto ds = from_device<float>(dds, 2 * size_t(n_blocks));
+    for (int b = 0; b < n_blocks; ++b) {
+        EXPECT_EQ(ds[2 * b], want.d[b]) << "block " << b;
+        EXPECT_EQ(ds[2 * b + 1], want.s[b]) << "block " << b;
+    }
+}
+
+struct NormCase {
+    int n, rows;
+    bool weight, quant, add, in_place;
+};
+
+std::string case_name(const NormCase& c) {
+    return fmt::format("n{}_rows{}{}{}{}{}", c.n, c.rows, c.weight ? "_w" : "",
+                       c.quant ? "_q8" : "", c.add ? "_add" : "", c.in_place ? "_inplace" : "");
+}
+// gtest prints parameters (and ctest shows them in test names) through PrintTo.
+void PrintTo(const NormCase& c, std::ostream* os) {
+    *os << case_name(c);
+}
+
+class RmsNormTest : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(RmsNormTest, MatchesCpu) {
+    GJ_REQUIRE_GPU();
+    const NormCase c = GetParam();
+    const KernelSpec spec = gj::gemma4::rmsnorm_spec(c.n, c.weight, c.quant, c.add);
+    SCOPED_TRACE(spec.name + " rows=" + std::to_string(c.rows));
+    GpuKernels g({spec});
+    std::mt19937 rng(c.n + c.rows);
+    const size_t total = size_t(c.n) * c.rows;
+    const auto x = random_normal(total, 3.0f, rng);
+    const auto w = random_normal(c.n, 1.0f, rng);
+    const auto res = random_normal(total, 1.0f, rng);
+    const float eps = 1e-6f;
+    auto dx = to_device(x);
+    auto dw = to_device(w);
+    auto dres = to_device(res);
+    DeviceBuffer dy_sep(total * 4), dq(total), dds(total / 32 * 8 + 8);
+    // In place: y aliases x (plain) or the residual (add), as the decode path uses them.
+    const CUdeviceptr y = c.in_place ? (c.add ? dres.ptr() : dx.ptr()) : dy_sep.ptr();
+    const CUdeviceptr none = 0;
+    const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+    const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+    const auto& k = g.get(spec.name, "rmsnorm");
+    launch(k, {ceil_div(c.rows, rpb)}, {tpr * rpb}, dx.ptr(), c.weight ? dw.ptr() : none,
+           c.add ? dres.ptr() : none, y, c.quant ? dq.ptr() : none, c.quant ? dds.ptr() : none,
+           c.rows, eps);
+    const auto want =
+        rmsnorm(x, c.rows, c.n, c.weight ? w.data() : nullptr, c.add ? res.data() : nullptr, eps);
+    const DeviceBuffer& ybuf = c.in_place ? (c.add ? dres : dx) : dy_sep;
+    const auto got = from_device<float>(ybuf, total);
+    ASSERT_TRUE(all_finite(got));
+    for (size_t i = 0; i < total; ++i) {
+        // fp32 vs double: the sum of squares and a few products, ~1e-6 relative; 1e-5 bound on
+        // the normed part, plus the residual's own magnitude when added.
+        const double normed = want[i] - (c.add ? res[i] : 0.0f);
+        ASSERT_NEAR(got[i], want[i],
+                    1e-5 * (std::fabs(normed) + (c.add ? std::fabs(res[i]) : 0)) + 1e-7)
+            << "element " << i;
+    }
+    if (c.quant) {
+        // The quantized output is exactly the quantization of the fp32 output it wrote.
+        const Q81 q = quantize_q8_1(got.data(), got.size());
+        EXPECT_EQ(from_device<int8_t>(dq, total), q.q);
+        EXPECT_EQ(from_device<float>(dds, total / 16), interleave(q));
+        // y may be null when only the quantized output is wanted; same result.
+        ASSERT_FALSE(c.add && c.in_place) << "test case: the residual was overwritten";
+        DeviceBuffer dq2(total);
+        launch(k, {ceil_div(c.rows, rpb)}, {tpr * rpb}, dx.ptr(), c.weight ? dw.ptr() : none,
+               c.add ? dres.ptr() : none, none, dq2.ptr(), dds.ptr(), c.rows, eps);
+        EXPECT_EQ(from_device<int8_t>(dq2, total), q.q);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RmsNormTest,
+    ::testing::Values(NormCase{2560, 1, true, true, false, false},    // attn_norm -> q8
+                      NormCase{2560, 3, true, false, true, true},     // post-norm + residual
+                      NormCase{1536, 2, true, true, false, false},    // E2B width
+                      NormCase{5376, 2, true, true, false, false},    // 31B: last thread partial
+                      NormCase{3840, 1, true, false, true, false},    // 12B
+                      NormCase{2816, 2, false, false, false, false},  // MoE router norm
+                      NormCase{256, 24, true, false, false, true},    // Q/K norm per head
+                      NormCase{512, 5, false, false, false, false},   // V-norm, rows % RPB != 0
+                      NormCase{256, 13, false, false, false, false},
+                      NormCase{256, 9, true, true, false, false},  // PLE slices, quantized
+                      NormCase{2560, 2, true, true, true, false},  // residual, quantized
+                      NormCase{128, 3, true, true, true, false},   // tiny d
+                      NormCase{128, 5, true, false, true, true}),  // tiny post-norm
+    [](const ::testing::TestParamInfo<NormCase>& i) { return case_name(i.param); });
+
+namespace {  // beside MatvecCase, so gtest finds PrintTo by argument-dependent lookup
+std::string case_name(const MatvecCase& c) {
+    return fmt::format("{}{}_k{}_n{}_t{}_r{}_c{}", gj::ggml::type_name(c.type),
+                       c.layout == MatvecLayout::Split ? "_split" : "", c.k, c.n, c.threads, c.rows,
+                       c.ncols);
+}
+void PrintTo(const MatvecCase& c, std::ostream* os) {
+    *os << case_name(c);
+}
+}  // namespace
+
+class MatvecTest : public ::testing::TestWithParam<MatvecCase> {};
+
+TEST_P(MatvecTest, MatchesCpu) {
+    GJ_REQUIRE_GPU();
+    check_matvec(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MatvecTest,
+    ::testing::Values(
+        // K = 256, 2560, 10240; N not a multiple of ROWS; units % THREADS != 0 (2560 / 128).
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 2560, 1000, 128, 3, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 10240, 301, 256, 2, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 2112, 130, 64, 1, 2},  // 2 columns
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 2560, 1000, 64, 3, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 10240, 301, 128, 2, 2},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 2560, 1000, 128, 3, 1},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 10240, 301, 128, 2, 2},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 704, 99, 32, 1, 1},  // MoE expert width
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 1000, 32, 3, 1},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 10240, 301, 64, 2, 1},
+        // Tiny presets' widths (PLE P = 32, tiny-moe FFN 96: odd block counts, so every other
+        // ggml row starts 2 bytes past a word) and 65 blocks per row; 8-column prefill batches.
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 32, 129, 32, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 32, 128, 32, 1, 8},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 32, 131, 32, 1, 2},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 32, 128, 32, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 96, 129, 32, 1, 8},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 96, 127, 32, 2, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 2080, 33, 64, 1, 1},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 2080, 33, 64, 1, 1},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 2560, 300, 32, 1, 8},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 300, 32, 1, 8}),
+    [](const ::testing::TestParamInfo<MatvecCase>& i) { return case_name(i.param); });
+
+// The plan's own choice of THREADS/ROWS, for the E4B widths and the tiny ones, both layouts,
+// decode and 8-column prefill batches.
+TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
+    GJ_REQUIRE_GPU();
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+        for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split})
+            for (int ncols : {1, 8})
+                for (int k : {2560, 10240, 2048, 256, 128, 32}) {
+                    const auto s = gj::gemma4::matvec_spec(t, k, ncols, layout);
+                    check_matvec({t, layout, k, 515, int(gj::gemma4::spec_constant(s, "THREADS")),
+                                  int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
+                }
+}
+
+// rmsnorm_ext: x = (residual + norm(u) * w) [* scale] then [y2 = norm(x) * w2] [quantized].
+struct NormExtCase {
+    int n, rows;
+    bool scale, norm2, quant;
+};
+
+class RmsNormExtTest : public ::testing::TestWithParam<NormExtCase> {};
+
+TEST_P(RmsNormExtTest, MatchesCpu) {
+    GJ_REQUIRE_GPU();
+    const NormExtCase c = GetParam();
+    const KernelSpec spec = gj::gemma4::rmsnorm_spec(c.n, true, c.quant, true, c.scale, c.norm2);
+    SCOPED_TRACE(spec.name + " rows=" + std::to_string(c.rows));
+    ASSERT_EQ(spec.entries, std::vector<std::string>{"rmsnorm_ext"});
+    GpuKernels g({spec});
+    std::mt19937 rng(c.n * 3 + c.rows);
+    const size_t total = size_t(c.n) * c.rows;
+    const auto u = random_normal(total, 3.0f, rng);
+    const auto w = random_normal(c.n, 1.0f, rng);
+    const auto w2 = random_normal(c.n, 1.0f, rng);
+    const auto res = random_normal(total, 5.0f, rng);
+    const std::vector<float> scale = {c.scale ? 0.37f : 1.0f};
+    const float eps = 1e-6f;
+    auto du = to_device(u), dw = to_device(w), dw2 = to_device(w2), dscale = to_device(scale);
+    auto dres = to_device(res);  // updated in place: y aliases the residual
+    DeviceBuffer dy2(total * 4), dq(total), dds(total / 32 * 8 + 8);
+    const CUdeviceptr none = 0;
+    const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+    const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+    launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(c.rows, rpb)}, {tpr * rpb}, du.ptr(),
+           dw.ptr(), dres.ptr(), dres.ptr(), c.scale ? dscale.ptr() : none,
+           c.norm2 ? dw2.ptr() : none, c.norm2 ? dy2.ptr() : none, c.quant ? dq.ptr() : none,
+           c.quant ? dds.ptr() : none, c.rows, eps);
+    const auto y = from_device<float>(dres, total);
+    ASSERT_TRUE(all_finite(y));
+    const auto want = rmsnorm_chain(u, c.rows, c.n, w.data(), res, scale[0], nullptr, eps);
+    const auto normed = rmsnorm(u, c.rows, c.n, w.data(), nullptr, eps);
+    for (size_t i = 0; i < total; ++i) {
+        // fp32 vs double norm scale (~1e-6 relative), then one add and one multiply.
+        const double tol = 1e-5 * (std::fabs(normed[i]) + std::fabs(res[i])) * scale[0] + 1e-7;
+        ASSERT_NEAR(y[i], want.y[i], tol) << "element " << i;
+    }
+    std::vector<float> quantized_source = y;
+    if (c.norm2) {
+        // The second norm, against the CPU's norm of the GPU's first output.
+        const auto y2 = from_device<float>(dy2, total);
+        ASSERT_TRUE(all_finite(y2));
+        const auto want2 = rmsnorm(y, c.rows, c.n, w2.data(), nullptr, eps);
+        for (size_t i = 0; i < total; ++i)
+            ASSERT_NEAR(y2[i], want2[i], 1e-5 * std::fabs(want2[i]) + 1e-7) << "y2 " << i;
+        quantized_source = y2;
+    }
+    if (c.quant) {
+        const Q81 q = quantize_q8_1(quantized_source.data(), total);
+        EXPECT_EQ(from_device<int8_t>(dq, total), q.q);
+        EXPECT_EQ(from_device<float>(dds, total / 16), interleave(q));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, RmsNormExtTest,
+    ::testing::Values(NormExtCase{2560, 1, true, false, false},  // x = (x + norm(u)) * s
+                      NormExtCase{2560, 3, true, true, true},    // ... then the next attn_norm
+                      NormExtCase{2560, 2, false, true, true},   // post_attn + ffn_norm
+                      NormExtCase{5376, 2, true, true, true},    // 31B: last thread partial
+                      NormExtCase{1536, 1, false, true, false},  // float model: fp32 y2
+                      NormExtCase{128, 7, true, true, true},     // tiny d: rows share a block
+                      NormExtCase{128, 5, true, false, false}));
+
+// PARTS: the post-norm reading the split-K partial planes of the int8 GEMM gives bitwise what it
+// gives for their sum taken in plane order (as mmq_reduce sums them), for both entries.
+TEST(RmsNormParts, SumsThePlanesLikeTheReduce) {
+    GJ_REQUIRE_GPU();
+    for (const bool ext : {false, true})
+        for (const auto& [n, rows] : {std::pair{2560, 37}, std::pair{5376, 3}, std::pair{128, 9}}) {
+            const int parts = 3;
+            const KernelSpec split = gj::gemma4::rmsnorm_spec(n, true, true, true, ext, ext, parts);
+            const KernelSpec whole = gj::gemma4::rmsnorm_spec(n, true, true, true, ext, ext);
+            SCOPED_TRACE(split.name + " rows=" + std::to_string(rows));
+            GpuKernels g({split, whole});
+            std::mt19937 rng(n + rows);
+            const size_t total = size_t(n) * rows;
+            const auto planes = random_normal(parts * total, 2.0f, rng);
+            std::vector<float> sum(total);
+            for (size_t i = 0; i < total; ++i)
+                sum[i] = (planes[i] + planes[total + i]) + planes[2 * total + i];
+            const auto w = random_normal(n, 1.0f, rng), w2 = random_normal(n, 1.0f, rng);
+            const auto res = random_normal(total, 5.0f, rng);
+            const std::vector<float> scale = {0.37f};
+            auto run = [&](const KernelSpec& spec, const std::vector<float>& u) {
+                auto du = to_device(u), dw = to_device(w), dw2 = to_device(w2);
+                auto dscale = to_device(scale), dres = to_device(res);
+                DeviceBuffer dy2(total * 4), dq(total), dds(total / 32 * 8 + 8);
+                const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+                const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+                if (ext)
+                    launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(rows, rpb)}, {tpr * rpb},
+                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dscale.ptr(), dw2.ptr(),
+                           dy2.ptr(), dq.ptr(), dds.ptr(), rows, 1e-6f);
+                else
+                    launch(g.get(spec.name, "rmsnorm"), {ceil_div(rows, rpb)}, {tpr * rpb},
+                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dq.ptr(), dds.ptr(), rows,
+                           1e-6f);
+                auto y = from_device<float>(dres, total);
+                const auto q = from_device<int8_t>(dq, total);
+                for (int8_t v : q) y.push_back(float(v));
+                if (ext) {
+                    const auto y2 = from_device<float>(dy2, total);
+                    y.insert(y.end(), y2.begin(), y2.end());
+                }
+                return y;
+            };
+            const auto a = run(split, planes), b = run(whole, sum);
+            ASSERT_TRUE(all_finite(a));
+            ASSERT_EQ(a.size(), b.size());
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+        }
+}
+
+// Decode bandwidth for the E4B FFN shapes (gate/up: 10240 x 2560, down: 2560 x 10240) over a
+// grid of launch constants. Weights rotate over enough copies to defeat the L2 cache.
+TEST(MatvecBench, DISABLED_E4bFfnShapes) {
+    GJ_REQUIRE_GPU();
+    struct Cfg {
+        int threads, rows, unroll;
+    };
+    const std::vector<Cfg> cfgs = {{32, 1, 4},  {64, 1, 4},  {128, 1, 4}, {256, 1, 4},
+                                   {128, 2, 4}, {64, 2, 4},  {128, 1, 8}, {256, 1, 8},
+                                   {128, 1, 2}, {128, 4, 2}, {256, 2, 8}};
+    struct Shape {
+        int n, k;
+    };
+    const std::vector<Shape> shapes = {{10240, 2560}, {2560, 10240}};
+    std::vector<KernelSpec> specs;
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+        for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split})
+            for (const auto& sh : shapes) {
+                for (const auto& c : cfgs)
+                    specs.push_back(
+                        matvec_variant(t, sh.k, 1, layout, c.threads, c.rows, c.unroll));
+                specs.push_back(gj::gemma4::matvec_spec(t, sh.k, 1, layout));  // the plan's
+            }
+    const auto t0 = std::chrono::steady_clock::now();
+    GpuKernels g(specs);
+    std::printf("compiled %zu bench specs in %.1f s\n", specs.size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf("%-44s %6s %6s %9s %8s\n", "spec", "N", "K", "us", "GB/s");
+    std::mt19937 rng(99);
+    auto& dev = gj::jit::Device::get();
+    std::map<std::pair<int, int>, std::vector<uint8_t>> matrices;  // (type, k) -> blocks
+    for (const auto& spec : specs) {
+        const int k = int(gj::gemma4::spec_constant(spec, "K"));
+        const int n = k == 2560 ? 10240 : 2560;
+        const auto t = spec.family == "matvec_q8_0" ? ggml::Type::Q8_0 : ggml::Type::Q4_0;
+        const size_t bytes = *ggml::row_bytes(t, k) * n;
+        const int copies = int(std::max<size_t>(8, (400u << 20) / bytes));
+        // Random bytes are fine for timing except the fp16 scales, which must not be NaN/inf:
+        // all copies share one valid matrix's bytes.
+        auto& blocks = matrices[{int(t), k}];
+        if (blocks.empty()) {
+            std::vector<float> unused;
+            blocks = random_weights(t, n, k, rng, unused);
+        }
+        std::vector<DeviceBuffer> w;
+        for (int i = 0; i < copies; ++i) w.push_back(to_device(blocks));
+        const auto x = random_normal(k, 1.0f, rng);
+        const Q81 q = quantize_q8_1(x.data(), x.size());
+        auto dxq = to_device(q.q);
+        auto dxds = to_device(interleave(q));
+        DeviceBuffer y(size_t(n) * 4);
+        const auto& kern = g.get(spec.name, spec.entries[0]);
+        const unsigned threads = unsigned(gj::gemma4::spec_constant(spec, "THREADS"));
+        const unsigned rows = unsigned(gj::gemma4::spec_constant(spec, "ROWS"));
+        const CUdeviceptr none = 0;
+        auto round = [&] {
+            for (int i = 0; i < copies; ++i)
+                launch_async(kern, {ceil_div(n, rows)}, {threads}, w[i].ptr(), none, dxq.ptr(),
+                             dxds.ptr(), none, y.ptr(), n);
+        };
+        round();
+        dev.synchronize();
+        const int reps = 10;
+        const auto s = std::chrono::steady_clock::now();
+        for (int r = 0; r < reps; ++r) round();
+        dev.synchronize();
+        const double sec =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+        const double per = sec / (reps * copies);
+        const double moved = double(bytes) + k + k / 32 * 8 + n * 4.0;
+        std::printf("%-44s %6d %6d %9.2f %8.1f\n", spec.name.c_str(), n, k, per * 1e6,
+                    moved / per / 1e9);
+    }
+}
