@@ -8,8 +8,8 @@
 #include <iostream>
 #include <string>
 
+#include "engine/gguf/reader.h"
 #include "engine/text/chat_format.h"
-#include "engine/gguf/gguf.h"
 #include "engine/text/sampler.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tokenizer_data.h"

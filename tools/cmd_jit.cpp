@@ -12,10 +12,9 @@
 #include <sstream>
 
 #include "cache/store.h"
-#include "engine/model/gemma4_config.h"
-#include "engine/gguf/gguf.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/kernel_plan.h"
+#include "engine/model/gemma4_config.h"
 #include "jit/cache_config.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"

@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "engine/cpu/cpu_forward.h"
-#include "engine/model/gemma4_config.h"
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
 #include "engine/gpu/gpu_forward.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/model/gemma4_config.h"
 #include "engine/model/synth.h"
 #include "jit/device.h"
 #include "tools/commands.h"

@@ -7,9 +7,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "engine/text/chat_format.h"
 #include "engine/generate/generate.h"
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
+#include "engine/text/chat_format.h"
 #include "engine/text/sampler.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/vocab_json.h"

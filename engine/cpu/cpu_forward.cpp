@@ -7,7 +7,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
 
 namespace gj::gemma4 {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "engine/gguf/ggml_types.h"
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
 
 namespace gj::ggml {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <map>
 
+#include "engine/gguf/reader.h"
 #include "engine/model/gemma4_tensors.h"
-#include "engine/gguf/gguf.h"
 
 namespace gj::gemma4 {
 

@@ -8,9 +8,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "engine/gguf/gguf.h"
-#include "engine/gguf/quantize.h"
 #include "engine/base/thread_pool.h"
+#include "engine/gguf/quantize.h"
+#include "engine/gguf/writer.h"
 #include "engine/text/tokenizer_data.h"
 
 namespace gj::synth {

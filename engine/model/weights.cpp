@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "engine/gguf/dequant.h"
+#include "engine/gguf/reader.h"
 #include "engine/model/gemma4_tensors.h"
-#include "engine/gguf/gguf.h"
 
 namespace gj::gemma4 {
 

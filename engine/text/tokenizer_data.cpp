@@ -3,7 +3,8 @@
 
 #include <stdexcept>
 
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
+#include "engine/gguf/writer.h"
 
 namespace gj::tok {
 

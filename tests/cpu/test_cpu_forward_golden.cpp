@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "engine/cpu/cpu_forward.h"
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
 #include "engine/model/synth.h"
 #include "tests/support/test_env.h"
 

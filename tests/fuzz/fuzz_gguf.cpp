@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/gguf/dequant.h"
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
 
 namespace {
 

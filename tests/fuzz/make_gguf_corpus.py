@@ -2,7 +2,7 @@
 """Writes the seed corpus for fuzz_gguf: a few tiny, valid GGUF files that together use every
 metadata value type, nested and string arrays, v2 and v3 headers, a non-default alignment and
 each tensor type the engine dequantizes. Standard library only, so it does not share code (or
-bugs) with engine/gguf/gguf.cpp. The files have no .gguf suffix because *.gguf is git-ignored. Usage: python3 tests/fuzz/make_gguf_corpus.py tests/fuzz/corpus_gguf
+bugs) with engine/gguf/reader.cpp. The files have no .gguf suffix because *.gguf is git-ignored. Usage: python3 tests/fuzz/make_gguf_corpus.py tests/fuzz/corpus_gguf
 """
 import os
 import struct

@@ -1,6 +1,7 @@
 // Dequantization against hand-built blocks: each block is packed here from chosen quants and
 // scales following ggml's layout description, and the expected floats come from those chosen
-// values, so a wrong nibble order, scale packing or sign convention in engine/gguf/dequant.cpp fails.
+// values, so a wrong nibble order, scale packing or sign convention in engine/gguf/dequant.cpp
+// fails.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,8 +9,9 @@
 #include <fstream>
 
 #include "engine/gguf/dequant.h"
-#include "engine/gguf/gguf.h"
 #include "engine/gguf/half.h"
+#include "engine/gguf/reader.h"
+#include "engine/gguf/writer.h"
 #include "tests/support/test_env.h"
 
 using gj::ggml::Type;

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/gguf/reader.h"
+#include "engine/gguf/writer.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/gemma4_tensors.h"
-#include "engine/gguf/gguf.h"
 #include "engine/model/synth.h"
 #include "tests/support/test_env.h"
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "engine/gguf/dequant.h"
+#include "engine/gguf/reader.h"
 #include "engine/model/gemma4_tensors.h"
-#include "engine/gguf/gguf.h"
 #include "engine/model/synth.h"
 #include "engine/text/tokenizer_data.h"
 #include "tests/support/test_env.h"

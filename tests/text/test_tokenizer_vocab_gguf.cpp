@@ -2,7 +2,8 @@
 // tokenizer metadata is an error naming the key.
 #include <gtest/gtest.h>
 
-#include "engine/gguf/gguf.h"
+#include "engine/gguf/reader.h"
+#include "engine/gguf/writer.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tokenizer_data.h"
 #include "tests/support/test_env.h"
