@@ -152,6 +152,13 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "1",
          .help = "0: run a layer's K and V projections after Q on the compute stream instead of "
                  "concurrently on two side streams"},
+        {.name = "GEMMAJIT_PARALLEL_UPLOAD",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: upload weights with one pageable cuMemcpyHtoDAsync per tensor instead of "
+                 "parallel reads into pinned staging buffers overlapped with the copies"},
         {.name = "GEMMAJIT_REPACK",
          .family = "path",
          .type = T::Bool,

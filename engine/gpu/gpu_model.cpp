@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "engine/base/thread_pool.h"
 #include "engine/gguf/dequant.h"
 #include "engine/gguf/half.h"
 #include "engine/gguf/reader.h"
 #include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/host_to_device.h"
 #include "engine/model/weights.h"
 #include "jit/cuda_driver.h"
 #include "jit/env_flags.h"
@@ -385,6 +387,17 @@ void GpuModel::upload(const GpuModelOptions& opts) {
     jit::DeviceBuffer staging;
     if (mem_.staging) staging = jit::DeviceBuffer(mem_.staging);
     ThreadPool pool;
+    // Tensor bytes reach the GPU through the pinned staging ring (GEMMAJIT_PARALLEL_UPLOAD), or
+    // as one pageable copy each.
+    std::optional<HostToDevice> h2d;
+    if (flags_.get_bool("GEMMAJIT_PARALLEL_UPLOAD")) h2d.emplace(stream, pool);
+    auto copy_to_gpu = [&](CUdeviceptr dst, const void* src, uint64_t n, const std::string& what) {
+        if (h2d)
+            h2d->copy(dst, src, n);
+        else
+            jit::check_driver(api.cuMemcpyHtoDAsync(dst, src, n, stream),
+                              "cuMemcpyHtoDAsync(" + what + ")");
+    };
 
     // Host rows of a matrix the GPU cannot read, as F16, in pieces of ~64 MiB.
     auto upload_dequantized = [&](const gguf::TensorInfo& t, CUdeviceptr dst, uint64_t rows,
@@ -417,8 +430,8 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         if (g.type != t.type) {
             upload_dequantized(t, g.ptr, g.rows, g.cols);
         } else if (g.layout == MatvecLayout::Split) {
-            jit::check_driver(api.cuMemcpyHtoDAsync(staging.ptr(), t.data, t.n_bytes, stream),
-                              "cuMemcpyHtoDAsync(" + g.name + ")");
+            copy_to_gpu(staging.ptr(), t.data, t.n_bytes, g.name);
+            if (h2d) h2d->flush();  // the repack below reads the staging
             const jit::Kernel& repack = kernels_.get(
                 g.spec_decode, g.type == ggml::Type::Q8_0 ? "repack_q8_0" : "repack_q4_0");
             CUdeviceptr src = staging.ptr(), dst = g.ptr;
@@ -427,8 +440,7 @@ void GpuModel::upload(const GpuModelOptions& opts) {
             const uint64_t blocks = uint64_t(g.rows) * (g.cols / 32);
             repack.launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
         } else {
-            jit::check_driver(api.cuMemcpyHtoDAsync(g.ptr, t.data, t.n_bytes, stream),
-                              "cuMemcpyHtoDAsync(" + g.name + ")");
+            copy_to_gpu(g.ptr, t.data, t.n_bytes, g.name);
         }
         progressed(g.bytes);
     };
@@ -461,8 +473,7 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         if (g.type != t.type)
             upload_dequantized(t, g.ptr, uint64_t(g.rows), uint64_t(g.cols));
         else
-            jit::check_driver(api.cuMemcpyHtoDAsync(g.ptr, t.data, t.n_bytes, stream),
-                              "cuMemcpyHtoDAsync(" + g.name + ")");
+            copy_to_gpu(g.ptr, t.data, t.n_bytes, g.name);
         progressed(g.bytes);
     };
 
@@ -506,15 +517,22 @@ void GpuModel::upload(const GpuModelOptions& opts) {
     place(&output_norm_, w.output_norm);
     place(&ple_proj_norm_, w.per_layer_proj_norm);
     vectors_ = jit::DeviceBuffer(arena.size() * sizeof(float));
-    jit::check_driver(
-        api.cuMemcpyHtoDAsync(vectors_.ptr(), arena.data(), arena.size() * sizeof(float), stream),
-        "cuMemcpyHtoDAsync(norm vectors)");
+    copy_to_gpu(vectors_.ptr(), arena.data(), arena.size() * sizeof(float), "norm vectors");
     for (auto [target, offset] : fixups) *target = vectors_.ptr() + offset * sizeof(float);
+    std::string bound;
+    if (h2d) {
+        // What bounds the upload: reading the file into staging (disk or page cache, page
+        // faults) or the bus (waiting for a slot's previous copy to finish).
+        const HostToDevice::Stats st = h2d->finish();
+        bound = fmt::format(
+            " [staging: read {:.2f} s at {:.1f} GB/s, bus wait {:.2f} s]", st.fill_seconds,
+            st.fill_seconds > 0 ? double(st.bytes) / st.fill_seconds / 1e9 : 0.0, st.wait_seconds);
+    }
     dev.synchronize();  // staging and the host arena go away next
 
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    say(fmt::format("weights on the GPU in {:.1f} s ({:.1f} GB/s); {}", s,
-                    s > 0 ? double(done) / s / 1e9 : 0.0, mem_.describe()));
+    say(fmt::format("weights on the GPU in {:.1f} s ({:.1f} GB/s){}; {}", s,
+                    s > 0 ? double(done) / s / 1e9 : 0.0, bound, mem_.describe()));
 }
 
 std::string GpuModel::summary() const {
