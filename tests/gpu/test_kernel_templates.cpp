@@ -12,6 +12,18 @@
 #include <fmt/format.h>
 
 #include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/attn_prep.h"
+#include "engine/gpu/kernels/embed_rows.h"
+#include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/flash_prefill.h"
+#include "engine/gpu/kernels/gemm_wgmma.h"
+#include "engine/gpu/kernels/logits.h"
+#include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/ple.h"
+#include "engine/gpu/kernels/rmsnorm.h"
+#include "engine/gpu/kernels/spec_util.h"
+#include "engine/gpu/kv_type.h"
 #include "jit/env_flags.h"
 #include "jit/jit.h"
 
