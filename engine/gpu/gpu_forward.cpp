@@ -8,6 +8,8 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/pinned_host.h"
 #include "jit/cuda_driver.h"
 

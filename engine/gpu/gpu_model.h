@@ -13,12 +13,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/gemma4_config.h"
 #include "engine/gguf/ggml_types.h"
 #include "engine/gpu/gpu_kernels.h"
-#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kv_cache.h"
 #include "engine/gpu/pinned_host.h"
+#include "engine/model/gemma4_config.h"
 #include "jit/blas.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"

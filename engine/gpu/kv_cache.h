@@ -11,14 +11,14 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/gpu/kv_type.h"
 #include "engine/model/gemma4_config.h"
-#include "engine/gpu/kernel_plan.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
 
 namespace gj::gemma4 {
 
-// GEMMAJIT_KV_TYPE (the KvType enum and its names are kernel_plan.h's).
+// GEMMAJIT_KV_TYPE (the KvType enum and its names are kv_type.h's).
 KvType kv_type_from_flags(const jit::Flags& flags);
 
 struct KvGeometry {

@@ -22,7 +22,10 @@
 #include <memory>
 #include <random>
 
-#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/attn_prep.h"
+#include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/spec_util.h"
+#include "engine/gpu/kv_type.h"
 #include "jit/cuda_driver.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"

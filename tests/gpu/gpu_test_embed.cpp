@@ -9,8 +9,9 @@
 #include <cstring>
 #include <random>
 
-#include "engine/gpu/kernel_plan.h"
 #include "engine/gguf/quantize.h"
+#include "engine/gpu/kernels/embed_rows.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"

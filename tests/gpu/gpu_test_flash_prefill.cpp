@@ -15,8 +15,11 @@
 #include <optional>
 #include <random>
 
-#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/flash_prefill.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/kv_cache.h"
+#include "engine/gpu/kv_type.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"

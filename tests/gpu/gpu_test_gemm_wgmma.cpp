@@ -31,7 +31,8 @@
 #include <set>
 
 #include "engine/gguf/half.h"
-#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/gemm_wgmma.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"

@@ -13,7 +13,9 @@
 #include <limits>
 #include <random>
 
-#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/logits.h"
+#include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "jit/cuda_driver.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"

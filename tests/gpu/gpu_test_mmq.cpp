@@ -19,7 +19,10 @@
 #include <set>
 #include <thread>
 
-#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/quantize_q8_1.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"

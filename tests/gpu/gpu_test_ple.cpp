@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/ple.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"

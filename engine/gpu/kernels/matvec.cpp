@@ -1,0 +1,111 @@
+#include "engine/gpu/kernels/matvec.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "engine/gpu/kernels/spec_util.h"
+#include "engine/model/gemma4_config.h"
+
+namespace gj::gemma4 {
+
+using spec_util::is_float_type;
+using spec_util::next_pow2;
+using spec_util::quant_type_tag;
+using spec_util::supported_types;
+
+namespace {
+
+// Units (the per-thread work items of matvec_common.cuh) per row.
+int matvec_units(ggml::Type t, int k, MatvecLayout layout) {
+    if (is_float_type(t)) return k / (t == ggml::Type::F32 ? 4 : 8);  // 16 bytes each
+    if (layout == MatvecLayout::Split) return t == ggml::Type::Q8_0 ? k / 16 : k / 32;
+    return k / (t == ggml::Type::Q8_0 ? 8 : 16);
+}
+
+// Threads split a row's units; enough of them per thread (>= 4) to keep UNROLL batches of loads
+// in flight, and not more threads than a quarter of the units.
+int matvec_threads(int units) {
+    return std::clamp(next_pow2(units / 4 + 1) / 2, 32, 256);
+}
+
+void check_matvec_shape(const std::string& what, int k, int ncols) {
+    if (k <= 0 || k % 32 != 0)
+        throw std::invalid_argument(
+            fmt::format("{}: input width {} is not a positive multiple of 32", what, k));
+    if (ncols < 1 || ncols > 8)
+        throw std::invalid_argument(fmt::format("{}: {} columns (1..8 supported)", what, ncols));
+}
+
+}  // namespace
+
+jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
+    if (is_float_type(weight_type)) {
+        if (layout != MatvecLayout::Ggml)
+            throw std::invalid_argument(fmt::format("matvec: {} weights have no split layout",
+                                                    ggml::type_name(weight_type)));
+        return matvec_f_spec(weight_type, k, ncols);
+    }
+    const char* tag = quant_type_tag(weight_type);
+    if (!tag)
+        throw ConfigError(fmt::format("no matvec kernel for weight type {} (supported: {})",
+                                      ggml::type_name(weight_type), supported_types()));
+    check_matvec_shape(fmt::format("matvec_{}", tag), k, ncols);
+    const int units = matvec_units(weight_type, k, layout);
+    const int threads = matvec_threads(units);
+    // Batches of 4 iterations, unless a row takes 5..7 iterations: then one batch of all of them,
+    // so no batch overhangs the row end (ptxas also spills in one such ragged form: K = 10240,
+    // split Q8_0, GeGLU, sm_90).
+    const int iters = (units + threads - 1) / threads;
+    const int unroll = iters > 4 && iters < 8 ? iters : 4;
+    jit::KernelSpec s;
+    s.family = fmt::format("matvec_{}", tag);
+    s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
+                         layout == MatvecLayout::Split ? ".split" : "");
+    s.constants = {{"K", k},
+                   {"LAYOUT", layout == MatvecLayout::Split ? 1 : 0},
+                   {"THREADS", threads},
+                   {"ROWS", 1},
+                   {"NCOLS", ncols},
+                   {"UNROLL", unroll}};
+    const std::string base = fmt::format("matvec_{}", tag);
+    s.entries = {base, base + "_add", base + "_geglu"};
+    if (layout == MatvecLayout::Split) s.entries.push_back(fmt::format("repack_{}", tag));
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
+    if (!is_float_type(weight_type))
+        throw ConfigError(fmt::format("matvec_f: weight type {} is not f32, f16 or bf16",
+                                      ggml::type_name(weight_type)));
+    const std::string tag = ggml::type_name(weight_type);
+    check_matvec_shape("matvec_f." + tag, k, ncols);
+    // About 10 units (16-byte loads) per thread, 32 to 128 threads; at 128 threads each block
+    // takes two rows, which halves the activation reads per weight byte. Measured on the H200 at
+    // E4B shapes (bf16 / f16, GB/s of the 4.27 TB/s copy bandwidth): 10240 x 2560 (32 threads)
+    // ~3.35-3.4 TB/s, GeGLU ~3.8-3.9; 2560 x 10240 (128 threads, 2 rows) ~3.3-3.5; the
+    // previous quarter-of-the-units rule gave 2.7-3.2 on the same shapes.
+    const int units = matvec_units(weight_type, k, MatvecLayout::Ggml);
+    const int threads = std::clamp(next_pow2(units / 10), 32, 128);
+    const int rows = threads >= 128 ? 2 : 1;
+    // Each column keeps a unit's 4 or 8 fp32 activations per batch step in registers: fewer
+    // batched iterations for wide batches keep the kernel free of spills.
+    const int unroll = ncols <= 2 ? 4 : ncols <= 4 ? 2 : 1;
+    jit::KernelSpec s;
+    s.family = "matvec_f";
+    s.name = fmt::format("matvec_f.{}.k{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "");
+    s.constants = {{"K", k},
+                   {"WTYPE", static_cast<int64_t>(weight_type)},
+                   {"THREADS", threads},
+                   {"ROWS", rows},
+                   {"NCOLS", ncols},
+                   {"UNROLL", unroll}};
+    s.entries = {"matvec_f", "matvec_f_add", "matvec_f_geglu"};
+    s.priority = 0;
+    return s;
+}
+
+}  // namespace gj::gemma4

@@ -1,0 +1,32 @@
+// matvec family: the specs of the decode matvecs (and their small-batch forms for prefill) over
+// the weights in each storage type:
+//   kernel_templates/matvec_q8_0.cu, matvec_q4_0.cu: Q8_0 / Q4_0 weights against Q8_1 (int8)
+//     activations, dp4a; "matvec_<q8_0|q4_0>.k<k>[.b<ncols>][.split]"
+//   kernel_templates/matvec_f.cu: f32 / f16 / bf16 weights against fp32 activations;
+//     "matvec_f.<type>.k<k>[.b<ncols>]"
+// (matvec_common.cuh holds their shared machinery).
+// Launch (from the spec constants): block THREADS, grid ceil(n_rows / ROWS).
+#pragma once
+
+#include "engine/gguf/ggml_types.h"
+#include "jit/kernel_spec.h"
+
+namespace gj::gemma4 {
+
+// How a quantized matrix sits in GPU memory for the matvec kernels.
+enum class MatvecLayout {
+    Ggml,   // the GGUF's blocks as-is
+    Split,  // payload plane + fp16 scale plane, made once by the spec's repack_<type> entry
+};
+
+// matvec of input width k. Q8_0 / Q4_0: "matvec_q8_0.k<k>[.b<ncols>][.split]" (int8 activations);
+// F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for another
+// weight type, std::invalid_argument for k % 32 != 0 or ncols outside 1..8.
+jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
+                            MatvecLayout layout = MatvecLayout::Ggml);
+
+// matvec for float weights (f32, f16, bf16) against fp32 activations:
+// "matvec_f.<type>.k<k>[.b<ncols>]". Throws like matvec_spec.
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
+
+}  // namespace gj::gemma4

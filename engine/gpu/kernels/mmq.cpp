@@ -1,0 +1,100 @@
+#include "engine/gpu/kernels/mmq.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "engine/gpu/kernels/spec_util.h"
+#include "engine/model/gemma4_config.h"
+
+namespace gj::gemma4 {
+
+MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows) {
+    // Chosen on the H200 at T = 512 among the tiles gpu_test_mmq covers, by how many tiles a
+    // 512-token chunk gives 132 SMs, within sm_80's 160 KiB of shared memory per block (TOP/s,
+    // Q8_0 / Q4_0, at the E4B shapes):
+    //  - few rows (n 512; Q8_0 also n 2048): 64 x 64 tiles of 4 warps, two blocks per SM
+    //    (n512 45 / 46, n2048 131 / -);
+    //  - at least 80 128 x 128 tiles (n 2560 at any K, n 4096): 8 warps of 64 x 32, one block per
+    //    SM, GeGLU in two passes of 64 tokens (k2048 105 / 102, k4096 107 / 105, k10240 113 / 111,
+    //    n4096 175 / 168);
+    //  - otherwise (Q4_0 n 2048, the GeGLU widths): 64 x 128 tiles of 8 warps of 32 x 32; Q4_0
+    //    with 8 blocks of K per stage (n2048 153, GeGLU 206), Q8_0 with 2 blocks per stage, three
+    //    stages, two blocks per SM (GeGLU 188; its 8-block form needs 176 KiB).
+    const bool q8 = weight_type == ggml::Type::Q8_0;
+    const int wide_tiles = (n_rows + 127) / 128 * 4;  // 128 x 128 tiles at T = 512
+    if (n_rows <= 1024 || (q8 && wide_tiles < 80)) return MmqTile{64, 64, 2, 2, 4, 4, 2, 1};
+    // The 128 x 128 tiles of a deep product (k >= 2048) split K in three: 80 tiles alone fill 60%
+    // of the SMs; 240 run in two full waves of a third of the work each.
+    if (n_rows < 4224 && wide_tiles >= 80)
+        return MmqTile{128, 128, 2, 4, 4, 3, 1, 2, k >= 2048 && wide_tiles < 100 ? kMmqSplits : 1};
+    return q8 ? MmqTile{64, 128, 2, 4, 2, 3, 2, 1} : MmqTile{64, 128, 2, 4, 8, 2, 1, 1};
+}
+
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {
+    if (n_rows < 1)
+        throw std::invalid_argument(fmt::format("mmq: {} weight rows (at least 1)", n_rows));
+    return mmq_spec(weight_type, k, mmq_tile(weight_type, k, n_rows));
+}
+
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
+    const char* tag = spec_util::quant_type_tag(weight_type);
+    if (!tag)
+        throw ConfigError(
+            fmt::format("no int8 tensor-core GEMM (mmq) for weight type {} (supported: q8_0, q4_0)",
+                        ggml::type_name(weight_type)));
+    if (k <= 0 || k % 32 != 0)
+        throw std::invalid_argument(
+            fmt::format("mmq: input width {} is not a positive multiple of 32", k));
+    const std::string tile = fmt::format(
+        "m{}n{}.w{}x{}.s{}b{}.o{}p{}{}", t.bm, t.bn, t.warps_m, t.warps_n, t.stages, t.kbs,
+        t.min_blocks, t.geglu_passes, t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string());
+    const int warps = t.warps_m * t.warps_n;
+    if (t.warps_m < 1 || t.warps_n < 1 || warps > 16 || t.bm < 16 || t.bm % (16 * t.warps_m) != 0 ||
+        t.bn < 32 || t.bn % (32 * t.warps_n) != 0 ||
+        (t.kbs != 1 && t.kbs != 2 && t.kbs != 4 && t.kbs != 8) || t.stages < 2 || t.stages > 8 ||
+        t.min_blocks < 1 || t.min_blocks * warps > 64 || t.geglu_passes < 1 || t.geglu_passes > 2 ||
+        t.bm % (16 * t.warps_m * t.geglu_passes) != 0 || t.splits < 1 || t.splits > 8)
+        throw std::invalid_argument(fmt::format(
+            "mmq: impossible tile {} (BM a multiple of 16 * WARPS_M, BN of 32 * WARPS_N, at most "
+            "16 warps, KBS 1/2/4/8, 2..8 stages, at most 64 warps per SM, 1 or 2 GeGLU passes "
+            "of whole m16 tiles per warp, 1..8 K splits)",
+            tile));
+    // The stage layouts of kernel_templates/mmq.cu: activations, the weight payloads, {d, s} and
+    // the fp16 weight scales; the GeGLU entries hold two matrices for BM / GEGLU_PASSES tokens.
+    const int w_bytes_per_kb = weight_type == ggml::Type::Q8_0 ? 32 : 16;
+    auto stage = [&](int64_t rows, int64_t mats) {
+        return rows * t.kbs * 32 + mats * t.bn * t.kbs * w_bytes_per_kb + t.kbs * rows * 8 +
+               mats * t.bn * t.kbs * 2;
+    };
+    const int64_t smem = t.stages * std::max(stage(t.bm, 1), stage(t.bm / t.geglu_passes, 2));
+    // 227 KiB per block; the SM's 228 KiB also hold 1 KiB per resident block.
+    if (smem > 227 * 1024 || t.min_blocks * (smem + 1024) > 228 * 1024)
+        throw std::invalid_argument(
+            fmt::format("mmq: tile {} needs {} bytes of shared memory per block (at most 227 KiB, "
+                        "228 KiB per SM for all resident blocks)",
+                        tile, smem));
+    jit::KernelSpec s;
+    s.family = "mmq";
+    s.name = fmt::format("mmq.{}.k{}.{}", tag, k, tile);
+    s.constants = {{"K", k},
+                   {"WTYPE", weight_type == ggml::Type::Q8_0 ? 0 : 1},
+                   {"BM", t.bm},
+                   {"BN", t.bn},
+                   {"WARPS_M", t.warps_m},
+                   {"WARPS_N", t.warps_n},
+                   {"KBS", t.kbs},
+                   {"STAGES", t.stages},
+                   {"MIN_BLOCKS", t.min_blocks},
+                   {"GEGLU_PASSES", t.geglu_passes},
+                   {"SPLITS", t.splits},
+                   {"THREADS", 32 * warps},
+                   {"SMEM", smem}};
+    s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce"};
+    s.priority = 1;
+    return s;
+}
+
+}  // namespace gj::gemma4

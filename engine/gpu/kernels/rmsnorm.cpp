@@ -1,0 +1,63 @@
+#include "engine/gpu/kernels/rmsnorm.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "engine/gpu/kernels/spec_util.h"
+
+namespace gj::gemma4 {
+
+using spec_util::next_pow2;
+using spec_util::round_up;
+
+jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
+                             int parts) {
+    if (parts < 1 || parts > 8 || (parts > 1 && !add))
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: {} input planes (1..8, more than 1 only with the residual add)", parts));
+    if (n <= 0 || n % 4 != 0)
+        throw std::invalid_argument(
+            fmt::format("rmsnorm: width {} is not a positive multiple of 4", n));
+    if (quant && n % 32 != 0)
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: quantized output needs a width that is a multiple of 32, got {}", n));
+    if ((scale || norm2) && !add)
+        throw std::invalid_argument(
+            "rmsnorm: the output scale and the chained second norm apply to a residual update "
+            "(add)");
+    if (n > 16 * 1024 * 4)
+        throw std::invalid_argument(
+            fmt::format("rmsnorm: width {} is above the 65536 supported", n));
+    // About 4 float4 per thread. Narrow rows (head dims) share a warp between several rows;
+    // wide rows (d_model) get a block each.
+    int tpr, rpb;
+    if (n <= 512) {
+        tpr = std::clamp(next_pow2((n + 15) / 16), 8, 32);
+        rpb = 128 / tpr;
+    } else {
+        tpr = std::min(1024, round_up((n + 15) / 16, 32));
+        rpb = 1;
+    }
+    jit::KernelSpec s;
+    s.family = "rmsnorm";
+    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
+                         scale ? ".scale" : "", norm2 ? ".n2" : "", quant ? ".q8" : "",
+                         parts > 1 ? fmt::format(".p{}", parts) : std::string());
+    s.constants = {{"N", n},
+                   {"TPR", tpr},
+                   {"RPB", rpb},
+                   {"WEIGHT", weight ? 1 : 0},
+                   {"QUANT", quant ? 1 : 0},
+                   {"ADD", add ? 1 : 0},
+                   {"SCALE", scale ? 1 : 0},
+                   {"NORM2", norm2 ? 1 : 0},
+                   {"PARTS", parts}};
+    s.entries = {scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
+    s.priority = 0;
+    return s;
+}
+
+}  // namespace gj::gemma4

@@ -1,0 +1,24 @@
+// rmsnorm family: the spec of kernel_templates/rmsnorm.cu (norms over rows of n floats, with the
+// residual add, layer output scale, chained second norm and Q8_1 output fused in).
+//
+// Spec name: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8][.p<parts>]".
+// Launch (from the spec constants): block TPR * RPB, grid ceil(rows / RPB).
+#pragma once
+
+#include "jit/kernel_spec.h"
+
+namespace gj::gemma4 {
+
+// rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8][.p<parts>]".
+//   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
+//   add:    y = residual + norm(x) [* w]
+//   scale:  y = (residual + norm(x) * w) * (*scale)   (layer_output_scale; needs add)
+//   norm2:  also y2 = norm(y) * w2                     (the next pre-norm; needs add)
+//   parts:  x is the sum of that many [rows][n] planes (split-K partials of the int8 GEMM;
+//           needs add)
+// Entry "rmsnorm" without scale and norm2, else "rmsnorm_ext" (see kernel_templates/rmsnorm.cu).
+// Throws std::invalid_argument for an impossible combination.
+jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
+                             bool scale = false, bool norm2 = false, int parts = 1);
+
+}  // namespace gj::gemma4

@@ -1,0 +1,30 @@
+#include "engine/gpu/kernels/spec_util.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace gj::gemma4 {
+
+int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
+    for (const auto& [n, v] : spec.constants)
+        if (n == name) return v;
+    throw std::out_of_range(fmt::format("kernel spec {} has no constant {}", spec.name, name));
+}
+
+namespace spec_util {
+
+std::string supported_types() {
+    return "f32, f16, bf16, q8_0, q4_0";
+}
+
+int gqa_group(const Config& cfg, int layer) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    if (l.n_kv_heads <= 0 || cfg.n_heads % l.n_kv_heads != 0)
+        throw ConfigError(fmt::format("model {}: layer {} has {} heads over {} KV heads", cfg.name,
+                                      layer, cfg.n_heads, l.n_kv_heads));
+    return cfg.n_heads / l.n_kv_heads;
+}
+
+}  // namespace spec_util
+}  // namespace gj::gemma4

@@ -1,0 +1,178 @@
+// The prompt-batch GEMM families' spec builders (mmq, gemm_wgmma) and their NVRTC compilation on
+// the CPU at the real model shapes and every tile the plan or the GPU tests use: each kernel must
+// compile, contain the tensor-core instructions it exists for, and spill nothing.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/gpu/kernels/gemm_wgmma.h"
+#include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/spec_util.h"
+#include "engine/model/gemma4_config.h"
+#include "jit/env_flags.h"
+#include "jit/jit.h"
+#include "tests/support/kernel_specs.h"
+
+using gj::gemma4::Config;
+using gj::jit::CompiledKernel;
+using gj::jit::KernelSpec;
+using gj::test::all_specs_of;
+using gj::test::compile_and_check;
+using gj::test::entry_ptx;
+namespace ggml = gj::ggml;
+
+TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
+    using gj::gemma4::mmq_spec;
+    using gj::gemma4::MmqTile;
+    using gj::gemma4::spec_constant;
+    const auto s = mmq_spec(ggml::Type::Q8_0, 2560, 10240);
+    EXPECT_EQ(s.family, "mmq");
+    EXPECT_EQ(s.name, "mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1");
+    EXPECT_EQ(s.entries,
+              (std::vector<std::string>{"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce"}));
+    EXPECT_EQ(spec_constant(s, "SPLITS"), 1);
+    // The deep n 2560 products (80 tiles of 128 x 128 at T = 512) split K in three; shallow ones
+    // and wide ones do not.
+    const auto down = mmq_spec(ggml::Type::Q8_0, 10240, 2560);
+    EXPECT_EQ(down.name, "mmq.q8_0.k10240.m128n128.w2x4.s3b4.o1p2.k3");
+    EXPECT_EQ(spec_constant(down, "SPLITS"), 3);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q8_0, 2048, 2560), "SPLITS"), 3);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q8_0, 1024, 2560), "SPLITS"), 1);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q8_0, 5376, 4096), "SPLITS"), 1);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, MmqTile{64, 64, 2, 2, 4, 4, 2, 1, 9}),
+                 std::invalid_argument);
+    EXPECT_EQ(spec_constant(s, "K"), 2560);
+    EXPECT_EQ(spec_constant(s, "WTYPE"), 0);
+    EXPECT_EQ(spec_constant(s, "THREADS"), 256);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q4_0, 2560, 10240), "WTYPE"), 1);
+    // Few rows get smaller tiles, so a 512-token chunk still spreads over the SMs.
+    const auto narrow = mmq_spec(ggml::Type::Q8_0, 2560, 512);
+    EXPECT_LT(spec_constant(narrow, "BN") * spec_constant(narrow, "BM"),
+              spec_constant(s, "BN") * spec_constant(s, "BM"));
+    // Shared memory: STAGES stages of activations, weights, {d, s} and fp16 scales; here the
+    // GeGLU layout (16 tokens per pass, two matrices) is the larger one.
+    const auto t = mmq_spec(ggml::Type::Q4_0, 64, MmqTile{32, 64, 1, 2, 4, 3, 1, 2});
+    EXPECT_EQ(t.name, "mmq.q4_0.k64.m32n64.w1x2.s3b4.o1p2");
+    EXPECT_EQ(spec_constant(t, "SMEM"), 3 * (16 * 128 + 2 * 64 * 64 + 4 * 16 * 8 + 2 * 64 * 8));
+    EXPECT_EQ(spec_constant(t, "THREADS"), 64);
+    EXPECT_EQ(spec_constant(t, "GEGLU_PASSES"), 2);
+    // One pass: the plain layout (32 tokens, one matrix) against the GeGLU one (32, two).
+    const auto u = mmq_spec(ggml::Type::Q8_0, 64, MmqTile{32, 64, 1, 2, 2, 4, 2, 1});
+    EXPECT_EQ(spec_constant(u, "SMEM"), 4 * (32 * 64 + 2 * 64 * 64 + 2 * 32 * 8 + 2 * 64 * 4));
+    EXPECT_EQ(spec_constant(u, "MIN_BLOCKS"), 2);
+    try {
+        mmq_spec(ggml::Type::BF16, 2560, 512);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(mmq_spec(ggml::Type::Q6_K, 2560, 512), gj::gemma4::ConfigError);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560 + 16, 512), std::invalid_argument);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 0, 512), std::invalid_argument);
+    EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, 0), std::invalid_argument);
+    for (const MmqTile& bad : {MmqTile{48, 128, 2, 4, 2, 4},         // BM not whole warp m16 tiles
+                               MmqTile{64, 96, 2, 4, 2, 4},          // BN not whole 32-row groups
+                               MmqTile{64, 128, 2, 4, 3, 4},         // KBS
+                               MmqTile{64, 128, 2, 4, 2, 1},         // one stage
+                               MmqTile{64, 128, 8, 4, 2, 4},         // 32 warps
+                               MmqTile{256, 256, 4, 4, 4, 8},        // shared memory
+                               MmqTile{128, 128, 2, 4, 4, 3, 2, 2},  // ... for two blocks
+                               MmqTile{64, 128, 2, 4, 2, 4, 0, 1},   // no block per SM
+                               MmqTile{64, 128, 2, 4, 2, 4, 1, 3},   // three GeGLU passes
+                               MmqTile{32, 64, 2, 1, 2, 4, 1, 2}})   // half an m16 tile per pass
+        EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, bad), std::invalid_argument);
+}
+
+TEST(KernelTemplates, MmqSpecsCompileWithTheirInstructionsAndNoSpills) {
+    compile_and_check(all_specs_of({"mmq"}), [](const CompiledKernel& c,
+                                                const std::string& /*arch*/) {
+        const auto& s = c.spec;
+        if (s.family == "mmq") {
+            // int8 tensor cores fed by ldmatrix from a cp.async pipeline; the quantized
+            // GeGLU output rounds to int8 like quantize_q8_1.
+            for (const auto& e : s.entries) {
+                const auto body = entry_ptx(c.ptx, e);
+                if (e == "mmq_reduce") {  // the split-K sum: plain loads, no tensor cores
+                    EXPECT_NE(body.find("ld.global"), std::string::npos) << e;
+                    EXPECT_EQ(body.find("mma.sync"), std::string::npos) << e;
+                    continue;
+                }
+                for (const char* want :
+                     {"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+                      "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
+                      "cp.async.wait_group", "bar.sync"})
+                    EXPECT_NE(body.find(want), std::string::npos) << e << " lacks " << want;
+                EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
+                EXPECT_EQ(body.find("cvt.rni.sat.s8.f32") != std::string::npos, e == "mmq_geglu_q8")
+                    << e;
+            }
+        }
+    });
+}
+
+// The wgmma GEMM (sm_90a only) at the E4B and 31B shapes and every tile the plan or the GPU test
+// uses: it compiles for sm_90a with warpgroup tensor-core instructions, swizzled shared-memory
+// descriptors and the async-proxy fence, no local memory; another target is refused by name.
+TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
+    using gj::gemma4::GemmWgmmaTile;
+    std::vector<KernelSpec> specs;
+    std::set<std::string> seen;
+    auto add = [&](const KernelSpec& s) {
+        if (seen.insert(s.name).second) specs.push_back(s);
+    };
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        for (const char* v : {"e4b", "31b"}) {
+            const Config cfg = Config::preset(v);
+            for (int l = 0; l < cfg.n_layers; ++l) {
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.q_dim(l)));
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.q_dim(l), cfg.d_model));
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.layers[l].ffn_dim));
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.layers[l].ffn_dim, cfg.d_model));
+            }
+        }
+        for (const GemmWgmmaTile& tile : {GemmWgmmaTile{64, 64, 3}, GemmWgmmaTile{128, 256, 4},
+                                          GemmWgmmaTile{64, 256, 6}, GemmWgmmaTile{128, 64, 5}})
+            add(gj::gemma4::gemm_wgmma_spec(t, 96, tile));
+    }
+    gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
+    const auto compiled = jit.compile_plan(specs, "sm_90", 2);
+    ASSERT_EQ(compiled.size(), specs.size());
+    for (const auto& c : compiled) {
+        SCOPED_TRACE(c.spec.name);
+        EXPECT_EQ(c.arch, "sm_90a");
+        // ptxas serializes wgmmas it cannot prove independent of the surrounding code (a
+        // "Potential Performance Loss" note): that would make the conversion overlap vanish.
+        EXPECT_EQ(c.log.find("wgmma.mma_async instructions are serialized"), std::string::npos)
+            << c.log;
+        for (size_t i = 0; i < c.spec.entries.size(); ++i) {
+            const std::string& e = c.spec.entries[i];
+            const auto body = entry_ptx(c.ptx, e);
+            if (e == "gemm_wgmma_reduce") {  // the split-K sum: plain loads, no tensor cores
+                EXPECT_NE(body.find("ld.global"), std::string::npos) << e;
+                EXPECT_EQ(body.find("wgmma.mma_async"), std::string::npos) << e;
+                continue;
+            }
+            for (const char* want :
+                 {"wgmma.mma_async.sync.aligned.m64n", "wgmma.fence.sync.aligned",
+                  "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned",
+                  "fence.proxy.async.shared::cta", "cp.async.cg.shared.global",
+                  "cvt.rn.bf16x2.f32"})
+                EXPECT_NE(body.find(want), std::string::npos) << e << " lacks " << want;
+            EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
+            EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << e;
+            EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << e;
+            std::printf("[ regs     ] %s %s: %d\n", c.spec.name.c_str(), e.c_str(),
+                        c.resources_per_entry[i].registers);
+        }
+    }
+    try {
+        jit.compile(specs.front(), "sm_80");
+        ADD_FAILURE() << "compiled an sm_90a kernel for sm_80";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(specs.front().name), std::string::npos) << e.what();
+    }
+}

@@ -1,0 +1,58 @@
+// NVRTC compilation, on the CPU, of the matvec specs (matvec_q8_0, matvec_q4_0, matvec_f) of
+// every preset's plan and the forms no plan uses by default: each must compile, stream its
+// weights with the loads it exists for, and spill nothing.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/gpu/kernels/spec_util.h"
+#include "tests/support/kernel_specs.h"
+
+using gj::gemma4::spec_constant;
+using gj::jit::CompiledKernel;
+using gj::test::all_specs_of;
+using gj::test::compile_and_check;
+using gj::test::entry_ptx;
+using gj::test::occurrences;
+
+TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
+    compile_and_check(
+        all_specs_of({"matvec_q8_0", "matvec_q4_0", "matvec_f"}),
+        [](const CompiledKernel& c, const std::string& /*arch*/) {
+            const auto& s = c.spec;
+            if (s.family == "matvec_f") {
+                const auto wtype = spec_constant(s, "WTYPE");
+                for (const auto& e : s.entries) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("ld.global.nc.L1::no_allocate.v4.u32"), std::string::npos)
+                        << e << ": weights must stream in 16-byte loads";
+                    EXPECT_NE(body.find("fma.rn.f32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos) << e;
+                    EXPECT_EQ(body.find("dp4a"), std::string::npos) << e;
+                    if (wtype == 1) {
+                        EXPECT_NE(body.find("cvt.f32.f16"), std::string::npos) << e;
+                    }
+                }
+                const std::string ld = "ld.global.nc.L1::no_allocate.v4.u32";
+                EXPECT_EQ(occurrences(entry_ptx(c.ptx, "matvec_f_geglu"), ld),
+                          2 * occurrences(entry_ptx(c.ptx, "matvec_f"), ld));
+            } else if (s.family.starts_with("matvec_")) {
+                for (const auto& e : s.entries) {
+                    if (e.starts_with("repack_")) continue;
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("dp4a.s32.s32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos) << e;
+                    if (spec_constant(s, "LAYOUT") == 1)
+                        EXPECT_NE(body.find("ld.global.nc.L1::no_allocate.v4.u32"),
+                                  std::string::npos)
+                            << e << ": split layout must use 16-byte streaming loads";
+                    else
+                        EXPECT_NE(body.find("shf.r."), std::string::npos)
+                            << e << ": ggml layout joins unaligned words with funnel shifts";
+                }
+                // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one.
+                EXPECT_EQ(occurrences(entry_ptx(c.ptx, s.entries[2]), "dp4a"),
+                          2 * occurrences(entry_ptx(c.ptx, s.entries[0]), "dp4a"));
+            }
+        });
+}

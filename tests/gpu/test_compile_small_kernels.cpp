@@ -1,0 +1,76 @@
+// NVRTC compilation, on the CPU, of the small kernels between the products (rmsnorm,
+// quantize_q8_1, convert_f32, embed_rows, ple, logits) for every preset's plan: each must compile,
+// contain the instructions it exists for, and spill nothing.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/gpu/kernels/spec_util.h"
+#include "tests/support/kernel_specs.h"
+
+using gj::gemma4::spec_constant;
+using gj::jit::CompiledKernel;
+using gj::test::all_specs_of;
+using gj::test::compile_and_check;
+using gj::test::entry_ptx;
+using gj::test::occurrences;
+
+// convert_f32 has the shared checks only (a CUBIN, its entries, no spills).
+TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
+    compile_and_check(
+        all_specs_of({"rmsnorm", "quantize_q8_1", "convert_f32", "embed", "ple", "logits"}),
+        [](const CompiledKernel& c, const std::string& /*arch*/) {
+            const auto& s = c.spec;
+            if (s.family == "rmsnorm") {
+                const bool quant = spec_constant(s, "QUANT") == 1;
+                const bool norm2 = spec_constant(s, "NORM2") == 1;
+                EXPECT_EQ(c.ptx.find("cvt.rni.sat.s8.f32") != std::string::npos, quant);
+                // One refined reciprocal square root per norm, and no IEEE sqrt / division (their
+                // slow-path calls cost stack and spills).
+                EXPECT_EQ(occurrences(c.ptx, "rsqrt.approx.f32"), norm2 ? 2u : 1u);
+                EXPECT_EQ(c.ptx.find("sqrt.rn.f32"), std::string::npos);
+                EXPECT_EQ(c.ptx.find("div.rn.f32"), std::string::npos);
+                EXPECT_EQ(c.ptx.find("rcp.rn.f32"), std::string::npos);
+                if (spec_constant(s, "SCALE") == 1) {  // the scale is a device load
+                    EXPECT_NE(entry_ptx(c.ptx, "rmsnorm_ext").find("ld.global.nc.f32"),
+                              std::string::npos);
+                }
+            } else if (s.family == "embed") {
+                const auto body = entry_ptx(c.ptx, "embed_rows");
+                EXPECT_NE(body.find("st.global.v4.f32"), std::string::npos);
+                const auto wtype = spec_constant(s, "WTYPE");
+                if (wtype == 0) {
+                    EXPECT_NE(body.find("ld.global.nc.v4.f32"), std::string::npos);
+                }
+                if (wtype == 1 || wtype == 2 || wtype == 8) {  // f16 values or block scales
+                    EXPECT_NE(body.find("cvt.f32.f16"), std::string::npos);
+                }
+            } else if (s.family == "ple") {
+                if (s.name.starts_with("ple_finish")) {
+                    const auto body = entry_ptx(c.ptx, "ple_finish");
+                    EXPECT_NE(body.find("rsqrt.approx.f32"), std::string::npos);
+                    EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
+                } else {
+                    EXPECT_NE(entry_ptx(c.ptx, "gelu_mul_q8").find("cvt.rni.sat.s8.f32"),
+                              std::string::npos);
+                    EXPECT_EQ(entry_ptx(c.ptx, "gelu_mul").find("cvt.rni.sat.s8.f32"),
+                              std::string::npos);
+                }
+            } else if (s.family == "logits") {
+                // One launch each: partials, a fence, the arrival counter, the last block's merge.
+                for (const char* e : {"softcap_argmax", "softcap_topk"}) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("membar.gl"), std::string::npos) << e;
+                    EXPECT_NE(body.find("atom.global.add.u32"), std::string::npos) << e;
+                    EXPECT_NE(body.find("ld.global.cg"), std::string::npos) << e;
+                    EXPECT_NE(body.find("div.rn.f32"), std::string::npos) << e << ": IEEE z / cap";
+                }
+                const auto topk = entry_ptx(c.ptx, "softcap_topk");
+                EXPECT_NE(topk.find("match.any.sync.b32"), std::string::npos);
+                EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
+            } else if (s.family == "quantize_q8_1") {
+                EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
+                EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);
+            }
+        });
+}

@@ -1,0 +1,311 @@
+// Kernel plan contents (which specs each model needs, for every weight type and flag), the spec
+// builders' errors, and the launch geometry of every spec the compile tests compile
+// (test_compile_*.cpp), all on the CPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/attn_prep.h"
+#include "engine/gpu/kernels/embed_rows.h"
+#include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/flash_prefill.h"
+#include "engine/gpu/kernels/logits.h"
+#include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/ple.h"
+#include "engine/gpu/kernels/rmsnorm.h"
+#include "engine/gpu/kernels/spec_util.h"
+#include "tests/support/kernel_specs.h"
+
+using gj::gemma4::build_kernel_plan;
+using gj::gemma4::Config;
+using gj::gemma4::KvType;
+using gj::gemma4::MatvecLayout;
+using gj::jit::KernelSpec;
+using gj::test::all_specs;
+using gj::test::names_of;
+namespace ggml = gj::ggml;
+
+TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
+    const auto plan = build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0);
+    const auto names = names_of(plan);
+    EXPECT_EQ(names.size(), plan.size()) << "duplicate spec names";
+    for (const char* want : {"rmsnorm.n2560.w1.q8",
+                             "rmsnorm.n2560.w1.add",
+                             "rmsnorm.n2560.w1.add.scale",
+                             "rmsnorm.n2560.w1.add.n2.q8",
+                             "rmsnorm.n2560.w1.add.scale.n2.q8",
+                             "rmsnorm.n2560.w1.add.q8",
+                             "rmsnorm.n256.w1",
+                             "rmsnorm.n512.w1",
+                             "rmsnorm.n256.w0",
+                             "rmsnorm.n512.w0",
+                             "quantize_q8_1",
+                             "matvec_q8_0.k2560.split",
+                             "matvec_q8_0.k2048.split",
+                             "matvec_q8_0.k4096.split",
+                             "matvec_q8_0.k10240.split",
+                             "matvec_q8_0.k256.split",
+                             "matvec_q8_0.k2560.b8.split",
+                             "embed_rows.q8_0.n2560.v262144",
+                             "embed_rows.q8_0.n10752.v262144",
+                             "ple_finish.l42.p256",
+                             "gelu_mul.p256",
+                             "logits.v262144.k64"})
+        EXPECT_TRUE(names.count(want)) << want;
+    // Dense model: no MoE-only norms.
+    EXPECT_FALSE(names.count("rmsnorm.n2560.w0"));
+    // Decode kernels compile first; the prefill-only ones (int8 GEMM, tensor-core attention)
+    // after them.
+    for (const auto& k : plan) {
+        const bool prefill_only = k.family == "mmq" || k.family == "flash_prefill";
+        EXPECT_EQ(k.priority, prefill_only ? 1 : 0) << k.name;
+        EXPECT_FALSE(k.entries.empty()) << k.name;
+    }
+    for (const char* want :
+         {"mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1", "mmq.q8_0.k10240.m128n128.w2x4.s3b4.o1p2.k3",
+          "flash_prefill.hd512.g4.kv2.w0.f16"})
+        EXPECT_TRUE(names.count(want)) << want;
+    // Exactly the matvec widths the model has: d (also the LM head and the PLE context
+    // projection), o-proj inputs (2048, 4096), FFN, PLE; for 1 and 8 columns.
+    size_t matvecs = std::count_if(plan.begin(), plan.end(),
+                                   [](const KernelSpec& k) { return k.family == "matvec_q8_0"; });
+    EXPECT_EQ(matvecs, 10u);
+}
+
+TEST(KernelPlan, PerVariantWidths) {
+    auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q4_0));
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144.split"));   // layers 0-14
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288.split"));  // double-wide KV-shared layers
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k1536.split"));
+    EXPECT_TRUE(e2b.count("rmsnorm.n1536.w1.q8"));
+    EXPECT_TRUE(e2b.count("embed_rows.q4_0.n8960.v262144"));  // PLE table: 35 * 256
+
+    auto moe = names_of(build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(moe.count("matvec_q8_0.k2112.split"));  // dense MLP down: not a multiple of 256
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w0"));         // router norm
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));         // post_ffw_norm_1/2
+    EXPECT_FALSE(moe.count("matvec_q8_0.k256.split"));  // no PLE
+    EXPECT_FALSE(moe.count("gelu_mul.p256"));
+
+    auto b31 = names_of(build_kernel_plan(Config::preset("31b"), ggml::Type::Q8_0));
+    for (const char* want : {"matvec_q8_0.k5376.split", "matvec_q8_0.k8192.split",
+                             "matvec_q8_0.k16384.split", "matvec_q8_0.k21504.split"})
+        EXPECT_TRUE(b31.count(want)) << want;
+
+    // Float weights: matvec_f everywhere, fp32 norms, no activation quantization.
+    auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16));
+    for (const char* want :
+         {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240", "matvec_f.bf16.k256",
+          "matvec_f.bf16.k2560.b8", "rmsnorm.n2560.w1", "rmsnorm.n2560.w1.add.scale.n2",
+          "embed_rows.bf16.n2560.v262144", "logits.v262144.k64",
+          // prefill through cuBLAS: bf16 activations, the GeGLU of two products
+          "convert_f32", "gelu_mul.p10240"})
+        EXPECT_TRUE(bf.count(want)) << want;
+    EXPECT_FALSE(bf.count("quantize_q8_1"));
+    EXPECT_FALSE(bf.count("rmsnorm.n2560.w1.q8"));
+}
+
+TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        for (auto t : gj::test::plan_weight_types()) {
+            SCOPED_TRACE(v + " " + ggml::type_name(t));
+            const auto names = names_of(build_kernel_plan(cfg, t));
+            const bool quant = t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
+            const std::string mv = quant ? "matvec_" + ggml::type_name(t) + ".k"
+                                         : "matvec_f." + ggml::type_name(t) + ".k";
+            const std::string sfx = quant ? ".split" : "";
+            EXPECT_TRUE(names.count(mv + std::to_string(cfg.d_model) + sfx));
+            for (size_t l = 0; l < cfg.layers.size(); ++l) {
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.q_dim(int(l))) + sfx));
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.layers[l].ffn_dim) + sfx));
+            }
+            EXPECT_TRUE(names.count(fmt::format("logits.v{}.k64", cfg.vocab_size)));
+            EXPECT_TRUE(names.count(fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(t),
+                                                cfg.d_model, cfg.vocab_size)));
+            if (cfg.has_ple()) {
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.ple_dim) + sfx));  // K = 32
+                EXPECT_TRUE(
+                    names.count(fmt::format("ple_finish.l{}.p{}", cfg.n_layers, cfg.ple_dim)));
+            }
+        }
+    }
+}
+
+TEST(KernelPlan, MixedWeightTypes) {
+    // A Q4_0 file whose embeddings were dequantized to F16 and whose PLE projection is BF16.
+    gj::gemma4::PlanTypes types{ggml::Type::Q4_0, ggml::Type::F16, ggml::Type::F16,
+                                ggml::Type::BF16};
+    types.layout = MatvecLayout::Ggml;
+    types.max_cols = 1;
+    const auto names = names_of(build_kernel_plan(Config::preset("e4b"), types));
+    for (const char* want : {"matvec_q4_0.k2560", "matvec_f.f16.k2560", "matvec_f.bf16.k2560",
+                             "embed_rows.f16.n2560.v262144", "embed_rows.f16.n10752.v262144"})
+        EXPECT_TRUE(names.count(want)) << want;
+    EXPECT_FALSE(names.count("matvec_q4_0.k2560.b8"));
+    types.token_embd = ggml::Type::Q6_K;
+    try {
+        build_kernel_plan(Config::preset("e4b"), types);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("token_embd stored as q6_k"), std::string::npos)
+            << e.what();
+    }
+}
+
+TEST(KernelPlan, AttentionSpecsPerLayerType) {
+    // E4B: sliding hd 256 (full RoPE, window 512), global hd 512 (64 of 256 pairs rotate),
+    // group 4; layers 24.. share KV (Q-only prep, attention over the donor's cache).
+    auto e4b = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0));
+    for (const char* want :
+         {"attn_prep.hd256.h8.kv2.rp128.f16", "attn_prep.hd512.h8.kv2.rp64.f16",
+          "attn_prep.hd256.h8.kv2.rp128.shared", "attn_prep.hd512.h8.kv2.rp64.shared",
+          "flash_decode.hd256.g4.kv2.w512.f16", "flash_decode.hd512.g4.kv2.w0.f16"})
+        EXPECT_TRUE(e4b.count(want)) << want;
+    EXPECT_EQ(std::count_if(e4b.begin(), e4b.end(),
+                            [](const std::string& n) { return n.starts_with("flash_decode."); }),
+              2);
+    // 31B: k_eq_v globals (V from the raw K projection), group 8 global / 2 sliding, window 1024.
+    auto b31 = names_of(build_kernel_plan(Config::preset("31b"), ggml::Type::Q4_0));
+    for (const char* want :
+         {"attn_prep.hd512.h32.kv4.rp64.keqv.f16", "attn_prep.hd256.h32.kv16.rp128.f16",
+          "flash_decode.hd512.g8.kv4.w0.f16", "flash_decode.hd256.g2.kv16.w1024.f16"})
+        EXPECT_TRUE(b31.count(want)) << want;
+    auto b12 = names_of(build_kernel_plan(Config::preset("12b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(b12.count("flash_decode.hd512.g16.kv1.w0.f16"));  // MQA global layers
+    auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q8_0));
+    EXPECT_TRUE(e2b.count("flash_decode.hd256.g8.kv1.w512.f16"));
+    // The KV type is part of every spec that touches the cache, and only of those.
+    auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16));
+    EXPECT_TRUE(bf.count("flash_decode.hd512.g4.kv2.w0.bf16"));
+    EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.bf16"));
+    EXPECT_TRUE(bf.count("attn_prep.hd256.h8.kv2.rp128.shared"));
+    EXPECT_FALSE(bf.count("flash_decode.hd512.g4.kv2.w0.f16"));
+    // GEMMAJIT_FLASH_MMA=1 selects the tensor-core attention; the default is fp32.
+    auto mma =
+        names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::F16, true));
+    EXPECT_TRUE(mma.count("flash_decode.hd512.g4.kv2.w0.f16.mma"));
+    EXPECT_TRUE(mma.count("flash_decode.hd256.g4.kv2.w512.f16.mma"));
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::F16), "MMA"),
+              0);
+    // Head dims that are not multiples of 64 have no tensor-core form.
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(32, 2, 2, 8, KvType::F16, true), "MMA"),
+              0);
+    EXPECT_EQ(gj::gemma4::spec_constant(
+                  gj::gemma4::flash_decode_spec(Config::preset("e4b"), 5, KvType::BF16), "KV_TYPE"),
+              1);
+}
+
+TEST(KernelPlan, UnsupportedWeightTypeIsNamed) {
+    try {
+        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q6_K);
+        FAIL() << "expected ConfigError";
+    } catch (const gj::gemma4::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("q6_k"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(build_kernel_plan(Config{}, ggml::Type::Q8_0), gj::gemma4::ConfigError);
+}
+
+TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
+    using gj::gemma4::matvec_spec;
+    using gj::gemma4::rmsnorm_spec;
+    EXPECT_THROW(rmsnorm_spec(100, true, true, false), std::invalid_argument);  // q8 needs %32
+    EXPECT_THROW(rmsnorm_spec(256, true, false, false, true), std::invalid_argument);  // no add
+    EXPECT_THROW(rmsnorm_spec(256, true, false, false, false, true), std::invalid_argument);
+    EXPECT_THROW(rmsnorm_spec(6, true), std::invalid_argument);
+    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080 + 16), std::invalid_argument);  // % 32 != 0
+    EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2560, 9), std::invalid_argument);
+    EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(matvec_spec(ggml::Type::BF16, 2560, 1, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::matvec_f_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(100, ggml::Type::Q8_0, 1000), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q6_K, 1000),
+                 gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::ple_finish_spec(42, 100), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::logits_spec(1000, 65), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::logits_spec(1001, 64), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::spec_constant(rmsnorm_spec(256, true), "NOPE"), std::out_of_range);
+    // The 2080-wide (65 blocks) quantized matvec is fine now: odd block counts per row work.
+    EXPECT_NO_THROW(matvec_spec(ggml::Type::Q8_0, 2080));
+    using gj::gemma4::attn_prep_spec;
+    using gj::gemma4::flash_decode_spec;
+    EXPECT_THROW(attn_prep_spec(100, 8, 2, 16, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(attn_prep_spec(256, 8, 2, 129, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(attn_prep_spec(256, 0, 2, 128, true, true, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(96, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(384, 4, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(256, 0, 2, 0, KvType::F16), std::invalid_argument);
+    EXPECT_THROW(flash_decode_spec(256, 4, 2, -1, KvType::F16), std::invalid_argument);
+    // A layer whose heads do not divide over its KV heads.
+    Config odd = Config::preset("tiny");
+    odd.layers[0].n_kv_heads = 3;
+    EXPECT_THROW(flash_decode_spec(odd, 0), gj::gemma4::ConfigError);
+}
+
+TEST(KernelPlan, LaunchGeometryIsConsistent) {
+    for (const auto& k : all_specs()) {
+        if (k.family == "rmsnorm") {
+            const auto tpr = gj::gemma4::spec_constant(k, "TPR");
+            const auto rpb = gj::gemma4::spec_constant(k, "RPB");
+            const auto n = gj::gemma4::spec_constant(k, "N");
+            EXPECT_LE(tpr * rpb, 1024) << k.name;
+            EXPECT_TRUE(tpr <= 32 ? 32 % tpr == 0 : tpr % 32 == 0) << k.name;
+            EXPECT_LE((n / 4 + tpr - 1) / tpr, 8) << k.name << ": too many float4 per thread";
+        } else if (k.family.starts_with("matvec_")) {
+            const auto threads = gj::gemma4::spec_constant(k, "THREADS");
+            EXPECT_EQ(threads % 32, 0) << k.name;
+            EXPECT_EQ(gj::gemma4::spec_constant(k, "K") % 32, 0) << k.name;
+        } else if (k.family == "logits") {
+            const auto v = gj::gemma4::spec_constant(k, "V");
+            const auto blocks = gj::gemma4::spec_constant(k, "TOPK_BLOCKS");
+            const auto topk = gj::gemma4::spec_constant(k, "TOPK");
+            EXPECT_LE(blocks * topk, 4096) << k.name << ": top-k merge too large";
+            EXPECT_LE((v + blocks - 1) / blocks, 4096 + 4 * 256) << k.name;
+        } else if (k.family == "attn_prep") {
+            EXPECT_LE(32 * gj::gemma4::spec_constant(k, "WARPS"), 1024) << k.name;
+        } else if (k.family == "flash_prefill") {
+            auto c = [&](const char* n) { return gj::gemma4::spec_constant(k, n); };
+            EXPECT_EQ(c("THREADS"), 32 * c("WM") * c("DS") * c("KS")) << k.name;
+            EXPECT_LE(c("THREADS"), 1024) << k.name;
+            EXPECT_EQ(c("BLOCK_ROWS"), 16 * c("WM")) << k.name;
+            EXPECT_EQ(c("KT") % (16 * c("KS")), 0) << k.name;
+            EXPECT_EQ(c("KT") / c("KS") % (8 * c("DS")), 0) << k.name;
+            EXPECT_LE(c("SMEM"), gj::gemma4::kFlashPrefillMaxSmem) << k.name;
+            // Registers: O of 16 rows x HEAD_DIM / DS fp32 per warp.
+            EXPECT_LE(c("HEAD_DIM") / c("DS") / 2, 128) << k.name;
+        } else if (k.family == "mmq" && k.name.find(".k96.") == std::string::npos) {
+            // The plan's GEMM tiles fit sm_80's opt-in shared memory (163 KiB) as well as sm_90's.
+            EXPECT_LE(gj::gemma4::spec_constant(k, "SMEM"), 160 * 1024) << k.name;
+        } else if (k.family == "flash_decode") {
+            auto c = [&](const char* n) { return gj::gemma4::spec_constant(k, n); };
+            const auto qsets = (c("GROUP") + c("QW") - 1) / c("QW");
+            const auto ksets = c("THREADS") / 32 / qsets;
+            EXPECT_EQ(c("THREADS"), 32 * qsets * ksets) << k.name;
+            EXPECT_LE(c("THREADS"), 1024) << k.name;
+            EXPECT_EQ(c("TILE") % (ksets * c("KB")), 0) << k.name;
+            EXPECT_EQ(c("CHUNK") % c("TILE"), 0) << k.name;
+            // Fits sm_80's opt-in limit (163 KiB) as well as sm_90's.
+            EXPECT_LE(c("SMEM"), 160 * 1024) << k.name;
+            if (c("MMA") == 1) {
+                // One m16n8k16 per 8 queries and 16 rows; 16-dim steps, 8-chunk swizzle.
+                EXPECT_EQ(c("QW"), 8) << k.name;
+                EXPECT_EQ(c("KB"), 16) << k.name;
+                EXPECT_EQ(c("HEAD_DIM") % 64, 0) << k.name;
+                EXPECT_TRUE(k.name.ends_with(".mma")) << k.name;
+            } else {
+                EXPECT_FALSE(k.name.ends_with(".mma")) << k.name;
+                EXPECT_LE(c("QW") * c("KB"), 32) << k.name;
+                // Registers: QW queries and outputs of HEAD_DIM / 32 floats each per lane.
+                EXPECT_LE(c("QW") * c("HEAD_DIM") / 32, 64) << k.name;
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+#include "tests/support/kernel_specs.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/attn_prep.h"
+#include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/flash_prefill.h"
+#include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/mmq.h"
+#include "engine/model/gemma4_config.h"
+#include "jit/env_flags.h"
+
+namespace gj::test {
+
+namespace {
+
+using gemma4::build_kernel_plan;
+using gemma4::Config;
+using gemma4::KvType;
+using gemma4::MatvecLayout;
+using jit::KernelSpec;
+
+KernelSpec ptx_selftest_spec() {
+    KernelSpec s;
+    s.family = "ptx_selftest";
+    s.name = "ptx_selftest";
+    s.entries = {"selftest_convert",   "selftest_pack",     "selftest_dp4a",
+                 "selftest_mma_s8",    "selftest_mma_f16",  "selftest_mma_bf16",
+                 "selftest_ldmatrix",  "selftest_cp_async", "selftest_warp_reduce",
+                 "selftest_fast_math", "selftest_loads",    "selftest_q8_scale",
+                 "selftest_rsqrt"};
+    return s;
+}
+
+// The mmq (int8 tensor-core GEMM) specs of a model's dense matrices: (k, n_rows) of the Q, K, V,
+// O, gate/up and down projections of every layer, deduplicated by name.
+std::vector<KernelSpec> mmq_specs(const Config& cfg, ggml::Type t) {
+    std::vector<KernelSpec> specs;
+    std::set<std::string> seen;
+    auto add = [&](int k, int n) {
+        auto s = gemma4::mmq_spec(t, k, n);
+        if (seen.insert(s.name).second) specs.push_back(s);
+    };
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        add(cfg.d_model, cfg.q_dim(l));
+        if (cfg.layers[l].has_kv) add(cfg.d_model, cfg.kv_dim(l));
+        add(cfg.q_dim(l), cfg.d_model);
+        add(cfg.d_model, cfg.layers[l].ffn_dim);
+        add(cfg.layers[l].ffn_dim, cfg.d_model);
+    }
+    return specs;
+}
+
+}  // namespace
+
+const std::vector<ggml::Type>& plan_weight_types() {
+    static const std::vector<ggml::Type> types = {
+        ggml::Type::F32, ggml::Type::F16, ggml::Type::BF16, ggml::Type::Q8_0, ggml::Type::Q4_0};
+    return types;
+}
+
+std::set<std::string> names_of(const std::vector<KernelSpec>& plan) {
+    std::set<std::string> s;
+    for (const auto& k : plan) s.insert(k.name);
+    return s;
+}
+
+std::vector<KernelSpec> all_specs() {
+    std::vector<KernelSpec> specs;
+    std::set<std::string> seen;
+    auto add = [&](const KernelSpec& s) {
+        if (seen.insert(s.name).second) specs.push_back(s);
+    };
+    for (const auto& v : Config::preset_names())
+        for (auto t : plan_weight_types())
+            for (const auto& s : build_kernel_plan(Config::preset(v), t)) add(s);
+    add(ptx_selftest_spec());
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
+        add(gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));
+        add(gemma4::matvec_spec(t, 96, 1, MatvecLayout::Ggml));
+    }
+    add(gemma4::matvec_f_spec(ggml::Type::BF16, 2560, 4));
+    // The bf16 KV cache (GEMMAJIT_KV_TYPE=bf16), and the attention kernels of a tiny preset
+    // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
+    for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))
+        add(s);
+    // GEMMAJIT_FLASH_MMA=1: the tensor-core decode attention of a model with and one without
+    // k_eq_v, and with the bf16 cache.
+    for (const char* v : {"e4b", "31b"})
+        for (const auto& s :
+             build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::F16, true))
+            add(s);
+    for (const auto& s :
+         build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16, true))
+        add(s);
+    // The q8_0 KV cache (GEMMAJIT_KV_TYPE=q8_0) of E4B and 31B (head dims 256 and 512, k_eq_v).
+    for (const char* v : {"e4b", "31b"})
+        for (const auto& s : build_kernel_plan(Config::preset(v), ggml::Type::Q8_0, KvType::Q8_0))
+            add(s);
+    // The prefill GEMMs of E4B and 31B (q8_0 and q4_0), and tiles the plan does not pick for them.
+    for (const char* v : {"e4b", "31b"})
+        for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+            for (const auto& s : mmq_specs(Config::preset(v), t)) add(s);
+    add(gemma4::mmq_spec(ggml::Type::Q4_0, 96, gemma4::MmqTile{32, 64, 2, 1, 4, 3}));
+    add(gemma4::mmq_spec(ggml::Type::Q8_0, 96, gemma4::MmqTile{128, 128, 4, 2, 1, 2}));
+    add(gemma4::mmq_spec(ggml::Type::Q8_0, 2560, gemma4::MmqTile{64, 128, 2, 4, 8, 2, 1, 2}));
+    const Config tiny = Config::preset("tiny-keqv");
+    for (int l = 0; l < tiny.n_layers; ++l)
+        for (KvType kv : {KvType::F16, KvType::Q8_0}) {
+            add(gemma4::attn_prep_spec(tiny, l, kv));
+            add(gemma4::flash_decode_spec(tiny, l, kv));
+        }
+    // Head dim 128 (4 dims per lane), which no preset has, in q8_0.
+    add(gemma4::flash_decode_spec(128, 4, 2, 0, KvType::Q8_0));
+    add(gemma4::attn_prep_spec(128, 8, 2, 64, true, true, KvType::Q8_0));
+    // Tensor-core prefill attention at the real layer shapes (E4B, 12B, 31B; f16 and bf16 caches),
+    // a tiny preset's head dim 32, and the non-default tilings the GPU test runs.
+    for (const char* v : {"e4b", "12b", "31b"}) {
+        const Config cfg = Config::preset(v);
+        for (int l = 0; l < cfg.n_layers; ++l)
+            for (KvType kv : {KvType::F16, KvType::BF16, KvType::Q8_0})
+                add(gemma4::flash_prefill_spec(cfg, l, kv));
+    }
+    add(gemma4::flash_prefill_spec(tiny, 0));
+    add(gemma4::flash_prefill_spec(tiny, 0, KvType::Q8_0));
+    using Tiling = gemma4::FlashPrefillTiling;
+    // q8_0 tilings the GPU test runs: scores split by dims with key splits, shared P, key sets.
+    add(gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::Q8_0, Tiling{4, 2, 1, 16, 2, 2, true}));
+    add(gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::Q8_0, Tiling{2, 2, 1, 32, 3}));
+    add(gemma4::flash_prefill_spec(64, 2, 2, 8, KvType::Q8_0, Tiling{2, 1, 2, 16, 2, 4}));
+    add(gemma4::flash_prefill_spec(64, 4, 2, 8, KvType::F16, Tiling{2, 1, 1, 16, 2}));
+    add(gemma4::flash_prefill_spec(128, 4, 2, 0, KvType::F16, Tiling{1, 1, 4, 16, 2}));
+    add(gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::BF16, Tiling{2, 2, 1, 32, 3}));
+    add(gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{2, 4, 1, 32, 2}));
+    add(gemma4::flash_prefill_spec(512, 8, 4, 0, KvType::BF16, Tiling{1, 2, 2, 16, 2}));
+    add(gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::F16, Tiling{4, 1, 2, 32, 2}));
+    add(gemma4::flash_prefill_spec(256, 2, 8, 1024, KvType::F16, Tiling{2, 2, 1, 64, 2}));
+    // Key splits (clusters) with key sets and with shared scores, and the widest cluster.
+    add(gemma4::flash_prefill_spec(64, 2, 2, 8, KvType::BF16, Tiling{2, 1, 2, 16, 2, 4}));
+    add(gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{2, 2, 2, 16, 2, 2}));
+    add(gemma4::flash_prefill_spec(128, 1, 4, 0, KvType::F16, Tiling{1, 1, 1, 16, 2, 8}));
+    // Scores split by head dims.
+    add(gemma4::flash_prefill_spec(512, 4, 2, 0, KvType::F16, Tiling{4, 2, 1, 16, 2, 2, true}));
+    add(gemma4::flash_prefill_spec(256, 4, 2, 512, KvType::BF16, Tiling{4, 2, 1, 32, 2, 1, true}));
+    add(gemma4::flash_prefill_spec(128, 2, 2, 0, KvType::F16, Tiling{2, 2, 2, 16, 2, 2, true}));
+    add(gemma4::flash_prefill_spec(512, 8, 4, 0, KvType::BF16, Tiling{3, 2, 1, 16, 3, 4, true}));
+    return specs;
+}
+
+std::vector<KernelSpec> all_specs_of(const std::set<std::string>& families) {
+    std::vector<KernelSpec> specs;
+    for (auto& s : all_specs())
+        if (families.count(s.family)) specs.push_back(std::move(s));
+    return specs;
+}
+
+std::string entry_ptx(const std::string& ptx, const std::string& entry) {
+    const auto start = ptx.find(".entry " + entry + "(");
+    if (start == std::string::npos) return {};
+    const auto end = ptx.find(".entry ", start + 1);
+    return ptx.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
+size_t occurrences(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+    return n;
+}
+
+// Bounded by deduplication across presets and weight types, and run on 2 threads.
+void compile_and_check(
+    const std::vector<KernelSpec>& specs,
+    const std::function<void(const jit::CompiledKernel&, const std::string& arch)>& check) {
+    jit::Jit jit(jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
+    for (const std::string arch : {"sm_80", "sm_90"}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto compiled = jit.compile_plan(specs, arch, 2);
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("[ timing   ] %zu specs for %s compiled in %.1f s\n", specs.size(),
+                    arch.c_str(), secs);
+        ASSERT_EQ(compiled.size(), specs.size());
+        for (const auto& c : compiled) {
+            const auto& s = c.spec;
+            SCOPED_TRACE(s.name + " " + arch);
+            ASSERT_FALSE(c.cubin.empty());
+            for (const auto& e : s.entries)
+                EXPECT_FALSE(entry_ptx(c.ptx, e).empty()) << "entry " << e << " missing from PTX";
+            // attn_prep may keep a stack frame: sincosf's cold path for huge angles
+            // (Payne-Hanek) uses a local array; it must not spill.
+            if (s.family == "attn_prep")
+                for (const auto& r : c.resources_per_entry) {
+                    EXPECT_EQ(r.spill_store_bytes, 0);
+                    EXPECT_EQ(r.spill_load_bytes, 0);
+                }
+            // Every other model kernel is hot: no spills, no stack.
+            if (s.family != "ptx_selftest" && s.family != "attn_prep") {
+                ASSERT_EQ(c.resources_per_entry.size(), s.entries.size());
+                for (size_t i = 0; i < s.entries.size(); ++i) {
+                    EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << s.entries[i];
+                    EXPECT_EQ(c.resources_per_entry[i].spill_load_bytes, 0) << s.entries[i];
+                    EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << s.entries[i];
+                }
+            }
+            check(c, arch);
+        }
+    }
+}
+
+}  // namespace gj::test

@@ -1,0 +1,44 @@
+// The kernel specs the kernel-plan and NVRTC compile tests share (tests/gpu/test_kernel_plan.cpp,
+// tests/gpu/test_compile_*.cpp): every spec of every preset's plan plus the forms no plan uses by
+// default, and the harness that compiles them on the CPU and reads their PTX.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/gguf/ggml_types.h"
+#include "jit/jit.h"
+#include "jit/kernel_spec.h"
+
+namespace gj::test {
+
+// The weight types a plan can store every matrix in: f32, f16, bf16, q8_0, q4_0.
+const std::vector<ggml::Type>& plan_weight_types();
+
+std::set<std::string> names_of(const std::vector<jit::KernelSpec>& plan);
+
+// Every distinct spec of every preset's plan (the five released models and the tiny test presets)
+// for every weight type, plus the selftest and the forms no plan uses by default (ggml layout,
+// odd column counts, other KV types, the tensor-core decode attention, other GEMM tiles and
+// attention tilings).
+std::vector<jit::KernelSpec> all_specs();
+// The specs of all_specs() whose family is one of `families`.
+std::vector<jit::KernelSpec> all_specs_of(const std::set<std::string>& families);
+
+// The PTX text of one entry: from its ".entry name(" to the next ".entry" (or the end).
+std::string entry_ptx(const std::string& ptx, const std::string& entry);
+// How many times `what` occurs in `text`.
+size_t occurrences(const std::string& text, const std::string& what);
+
+// NVRTC for every spec, for sm_80 and sm_90, on 2 threads without a cache, with the checks every
+// kernel shares: a CUBIN, every entry in the PTX, and no spills and no stack for the model's hot
+// kernels (attn_prep may keep a stack frame; the selftest is not a model kernel). `check` adds the
+// family's own checks per compiled kernel and arch (run under a trace naming both).
+void compile_and_check(
+    const std::vector<jit::KernelSpec>& specs,
+    const std::function<void(const jit::CompiledKernel&, const std::string& arch)>& check);
+
+}  // namespace gj::test
