@@ -11,9 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <system_error>
 
 #include "cache/sha256.h"
@@ -27,6 +25,7 @@ namespace {
 constexpr int64_t kTouchInterval = 3600;  // last_used is refreshed at most hourly
 constexpr int64_t kAbandonedTempAge = 3600;
 constexpr const char* kMeta = "meta.json";
+constexpr const char* kLockSuffix = ".lock";
 
 int64_t now_seconds() {
     return std::chrono::duration_cast<std::chrono::seconds>(
@@ -76,6 +75,19 @@ std::vector<fs::path> family_dirs(const fs::path& root) {
     return out;
 }
 
+// The lock files in a family directory (entry_lock.h): regular files named `*.lock`.
+std::vector<fs::path> lock_files(const fs::path& family) {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (fs::directory_iterator it(family, ec), end; !ec && it != end; it.increment(ec)) {
+        std::error_code ec2;
+        if (it->is_regular_file(ec2) && !ec2 &&
+            it->path().filename().string().ends_with(kLockSuffix))
+            out.push_back(it->path());
+    }
+    return out;
+}
+
 int64_t mtime_seconds(const fs::path& p) {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) return 0;
@@ -85,12 +97,31 @@ int64_t mtime_seconds(const fs::path& p) {
 }  // namespace
 
 std::optional<std::string> read_file(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return std::nullopt;
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) return std::nullopt;
-    return std::move(ss).str();
+    // One allocation of the file's size and plain reads: a warm start reads every payload of the
+    // plan (megabytes), and a stream that grows by doubling copies and faults it in several times.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    struct stat st {};
+    std::string bytes;
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    char tail[4096];  // past the size fstat gave: confirms the end, or takes what grew since
+    for (;;) {
+        const bool full = done == bytes.size();
+        ssize_t n = full ? ::read(fd, tail, sizeof tail)
+                         : ::read(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            ::close(fd);
+            return std::nullopt;
+        }
+        if (n == 0) break;
+        if (full) bytes.append(tail, static_cast<size_t>(n));
+        done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    bytes.resize(done);  // shorter than fstat said when it shrank meanwhile
+    return bytes;
 }
 
 void write_file_synced(const fs::path& path, std::string_view bytes) {
@@ -336,6 +367,38 @@ void Store::remove(const EntryId& id, std::string_view reason) {
     if (!ro) delete_dir(dir);
 }
 
+fs::path Store::lock_path(const EntryId& id) const {
+    fs::path dir = entry_dir(id);
+    return dir.parent_path() / (dir.filename().string() + kLockSuffix);
+}
+
+EntryLock Store::lock(const EntryId& id, std::chrono::milliseconds timeout) {
+    if (config_.mode != Mode::ReadWrite) return {};
+    {
+        std::lock_guard lock(mutex_);
+        if (unwritable_ || no_flock_) return {};
+    }
+    fs::path path = lock_path(id);
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    if (ec) return {};  // the publish that follows warns that the cache is not writable
+    int err = 0;
+    EntryLock held = EntryLock::acquire(path, timeout, &err);
+    // flock's own refusals (some network file systems): locking cannot work anywhere in this
+    // cache. Failing to create the file (permissions, read-only mount) is left to publish to
+    // report.
+    if (err == ENOLCK || err == EOPNOTSUPP || err == EINVAL || err == ENOSYS) {
+        {
+            std::lock_guard lock(mutex_);
+            no_flock_ = true;
+        }
+        warn_once("flock", fmt::format("cannot lock cache entries in {} (flock: {}); processes "
+                                       "that start together may compile the same kernels",
+                                       config_.root.string(), std::strerror(err)));
+    }
+    return held;
+}
+
 std::vector<EntrySummary> Store::list(bool checksums) const {
     std::vector<EntrySummary> out;
     if (config_.root.empty()) return out;
@@ -373,9 +436,11 @@ std::vector<EntrySummary> Store::verify(bool remove_damaged) {
 PruneResult Store::prune(uint64_t max_bytes) {
     PruneResult r;
     if (config_.root.empty()) return r;
-    // Abandoned temp dirs of crashed writers and leftover trash.
+    // Abandoned temp dirs of crashed writers, leftover trash, and lock files nobody holds (left by
+    // a holder that was killed; removing them is safe, see entry_lock.h).
     int64_t now = now_seconds();
     for (const auto& family : family_dirs(config_.root)) {
+        for (const auto& lock_file : lock_files(family)) EntryLock::remove_if_unheld(lock_file);
         for (const auto& dir : subdirs(family)) {
             std::string n = dir.filename().string();
             bool trash = n.starts_with(".trash-");

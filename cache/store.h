@@ -3,13 +3,16 @@
 //
 // Layout: <root>/v<abi>/<arch>/<compiler>/<family>/<name>-<key16>/{payload files, meta.json}
 // Publishing writes a temp dir next to the final one, fsyncs, then renames it into place, so a
-// reader (who takes no lock) sees either no entry or a complete one. An entry whose meta.json is
-// missing or invalid does not exist; one whose payload fails its checksum is deleted with a
-// warning.
+// reader (who takes no lock) sees either no entry or a complete one. A writer that misses may first
+// take the entry's advisory lock (entry_lock.h), so that other processes wait for its publish
+// instead of compiling the same entry; nothing depends on that lock for correctness. An entry whose
+// meta.json is missing or invalid does not exist; one whose payload fails its checksum is deleted
+// with a warning.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -20,6 +23,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "cache/entry_lock.h"
 
 namespace gj::cache {
 
@@ -93,6 +98,14 @@ class Store {
     // Deletes an entry that a later stage rejected (e.g. the driver refused its binary).
     void remove(const EntryId& id, std::string_view reason);
 
+    // The advisory lock of an entry (entry_lock.h) that lets one process compile a missing entry
+    // while the others wait for its publish, at most `timeout`. Taken only on a read-write cache;
+    // Unavailable otherwise, when the lock file cannot be created (publish then says why), and on
+    // a file system without flock (one warning, then no more attempts).
+    EntryLock lock(const EntryId& id, std::chrono::milliseconds timeout);
+    // `<family>/<name>-<key16>.lock`: a file beside the entry's directory, never an entry.
+    std::filesystem::path lock_path(const EntryId& id) const;
+
     // Maintenance (the `cache` CLI).
     // Every entry under the root, all partitions. Without `checksums` only sizes are checked
     // (stat and prune walk the whole cache; verify and load hash every payload).
@@ -100,7 +113,7 @@ class Store {
     StoreStats stat() const;
     std::vector<EntrySummary> verify(bool remove_damaged);  // returns the damaged ones
     // Deletes least recently used entries until the total is at most max_bytes; also removes
-    // abandoned temp dirs. max_bytes 0 keeps every valid entry.
+    // abandoned temp dirs and lock files nobody holds. max_bytes 0 keeps every valid entry.
     PruneResult prune(uint64_t max_bytes);
     PruneResult prune_to_cap() { return prune(config_.max_bytes); }
     size_t clear();  // removes every entry; returns how many
@@ -116,6 +129,7 @@ class Store {
     std::mutex mutex_;
     std::set<std::string> warned_;
     bool unwritable_ = false;
+    bool no_flock_ = false;  // the file system refused flock once: do not try again
 };
 
 // Reads a whole file; nullopt when it cannot be opened.

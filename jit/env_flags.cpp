@@ -50,6 +50,15 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::Neutral,
          .default_value = "0",
          .help = "1: a kernel missing from the cache is an error instead of a compile"},
+        {.name = "GEMMAJIT_CACHE_LOCK_TIMEOUT",
+         .family = "cache",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "120",
+         .help = "seconds a process waits for another one compiling the same missing kernel "
+                 "before compiling it itself (0: never wait, every process compiles its misses)",
+         .min = 0,
+         .max = 86400},
         // compile: these change the cubin, so they are part of every cache key
         {.name = "GEMMAJIT_ARCH",
          .family = "compile",

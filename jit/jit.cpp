@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <fstream>
 #include <future>
@@ -50,6 +51,36 @@ int available_cpus() {
         if (q > 0 && p > 0) n = std::min<int>(n, static_cast<int>(std::max(1L, (q + p - 1) / p)));
     }
     return n;
+}
+
+// body(i) for every i in [0, n) on `threads` threads, the caller's among them. After a failure
+// no new index starts; the failure of the lowest index is rethrown, as a plain loop would throw it
+// (indices start in increasing order, so every lower one has run).
+template <typename Body>
+void parallel_for(size_t n, size_t threads, const Body& body) {
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex mutex;
+    size_t error_index = SIZE_MAX;
+    std::exception_ptr error;
+    auto worker = [&] {
+        while (!failed) {
+            size_t i = next++;
+            if (i >= n) return;
+            try {
+                body(i);
+            } catch (...) {
+                std::lock_guard lock(mutex);
+                if (i < error_index) error_index = i, error = std::current_exception();
+                failed = true;
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < std::min(threads, n); ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
 }
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -97,6 +128,10 @@ std::string target_arch(const KernelSpec& spec, std::string_view arch) {
         spec.name, want, arch, want, arch));
 }
 
+// Thrown through the in-process dedupe when the owner of a key put it off because another process
+// is compiling it (compile_plan's first pass); whoever waited on that owner tries again.
+struct Deferred {};
+
 // Everything about one (spec, arch) that is known before compiling.
 struct Prepared {
     KernelSpec spec;
@@ -118,11 +153,13 @@ struct Jit::Impl {
     cache::Store store;
     CompileOptions base;
     bool require_cached = false;
+    std::chrono::milliseconds lock_timeout;  // 0: never wait for another process
     fs::path dump_dir;
     std::mutex mutex;
     std::map<std::string, std::shared_future<CompiledKernel>> memo;  // key -> result
     std::set<std::string> warned;
     std::atomic<bool> published{false};
+    std::atomic<size_t> hits{0}, compiled{0}, lock_waits{0}, lock_timeouts{0};
 
     Impl(const Flags& f, LogSink sink)
         : flags(f),
@@ -133,6 +170,7 @@ struct Jit::Impl {
           templates(f.get_string("GEMMAJIT_TEMPLATE_DIR")),
           store(cache_config(f, [this](const std::string& m) { log("warning: " + m); })),
           require_cached(f.get_bool("GEMMAJIT_REQUIRE_CACHED")),
+          lock_timeout(std::chrono::seconds(f.get_int("GEMMAJIT_CACHE_LOCK_TIMEOUT"))),
           dump_dir(f.get_string("GEMMAJIT_DUMP_DIR")) {
         base.lineinfo = f.get_bool("GEMMAJIT_LINEINFO");
         base.maxrregcount = static_cast<int>(f.get_int("GEMMAJIT_MAXRREG"));
@@ -148,6 +186,10 @@ struct Jit::Impl {
     }
 
     Prepared prepare(const KernelSpec& spec, std::string_view arch) {
+        // The compiler identity (in every key) comes from its record in the cache when one is
+        // there, instead of a probe compile per process.
+        nvrtc_identity(store.enabled() ? store.config().root : fs::path(),
+                       store.config().mode == cache::Mode::ReadWrite);
         Prepared p;
         p.spec = spec;
         p.arch = target_arch(spec, arch);
@@ -216,28 +258,64 @@ struct Jit::Impl {
         }
     }
 
-    CompiledKernel build(const Prepared& p, bool allow_load) {
+    // The cache's entry for `p`, or nullopt (an entry whose files do not match is removed).
+    // `waited`: how long we waited for another process's compile of it (for the debug line).
+    std::optional<CompiledKernel> cached(const Prepared& p, std::chrono::milliseconds waited = {}) {
         auto t0 = std::chrono::steady_clock::now();
-        if (allow_load) {
-            if (auto e = store.load(p.id)) {
-                if (auto k = from_entry(p, *e)) {
-                    if (debug >= 1)
-                        log(fmt::format("jit: hit {} {} ({:.1f} ms)", p.spec.name, p.arch,
-                                        std::chrono::duration<double, std::milli>(
-                                            std::chrono::steady_clock::now() - t0)
-                                            .count()));
-                    trace(*k, p);
-                    return std::move(*k);
-                }
-                store.remove(p.id, "its files do not match the rendered kernel");
-            }
+        auto e = store.load(p.id);
+        if (!e) return std::nullopt;
+        auto k = from_entry(p, *e);
+        if (!k) {
+            store.remove(p.id, "its files do not match the rendered kernel");
+            return std::nullopt;
         }
+        ++hits;
+        if (debug >= 1)
+            log(fmt::format(
+                "jit: hit {} {} ({:.1f} ms){}", p.spec.name, p.arch,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count(),
+                waited.count() > 0
+                    ? fmt::format(" after waiting {} ms for another process's compile",
+                                  waited.count())
+                    : std::string()));
+        trace(*k, p);
+        return k;
+    }
+
+    // Cache hit, or compile + publish. With `may_defer`, a miss that another process is compiling
+    // right now returns nullopt at once instead of waiting for it.
+    std::optional<CompiledKernel> build(const Prepared& p, bool allow_load,
+                                        bool may_defer = false) {
+        if (allow_load)
+            if (auto k = cached(p)) return k;
         if (require_cached)
             throw CacheMissError(fmt::format(
                 "kernel {} for {} is not in the cache {} and GEMMAJIT_REQUIRE_CACHED=1 forbids "
                 "compiling it (run `gemmajit precompile` first)",
                 p.spec.name, p.arch,
                 store.enabled() ? store.config().root.string() : std::string("(cache off)")));
+        // Cross-process dedupe: hold the entry's lock while compiling and publishing, so that other
+        // processes missing it wait for our publish instead of compiling it too (see
+        // cache/entry_lock.h). A rebuild (!allow_load) replaces an entry and takes no lock.
+        cache::EntryLock lock;
+        if (allow_load && lock_timeout.count() > 0) {
+            lock = store.lock(p.id, may_defer ? std::chrono::milliseconds(0) : lock_timeout);
+            if (lock.state() == cache::EntryLock::State::Busy) {
+                ++lock_waits;
+                if (may_defer) return std::nullopt;
+                ++lock_timeouts;
+                warn_once("lock-timeout",
+                          fmt::format("waited {} s for another process to compile {} into {}; "
+                                      "compiling it here (GEMMAJIT_CACHE_LOCK_TIMEOUT)",
+                                      lock_timeout.count() / 1000, p.spec.name,
+                                      store.config().root.string()));
+            } else if (lock.held()) {
+                // The previous holder, if any, has published (or died): look again.
+                if (lock.waited().count() > 0) ++lock_waits;
+                if (auto k = cached(p, lock.waited())) return k;
+            }
+        }
         NvrtcOutput out;
         try {
             out = nvrtc_compile(p.source, p.spec.name, p.options, p.spec.entries);
@@ -257,6 +335,7 @@ struct Jit::Impl {
         k.resources_per_entry = std::move(out.resources);
         k.resources = max_resources(k.resources_per_entry);
         k.compile_ms = out.ms;
+        ++compiled;
         dump(p, &k.ptx, &k.cubin, k.log, false);
         if (store.enabled()) {
             cache::Entry e;
@@ -298,31 +377,48 @@ struct Jit::Impl {
     }
 
     // In-process dedupe: one build per key, concurrent callers wait for it; results are kept.
-    CompiledKernel compile(const Prepared& p) {
-        std::promise<CompiledKernel> promise;
-        std::shared_future<CompiledKernel> future;
-        bool owner = false;
-        {
-            std::lock_guard lock(mutex);
-            auto it = memo.find(p.key);
-            if (it != memo.end()) {
-                future = it->second;
-            } else {
-                future = promise.get_future().share();
-                memo.emplace(p.key, future);
-                owner = true;
+    // With `may_defer`, nullopt when another process is compiling the key (see build).
+    std::optional<CompiledKernel> compile(const Prepared& p, bool may_defer = false) {
+        for (;;) {
+            std::promise<CompiledKernel> promise;
+            std::shared_future<CompiledKernel> future;
+            bool owner = false;
+            {
+                std::lock_guard lock(mutex);
+                auto it = memo.find(p.key);
+                if (it != memo.end()) {
+                    future = it->second;
+                } else {
+                    future = promise.get_future().share();
+                    memo.emplace(p.key, future);
+                    owner = true;
+                }
             }
-        }
-        if (!owner) return future.get();
-        try {
-            CompiledKernel k = build(p, true);
-            promise.set_value(k);
-            return k;
-        } catch (...) {
-            promise.set_exception(std::current_exception());
-            std::lock_guard lock(mutex);
-            memo.erase(p.key);
-            throw;
+            if (!owner) {
+                try {
+                    return future.get();
+                } catch (const Deferred&) {
+                    continue;  // its owner put it off: build it ourselves
+                }
+            }
+            try {
+                std::optional<CompiledKernel> k = build(p, true, may_defer);
+                if (!k) {
+                    {
+                        std::lock_guard lock(mutex);
+                        memo.erase(p.key);
+                    }
+                    promise.set_exception(std::make_exception_ptr(Deferred{}));
+                    return std::nullopt;
+                }
+                promise.set_value(*k);
+                return k;
+            } catch (...) {
+                promise.set_exception(std::current_exception());
+                std::lock_guard lock(mutex);
+                memo.erase(p.key);
+                throw;
+            }
         }
     }
 };
@@ -375,14 +471,19 @@ CacheState Jit::cache_state(const KernelSpec& spec, std::string_view arch) const
     return CacheState::Missing;
 }
 
+std::string Jit::lock_path(const KernelSpec& spec, std::string_view arch) const {
+    if (!impl_->store.enabled()) return {};
+    return impl_->store.lock_path(impl_->prepare(spec, arch).id).string();
+}
+
 CompiledKernel Jit::compile(const KernelSpec& spec, std::string_view arch) {
-    return impl_->compile(impl_->prepare(spec, arch));
+    return *impl_->compile(impl_->prepare(spec, arch));
 }
 
 CompiledKernel Jit::rebuild(const CompiledKernel& bad, std::string_view reason) {
     Prepared p = impl_->prepare(bad.spec, bad.arch);
     impl_->store.remove(p.id, reason);
-    CompiledKernel k = impl_->build(p, false);
+    CompiledKernel k = *impl_->build(p, false);
     std::promise<CompiledKernel> done;
     done.set_value(k);
     std::lock_guard lock(impl_->mutex);
@@ -408,6 +509,10 @@ void Jit::load(ModuleSet& modules, std::vector<CompiledKernel>& kernels) {
     }
 }
 
+JitStats Jit::stats() const {
+    return {impl_->hits, impl_->compiled, impl_->lock_waits, impl_->lock_timeouts};
+}
+
 void Jit::prune_if_needed() {
     if (!impl_->published.exchange(false) || impl_->store.config().max_bytes == 0) return;
     cache::PruneResult r = impl_->store.prune_to_cap();
@@ -421,9 +526,13 @@ std::vector<CompiledKernel> Jit::compile_plan(
     const std::vector<KernelSpec>& specs, std::string_view arch, int jobs,
     const std::function<void(const PlanProgress&)>& progress) {
     const size_t n = specs.size();
-    std::vector<Prepared> prepared;
-    prepared.reserve(n);
-    for (const auto& s : specs) prepared.push_back(impl_->prepare(s, arch));
+    if (jobs <= 0) jobs = static_cast<int>(impl_->flags.get_int("GEMMAJIT_THREADS"));
+    if (jobs <= 0) jobs = available_cpus();
+    size_t threads = std::clamp<size_t>(std::min<size_t>(jobs, n), 1, std::max<size_t>(n, 1));
+    // Rendering and keying the whole plan is most of a warm start's CPU time after the cache
+    // reads; it runs on the same threads.
+    std::vector<Prepared> prepared(n);
+    parallel_for(n, threads, [&](size_t i) { prepared[i] = impl_->prepare(specs[i], arch); });
     std::vector<size_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
@@ -442,9 +551,6 @@ std::vector<CompiledKernel> Jit::compile_plan(
         }
         if (!cached && !in_memory) ++to_compile;
     }
-    if (jobs <= 0) jobs = static_cast<int>(impl_->flags.get_int("GEMMAJIT_THREADS"));
-    if (jobs <= 0) jobs = available_cpus();
-    size_t threads = std::clamp<size_t>(std::min<size_t>(jobs, n), 1, std::max<size_t>(n, 1));
     auto t0 = std::chrono::steady_clock::now();
     if (to_compile > 0 || impl_->debug >= 1)
         impl_->log(fmt::format("compiling {} of {} kernel{} for {} into {} ({} thread{})",
@@ -461,13 +567,29 @@ std::vector<CompiledKernel> Jit::compile_plan(
     std::set<std::string> reported;  // a key compiled once but planned twice is reported once
     std::exception_ptr first_error;
     size_t failures = 0;
+    // Kernels another process was compiling when we came to them: taken up (waiting for that
+    // process's publish, usually long done) once everything else has been started.
+    std::deque<size_t> deferred;
     auto worker = [&] {
         while (!stop) {
             size_t i = next++;
-            if (i >= n) return;
-            size_t idx = order[i];
+            size_t idx;
+            if (i < n) {
+                idx = order[i];
+            } else {
+                std::lock_guard lock(progress_mutex);
+                if (deferred.empty()) return;
+                idx = deferred.front();
+                deferred.pop_front();
+            }
             try {
-                results[idx] = impl_->compile(prepared[idx]);
+                std::optional<CompiledKernel> k = impl_->compile(prepared[idx], i < n);
+                if (!k) {
+                    std::lock_guard lock(progress_mutex);
+                    deferred.push_back(idx);
+                    continue;
+                }
+                results[idx] = std::move(*k);
             } catch (...) {
                 std::lock_guard lock(progress_mutex);
                 if (!first_error) first_error = std::current_exception();

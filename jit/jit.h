@@ -60,6 +60,15 @@ struct CompiledKernel {
 
 enum class CacheState { Hit, Missing, Damaged, Disabled };
 
+// What one Jit has done so far: its share of the work on a cache other processes fill too.
+struct JitStats {
+    size_t hits = 0;           // kernels served from the cache
+    size_t compiled = 0;       // NVRTC runs
+    size_t lock_waits = 0;     // times a miss found another process compiling it (put off or
+                               // waited for; a kernel put off and then waited for counts twice)
+    size_t lock_timeouts = 0;  // waits that reached GEMMAJIT_CACHE_LOCK_TIMEOUT (then compiled)
+};
+
 struct PlanProgress {
     size_t done = 0, total = 0;
     const CompiledKernel* last = nullptr;
@@ -87,12 +96,19 @@ class Jit {
     std::string render(const KernelSpec& spec) const;
     std::string key(const KernelSpec& spec, std::string_view arch) const;
     CacheState cache_state(const KernelSpec& spec, std::string_view arch) const;
+    // The file whose lock a process holds while it compiles this kernel into the cache (see
+    // cache/entry_lock.h); "" when the cache is off.
+    std::string lock_path(const KernelSpec& spec, std::string_view arch) const;
 
-    // Cache hit, or NVRTC compile + publish. Throws jit::CompileError (with the NVRTC log and a
-    // numbered listing) on failure.
+    // Cache hit, or NVRTC compile + publish. A miss takes the entry's cross-process lock first
+    // (read-write cache only): when another process is compiling the same kernel this waits for
+    // its publish, at most GEMMAJIT_CACHE_LOCK_TIMEOUT, then compiles itself. Throws
+    // jit::CompileError (with the NVRTC log and a numbered listing) on failure.
     CompiledKernel compile(const KernelSpec& spec, std::string_view arch);
 
-    // Whole plan on a thread pool (GEMMAJIT_THREADS / jobs), lowest priority value first. Prints
+    // Whole plan on a thread pool (GEMMAJIT_THREADS / jobs), lowest priority value first; a kernel
+    // another process is compiling is put off until the rest is done, so processes that start
+    // together share the plan's compiles instead of queueing behind one another. Prints
     // one line before ("compiling N kernels for sm_90 into <cache>") and progress after via
     // `progress`. Results are in the order of `specs`.
     std::vector<CompiledKernel> compile_plan(
@@ -109,6 +125,8 @@ class Jit {
 
     // Prunes the cache to GEMMAJIT_CACHE_MAX_SIZE when this Jit published anything.
     void prune_if_needed();
+
+    JitStats stats() const;
 
   private:
     struct Impl;

@@ -1,16 +1,24 @@
 #include "jit/nvrtc_compiler.h"
 
+#include <link.h>
 #include <nvrtc.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <random>
 #include <regex>
 #include <sstream>
 
+#include "cache/sha256.h"
+#include "cache/store.h"
 #include "jit/ptxas_resources.h"
 
 namespace gj::jit {
@@ -93,6 +101,101 @@ NvrtcIdentity probe_identity() {
     return id;
 }
 
+// The file this process's NVRTC code comes from: the loaded libnvrtc.so, or the executable when
+// NVRTC is linked in statically. Its path, size, mtime and inode key the identity record: an
+// upgrade or another toolkit is another file (a new inode and mtime at least).
+struct LibraryFile {
+    std::string path;
+    uint64_t size = 0, inode = 0;
+    int64_t mtime_ns = 0;
+};
+
+std::optional<LibraryFile> nvrtc_library_file() {
+    std::string path;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* out) {
+            std::string_view name = info->dlpi_name ? info->dlpi_name : "";
+            size_t slash = name.rfind('/');
+            if (!name.substr(slash == std::string_view::npos ? 0 : slash + 1)
+                     .starts_with("libnvrtc.so"))
+                return 0;
+            *static_cast<std::string*>(out) = std::string(name);
+            return 1;
+        },
+        &path);
+    if (path.empty()) path = "/proc/self/exe";
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+    return LibraryFile{path, static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_ino),
+                       int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+nlohmann::json record_json(const LibraryFile& lib, const NvrtcIdentity& id) {
+    return {{"library", lib.path},      {"size", lib.size},
+            {"mtime_ns", lib.mtime_ns}, {"inode", lib.inode},
+            {"version", id.version},    {"build", id.build},
+            {"build_id", id.build_id},  {"supported_archs", id.supported_archs}};
+}
+
+// The identity a record holds, when the record describes `lib` and this NVRTC's version.
+std::optional<NvrtcIdentity> read_record(const std::filesystem::path& file, const LibraryFile& lib,
+                                         const std::string& version) {
+    auto text = cache::read_file(file);
+    if (!text) return std::nullopt;
+    auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    try {
+        if (!j.is_object() || j.at("library") != lib.path || j.at("size") != lib.size ||
+            j.at("mtime_ns") != lib.mtime_ns || j.at("inode") != lib.inode ||
+            j.at("version") != version)
+            return std::nullopt;
+        NvrtcIdentity id;
+        id.version = version;
+        id.build = j.at("build").get<std::string>();
+        id.build_id = j.at("build_id").get<std::string>();
+        id.supported_archs = j.at("supported_archs").get<std::vector<int>>();
+        if (!id.build.starts_with(version) || id.supported_archs.empty()) return std::nullopt;
+        return id;
+    } catch (const nlohmann::json::exception&) {
+        return std::nullopt;
+    }
+}
+
+// Atomic (temp file + rename) so a reader never sees half a record; a failure only costs the
+// next process a probe (an unwritable cache is reported by the kernel cache itself).
+void write_record(const std::filesystem::path& file, const LibraryFile& lib,
+                  const NvrtcIdentity& id) {
+    std::error_code ec;
+    std::filesystem::create_directories(file.parent_path(), ec);
+    if (ec) return;
+    std::filesystem::path tmp =
+        file.parent_path() / fmt::format(".tmp-{}-{}-{:08x}", file.filename().string(), ::getpid(),
+                                         std::random_device{}());
+    try {
+        cache::write_file_synced(tmp, record_json(lib, id).dump(2));
+        std::filesystem::rename(tmp, file);
+    } catch (const std::exception&) {
+        std::filesystem::remove(tmp, ec);
+    }
+}
+
+NvrtcIdentity recorded_or_probed_identity(const std::filesystem::path& record_dir, bool write) {
+    if (record_dir.empty()) return probe_identity();
+    auto lib = nvrtc_library_file();
+    if (!lib) return probe_identity();
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    const std::string version = fmt::format("{}.{}", major, minor);
+    const std::string key = cache::sha256_hex(fmt::format(
+        "{}\n{}\n{}\n{}\n{}", lib->path, lib->size, lib->mtime_ns, lib->inode, version));
+    const std::filesystem::path file =
+        record_dir / "nvrtc-identity" / (key.substr(0, 16) + ".json");
+    if (auto id = read_record(file, *lib, version)) return *id;
+    NvrtcIdentity id = probe_identity();
+    // A probe that could not read the build number is not worth keeping: the next one may.
+    if (write && id.build != id.version) write_record(file, *lib, id);
+    return id;
+}
+
 int arch_number(const std::string& arch) {
     static const std::regex arch_re(R"(sm_(\d{2,3})[af]?)");
     std::smatch m;
@@ -112,8 +215,8 @@ int NvrtcIdentity::version_number() const {
     return major * 1000 + minor * 10;
 }
 
-const NvrtcIdentity& nvrtc_identity() {
-    static const NvrtcIdentity id = probe_identity();
+const NvrtcIdentity& nvrtc_identity(const std::filesystem::path& record_dir, bool write_record) {
+    static const NvrtcIdentity id = recorded_or_probed_identity(record_dir, write_record);
     return id;
 }
 

@@ -2,6 +2,7 @@
 // resources, entry-point check, and the compiler identity that enters cache keys and paths.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,14 @@ struct NvrtcIdentity {
     std::string full() const { return build + (build_id.empty() ? "" : " " + build_id); }
     int version_number() const;  // 13000 for "13.0"
 };
-// Probed once per process (a ~10 ms compile of an empty program).
-const NvrtcIdentity& nvrtc_identity();
+// Probed once per process: a compile of a one-line program, 10 to 20 ms of every run's start.
+// With `record_dir` (the kernel cache root) the result is kept in
+// `<record_dir>/nvrtc-identity/<hash16>.json`, keyed by the file identity of the NVRTC library
+// this process runs (path, size, mtime, inode) and by nvrtcVersion, so later processes read it
+// instead of probing; `write_record` false (a read-only cache) only reads. The first call decides
+// for the whole process.
+const NvrtcIdentity& nvrtc_identity(const std::filesystem::path& record_dir = {},
+                                    bool write_record = false);
 
 struct NvrtcOutput {
     std::string ptx;

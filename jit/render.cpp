@@ -35,6 +35,14 @@ struct Renderer {
         int line_no = 0;
         while (std::getline(in, line)) {
             ++line_no;
+            // Only a preprocessor line can be an include or `#pragma once`; most lines are not,
+            // and std::regex is slow enough to be most of a warm start's rendering time.
+            size_t first = line.find_first_not_of(" \t\n\v\f\r");
+            if (first == std::string::npos || line[first] != '#') {
+                out += line;
+                out += '\n';
+                continue;
+            }
             std::smatch m;
             if (std::regex_match(line, pragma_once_re)) continue;
             if (!std::regex_match(line, m, include_re)) {

@@ -1,5 +1,7 @@
-// The on-disk store alone (no CUDA): publish/load, corruption handling, modes, races, LRU pruning.
+// The on-disk store alone (no CUDA): publish/load, corruption handling, modes, races, LRU pruning,
+// and the per-entry lock files (entry_lock.h).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -302,4 +304,96 @@ TEST(CacheStore, StatVerifyClear) {
     EXPECT_EQ(store.clear(), 1u);
     EXPECT_EQ(store.stat().entries, 0u);
     EXPECT_FALSE(fs::exists(tmp.path() / "v1"));
+}
+
+TEST(EntryLock, SecondAcquirerIsBusyUntilTheHolderReleases) {
+    gj::test::ScratchDir tmp("lock");
+    fs::path path = tmp.path() / "k.lock";
+    EntryLock a = EntryLock::acquire(path, std::chrono::milliseconds(0));
+    ASSERT_TRUE(a.held());
+    EXPECT_EQ(EntryLock::acquire(path, std::chrono::milliseconds(0)).state(),
+              EntryLock::State::Busy);
+    EntryLock b = EntryLock::acquire(path, std::chrono::milliseconds(60));
+    EXPECT_EQ(b.state(), EntryLock::State::Busy);
+    EXPECT_GE(b.waited().count(), 60);
+    a.release();
+    EXPECT_FALSE(fs::exists(path)) << "the holder removes its lock file";
+    EntryLock c = EntryLock::acquire(path, std::chrono::milliseconds(0));
+    EXPECT_TRUE(c.held());
+    EXPECT_EQ(c.waited().count(), 0);
+}
+
+TEST(EntryLock, AWaiterGetsTheLockWhenTheHolderReleases) {
+    gj::test::ScratchDir tmp("lockwait");
+    fs::path path = tmp.path() / "k.lock";
+    EntryLock a = EntryLock::acquire(path, std::chrono::milliseconds(0));
+    ASSERT_TRUE(a.held());
+    EntryLock b;
+    std::thread waiter([&] { b = EntryLock::acquire(path, std::chrono::seconds(30)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    a.release();  // unlinks the file the waiter has open: it must notice and start over
+    waiter.join();
+    EXPECT_TRUE(b.held());
+    EXPECT_GE(b.waited().count(), 90);
+    EXPECT_TRUE(fs::exists(path));
+    // Exactly one holder: a third party is refused.
+    EXPECT_EQ(EntryLock::acquire(path, std::chrono::milliseconds(0)).state(),
+              EntryLock::State::Busy);
+}
+
+TEST(EntryLock, AKilledHoldersLockIsTakenOver) {
+    gj::test::ScratchDir tmp("lockdead");
+    fs::path path = tmp.path() / "k.lock";
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        EntryLock held = EntryLock::acquire(path, std::chrono::milliseconds(0));
+        ::kill(::getpid(), held.held() ? SIGKILL : SIGTERM);  // dies holding it
+        ::_exit(1);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    EXPECT_TRUE(fs::exists(path)) << "a killed holder leaves its file";
+    EXPECT_TRUE(EntryLock::acquire(path, std::chrono::milliseconds(0)).held());
+}
+
+TEST(CacheStore, LockFilesAreNeverEntriesAndPruneRemovesOnlyUnheldOnes) {
+    gj::test::ScratchDir tmp("locks");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    EntryId id = make_id("k.entry");
+    ASSERT_TRUE(store.publish(id, make_entry("x")));
+    EXPECT_EQ(store.lock_path(id),
+              store.entry_dir(id).parent_path() / ("k.entry-" + id.key.substr(0, 16) + ".lock"));
+    EntryLock held = store.lock(make_id("k.busy"), std::chrono::milliseconds(0));
+    ASSERT_TRUE(held.held());
+    // A lock file its holder left behind when it was killed.
+    std::ofstream(store.lock_path(make_id("k.dead"))) << "";
+    EXPECT_EQ(store.stat().entries, 1u);
+    EXPECT_EQ(store.list(true).size(), 1u);
+    EXPECT_TRUE(store.verify(false).empty());
+    PruneResult r = store.prune(0);
+    EXPECT_EQ(r.removed, 0u);
+    EXPECT_FALSE(fs::exists(store.lock_path(make_id("k.dead"))));
+    EXPECT_TRUE(fs::exists(store.lock_path(make_id("k.busy"))));
+    EXPECT_EQ(store.probe(id), Lookup::Hit);
+}
+
+TEST(CacheStore, LockIsUnavailableWhereNothingMayBeWritten) {
+    gj::test::ScratchDir tmp("lockmodes");
+    EntryId id = make_id("k");
+    Store ro({tmp.path() / "ro", Mode::ReadOnly, 0, nullptr});
+    EXPECT_EQ(ro.lock(id, std::chrono::seconds(10)).state(), EntryLock::State::Unavailable);
+    Store off({tmp.path() / "off", Mode::Off, 0, nullptr});
+    EXPECT_EQ(off.lock(id, std::chrono::seconds(10)).state(), EntryLock::State::Unavailable);
+    EXPECT_FALSE(fs::exists(tmp.path() / "ro"));
+    EXPECT_FALSE(fs::exists(tmp.path() / "off"));
+    // An unwritable root: no lock and no warning of its own; publish gives the one warning.
+    std::ofstream(tmp.path() / "a_file") << "x";
+    Warnings w;
+    Store bad({tmp.path() / "a_file" / "cache", Mode::ReadWrite, 0, w.sink()});
+    EXPECT_EQ(bad.lock(id, std::chrono::seconds(10)).state(), EntryLock::State::Unavailable);
+    EXPECT_FALSE(bad.publish(id, make_entry("x")));
+    EXPECT_EQ(bad.lock(id, std::chrono::seconds(10)).state(), EntryLock::State::Unavailable);
+    EXPECT_EQ(w.lines.size(), 1u);
 }

@@ -130,4 +130,11 @@ TEST(JitCli, TwoPrecompilesRacingOnOneEmptyCacheBothSucceed) {
     ASSERT_TRUE(std::regex_search(ra.out, m, std::regex("total: (\\d+) kernels"))) << ra.out;
     EXPECT_EQ(entries, std::stoul(m[1].str()));
     EXPECT_EQ(hidden, 0u);
+    // And each kernel was compiled by one of them only (the cache entry's cross-process lock).
+    auto misses = [](const std::string& out) {
+        std::smatch mm;
+        return std::regex_search(out, mm, std::regex("(\\d+) misses")) ? std::stoul(mm[1].str())
+                                                                       : 0ul;
+    };
+    EXPECT_EQ(misses(ra.out) + misses(rb.out), entries) << ra.out << rb.out;
 }
