@@ -16,16 +16,9 @@ gj_build "$GJ_ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGEMMAJIT_SANI
 ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
     ctest --test-dir "$GJ_ROOT/build-asan" --output-on-failure -j "$GJ_JOBS"
 
-echo "== Fuzzing the GGUF parser (${FUZZ_SECONDS}s) and the tokenizer/chat/sampler ($((FUZZ_SECONDS / 2))s)"
-CC=clang CXX=clang++ GJ_TARGETS="fuzz_gguf fuzz_tokenizer" gj_build "$GJ_ROOT/build-fuzz" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGEMMAJIT_FUZZ=ON -DGEMMAJIT_SANITIZE=ON
-fuzz() {  # fuzz NAME SECONDS [extra libFuzzer args]: new inputs go to the build tree only
-    local name="$1" seconds="$2"; shift 2
-    local corpus="$GJ_ROOT/build-fuzz/corpus_$name"
-    mkdir -p "$corpus"
-    "$GJ_ROOT/build-fuzz/tests/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-        -print_final_stats=1 "$@" "$corpus" "$GJ_ROOT/tests/fuzz/corpus_$name" 2>&1 | tail -n 4
-}
-fuzz gguf "$FUZZ_SECONDS" -dict="$GJ_ROOT/tests/fuzz/gguf.dict"
-fuzz tokenizer "$((FUZZ_SECONDS / 2))"
+TOKENIZER_FUZZ_SECONDS=$(((FUZZ_SECONDS + 1) / 2))
+echo "== Fuzzing the GGUF parser (${FUZZ_SECONDS}s) and the tokenizer/chat/sampler (${TOKENIZER_FUZZ_SECONDS}s)"
+# tools/fuzz.sh builds build-fuzz; new inputs go to the build tree only (build-fuzz/corpus_*).
+"$GJ_ROOT/tools/fuzz.sh" "$FUZZ_SECONDS" gguf
+"$GJ_ROOT/tools/fuzz.sh" "$TOKENIZER_FUZZ_SECONDS" tokenizer
 echo "== all test stages passed"

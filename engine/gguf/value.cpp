@@ -3,6 +3,7 @@
 #include "engine/gguf/value.h"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <limits>
 
 namespace gj::gguf {
@@ -29,13 +30,19 @@ std::string type_mismatch(std::string_view key, const char* wanted, const Value&
 }  // namespace
 
 std::string printable(std::string_view s, size_t max_len) {
+    // Escapes are appended by hand, not with one fmt::format per byte: a hostile key is all
+    // escapes, and every FormatError naming it (most inputs the fuzzer tries) pays for them.
+    static constexpr char kHex[] = "0123456789abcdef";
     std::string out;
+    out.reserve(std::min(s.size(), max_len));
     for (size_t i = 0; i < s.size() && i < max_len; ++i) {
         const auto c = static_cast<unsigned char>(s[i]);
-        if (c >= 0x20 && c < 0x7f && c != '\\')
+        if (c >= 0x20 && c < 0x7f && c != '\\') {
             out += static_cast<char>(c);
-        else
-            out += fmt::format("\\x{:02x}", c);
+        } else {
+            const char escape[4] = {'\\', 'x', kHex[c >> 4], kHex[c & 0xf]};
+            out.append(escape, sizeof escape);
+        }
     }
     if (s.size() > max_len) out += fmt::format("...({} bytes)", s.size());
     return out;

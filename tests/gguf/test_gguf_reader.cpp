@@ -17,6 +17,7 @@
 
 using gj::ggml::Type;
 using gj::gguf::FormatError;
+using gj::gguf::printable;
 using gj::gguf::Value;
 using gj::gguf::ValueType;
 using gj::gguf_test::pattern;
@@ -116,6 +117,12 @@ TEST(GgufValue, ConversionsRefuseLossAndNameTheKey) {
     for (int i = 0; i < 10; ++i) many.push_back(Value::make_u32(i));
     EXPECT_EQ(Value::make_array(ValueType::UINT32, many).to_display(3),
               "[0, 1, 2, ... (10 total)]");
+}
+
+TEST(GgufValue, PrintableEscapesAndBoundsHostileNames) {
+    EXPECT_EQ(printable("general.name"), "general.name");
+    EXPECT_EQ(printable(std::string_view("a\0\x7f\\~\xff", 6)), "a\\x00\\x7f\\x5c~\\xff");
+    EXPECT_EQ(printable(std::string(100, '\x01'), 2), "\\x01\\x01...(100 bytes)");
 }
 
 TEST(GgufFile, TypedGettersReportMissingKeysAndTensors) {
