@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "engine/cpu/cpu_forward.h"
-#include "engine/model/gemma4_config.h"
 #include "engine/gguf/gguf.h"
-#include "engine/gpu/gpu_forward.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/session.h"
+#include "engine/model/gemma4_config.h"
 #include "engine/model/synth.h"
 #include "jit/device.h"
 #include "tools/commands.h"
@@ -154,8 +154,8 @@ void cmd_logits(const std::string& path, const std::string& token_text, bool cpu
     std::string why;
     const bool gpu = !cpu && jit::device_available(&why);
     if (!cpu && !gpu)
-        fmt::print(stderr, "gemmajit: no usable GPU ({}); computing logits with the CPU reference\n",
-                   why);
+        fmt::print(stderr,
+                   "gemmajit: no usable GPU ({}); computing logits with the CPU reference\n", why);
     std::vector<float> logits;
     int vocab = 0;
     auto check_vocab = [&](int v) {
@@ -222,8 +222,7 @@ void add_model_commands(CLI::App& app) {
     }
     {
         auto* cmd = app.add_subcommand(
-            "logits",
-            "logits of every position of a token list (on the GPU when one is present)");
+            "logits", "logits of every position of a token list (on the GPU when one is present)");
         auto model = std::make_shared<std::string>();
         auto tokens = std::make_shared<std::string>();
         auto out = std::make_shared<std::string>();

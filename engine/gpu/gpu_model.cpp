@@ -8,11 +8,11 @@
 #include <cstring>
 #include <map>
 
+#include "engine/base/thread_pool.h"
 #include "engine/gguf/dequant.h"
 #include "engine/gguf/gguf.h"
-#include "engine/gpu/gpu_forward.h"
 #include "engine/gguf/half.h"
-#include "engine/base/thread_pool.h"
+#include "engine/gpu/session.h"
 #include "engine/model/weights.h"
 #include "jit/cuda_driver.h"
 #include "jit/env_flags.h"
