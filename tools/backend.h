@@ -9,8 +9,8 @@
 #include "engine/generate/generate.h"
 #include "engine/generate/generate_cpu.h"
 #include "engine/generate/generate_gpu.h"
-#include "engine/gpu/gpu_forward.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/session.h"
 
 namespace gj::tools {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/gpu/gpu_forward.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/session.h"
 #include "jit/cuda_driver.h"
 #include "jit/device.h"
 #include "tools/backend.h"

@@ -22,7 +22,7 @@
 
 #include "engine/cpu/cpu_forward.h"
 #include "engine/gguf/reader.h"
-#include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/session.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/synth.h"

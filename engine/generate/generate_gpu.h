@@ -5,7 +5,7 @@
 #include <functional>
 
 #include "engine/generate/generate.h"
-#include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/session.h"
 
 namespace gj::gen {
 

@@ -13,7 +13,7 @@
 #include "engine/gguf/dequant.h"
 #include "engine/gguf/half.h"
 #include "engine/gguf/reader.h"
-#include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/session.h"
 #include "engine/gpu/host_to_device.h"
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"

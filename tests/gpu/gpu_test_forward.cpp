@@ -31,7 +31,7 @@
 #include "engine/gguf/half.h"
 #include "engine/gguf/reader.h"
 #include "engine/gguf/writer.h"
-#include "engine/gpu/gpu_forward.h"
+#include "engine/gpu/session.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/model/synth.h"
 #include "engine/text/tokenizer.h"

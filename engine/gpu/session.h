@@ -11,6 +11,11 @@
 // as one batch (matvecs over kPrefillCols activation columns at a time, attention with one query
 // per token). Only the chosen token, the top-k candidates or (on request) the logits reach the
 // host.
+//
+// The implementation lives in engine/gpu/session/: work_layout (buffer sizes and buffers),
+// session (construction, position, step state and readout), decode_step (the graph path),
+// prefill (chunking), layer_pass (the launch sequence of one forward pass), launches (one
+// helper per kernel kind) and profiler.
 #pragma once
 
 #include <cstdint>

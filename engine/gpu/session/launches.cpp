@@ -1,0 +1,229 @@
+// GpuSession's launch helpers: one per kernel kind the forward pass enqueues (norms, activation
+// quantization and conversion, matvecs, the tensor-core GEMMs, cuBLAS products), each reading its
+// launch geometry from the kernel spec's constants. Every launch goes through launch() or
+// profiled(), where the profiler hooks in.
+#include "engine/gpu/session/session_internal.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace gj::gemma4 {
+
+void GpuSession::launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block,
+                        unsigned smem, void** args, const std::string& label, LaunchCost cost) {
+    profiled(label, cost, [&] { k.launch(grid, block, smem, stream_, args); });
+}
+
+GpuSession::Input GpuSession::normed(int row) const {
+    const uint64_t d = uint64_t(cfg_.d_model);
+    return Input{w_->h.ptr() + row * d * 4, w_->xq.ptr() + row * d,
+                 w_->xds.ptr() + row * (d / 32) * 8};
+}
+
+void GpuSession::pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what) {
+    const std::string& name = model_.spec_prenorm();
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
+    CUdeviceptr residual = 0, y = w_->h.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
+    float eps = cfg_.rms_eps;
+    void* args[] = {&x, &w, &residual, &y, &yq, &yds, &T, &eps};
+    launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
+           name + " " + what);
+}
+
+void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w, CUdeviceptr scale,
+                           CUdeviceptr w2, int T, const char* what) {
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
+    CUdeviceptr x = w_->x.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
+    float eps = cfg_.rms_eps;
+    if (spec.entries.at(0) == "rmsnorm") {  // x += norm(u) * w, quantized
+        void* args[] = {&u, &w, &x, &x, &yq, &yds, &T, &eps};
+        launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
+               name + " " + what);
+        return;
+    }
+    CUdeviceptr y2 = w_->h.ptr();
+    void* args[] = {&u, &w, &x, &x, &scale, &w2, &y2, &yq, &yds, &T, &eps};
+    launch(model_.kernels().get(name, "rmsnorm_ext"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
+           name + " " + what);
+}
+
+void GpuSession::quantize(CUdeviceptr x, int n_values) {
+    const std::string& name = model_.spec_quantize();
+    const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+    CUdeviceptr xq = w_->xq.ptr(), xds = w_->xds.ptr();
+    int blocks = n_values / 32;
+    void* args[] = {&x, &xq, &xds, &blocks};
+    launch(model_.kernels().get(name, "quantize_q8_1"), {ceil_div(uint64_t(blocks) * 8, threads)},
+           {threads}, 0, args, name);
+}
+
+int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
+                       const char* what, bool partials_ok) {
+    const bool quant = m.quantized();
+    const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
+    const double flops_per_col = 2.0 * double(m.rows) * m.cols * (up ? 2 : 1);
+    if (T > kPrefillCols && !quant && m.blas && model_.blas()) {
+        blas_product(m, up, in.f, y, T, what);
+        return 1;
+    }
+    if (T > kPrefillCols && !m.spec_gemm.empty())
+        return gemm(m, up, in, up ? GemmOut::Geglu : GemmOut::Plain, y, 0, T, what, partials_ok);
+    if (quant && in.q == 0) {
+        quantize(in.f, T * m.cols);
+        in.q = w_->xq.ptr();
+        in.ds = w_->xds.ptr();
+    }
+    // One column: the decode specialization; more: groups of kPrefillCols columns (the buffers
+    // hold whole groups, so a last partial group computes harmless padding columns).
+    const std::string& spec_name = T == 1 ? m.spec_decode : m.spec_prefill;
+    const jit::KernelSpec& spec = model_.kernels().spec(spec_name);
+    const int cols = int(spec_constant(spec, "NCOLS"));
+    const unsigned threads = constant(spec, "THREADS"), rows_per_block = constant(spec, "ROWS");
+    const jit::Kernel& k = model_.kernels().get(spec_name, spec.family + (up ? "_geglu" : ""));
+    const std::string label = spec_name + (up ? " geglu " : " ") + what;
+    int n_rows = m.rows;
+    CUdeviceptr w = m.ptr, wu = up ? up->ptr : 0, residual = 0;
+    for (int c0 = 0; c0 < T; c0 += cols) {
+        CUdeviceptr out = y + uint64_t(c0) * m.rows * 4;
+        const LaunchCost cost{bytes, flops_per_col * std::min(cols, T - c0), WorkKind::Gemm};
+        if (quant) {
+            CUdeviceptr xq = in.q + uint64_t(c0) * m.cols;
+            CUdeviceptr xds = in.ds + uint64_t(c0) * (m.cols / 32) * 8;
+            void* args[] = {&w, &wu, &xq, &xds, &residual, &out, &n_rows};
+            launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, cost);
+        } else {
+            CUdeviceptr xf = in.f + uint64_t(c0) * m.cols * 4;
+            void* args[] = {&w, &wu, &xf, &residual, &out, &n_rows};
+            launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args, label, cost);
+        }
+    }
+    return 1;
+}
+
+GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what) {
+    if (in.bf) return in;
+    in.bf = convert(in.f, n, "f32_to_bf16", w_->xbf.ptr(), what);
+    return in;
+}
+
+CUdeviceptr GpuSession::convert(CUdeviceptr x, int n, const char* entry, CUdeviceptr out,
+                                const std::string& what) {
+    const std::string& name = model_.spec_convert();
+    const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+    void* args[] = {&x, &out, &n};
+    launch(model_.kernels().get(name, entry), {ceil_div(n / 4, threads)}, {threads}, 0, args,
+           name + " " + what);
+    return out;
+}
+
+int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut out_form,
+                     CUdeviceptr y, CUdeviceptr yds, int T, const char* what, bool partials_ok) {
+    const jit::KernelSpec& spec = model_.kernels().spec(m.spec_gemm);
+    // The plain product of a split-K spec writes partial planes to the workspace, then sums them.
+    const unsigned splits = up ? 1 : constant(spec, "SPLITS");
+    CUdeviceptr w = m.ptr, wu = up ? up->ptr : 0;
+    CUdeviceptr out = splits > 1 ? w_->gemm_split.ptr() : y;
+    int n_rows = m.rows;
+    const double flops = 2.0 * double(m.rows) * m.cols * T * (up ? 2 : 1);
+    const LaunchCost cost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm};
+    const int form = int(out_form);
+    std::string reduce;
+    if (m.gemm_bf16) {
+        // bf16 activations; the GeGLU entries take BN / 2 rows of each matrix per block.
+        in = with_bf16(in, T * m.cols, what);
+        static const char* const entries[] = {"gemm_wgmma", "gemm_wgmma_geglu",
+                                              "gemm_wgmma_geglu_bf16"};
+        const unsigned rows = constant(spec, "BN") / (up ? 2 : 1);
+        void* args[] = {&w, &wu, &in.bf, &out, &T, &n_rows};
+        launch(model_.kernels().get(m.spec_gemm, entries[form]),
+               {ceil_div(m.rows, rows), ceil_div(T, constant(spec, "BM")), splits},
+               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
+               m.spec_gemm + " " + entries[form] + " " + what, cost);
+        ++paths_.wgmma;
+        reduce = "gemm_wgmma_reduce";
+    } else {
+        if (in.q == 0) {
+            quantize(in.f, T * m.cols);
+            in.q = w_->xq.ptr();
+            in.ds = w_->xds.ptr();
+        }
+        static const char* const entries[] = {"mmq", "mmq_geglu", "mmq_geglu_q8"};
+        void* args[] = {&w, &wu, &in.q, &in.ds, &out, &yds, &T, &n_rows};
+        launch(model_.kernels().get(m.spec_gemm, entries[form]),
+               {ceil_div(m.rows, constant(spec, "BN")), ceil_div(T, constant(spec, "BM")), splits},
+               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
+               m.spec_gemm + " " + entries[form] + " " + what, cost);
+        ++paths_.mmq;
+        reduce = "mmq_reduce";
+    }
+    if (splits > 1 && partials_ok) return int(splits);  // the caller's post-norm sums the planes
+    if (splits > 1) {
+        int n = T * m.rows;
+        void* rargs[] = {&out, &y, &n};
+        launch(model_.kernels().get(m.spec_gemm, reduce), {ceil_div(n, 256)}, {256}, 0, rargs,
+               m.spec_gemm + " " + reduce + " " + what, LaunchCost{0, 0, WorkKind::Gemm});
+    }
+    return 1;
+}
+
+bool GpuSession::splits_k(const GpuMatrix& m) const {
+    return !m.spec_gemm.empty() && constant(model_.kernels().spec(m.spec_gemm), "SPLITS") > 1;
+}
+
+CUdeviceptr GpuSession::product(int parts) const {
+    return parts > 1 ? w_->gemm_split.ptr() : w_->tmp.ptr();
+}
+
+GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
+    const Work& w = *w_;
+    // The GEMM writes the GeGLU product straight in the down projection's input form: bf16 for
+    // the wgmma GEMM, Q8_1 for the int8 one.
+    if (T > kPrefillCols && g.gate.gemm_bf16 && g.down.gemm_bf16) {
+        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gbf.ptr(), 0, T, "ffn_gate|up");
+        return Input{0, 0, 0, w.gbf.ptr()};
+    }
+    if (T > kPrefillCols && !g.gate.spec_gemm.empty() && !g.gate.gemm_bf16 &&
+        g.gate.rows % 32 == 0) {
+        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gq.ptr(), w.gds.ptr(), T,
+             "ffn_gate|up");
+        return Input{0, w.gq.ptr(), w.gds.ptr()};
+    }
+    matvec(g.gate, &g.up, normed(), w.g.ptr(), T, "ffn_gate|up");
+    return Input{w.g.ptr()};
+}
+
+void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y,
+                              int T, const char* what) {
+    jit::Blas& blas = *model_.blas();
+    const jit::BlasType type = m.type == ggml::Type::F32   ? jit::BlasType::F32
+                               : m.type == ggml::Type::F16 ? jit::BlasType::F16
+                                                           : jit::BlasType::BF16;
+    if (type != jit::BlasType::F32)  // cuBLAS multiplies two matrices of one type
+        x = convert(x, T * m.cols, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16",
+                    w_->xhalf.ptr(), what);
+    const double flops = 2.0 * double(m.rows) * m.cols * T;
+    auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
+        profiled(
+            fmt::format("cublas.{}.k{}.n{} {}", ggml::type_name(w.type), w.cols, w.rows, label),
+            LaunchCost{w.bytes, flops, WorkKind::Gemm},
+            [&] { blas.gemm(stream_, type, w.rows, T, w.cols, w.ptr, x, out); });
+        ++paths_.blas;
+    };
+    if (!up) {
+        product(m, y, what);
+        return;
+    }
+    // GeGLU from two products: gate into its own buffer, up into y, then y = gelu(gate) * y.
+    CUdeviceptr gate = w_->fgate.ptr();
+    product(m, gate, "ffn_gate");
+    product(*up, y, "ffn_up");
+    const std::string& name = m.spec_geglu;
+    void* args[] = {&gate, &y, &T};
+    launch(model_.kernels().get(name, "gelu_mul_inplace"), {ceil_div(uint64_t(T) * m.rows, 128)},
+           {128}, 0, args, name + " inplace ffn");
+}
+
+}  // namespace gj::gemma4

@@ -1,0 +1,237 @@
+// The launch sequence of one forward pass over T rows (reference/gemma4-spec.md section 2):
+// embedding and PLE inputs, then per layer attention, FFN and PLE, then the readout. The same
+// sequence serves a decode step (recorded into its graph, or eager) and a prefill chunk.
+#include "engine/gpu/session/session_internal.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace gj::gemma4 {
+
+void GpuSession::record_embedding(int T) {
+    const Work& w = *w_;
+    auto gather = [&](const GpuTable& t, CUdeviceptr out, float scale) {
+        const jit::KernelSpec& spec = model_.kernels().spec(t.spec);
+        const unsigned threads = constant(spec, "THREADS");
+        CUdeviceptr rows = w.tokens(), table = t.ptr;
+        void* args[] = {&rows, &T, &table, &out, &scale};
+        launch(model_.kernels().get(t.spec, "embed_rows"),
+               {ceil_div(uint64_t(t.cols) / 4, threads), unsigned(T)}, {threads}, 0, args,
+               t.spec + " " + t.name, LaunchCost{uint64_t(T) * (t.bytes / t.rows)});
+    };
+    gather(model_.token_embd(), w.x.ptr(), cfg_.embed_scale());
+    if (!cfg_.has_ple()) return;
+    // PLE inputs of every layer: ((RMSNorm(W_proj e / sqrt(d)) * g) + table[tok] * sqrt(P)) /
+    // sqrt(2), with e the scaled embedding.
+    gather(model_.ple_table(), w.ple_tok.ptr(), std::sqrt(float(cfg_.ple_dim)));
+    matvec(model_.ple_model_proj(), nullptr, Input{w.x.ptr()}, w.ple_ctx.ptr(), T,
+           "per_layer_model_proj");
+    const std::string& name = model_.spec_ple_finish();
+    CUdeviceptr ctx = w.ple_ctx.ptr(), tok = w.ple_tok.ptr(), norm = model_.ple_proj_norm(),
+                out = w.ple.ptr();
+    float inv_sqrt_d = float(1.0 / std::sqrt(double(cfg_.d_model)));
+    float eps = cfg_.rms_eps;
+    void* args[] = {&ctx, &tok, &norm, &out, &T, &inv_sqrt_d, &eps};
+    launch(model_.kernels().get(name, "ple_finish"), {ceil_div(uint64_t(T) * cfg_.n_layers, 4)},
+           {128}, 0, args, name);
+}
+
+double GpuSession::attention_flops(int l, int pos0, int T) const {
+    const LayerConfig& lc = cfg_.layers[l];
+    const int window = lc.sliding ? cfg_.sliding_window : 0;
+    double pairs = 0;  // visible (query, key) pairs
+    for (int p = pos0; p < pos0 + T; ++p) pairs += window ? std::min(p + 1, window) : p + 1;
+    return 4.0 * lc.head_dim * cfg_.n_heads * pairs;  // Q K^T and P V
+}
+
+void GpuSession::record_attention(int l, int T, bool decode) {
+    const Work& w = *w_;
+    const LayerConfig& lc = cfg_.layers[l];
+    const GpuLayer& gl = model_.layers()[l];
+    const KvCache::Layer& kv = kv_.layer(l);
+    const uint64_t q_dim = uint64_t(cfg_.q_dim(l));
+    if (!decode && !gl.flash_prefill_spec.empty()) {
+        // The whole chunk in one launch on tensor cores; K/V of this chunk are already cached.
+        // SPLITS blocks (a cluster) per row block share its key range.
+        const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_prefill_spec);
+        const unsigned rows_per_block = constant(spec, "BLOCK_ROWS");
+        CUdeviceptr q = w.q.ptr(), kc = kv.k, vc = kv.v, positions = w.positions(),
+                    out = w.attn.ptr();
+        int slots = kv.slots;
+        void* args[] = {&q, &kc, &vc, &positions, &T, &slots, &out};
+        launch(model_.kernels().get(gl.flash_prefill_spec, "flash_prefill"),
+               {ceil_div(uint64_t(T) * constant(spec, "GROUP"), rows_per_block) *
+                    constant(spec, "SPLITS"),
+                unsigned(lc.n_kv_heads)},
+               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, gl.flash_prefill_spec,
+               LaunchCost{0, attention_flops(l, pos_, T), WorkKind::Attention});
+        ++paths_.flash_prefill;
+        return;
+    }
+    const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_spec);
+    // The decode graph's split count is fixed for the whole context (any count is correct; the
+    // kernel lengthens the splits as the context grows). Eager prefill sizes it for its chunk.
+    int splits = w.layout.decode_splits[l];
+    if (!decode) splits = flash_decode_splits(spec, pos_ + T, T, jit::Device::get().sm_count());
+    const uint64_t per_query_o = uint64_t(cfg_.n_heads) * splits * lc.head_dim;
+    const uint64_t per_query_ml = uint64_t(cfg_.n_heads) * splits;
+    const int batch = int(std::min<uint64_t>({uint64_t(T), w.layout.part_o_floats / per_query_o,
+                                              w.layout.part_ml_pairs / per_query_ml}));
+    const jit::Kernel& flash = model_.kernels().get(gl.flash_spec, "flash_decode");
+    const jit::Kernel& combine = model_.kernels().get(gl.flash_spec, "flash_combine");
+    const unsigned threads = constant(spec, "THREADS"), smem = constant(spec, "SMEM");
+    const unsigned combine_threads = constant(spec, "COMBINE_THREADS");
+    const unsigned combine_blocks =
+        constant(spec, "GROUP") * constant(spec, "N_KV_HEADS") * constant(spec, "HEAD_DIM") / 16;
+    CUdeviceptr kc = kv.k, vc = kv.v, part_o = w.part_o.ptr(), part_ml = w.part_ml.ptr();
+    int slots = kv.slots;
+    for (int t0 = 0; t0 < T; t0 += batch) {
+        int n = std::min(batch, T - t0);
+        const LaunchCost cost{0, attention_flops(l, pos_ + t0, n), WorkKind::Attention};
+        CUdeviceptr q = w.q.ptr() + t0 * q_dim * 4, out = w.attn.ptr() + t0 * q_dim * 4;
+        CUdeviceptr positions = w.positions() + uint64_t(t0) * 4;
+        void* fargs[] = {&q, &kc, &vc, &positions, &n, &slots, &splits, &part_o, &part_ml};
+        launch(flash, {unsigned(splits), unsigned(lc.n_kv_heads), unsigned(n)}, {threads}, smem,
+               fargs, gl.flash_spec + " flash_decode", cost);
+        void* cargs[] = {&part_o, &part_ml, &out, &n, &splits};
+        launch(combine, {combine_blocks, unsigned(n)}, {combine_threads}, 0, cargs,
+               gl.flash_spec + " flash_combine", LaunchCost{0, 0, WorkKind::Attention});
+    }
+}
+
+void GpuSession::record_layer(int l, int T, bool decode) {
+    const Work& w = *w_;
+    const LayerConfig& lc = cfg_.layers[l];
+    const GpuLayer& g = model_.layers()[l];
+    // The next pre-norm, chained to this layer's last residual update.
+    const CUdeviceptr next_norm =
+        l + 1 < cfg_.n_layers ? model_.layers()[l + 1].attn_norm : model_.output_norm();
+
+    // Attention: h = attn_norm(x) is ready (chained); x += post_attention_norm(Wo . attention).
+    // The K and V projections (same input, own outputs) run beside Q on side streams: small
+    // matvecs that alone leave most of the GPU idle (in a graph: parallel branches). Not while
+    // profiling, whose per-launch events time one kernel at a time.
+    const int branches = lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
+    // Split-K products share one partial-plane workspace: those run one at a time.
+    const bool split_qkv = T > kPrefillCols && (splits_k(g.q) || splits_k(g.k) || splits_k(g.v));
+    const bool concurrent = streams_ && branches > 0 && !profiler_ && !split_qkv;
+    // The bf16 form of h for the wgmma GEMMs, made once for Q, K and V (before the fork).
+    const bool bf16_qkv = g.q.gemm_bf16 || g.k.gemm_bf16 || g.v.gemm_bf16;
+    const Input h = T > kPrefillCols && bf16_qkv
+                        ? with_bf16(normed(), T * cfg_.d_model, "attn_norm")
+                        : normed();
+    if (concurrent) fork(branches);
+    if (lc.has_kv) {
+        if (concurrent) stream_ = side_[0];
+        matvec(g.k, nullptr, h, w.kraw.ptr(), T, "attn_k");
+        if (lc.has_v_proj) {
+            if (concurrent) stream_ = side_[1];
+            matvec(g.v, nullptr, h, w.vraw.ptr(), T, "attn_v");
+        }
+        stream_ = jit::Device::get().stream();
+    }
+    matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
+    if (concurrent) join(branches);
+    {
+        const KvCache::Layer& kv = kv_.layer(l);
+        const jit::KernelSpec& spec = model_.kernels().spec(g.attn_prep_spec);
+        const unsigned warps = constant(spec, "WARPS");
+        const int rows = cfg_.n_heads + (lc.has_kv ? 2 * lc.n_kv_heads : 0);
+        CUdeviceptr q = w.q.ptr(), kraw = w.kraw.ptr(), vraw = w.vraw.ptr(), qn = g.q_norm,
+                    kn = g.k_norm, kc = kv.k, vc = kv.v, positions = w.positions();
+        int slots = kv.slots;
+        float base = lc.rope_base, eps = cfg_.rms_eps;
+        void* args[] = {&q, &kraw, &vraw, &qn, &kn, &kc, &vc, &positions, &T, &slots, &base, &eps};
+        launch(model_.kernels().get(g.attn_prep_spec, "attn_prep"),
+               {ceil_div(rows, warps), unsigned(T)}, {32 * warps}, 0, args, g.attn_prep_spec);
+    }
+    record_attention(l, T, decode);
+    // Split-K products leave their partial planes for the post-norm to sum.
+    int parts = matvec(g.o, nullptr, Input{w.attn.ptr()}, w.tmp.ptr(), T, "attn_output", true);
+    post_norm(model_.spec_post_prenorm(parts), product(parts), g.post_attention_norm, 0, g.ffn_norm,
+              T, "post_attention_norm+ffn_norm");
+
+    // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x).
+    parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", true);
+    if (!cfg_.has_ple()) {
+        post_norm(model_.spec_post_scale_prenorm(parts), product(parts), g.post_ffw_norm,
+                  g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm");
+        return;
+    }
+    // The updated stream is the PLE gate's input (quantized by the same launch).
+    post_norm(model_.spec_post_quant(parts), product(parts), g.post_ffw_norm, 0, 0, T,
+              "post_ffw_norm");
+
+    // PLE: x = (x + post_norm(proj(gelu(inp_gate x) * ple[l]))) * layer_output_scale.
+    matvec(g.inp_gate, nullptr, Input{w.x.ptr(), w.xq.ptr(), w.xds.ptr()}, w.ple_gate.ptr(), T,
+           "inp_gate");
+    {
+        const std::string& name = model_.spec_gelu_mul();
+        // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM reads fp32).
+        const bool q8 = g.proj.quantized() && !(T > kPrefillCols && g.proj.gemm_bf16);
+        CUdeviceptr gate = w.ple_gate.ptr(), other = w.ple.ptr() + uint64_t(l) * cfg_.ple_dim * 4,
+                    out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
+        int stride = cfg_.n_layers * cfg_.ple_dim;
+        const uint64_t n = uint64_t(T) * cfg_.ple_dim;
+        if (q8) {
+            void* args[] = {&gate, &other, &stride, &yq, &yds, &T};
+            launch(model_.kernels().get(name, "gelu_mul_q8"), {ceil_div(n, 512)}, {128}, 0, args,
+                   name + " q8");
+        } else {
+            void* args[] = {&gate, &other, &stride, &out, &T};
+            launch(model_.kernels().get(name, "gelu_mul"), {ceil_div(n, 128)}, {128}, 0, args,
+                   name);
+        }
+        matvec(g.proj, nullptr, q8 ? Input{0, yq, yds} : Input{out}, w.tmp.ptr(), T, "ple_proj");
+    }
+    post_norm(model_.spec_post_scale_prenorm(), w.tmp.ptr(), g.post_norm, g.output_scale, next_norm,
+              T, "ple_post_norm*scale+next_norm");
+}
+
+void GpuSession::record_forward(int T, bool decode) {
+    record_embedding(T);
+    pre_norm(w_->x.ptr(), model_.layers()[0].attn_norm, T, "attn_norm");
+    for (int l = 0; l < cfg_.n_layers; ++l) record_layer(l, T, decode);
+    // h (and its Q8_1 form) now hold output_norm(x) of every row.
+}
+
+void GpuSession::record_readout(int row, Readout readout) {
+    const Work& w = *w_;
+    matvec(model_.lm_head(), nullptr, normed(row), w.logits.ptr(), 1, "lm_head");
+    const std::string& name = model_.spec_logits();
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned threads = constant(spec, "THREADS");
+    CUdeviceptr logits = w.logits.ptr(), work = w.logits_work();
+    float cap = cfg_.final_softcap;
+    if (readout == Readout::Argmax) {
+        CUdeviceptr token = w.result_token();
+        void* args[] = {&logits, &cap, &work, &token};
+        launch(model_.kernels().get(name, "softcap_argmax"), {constant(spec, "ARGMAX_BLOCKS")},
+               {threads}, 0, args, name + " softcap_argmax");
+    } else if (readout == Readout::TopK) {
+        CUdeviceptr ids = w.result_ids(), values = w.result_values();
+        void* args[] = {&logits, &cap, &work, &ids, &values};
+        launch(model_.kernels().get(name, "softcap_topk"), {constant(spec, "TOPK_BLOCKS")},
+               {threads}, 0, args, name + " softcap_topk");
+    } else {
+        int n = cfg_.vocab_size;
+        void* args[] = {&logits, &cap, &n};
+        launch(model_.kernels().get(name, "softcap"), {ceil_div(n, threads)}, {threads}, 0, args,
+               name + " softcap");
+    }
+}
+
+void GpuSession::record_all_logits(int T) {
+    const Work& w = *w_;
+    matvec(model_.lm_head(), nullptr, normed(), w.all_logits.ptr(), T, "lm_head");
+    const std::string& name = model_.spec_logits();
+    const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+    CUdeviceptr logits = w.all_logits.ptr();
+    float cap = cfg_.final_softcap;
+    int n = T * cfg_.vocab_size;
+    void* args[] = {&logits, &cap, &n};
+    launch(model_.kernels().get(name, "softcap"), {ceil_div(n, threads)}, {threads}, 0, args,
+           name + " softcap");
+}
+
+}  // namespace gj::gemma4

@@ -1,0 +1,121 @@
+#include "engine/gpu/session/work_layout.h"
+
+#include <algorithm>
+
+#include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/spec_util.h"
+
+namespace gj::gemma4 {
+
+namespace {
+
+int round_up(int v, int m) {
+    return (v + m - 1) / m * m;
+}
+
+}  // namespace
+
+WorkLayout::WorkLayout(const GpuModel& m) {
+    const Config& c = m.config();
+    const KvGeometry& g = m.kv_geometry();
+    const int sms = jit::Device::get().sm_count();
+    rows = round_up(std::max(1, g.max_chunk), kPrefillCols);
+    d = c.d_model;
+    ple = c.ple_dim;
+    ple_all = c.n_layers * c.ple_dim;
+    vocab = c.vocab_size;
+    for (int l = 0; l < c.n_layers; ++l) {
+        const LayerConfig& lc = c.layers[l];
+        q_max = std::max(q_max, c.q_dim(l));
+        kv_max = std::max(kv_max, c.kv_dim(l));
+        ffn_max = std::max(ffn_max, lc.ffn_dim);
+        const jit::KernelSpec& spec = m.kernels().spec(m.layers()[l].flash_spec);
+        // Splits of the decode graph (one query that may see the whole context) and of the
+        // largest prefill chunk; the partials hold whichever needs more.
+        const int dec = flash_decode_splits(spec, g.context, 1, sms);
+        const int pre = flash_decode_splits(spec, g.context, rows, sms);
+        decode_splits.push_back(dec);
+        const uint64_t heads = uint64_t(c.n_heads);
+        part_o_floats = std::max(
+            {part_o_floats, heads * dec * lc.head_dim, uint64_t(rows) * heads * pre * lc.head_dim});
+        part_ml_pairs = std::max({part_ml_pairs, heads * dec, uint64_t(rows) * heads * pre});
+    }
+    in_max = std::max({d, q_max, ffn_max, ple});
+    logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
+    half_acts = !m.spec_convert().empty();
+    for (const GpuMatrix* mat : m.matrices()) bf16_acts = bf16_acts || mat->gemm_bf16;
+    float_gate = m.blas_ffn();
+    for (const GpuLayer& g : m.layers()) {
+        gemm_q8_ffn = gemm_q8_ffn || (!g.gate.spec_gemm.empty() && !g.gate.gemm_bf16);
+        gemm_bf16_ffn = gemm_bf16_ffn || g.gate.gemm_bf16;
+    }
+    for (const GpuMatrix* mat : m.matrices()) {  // the largest split-K partial planes
+        if (mat->spec_gemm.empty()) continue;
+        const uint64_t s = uint64_t(spec_constant(m.kernels().spec(mat->spec_gemm), "SPLITS"));
+        if (s > 1) gemm_split_floats = std::max(gemm_split_floats, s * rows * mat->rows);
+    }
+}
+
+uint64_t WorkLayout::bytes() const {
+    const uint64_t R = uint64_t(rows);
+    const uint64_t floats = 3 * R * d                        // x, h, tmp
+                            + 2 * R * q_max                  // q, attn
+                            + 2 * R * kv_max                 // k_raw, v_raw
+                            + R * ffn_max                    // gate|up product
+                            + 3 * R * ple_all + 2 * R * ple  // PLE inputs; gate, product
+                            + uint64_t(vocab)                // logits of one row
+                            + part_o_floats + 2 * part_ml_pairs + (float_gate ? R * ffn_max : 0) +
+                            gemm_split_floats;
+    return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
+           + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
+           (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
+           (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + (kStateHeader + 2 * R) * 4 + readout_bytes();
+}
+
+uint64_t session_work_bytes(const GpuModel& model) {
+    return WorkLayout(model).bytes();
+}
+
+GpuSession::Work::Work(const GpuModel& m) : layout(m) {
+    const WorkLayout& L = layout;
+    const uint64_t R = uint64_t(L.rows);
+    // Zeroed: padded rows and never-written partials read as zeros, not NaN garbage.
+    auto zeroed = [](uint64_t bytes) {
+        jit::DeviceBuffer b(std::max<uint64_t>(bytes, 16));
+        b.zero();
+        return b;
+    };
+    x = zeroed(R * L.d * 4);
+    h = zeroed(R * L.d * 4);
+    tmp = zeroed(R * L.d * 4);
+    q = zeroed(R * L.q_max * 4);
+    attn = zeroed(R * L.q_max * 4);
+    kraw = zeroed(R * L.kv_max * 4);
+    vraw = zeroed(R * L.kv_max * 4);
+    g = zeroed(R * L.ffn_max * 4);
+    ple_tok = zeroed(R * L.ple_all * 4);
+    ple_ctx = zeroed(R * L.ple_all * 4);
+    ple = zeroed(R * L.ple_all * 4);
+    ple_gate = zeroed(R * L.ple * 4);
+    ple_mul = zeroed(R * L.ple * 4);
+    logits = zeroed(uint64_t(L.vocab) * 4);
+    part_o = zeroed(L.part_o_floats * 4);
+    part_ml = zeroed(L.part_ml_pairs * 8);
+    xq = zeroed(R * L.in_max);
+    xds = zeroed(R * (L.in_max / 32) * 8);
+    state = zeroed((kStateHeader + 2 * R) * 4);
+    readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
+    if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
+    if (L.bf16_acts) xbf = jit::DeviceBuffer(R * L.in_max * 2);
+    if (L.float_gate) fgate = jit::DeviceBuffer(R * L.ffn_max * 4);
+    if (L.gemm_split_floats) gemm_split = jit::DeviceBuffer(L.gemm_split_floats * 4);
+    if (L.gemm_q8_ffn) {
+        gq = jit::DeviceBuffer(R * L.ffn_max);
+        gds = jit::DeviceBuffer(R * (L.ffn_max / 32) * 8);
+    }
+    if (L.gemm_bf16_ffn) gbf = jit::DeviceBuffer(R * L.ffn_max * 2);
+    state_host = PinnedHost((kStateHeader + 2 * R) * 4);
+    result_host = PinnedHost(16 + 2 * kMaxTopK * 4);
+}
+
+}  // namespace gj::gemma4

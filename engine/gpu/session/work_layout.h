@@ -1,0 +1,57 @@
+// The device buffers of one GpuSession: their sizes (WorkLayout, shared by the allocation and the
+// model's memory plan through session_work_bytes) and the buffers themselves (GpuSession::Work).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/gpu/gpu_model.h"
+#include "engine/gpu/pinned_host.h"
+#include "engine/gpu/session.h"
+#include "jit/device.h"
+
+namespace gj::gemma4 {
+
+// Step-state layout (int32 words): [0] tokens in this step, [1] position of the first, then
+// positions[rows], then token ids[rows].
+constexpr int kStateHeader = 4;
+
+// Sizes of one session's buffers, shared by the allocation and the model's memory plan.
+struct WorkLayout {
+    int rows = 0;  // activation rows: the prefill chunk rounded up to kPrefillCols
+    int d = 0, q_max = 0, kv_max = 0, ffn_max = 0, in_max = 0, ple = 0, ple_all = 0, vocab = 0;
+    std::vector<int> decode_splits;  // per layer: attention splits of the decode graph
+    uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
+    uint64_t logits_work = 0;                       // workspace of the logits kernels
+    bool half_acts = false;      // cuBLAS products of f16/bf16 weights: converted activations
+    bool bf16_acts = false;      // wgmma GEMMs: bf16 activations (their own buffer: a model may
+                                 // mix them with cuBLAS products of f16 weights)
+    bool float_gate = false;     // cuBLAS GeGLU: the gate product's own fp32 buffer
+    bool gemm_q8_ffn = false;    // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
+    bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
+    uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
+
+    explicit WorkLayout(const GpuModel& m);
+
+    uint64_t bytes() const;
+    // Argmax token (16 B), top-k ids and values, then the logits kernels' workspace.
+    uint64_t readout_bytes() const { return 16 + 2 * kMaxTopK * 4 + logits_work; }
+};
+
+struct GpuSession::Work {
+    WorkLayout layout;
+    jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
+        logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, xbf, fgate, gq, gds,
+        gbf, gemm_split;
+    PinnedHost state_host, result_host;
+
+    explicit Work(const GpuModel& m);
+    CUdeviceptr positions() const { return state.ptr() + kStateHeader * 4; }
+    CUdeviceptr tokens() const { return state.ptr() + (kStateHeader + layout.rows) * 4; }
+    CUdeviceptr result_token() const { return readout.ptr(); }
+    CUdeviceptr result_ids() const { return readout.ptr() + 16; }
+    CUdeviceptr result_values() const { return readout.ptr() + 16 + kMaxTopK * 4; }
+    CUdeviceptr logits_work() const { return readout.ptr() + 16 + 2 * kMaxTopK * 4; }
+};
+
+}  // namespace gj::gemma4
