@@ -8,11 +8,11 @@
 #include <cstring>
 #include <map>
 
+#include "engine/base/thread_pool.h"
 #include "engine/gguf/dequant.h"
 #include "engine/gguf/gguf.h"
-#include "engine/gpu/gpu_forward.h"
 #include "engine/gguf/half.h"
-#include "engine/base/thread_pool.h"
+#include "engine/gpu/gpu_forward.h"
 #include "engine/model/weights.h"
 #include "jit/cuda_driver.h"
 #include "jit/env_flags.h"
@@ -67,18 +67,19 @@ std::vector<const GpuMatrix*> GpuModel::matrices() const {
     return out;
 }
 
-std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path,
+std::unique_ptr<GpuModel> GpuModel::open_model(std::shared_ptr<const ModelFile> file,
                                                const GpuModelOptions& opts) {
     std::unique_ptr<GpuModel> m(new GpuModel());
-    m->path_ = path;
+    m->path_ = file->path();
     m->flags_ = opts.flags ? *opts.flags : jit::Flags::process();
-    m->file_ = gguf::File::open(path);
-    m->cfg_ = Config::from_gguf(*m->file_);
+    m->model_file_ = std::move(file);
+    m->file_ = &m->model_file_->gguf();
+    m->cfg_ = m->model_file_->config();
     if (m->cfg_.is_moe())
         throw GpuModelError(fmt::format(
             "{}: {} is a mixture-of-experts model ({} experts, top-{}); the GPU forward covers "
             "only dense Gemma 4 models so far: run it with --cpu",
-            path.string(), m->cfg_.name, m->cfg_.n_experts, m->cfg_.n_experts_used));
+            m->path_.string(), m->cfg_.name, m->cfg_.n_experts, m->cfg_.n_experts_used));
     WeightOptions wopts;
     wopts.f32_copy_limit_bytes = 0;  // matrices stay in the mapping until uploaded
     m->weights_ = std::make_unique<Weights>(*m->file_, m->cfg_, wopts);
@@ -86,19 +87,24 @@ std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path
     return m;
 }
 
-std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
+std::unique_ptr<GpuModel> GpuModel::load(std::shared_ptr<const ModelFile> file,
                                          const GpuModelOptions& opts) {
     GpuModelOptions o = opts;
     o.target_arch = jit::Device::get().arch();  // what GpuKernels compiles for
-    std::unique_ptr<GpuModel> m = open_model(path, o);
+    std::unique_ptr<GpuModel> m = open_model(std::move(file), o);
     m->plan_memory(opts);
     m->upload(opts);
     return m;
 }
 
+std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
+                                         const GpuModelOptions& opts) {
+    return load(ModelFile::open(path), opts);
+}
+
 std::vector<jit::KernelSpec> GpuModel::kernel_specs(const std::filesystem::path& path,
                                                     const GpuModelOptions& opts) {
-    return open_model(path, opts)->kernels_.specs();
+    return open_model(ModelFile::open(path), opts)->kernels_.specs();
 }
 
 // ---- Planning: types, layouts, kernels, memory ------------------------------------------------
