@@ -18,7 +18,6 @@
 #include "engine/gpu/session.h"
 #include "jit/cuda_driver.h"
 #include "jit/device.h"
-#include "tools/backend.h"
 #include "tools/commands.h"
 
 namespace gj::tools {

@@ -6,14 +6,15 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 
+#include "engine/generate/backend.h"
 #include "engine/gguf/reader.h"
+#include "engine/model/model_file.h"
 #include "engine/text/chat_format.h"
 #include "engine/text/sampler.h"
 #include "engine/text/tokenizer.h"
-#include "engine/text/tokenizer_data.h"
-#include "tools/backend.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -47,13 +48,12 @@ void run_chat(ChatArgs a) {
     if (a.n_predict < -1)
         throw std::invalid_argument("-n must be >= 0, or -1 for no limit; got " +
                                     std::to_string(a.n_predict));
-    tok::Tokenizer tokenizer(tok::read_vocab(*gguf::File::open(a.model)));
+    // One open and parse of the file; the tokenizer first, so a bad vocabulary fails before the
+    // weights are loaded.
+    const std::shared_ptr<const gemma4::ModelFile> file = gemma4::ModelFile::open(a.model);
+    const tok::Tokenizer& tokenizer = file->tokenizer();
+    auto backend = gen::Backend::open(file, backend_options(a.cpu, a.threads, a.context));
     const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
-    BackendOptions bo;
-    bo.cpu = a.cpu;
-    bo.threads = a.threads;
-    bo.context = a.context;
-    auto backend = Backend::open(a.model, bo);
     gen::Forward& forward = backend->forward();
     sample::Sampler sampler(a.sampling);
     chat::ChatOptions chat_opts;
@@ -73,12 +73,7 @@ void run_chat(ChatArgs a) {
         if (line.empty()) continue;
         if (line == "/quit" || line == "/exit") break;
         if (line == "/reset") {
-            if (!backend->on_gpu()) {
-                // The CPU reference session has no reset through the Forward interface: reopen.
-                backend = Backend::open(a.model, bo);
-            } else {
-                backend->session().reset();
-            }
+            backend->reset();
             first = true;
             std::fprintf(stderr, "gemmajit: conversation reset\n");
             continue;

@@ -22,9 +22,10 @@
 
 #include "engine/cpu/cpu_forward.h"
 #include "engine/gguf/reader.h"
-#include "engine/gpu/session.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/session.h"
 #include "engine/model/gemma4_config.h"
+#include "engine/model/model_file.h"
 #include "engine/model/synth.h"
 #include "jit/device.h"
 #include "tools/commands.h"
@@ -123,8 +124,9 @@ void cmd_synth(const synth::Options& base, const std::string& wtype, const std::
 }
 
 void cmd_info(const std::string& path) {
-    auto file = gguf::File::open(path);
-    gemma4::Config cfg = gemma4::Config::from_gguf(*file);
+    const auto model_file = gemma4::ModelFile::open(path);
+    const gguf::File* file = &model_file->gguf();
+    const gemma4::Config& cfg = model_file->config();
     fmt::print("{}\n{}\n\n", path, cfg.summary());
     fmt::print("layer  type     head_dim  kv_heads  ffn     kv_source  v_proj  rope_pairs\n");
     for (int l = 0; l < cfg.n_layers; ++l) {
@@ -154,8 +156,9 @@ void cmd_logits(const std::string& path, const std::string& token_text, bool cpu
     std::string why;
     const bool gpu = !cpu && jit::device_available(&why);
     if (!cpu && !gpu)
-        fmt::print(stderr, "gemmajit: no usable GPU ({}); computing logits with the CPU reference\n",
-                   why);
+        fmt::print(stderr,
+                   "gemmajit: no usable GPU ({}); computing logits with the CPU reference\n", why);
+    const auto file = gemma4::ModelFile::open(path);  // the one open and parse of the file
     std::vector<float> logits;
     int vocab = 0;
     auto check_vocab = [&](int v) {
@@ -169,17 +172,17 @@ void cmd_logits(const std::string& path, const std::string& token_text, bool cpu
     if (gpu) {
         gemma4::GpuModelOptions opts;
         // Just the positions asked for (a multiple of 256), so the KV cache stays small.
-        const int trained = gemma4::Config::from_gguf(*gguf::File::open(path)).context_length;
+        const int trained = file->config().context_length;
         opts.context = std::min(trained, int((tokens.size() + 255) / 256 * 256));
-        opts.progress = [](const std::string& line) { fmt::print(stderr, "gemmajit: {}\n", line); };
-        auto model = gemma4::GpuModel::load(path, opts);
+        opts.progress = status_line;
+        auto model = gemma4::GpuModel::load(file, opts);
         check_vocab(model->config().vocab_size);
         gemma4::GpuSession session(*model);
         logits = session.prefill_logits(tokens);
     } else {
         gemma4::CpuOptions opts;
         opts.threads = threads;
-        auto model = gemma4::CpuModel::load(path, opts);
+        auto model = gemma4::CpuModel::load(file, opts);
         check_vocab(model->config().vocab_size);
         gemma4::CpuSession session(*model);
         logits = session.prefill(tokens);
@@ -222,8 +225,7 @@ void add_model_commands(CLI::App& app) {
     }
     {
         auto* cmd = app.add_subcommand(
-            "logits",
-            "logits of every position of a token list (on the GPU when one is present)");
+            "logits", "logits of every position of a token list (on the GPU when one is present)");
         auto model = std::make_shared<std::string>();
         auto tokens = std::make_shared<std::string>();
         auto out = std::make_shared<std::string>();

@@ -1,5 +1,7 @@
 // Text in, text out: `gemmajit tokenize` (inspect the tokenizer) and `gemmajit run` (chat-format a
 // prompt, generate with streaming output, on the GPU when one is present).
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,13 +9,14 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/generate/backend.h"
 #include "engine/generate/generate.h"
 #include "engine/gguf/reader.h"
+#include "engine/model/model_file.h"
 #include "engine/text/chat_format.h"
 #include "engine/text/sampler.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/vocab_json.h"
-#include "tools/backend.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -28,7 +31,8 @@ struct TokenizeArgs {
     bool no_special = false;
     bool ids_only = false;
     std::string export_vocab;
-    std::string text;
+    std::string text;      // -p/--prompt
+    std::string text_arg;  // the same, given as the positional argument
 };
 
 tok::VocabData load_vocab(const TokenizeArgs& a) {
@@ -60,7 +64,10 @@ std::string printable(std::string_view s) {
     return out;
 }
 
-void run_tokenize(const TokenizeArgs& a) {
+void run_tokenize(TokenizeArgs a) {
+    if (!a.text.empty() && !a.text_arg.empty())
+        throw std::invalid_argument("give the text with -p or as the argument, not both");
+    if (a.text.empty()) a.text = a.text_arg;
     tok::VocabData vocab = load_vocab(a);
     if (!a.export_vocab.empty()) {
         std::ofstream out(a.export_vocab, std::ios::binary);
@@ -94,7 +101,8 @@ void add_tokenize_command(CLI::App& app) {
                   "treat control-token text (<|turn>, <bos>, ...) as plain text");
     cmd->add_flag("--ids", a->ids_only, "print only the comma-separated ids");
     cmd->add_option("--export-vocab", a->export_vocab, "write the vocabulary as JSON to FILE");
-    cmd->add_option("text", a->text, "text to tokenize");
+    cmd->add_option("-p,--prompt", a->text, "text to tokenize");
+    cmd->add_option("text", a->text_arg, "text to tokenize (the same as -p)");
     cmd->callback([a] { run_tokenize(*a); });
 }
 
@@ -144,11 +152,10 @@ void run_generate(RunArgs a) {
     }
 
     // Tokenizer, chat format and prompt length first: a prompt that cannot fit fails before the
-    // weights are loaded.
-    auto file = gguf::File::open(a.model);
-    const gemma4::Config cfg = gemma4::Config::from_gguf(*file);
-    tok::Tokenizer tokenizer(tok::read_vocab(*file));
-    file.reset();
+    // weights are loaded. The file is opened and parsed once; the backend loads from it.
+    const std::shared_ptr<const gemma4::ModelFile> file = gemma4::ModelFile::open(a.model);
+    const gemma4::Config& cfg = file->config();
+    const tok::Tokenizer& tokenizer = file->tokenizer();
     const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
     if (!style.recognized) {
         std::fprintf(stderr,
@@ -167,18 +174,19 @@ void run_generate(RunArgs a) {
 
     if (a.context > 0) gen::check_prompt_fits(prompt.size(), a.context);
 
-    BackendOptions backend_opts;
-    backend_opts.cpu = a.cpu;
-    backend_opts.threads = a.threads;
-    backend_opts.context = a.context;
-    auto backend = Backend::open(a.model, backend_opts);
+    auto backend = gen::Backend::open(file, backend_options(a.cpu, a.threads, a.context));
     sample::Sampler sampler(a.sampling);
     gen::GenerateOptions gen_opts;
     gen_opts.max_tokens = a.n_predict;
+    // generate() hands each generated token's text (possibly empty: a control token, or part of
+    // a UTF-8 character) to the callback right after sampling it, so its first call is the first
+    // token's; with no token generated the only call is the final flush.
+    double first_token_s = -1;
     const gen::GenerateResult r = gen::generate(
-        backend->forward(), tokenizer, sampler, prompt, gen_opts, [](std::string_view text) {
+        backend->forward(), tokenizer, sampler, prompt, gen_opts, [&](std::string_view text) {
             std::fwrite(text.data(), 1, text.size(), stdout);
             std::fflush(stdout);
+            if (first_token_s < 0) first_token_s = seconds_since_start();
         });
     std::printf("\n");
     std::fflush(stdout);
@@ -190,6 +198,11 @@ void run_generate(RunArgs a) {
                  r.tokens.size(), r.generate_seconds,
                  rate(static_cast<double>(r.tokens.size()), r.generate_seconds),
                  gen::stop_reason_name(r.reason));
+    if (r.tokens.empty()) {
+        std::fprintf(stderr, "first token: none generated\n");
+    } else {
+        std::fprintf(stderr, "first token: %.3f s after start\n", first_token_s);
+    }
 }
 
 void add_run_command(CLI::App& app) {
@@ -212,6 +225,22 @@ void add_run_command(CLI::App& app) {
 }
 
 }  // namespace
+
+gen::BackendOptions backend_options(bool cpu, int threads, int context) {
+    gen::BackendOptions o;
+    o.cpu = cpu;
+    o.threads = threads;
+    o.context = context;
+    o.status = status_line;
+    if (isatty(STDERR_FILENO)) {
+        o.prefill_progress = [](int done, int total) {
+            if (total >= 1024)
+                std::fprintf(stderr, "\rgemmajit: prompt %d / %d tokens%s", done, total,
+                             done == total ? "\n" : "");
+        };
+    }
+    return o;
+}
 
 void add_sampling_options(CLI::App* cmd, sample::SamplerParams& s) {
     cmd->add_option("--temp", s.temperature, "temperature (0 = greedy)")->capture_default_str();

@@ -4,8 +4,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 #include "engine/text/sampler.h"
+
+namespace gj::gen {
+struct BackendOptions;  // engine/generate/backend.h
+}
 
 namespace gj::tools {
 
@@ -17,5 +22,15 @@ void add_bench_command(CLI::App& app);   // bench (GPU pp/tg speed, llama-bench 
 
 // The sampling options run and chat share (names and meanings as llama.cpp's).
 void add_sampling_options(CLI::App* cmd, sample::SamplerParams& s);
+
+// The backend settings of run and chat: status lines on stderr and, when stderr is a terminal,
+// the progress of a long prompt.
+gen::BackendOptions backend_options(bool cpu, int threads, int context);
+
+// "gemmajit: <line>" on stderr (loading progress, notices).
+void status_line(const std::string& line);
+
+// Seconds since main() was entered (for the time to the first generated token).
+double seconds_since_start();
 
 }  // namespace gj::tools

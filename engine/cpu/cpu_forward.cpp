@@ -91,14 +91,18 @@ void add_in_place(std::vector<float>& x, const std::vector<float>& y) {
 
 // ---------------------------------------------------------------------------------------------
 
-std::unique_ptr<CpuModel> CpuModel::load(const std::filesystem::path& path,
+std::unique_ptr<CpuModel> CpuModel::load(std::shared_ptr<const ModelFile> file,
                                          const CpuOptions& opts) {
     std::unique_ptr<CpuModel> m(new CpuModel());
-    m->file_ = gguf::File::open(path);
-    m->cfg_ = Config::from_gguf(*m->file_);
-    m->weights_ = std::make_unique<Weights>(*m->file_, m->cfg_, opts.weights);
+    m->file_ = std::move(file);
+    m->weights_ = std::make_unique<Weights>(m->file_->gguf(), m->file_->config(), opts.weights);
     m->pool_ = std::make_unique<ThreadPool>(opts.threads);
     return m;
+}
+
+std::unique_ptr<CpuModel> CpuModel::load(const std::filesystem::path& path,
+                                         const CpuOptions& opts) {
+    return load(ModelFile::open(path), opts);
 }
 
 CpuModel::~CpuModel() = default;

@@ -15,13 +15,10 @@
 #include <span>
 #include <vector>
 
-#include "engine/model/gemma4_config.h"
 #include "engine/base/thread_pool.h"
+#include "engine/model/gemma4_config.h"
+#include "engine/model/model_file.h"
 #include "engine/model/weights.h"
-
-namespace gj::gguf {
-class File;
-}
 
 namespace gj::gemma4 {
 
@@ -33,19 +30,23 @@ struct CpuOptions {
 // A loaded model: config, bound weights and the worker threads. Sessions borrow it.
 class CpuModel {
   public:
-    // Opens and validates the GGUF (ConfigError / gguf::FormatError name the problem).
+    // Binds the weights of an open model file (kept alive by the model: the weights point into
+    // its mapping). ConfigError names a missing or mis-shaped tensor.
+    static std::unique_ptr<CpuModel> load(std::shared_ptr<const ModelFile> file,
+                                          const CpuOptions& opts = {});
+    // Opens the GGUF and loads it (ConfigError / gguf::FormatError name the problem).
     static std::unique_ptr<CpuModel> load(const std::filesystem::path& path,
                                           const CpuOptions& opts = {});
     ~CpuModel();
 
-    const Config& config() const { return cfg_; }
+    const Config& config() const { return file_->config(); }
+    const ModelFile& file() const { return *file_; }
     const Weights& weights() const { return *weights_; }
     ThreadPool& pool() const { return *pool_; }
 
   private:
     CpuModel() = default;
-    std::unique_ptr<gguf::File> file_;
-    Config cfg_;
+    std::shared_ptr<const ModelFile> file_;
     std::unique_ptr<Weights> weights_;
     std::unique_ptr<ThreadPool> pool_;
 };

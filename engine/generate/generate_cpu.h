@@ -17,6 +17,7 @@ class CpuForward : public Forward {
     // The reference forward gives bitwise the same logits however the prompt is split.
     std::vector<float> prefill(std::span<const int32_t> tokens) override;
     std::vector<float> decode(int32_t token) override { return session_.decode(token); }
+    void reset() { session_.reset(); }  // empties the sequence
 
     static constexpr size_t kPrefillChunk = 64;
 

@@ -13,7 +13,6 @@
 #include "engine/gguf/dequant.h"
 #include "engine/gguf/half.h"
 #include "engine/gguf/reader.h"
-#include "engine/gpu/session.h"
 #include "engine/gpu/host_to_device.h"
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
@@ -29,6 +28,7 @@
 #include "engine/gpu/kernels/quantize_q8_1.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
+#include "engine/gpu/session.h"
 #include "engine/model/weights.h"
 #include "jit/cuda_driver.h"
 #include "jit/env_flags.h"
@@ -83,18 +83,19 @@ std::vector<const GpuMatrix*> GpuModel::matrices() const {
     return out;
 }
 
-std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path,
+std::unique_ptr<GpuModel> GpuModel::open_model(std::shared_ptr<const ModelFile> file,
                                                const GpuModelOptions& opts) {
     std::unique_ptr<GpuModel> m(new GpuModel());
-    m->path_ = path;
+    m->path_ = file->path();
     m->flags_ = opts.flags ? *opts.flags : jit::Flags::process();
-    m->file_ = gguf::File::open(path);
-    m->cfg_ = Config::from_gguf(*m->file_);
+    m->model_file_ = std::move(file);
+    m->file_ = &m->model_file_->gguf();
+    m->cfg_ = m->model_file_->config();
     if (m->cfg_.is_moe())
         throw GpuModelError(fmt::format(
             "{}: {} is a mixture-of-experts model ({} experts, top-{}); the GPU forward covers "
             "only dense Gemma 4 models so far: run it with --cpu",
-            path.string(), m->cfg_.name, m->cfg_.n_experts, m->cfg_.n_experts_used));
+            m->path_.string(), m->cfg_.name, m->cfg_.n_experts, m->cfg_.n_experts_used));
     WeightOptions wopts;
     wopts.f32_copy_limit_bytes = 0;  // matrices stay in the mapping until uploaded
     m->weights_ = std::make_unique<Weights>(*m->file_, m->cfg_, wopts);
@@ -102,19 +103,24 @@ std::unique_ptr<GpuModel> GpuModel::open_model(const std::filesystem::path& path
     return m;
 }
 
-std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
+std::unique_ptr<GpuModel> GpuModel::load(std::shared_ptr<const ModelFile> file,
                                          const GpuModelOptions& opts) {
     GpuModelOptions o = opts;
     o.target_arch = jit::Device::get().arch();  // what GpuKernels compiles for
-    std::unique_ptr<GpuModel> m = open_model(path, o);
+    std::unique_ptr<GpuModel> m = open_model(std::move(file), o);
     m->plan_memory(opts);
     m->upload(opts);
     return m;
 }
 
+std::unique_ptr<GpuModel> GpuModel::load(const std::filesystem::path& path,
+                                         const GpuModelOptions& opts) {
+    return load(ModelFile::open(path), opts);
+}
+
 std::vector<jit::KernelSpec> GpuModel::kernel_specs(const std::filesystem::path& path,
                                                     const GpuModelOptions& opts) {
-    return open_model(path, opts)->kernels_.specs();
+    return open_model(ModelFile::open(path), opts)->kernels_.specs();
 }
 
 // ---- Planning: types, layouts, kernels, memory ------------------------------------------------

@@ -19,6 +19,7 @@
 #include "engine/gpu/kv_cache.h"
 #include "engine/gpu/pinned_host.h"
 #include "engine/model/gemma4_config.h"
+#include "engine/model/model_file.h"
 #include "jit/blas.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
@@ -114,9 +115,12 @@ struct MemoryPlan {
 
 class GpuModel {
   public:
-    // Opens the GGUF, plans placement, compiles the kernel set and uploads the weights. Throws
-    // GpuModelError (MoE, does not fit, bad context), ConfigError / gguf::FormatError (bad
-    // file), jit::DeviceUnavailable (no GPU).
+    // Plans placement, compiles the kernel set and uploads the weights of an open model file
+    // (kept alive by the model). Throws GpuModelError (MoE, does not fit, bad context),
+    // ConfigError (bad tensors), jit::DeviceUnavailable (no GPU).
+    static std::unique_ptr<GpuModel> load(std::shared_ptr<const ModelFile> file,
+                                          const GpuModelOptions& opts = {});
+    // Opens the GGUF and loads it; also ConfigError / gguf::FormatError for a bad file.
     static std::unique_ptr<GpuModel> load(const std::filesystem::path& path,
                                           const GpuModelOptions& opts = {});
     // The kernel specializations load() would compile for this file and these settings, without
@@ -181,14 +185,15 @@ class GpuModel {
 
   private:
     GpuModel() = default;
-    static std::unique_ptr<GpuModel> open_model(const std::filesystem::path& path,
+    static std::unique_ptr<GpuModel> open_model(std::shared_ptr<const ModelFile> file,
                                                 const GpuModelOptions& opts);
     void plan_layout(const GpuModelOptions& opts);
     void plan_memory(const GpuModelOptions& opts);
     void upload(const GpuModelOptions& opts);
 
     std::filesystem::path path_;
-    std::unique_ptr<gguf::File> file_;
+    std::shared_ptr<const ModelFile> model_file_;  // the weights point into its mapping
+    const gguf::File* file_ = nullptr;             // model_file_->gguf()
     Config cfg_;
     jit::Flags flags_;
     std::unique_ptr<Weights> weights_;

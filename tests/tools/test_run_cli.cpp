@@ -1,5 +1,6 @@
-// `gemmajit run` end to end on a tiny synthetic model (CPU reference forward): deterministic output
-// for a fixed seed, the speed report, and clear errors for bad input.
+// `gemmajit run`, `chat` and `tokenize` end to end on a tiny synthetic model (CPU reference
+// forward): deterministic output for a fixed seed, the speed report, and clear errors for bad
+// input.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -59,6 +60,10 @@ TEST(RunCli, GeneratesDeterministicallyForAFixedSeed) {
     EXPECT_NE(a.err.find("tokens/s"), std::string::npos) << a.err;
     EXPECT_NE(a.err.find("generation: "), std::string::npos) << a.err;
     EXPECT_EQ(a.err.find("GPU path"), std::string::npos) << "--cpu must silence the notice";
+    // The time to the first token, one line after the speed report.
+    const size_t ttft = a.err.find("\nfirst token: ");
+    ASSERT_NE(ttft, std::string::npos) << a.err;
+    EXPECT_GT(a.err.find(" s after start\n", ttft), ttft) << a.err;
 
     // Greedy decoding ignores the seed; sampling with another seed is allowed to differ.
     auto g1 = run_split("run " + model_arg() + " -p hi -n 10 --temp 0 --seed 1 --cpu");
@@ -111,6 +116,20 @@ TEST(RunCli, BadInputIsAClearErrorBeforeAnyWork) {
     }
 }
 
+// chat on the CPU: one reply per line; /reset starts over with the weights kept, so the same
+// greedy message after it gets the reply of a fresh start.
+TEST(ChatCli, RepliesAndResets) {
+    gj::test::ScratchDir dir("chat-cli");
+    const auto input = dir.path() / "input.txt";
+    std::ofstream(input) << "hi\n/reset\nhi\n";
+    auto r = run_split("chat " + model_arg() + " --cpu -n 4 --temp 0 < " + input.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("conversation reset"), std::string::npos) << r.err;
+    const size_t nl = r.out.find('\n');
+    ASSERT_NE(nl, std::string::npos) << r.out;
+    EXPECT_EQ(r.out, r.out.substr(0, nl + 1) + r.out.substr(0, nl + 1));
+}
+
 TEST(TokenizeCli, PrintsIdsAndExportsTheVocabulary) {
     auto r = run_split("tokenize --synthetic-vocab 1024 --ids 'the cat'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -123,6 +142,16 @@ TEST(TokenizeCli, PrintsIdsAndExportsTheVocabulary) {
                        (dir.path() / "v.json").string());
     ASSERT_EQ(e.exit_code, 0) << e.err;
     EXPECT_GT(std::filesystem::file_size(dir.path() / "v.json"), 10000u);
+    // -p/--prompt like run, or the text as the argument; not both.
+    auto p = run_split("tokenize " + model_arg() + " --ids -p 'hello world'");
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    auto q = run_split("tokenize " + model_arg() + " --ids --prompt 'hello world'");
+    auto positional = run_split("tokenize " + model_arg() + " --ids 'hello world'");
+    EXPECT_EQ(p.out, q.out);
+    EXPECT_EQ(p.out, positional.out);
+    auto both = run_split("tokenize " + model_arg() + " -p hello world");
+    EXPECT_EQ(both.exit_code, 1);
+    EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
     auto bad = run_split("tokenize 'x'");
     EXPECT_EQ(bad.exit_code, 1);
     EXPECT_NE(bad.err.find("--synthetic-vocab"), std::string::npos) << bad.err;

@@ -1,0 +1,56 @@
+// The forward pass behind a front end (`gemmajit run`, `chat`, a server): the GPU when one is
+// present (unless told to use the CPU), else the CPU reference, owning the model, the session and
+// the Forward the generation loop runs over. Built on an open ModelFile, so the caller's
+// tokenizer and config come from the same single parse of the file.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/cpu/cpu_forward.h"
+#include "engine/generate/generate.h"
+#include "engine/generate/generate_cpu.h"
+#include "engine/generate/generate_gpu.h"
+#include "engine/gpu/session.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/model/model_file.h"
+
+namespace gj::gen {
+
+struct BackendOptions {
+    bool cpu = false;  // force the CPU reference forward
+    int threads = 0;   // CPU worker threads
+    int context = 0;   // GPU context; 0: the model's (reduced to what fits, with a notice)
+    // One-line notices: why there is no GPU, loading and compiling progress, the loaded model's
+    // summary. Null: silent.
+    std::function<void(const std::string&)> status;
+    // Called on the GPU after every prefill chunk of a prompt with (tokens done, total).
+    std::function<void(int, int)> prefill_progress;
+};
+
+class Backend {
+  public:
+    // Loads `file` on the GPU, or on the CPU when asked or without a usable GPU (one status line
+    // naming why). GPU errors (MoE, memory) propagate: they say what to do.
+    static std::unique_ptr<Backend> open(std::shared_ptr<const gemma4::ModelFile> file,
+                                         const BackendOptions& opts);
+
+    Forward& forward();
+    bool on_gpu() const { return session_ != nullptr; }
+    // Empties the sequence (a new conversation); the weights stay loaded.
+    void reset();
+    const gemma4::ModelFile& file() const { return *file_; }
+    const gemma4::Config& config() const { return file_->config(); }
+    const tok::Tokenizer& tokenizer() const { return file_->tokenizer(); }
+
+  private:
+    std::shared_ptr<const gemma4::ModelFile> file_;
+    std::unique_ptr<gemma4::CpuModel> cpu_model_;
+    std::unique_ptr<CpuForward> cpu_;
+    std::unique_ptr<gemma4::GpuModel> gpu_model_;
+    std::unique_ptr<gemma4::GpuSession> session_;
+    std::unique_ptr<GpuForward> gpu_;
+};
+
+}  // namespace gj::gen
