@@ -12,8 +12,8 @@
 #include "engine/generate/generate.h"
 #include "engine/generate/generate_cpu.h"
 #include "engine/generate/generate_gpu.h"
-#include "engine/gpu/session.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/session.h"
 #include "engine/model/model_file.h"
 
 namespace gj::gen {

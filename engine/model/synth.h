@@ -30,9 +30,9 @@
 #include <functional>
 #include <string>
 
+#include "engine/gguf/ggml_types.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/gemma4_tensors.h"
-#include "engine/gguf/ggml_types.h"
 
 namespace gj::synth {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/gemma4_config.h"
 #include "engine/gguf/ggml_types.h"
+#include "engine/model/gemma4_config.h"
 
 namespace gj::gguf {
 class File;

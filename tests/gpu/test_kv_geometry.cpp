@@ -2,8 +2,8 @@
 // KV-shared layers, total bytes (f16 and q8_0 planes), and the KV type flag.
 #include <gtest/gtest.h>
 
-#include "engine/model/gemma4_config.h"
 #include "engine/gpu/kv_cache.h"
+#include "engine/model/gemma4_config.h"
 #include "jit/env_flags.h"
 
 using gj::gemma4::Config;

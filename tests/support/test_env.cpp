@@ -12,9 +12,15 @@
 
 namespace gj::test {
 
-std::filesystem::path data_dir() { return GJ_TEST_DATA_DIR; }
-std::filesystem::path source_dir() { return GJ_SOURCE_DIR; }
-std::string gemmajit_exe() { return GJ_GEMMAJIT_EXE; }
+std::filesystem::path data_dir() {
+    return GJ_TEST_DATA_DIR;
+}
+std::filesystem::path source_dir() {
+    return GJ_SOURCE_DIR;
+}
+std::string gemmajit_exe() {
+    return GJ_GEMMAJIT_EXE;
+}
 
 ScratchDir::ScratchDir(const std::string& tag) {
     static std::atomic<int> counter{0};
