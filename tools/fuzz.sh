@@ -81,7 +81,8 @@ if [ "$status" -ne 0 ]; then
     exit "$status"
 fi
 stat_of() { awk -v k="stat::$1:" '$1 == k { print $2 }' "$LOG"; }
-read -r execs corpus <<<"$(status_line)"
+read -r execs corpus <<<"$(status_line)" || true
+corpus="${corpus:-$seen_corpus}"
 files=$(find "$CORPUS" -type f | wc -l)
 echo "fuzz_$TARGET: $(stat_of number_of_executed_units) executions in $((SECONDS - started))s" \
     "($(stat_of average_exec_per_sec)/s), corpus $corpus ($files files in $CORPUS)," \
