@@ -14,7 +14,9 @@
 #include "cache/store.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "engine/model/gemma4_config.h"
+#include "engine/model/quant_mix.h"
 #include "jit/cache_config.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
@@ -41,7 +43,8 @@ void add_plan_options(CLI::App* sub, PlanSource& src) {
         sub->add_option("--model", src.model, "GGUF file: the kernels a GPU load of it compiles");
     v->excludes(m);
     sub->add_option("--wtype", src.wtype,
-                    "weight type of the preset's matrices (q8_0, q4_0, f16, ...; default q8_0)");
+                    "weight type of the preset's matrices (q8_0, q4_0, f16, ..., or a mix: q4_k_m, "
+                    "q5_k_m, ...; default q8_0)");
 }
 
 struct Plan {
@@ -72,17 +75,23 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
         return plan;
     }
     ggml::Type wtype = ggml::Type::Q8_0;
-    if (!src.wtype.empty()) {
-        auto t = ggml::type_from_name(src.wtype);
-        if (!t) throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name");
-        wtype = *t;
-    }
+    const auto t = ggml::type_from_name(src.wtype);
+    // A quant mix (q4_k_m, ...; q4_k etc. too, which have no GPU kernels of their own) plans
+    // each tensor in the type a load uploads it as.
+    const auto mix = gemma4::quant_mix_from_name(src.wtype);
+    const bool use_mix = mix && (!t || !gemma4::spec_util::has_matvec(*t));
+    if (!src.wtype.empty() && !t && !mix)
+        throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name or mix (" +
+                                    gemma4::quant_mix_names_text() + ")");
+    if (t) wtype = *t;
     const std::string variant = src.variant.empty() ? "e4b" : src.variant;
-    plan.label = variant + " (" + ggml::type_name(wtype) + ")";
+    plan.label = variant + " (" + (use_mix ? mix->name : ggml::type_name(wtype)) + ")";
     // The prefill GEMM variant as a load would pick it (GEMMAJIT_MMQ_VARIANT, the target arch).
     gemma4::PlanTypes types{wtype, wtype, wtype, wtype};
     types.wgmma = gemma4::wgmma_gemm_selected(flags, jit::default_target_arch(flags));
-    plan.specs = gemma4::build_kernel_plan(gemma4::Config::preset(variant), types);
+    const gemma4::Config cfg = gemma4::Config::preset(variant);
+    plan.specs = use_mix ? gemma4::build_kernel_plan(cfg, *mix, types)
+                         : gemma4::build_kernel_plan(cfg, types);
     return plan;
 }
 

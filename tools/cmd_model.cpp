@@ -1,5 +1,5 @@
-// Model commands: synth (write a synthetic GGUF), info (config and tensor summary of a GGUF),
-// logits (logits of every position of a token list).
+// Model commands: synth (write a synthetic GGUF), quantize (requantize a float GGUF), info
+// (config and tensor summary of a GGUF), logits (logits of every position of a token list).
 //
 // `logits -o FILE` formats:
 //   *.json  {"model": path, "tokens": [ids], "vocab_size": V, "logits": [[V floats] per position]}
@@ -26,6 +26,8 @@
 #include "engine/gpu/session.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/model_file.h"
+#include "engine/model/quant_mix.h"
+#include "engine/model/requantize.h"
 #include "engine/model/synth.h"
 #include "jit/device.h"
 #include "tools/commands.h"
@@ -107,13 +109,32 @@ void print_logits_table(const std::vector<int32_t>& tokens, int vocab,
     }
 }
 
+// The synth --wtype names: the plain types keep synth's own conventions (synth.h), the rest are
+// llama.cpp's quantizer mixes (quant_mix.h).
+const char* const kPlainWtypes[] = {"q8_0", "q4_0", "bf16", "f16", "f32"};
+const char* const kMixWtypes[] = {"q4_k",   "q5_k", "q6_k", "q4_k_m",
+                                  "q5_k_m", "q4_1", "q5_0", "q5_1"};
+
+std::string synth_wtype_list() {
+    std::string s;
+    for (const char* n : kPlainWtypes) s += (s.empty() ? "" : ", ") + std::string(n);
+    for (const char* n : kMixWtypes) s += ", " + std::string(n);
+    return s;
+}
+
 void cmd_synth(const synth::Options& base, const std::string& wtype, const std::string& out) {
     synth::Options opts = base;
-    auto t = ggml::type_from_name(wtype);
-    if (!t)
-        throw std::invalid_argument(fmt::format(
-            "--wtype: unknown weight type '{}' (use q8_0, q4_0, bf16, f16 or f32)", wtype));
-    opts.wtype = *t;
+    const bool plain = std::find(std::begin(kPlainWtypes), std::end(kPlainWtypes), wtype) !=
+                       std::end(kPlainWtypes);
+    const bool mix =
+        std::find(std::begin(kMixWtypes), std::end(kMixWtypes), wtype) != std::end(kMixWtypes);
+    if (!plain && !mix)
+        throw std::invalid_argument(
+            fmt::format("--wtype: unknown weight type '{}' (use {})", wtype, synth_wtype_list()));
+    if (plain)
+        opts.wtype = *ggml::type_from_name(wtype);
+    else
+        opts.mix = wtype;
     opts.progress = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
     const auto start = std::chrono::steady_clock::now();
     gemma4::Config cfg = synth::write_model(opts, out);
@@ -121,6 +142,21 @@ void cmd_synth(const synth::Options& base, const std::string& wtype, const std::
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     fmt::print("wrote {} ({} bytes, {:.1f} s)\n{}\n", out, std::filesystem::file_size(out), secs,
                cfg.summary());
+}
+
+void cmd_quantize(const std::string& in, const std::string& out, const std::string& type,
+                  int threads) {
+    gemma4::RequantizeOptions opts;
+    opts.threads = threads;
+    opts.progress = status_line;
+    const auto start = std::chrono::steady_clock::now();
+    const auto r = gemma4::requantize(in, out, type, opts);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string types;
+    for (const auto& [name, n] : r.tensors_by_type) types += fmt::format(" {} x{}", name, n);
+    fmt::print("wrote {} ({}: {} -> {} bytes of tensor data, {:.1f} s)\n  tensor types:{}\n", out,
+               type, r.bytes_in, r.bytes_out, secs, types);
 }
 
 void cmd_info(const std::string& path) {
@@ -209,13 +245,31 @@ void add_model_commands(CLI::App& app) {
         std::string variants;
         for (const auto& n : gemma4::Config::preset_names()) variants += " " + n;
         cmd->add_option("--variant", opts->variant, "model preset:" + variants)->required();
-        cmd->add_option("--wtype", *wtype, "weight type: q8_0, q4_0, bf16, f16, f32")
+        cmd->add_option("--wtype", *wtype,
+                        "weight type: " + synth_wtype_list() +
+                            " (k-quants and _m mixes as llama-quantize writes them)")
             ->capture_default_str();
         cmd->add_option("--layers", opts->layers, "keep only the first N layers (0 = all)");
         cmd->add_option("--seed", opts->seed, "random seed")->capture_default_str();
         cmd->add_option("--threads", opts->threads, "worker threads (0 = all cores)");
         cmd->add_option("-o,--output", *out, "output GGUF path")->required();
         cmd->callback([=] { cmd_synth(*opts, *wtype, *out); });
+    }
+    {
+        auto* cmd = app.add_subcommand("quantize",
+                                       "requantize an F32/F16/BF16 Gemma 4 GGUF (types per tensor "
+                                       "as llama-quantize picks them)");
+        auto in = std::make_shared<std::string>();
+        auto out = std::make_shared<std::string>();
+        auto type = std::make_shared<std::string>();
+        auto threads = std::make_shared<int>(0);
+        cmd->add_option("IN", *in, "input GGUF (F32, F16 or BF16 tensors)")->required();
+        cmd->add_option("OUT", *out, "output GGUF (written atomically; never the input)")
+            ->required();
+        cmd->add_option("TYPE", *type, "type or mix: " + gemma4::quant_mix_names_text())
+            ->required();
+        cmd->add_option("--threads", *threads, "worker threads (0 = all cores)");
+        cmd->callback([=] { cmd_quantize(*in, *out, *type, *threads); });
     }
     {
         auto* cmd = app.add_subcommand("info", "print a GGUF model's config and tensor summary");

@@ -15,7 +15,7 @@ struct BackendOptions;  // engine/generate/backend.h
 namespace gj::tools {
 
 void add_jit_commands(CLI::App& app);    // env, kernels, precompile, show, src, ptx, sass, cache
-void add_model_commands(CLI::App& app);  // synth, info, logits
+void add_model_commands(CLI::App& app);  // synth, quantize, info, logits
 void add_run_commands(CLI::App& app);    // run, tokenize
 void add_chat_command(CLI::App& app);    // chat (interactive, KV cache kept across turns)
 void add_bench_command(CLI::App& app);   // bench (GPU pp/tg speed, llama-bench style)

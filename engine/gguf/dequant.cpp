@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "engine/gguf/half.h"
+#include "engine/gguf/quantize_blocks.h"
 
 namespace gj::ggml {
 
@@ -43,7 +44,31 @@ struct BlockQ6_K {
     int8_t scales[kQK_K / 16];  // 8-bit sub-block scales
     uint16_t d;
 };
+struct BlockQ4_1 {
+    uint16_t d, m;  // x = d * q + m
+    uint8_t qs[kQK / 2];
+};
+struct BlockQ5_0 {
+    uint16_t d;
+    uint8_t qh[4];  // fifth bit of element j at bit j (little-endian u32)
+    uint8_t qs[kQK / 2];
+};
+struct BlockQ5_1 {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[kQK / 2];
+};
+struct BlockIQ4_NL {
+    uint16_t d;
+    uint8_t qs[kQK / 2];  // indices into kIQ4NLValues, nibbles as in Q4_0
+};
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 &&
+              sizeof(BlockIQ4_NL) == 18);
+
+// IQ4_NL's 16 non-uniform levels (ggml's kvalues_iq4nl).
+constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 
 // Blocks are read by memcpy: tensor data offsets are only 32-byte aligned and block sizes are odd
@@ -55,18 +80,7 @@ Block load_block(const uint8_t* src, int64_t i) {
     return b;
 }
 
-// Scale j and min j (0..7) of a Q4_K/Q5_K super-block: the first four are the low 6 bits of bytes
-// 0..3 / 4..7; the last four take 4 bits from bytes 8..11 and their top 2 bits from the high bits
-// of bytes 0..3 / 4..7.
-inline void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
-    }
-}
+using detail::scale_min_k4;
 
 void dequant_q8_0(const uint8_t* src, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) {
@@ -89,6 +103,54 @@ void dequant_q4_0(const uint8_t* src, float* y, int64_t nb) {
     }
 }
 
+void dequant_q4_1(const uint8_t* src, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const auto b = load_block<BlockQ4_1>(src, i);
+        const float d = f16_to_f32(b.d);
+        const float m = f16_to_f32(b.m);
+        for (int j = 0; j < kQK / 2; ++j) {
+            y[i * kQK + j] = (b.qs[j] & 0x0F) * d + m;
+            y[i * kQK + j + kQK / 2] = (b.qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+// Q5_0 (offset -16, no min) and Q5_1 (min m): the low nibble plus bit j / j+16 of qh.
+template <typename Block, bool kHasMin>
+void dequant_q5(const uint8_t* src, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const auto b = load_block<Block>(src, i);
+        const float d = f16_to_f32(b.d);
+        uint32_t qh;
+        std::memcpy(&qh, b.qh, 4);
+        for (int j = 0; j < kQK / 2; ++j) {
+            const int h0 = int((qh >> j) << 4) & 0x10;
+            const int h1 = int(qh >> (j + 12)) & 0x10;
+            const int x0 = (b.qs[j] & 0x0F) | h0;
+            const int x1 = (b.qs[j] >> 4) | h1;
+            if constexpr (kHasMin) {
+                const float m = f16_to_f32(b.m);
+                y[i * kQK + j] = x0 * d + m;
+                y[i * kQK + j + kQK / 2] = x1 * d + m;
+            } else {
+                y[i * kQK + j] = (x0 - 16) * d;
+                y[i * kQK + j + kQK / 2] = (x1 - 16) * d;
+            }
+        }
+    }
+}
+
+void dequant_iq4_nl(const uint8_t* src, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const auto b = load_block<BlockIQ4_NL>(src, i);
+        const float d = f16_to_f32(b.d);
+        for (int j = 0; j < kQK / 2; ++j) {
+            y[i * kQK + j] = d * kIQ4NLValues[b.qs[j] & 0xF];
+            y[i * kQK + j + kQK / 2] = d * kIQ4NLValues[b.qs[j] >> 4];
+        }
+    }
+}
+
 void dequant_q4_k(const uint8_t* src, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i) {
         const auto b = load_block<BlockQ4_K>(src, i);
@@ -98,10 +160,10 @@ void dequant_q4_k(const uint8_t* src, float* y, int64_t nb) {
         int is = 0;
         uint8_t sc, m;
         for (int j = 0; j < kQK_K; j += 64) {
-            get_scale_min_k4(is + 0, b.scales, &sc, &m);
+            scale_min_k4(is + 0, b.scales, &sc, &m);
             const float d1 = d * sc;
             const float m1 = min * m;
-            get_scale_min_k4(is + 1, b.scales, &sc, &m);
+            scale_min_k4(is + 1, b.scales, &sc, &m);
             const float d2 = d * sc;
             const float m2 = min * m;
             for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
@@ -123,10 +185,10 @@ void dequant_q5_k(const uint8_t* src, float* y, int64_t nb) {
         uint8_t sc, m;
         uint8_t u1 = 1, u2 = 2;
         for (int j = 0; j < kQK_K; j += 64) {
-            get_scale_min_k4(is + 0, b.scales, &sc, &m);
+            scale_min_k4(is + 0, b.scales, &sc, &m);
             const float d1 = d * sc;
             const float m1 = min * m;
-            get_scale_min_k4(is + 1, b.scales, &sc, &m);
+            scale_min_k4(is + 1, b.scales, &sc, &m);
             const float d2 = d * sc;
             const float m2 = min * m;
             for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
@@ -179,6 +241,10 @@ bool can_dequantize(Type t) {
         case Type::BF16:
         case Type::Q8_0:
         case Type::Q4_0:
+        case Type::Q4_1:
+        case Type::Q5_0:
+        case Type::Q5_1:
+        case Type::IQ4_NL:
         case Type::Q4_K:
         case Type::Q5_K:
         case Type::Q6_K:
@@ -218,6 +284,18 @@ void dequantize_row(Type type, const uint8_t* src, float* dst, int64_t n) {
             break;
         case Type::Q4_0:
             dequant_q4_0(src, dst, nb);
+            break;
+        case Type::Q4_1:
+            dequant_q4_1(src, dst, nb);
+            break;
+        case Type::Q5_0:
+            dequant_q5<BlockQ5_0, false>(src, dst, nb);
+            break;
+        case Type::Q5_1:
+            dequant_q5<BlockQ5_1, true>(src, dst, nb);
+            break;
+        case Type::IQ4_NL:
+            dequant_iq4_nl(src, dst, nb);
             break;
         case Type::Q4_K:
             dequant_q4_k(src, dst, nb);

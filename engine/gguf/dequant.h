@@ -12,7 +12,8 @@
 
 namespace gj::ggml {
 
-// True for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K (same as type_info(t).dequant_supported).
+// True for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K (same as
+// type_info(t).dequant_supported).
 bool can_dequantize(Type t);
 
 // Turns n elements (a multiple of the type's block size) starting at src into fp32.

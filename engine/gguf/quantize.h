@@ -9,7 +9,7 @@
 
 namespace gj::ggml {
 
-// F32, F16, BF16, Q8_0, Q4_0.
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
 bool can_quantize(Type t);
 
 // Quantizes n elements (a multiple of the block size) from src into row_bytes(type, n) bytes at

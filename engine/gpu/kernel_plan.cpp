@@ -20,6 +20,7 @@
 #include "engine/gpu/kernels/quantize_q8_1.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
+#include "engine/model/gemma4_tensors.h"
 
 namespace gj::gemma4 {
 
@@ -185,6 +186,41 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         add(attn_prep_spec(cfg, l, types.kv));
         add(flash_decode_spec(cfg, l, types.kv, types.flash_mma));
         if (types.flash_prefill) add(flash_prefill_spec(cfg, l, types.kv));
+    }
+    return plan;
+}
+
+}  // namespace gj::gemma4
+
+namespace gj::gemma4 {
+
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
+                                               PlanTypes base) {
+    const std::vector<TensorSpec> specs = expected_tensors(cfg);
+    std::vector<MixTensor> in;
+    for (const TensorSpec& t : specs) in.push_back({t.name, t.dims, ggml::Type::F32});
+    const std::vector<ggml::Type> types = mix_types(mix, in, cfg.n_layers);
+    auto upload = [](ggml::Type t) { return has_matvec(t) ? t : ggml::Type::F16; };
+    std::set<ggml::Type> matrix_types;
+    PlanTypes p = base;
+    for (size_t i = 0; i < specs.size(); ++i) {
+        const ggml::Type t = upload(types[i]);
+        if (specs[i].name == "token_embd.weight")
+            p.token_embd = t;
+        else if (specs[i].name == "per_layer_token_embd.weight")
+            p.ple_token_embd = t;
+        else if (specs[i].role == TensorRole::PleModelProj)
+            p.ple_model_proj = t;
+        else if (specs[i].role == TensorRole::Linear || specs[i].role == TensorRole::Experts ||
+                 specs[i].role == TensorRole::PleLayerProj)
+            matrix_types.insert(t);
+    }
+    std::vector<jit::KernelSpec> plan;
+    std::set<std::string> names;
+    for (ggml::Type t : matrix_types) {
+        p.matmul = t;
+        for (auto& s : build_kernel_plan(cfg, p))
+            if (names.insert(s.name).second) plan.push_back(std::move(s));
     }
     return plan;
 }

@@ -10,6 +10,7 @@
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kv_type.h"
 #include "engine/model/gemma4_config.h"
+#include "engine/model/quant_mix.h"
 #include "jit/env_flags.h"
 #include "jit/kernel_spec.h"
 
@@ -41,5 +42,12 @@ struct PlanTypes {
 // sm_90a: "wgmma" or "auto"; else never). Throws ConfigError for "wgmma" with another target.
 bool wgmma_gemm_selected(const jit::Flags& flags, const std::string& arch);
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
+
+// The plan of the preset `cfg` stored with a quant mix (engine/model/quant_mix.h: q4_k_m, ...):
+// each tensor gets the mix's type, then the type a GPU load uploads it as (a type without GPU
+// kernels is dequantized to F16, as GpuModel does); the plan is the union of the plans of the
+// matrix types that occur (one when all matrices upload alike). `base` gives the other settings.
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
+                                               PlanTypes base);
 
 }  // namespace gj::gemma4

@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
 #include "engine/base/thread_pool.h"
 #include "engine/gguf/quantize.h"
 #include "engine/gguf/writer.h"
+#include "engine/model/quant_mix.h"
 #include "engine/text/tokenizer_data.h"
 
 namespace gj::synth {
@@ -106,6 +108,15 @@ void draw(const TensorSpec& t, const Config& cfg, Stream& rng, uint64_t first, f
     }
 }
 
+std::optional<gemma4::QuantMix> mix_of(const Options& opts) {
+    if (opts.mix.empty()) return std::nullopt;
+    auto m = gemma4::quant_mix_from_name(opts.mix);
+    if (!m)
+        throw std::invalid_argument(fmt::format("unknown quant mix '{}' (use {})", opts.mix,
+                                                gemma4::quant_mix_names_text()));
+    return m;
+}
+
 uint32_t llama_file_type(ggml::Type wtype) {
     switch (wtype) {
         case ggml::Type::F32:
@@ -131,7 +142,8 @@ void write_metadata(gguf::Writer& w, const Config& c, const Options& opts) {
     const std::string p = "gemma4.";
     w.set_string("general.architecture", "gemma4");
     w.set_string("general.name", fmt::format("gemmajit synthetic {}", c.name));
-    w.set_u32("general.file_type", llama_file_type(opts.wtype));
+    const auto mix = mix_of(opts);
+    w.set_u32("general.file_type", mix ? mix->file_type : llama_file_type(opts.wtype));
     w.set_u32("general.quantization_version", 2);
     w.set_string("gemmajit.synth.variant", opts.variant);
     w.set("gemmajit.synth.seed", gguf::Value::make_u64(opts.seed));
@@ -207,22 +219,35 @@ Config config_for(const Options& opts) {
     return c;
 }
 
+std::vector<ggml::Type> tensor_types(const Options& opts, const Config& cfg) {
+    const std::vector<TensorSpec> specs = gemma4::expected_tensors(cfg);
+    std::vector<ggml::Type> types;
+    if (const auto mix = mix_of(opts)) {
+        std::vector<gemma4::MixTensor> in;
+        for (const TensorSpec& t : specs) in.push_back({t.name, t.dims, ggml::Type::F32});
+        return gemma4::mix_types(*mix, in, cfg.n_layers);
+    }
+    for (const TensorSpec& t : specs) types.push_back(tensor_type(t.role, opts.wtype));
+    return types;
+}
+
 Config write_model(const Options& opts, const std::filesystem::path& path) {
-    llama_file_type(opts.wtype);  // rejects unsupported weight types before any work
+    // Rejects unsupported weight types before any work.
+    if (!mix_of(opts)) llama_file_type(opts.wtype);
     const Config cfg = config_for(opts);
     const std::vector<TensorSpec> specs = gemma4::expected_tensors(cfg);
+    const std::vector<ggml::Type> types = tensor_types(opts, cfg);
 
     gguf::Writer w;
     write_metadata(w, cfg, opts);
     uint64_t total = 0;
-    std::vector<ggml::Type> types;
-    for (const TensorSpec& t : specs) {
-        types.push_back(tensor_type(t.role, opts.wtype));
+    for (size_t i = 0; i < specs.size(); ++i) {
+        const TensorSpec& t = specs[i];
         try {
-            total += w.add_tensor(t.name, types.back(), t.dims);
+            total += w.add_tensor(t.name, types[i], t.dims);
         } catch (const std::exception& e) {
             throw std::invalid_argument(fmt::format("{}: cannot store tensor {} as {}: {}",
-                                                    cfg.name, t.name, ggml::type_name(types.back()),
+                                                    cfg.name, t.name, ggml::type_name(types[i]),
                                                     e.what()));
         }
     }

@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/gguf/ggml_types.h"
 #include "engine/model/gemma4_config.h"
@@ -39,6 +40,7 @@ namespace gj::synth {
 struct Options {
     std::string variant = "tiny";         // a gemma4::Config preset name
     ggml::Type wtype = ggml::Type::Q8_0;  // q8_0, q4_0, bf16, f16 or f32
+    std::string mix;                      // a quant mix name; when set it decides, not wtype
     int layers = 0;                       // keep only the first N layers (0 = all)
     uint64_t seed = 1;
     int threads = 0;                                   // <= 0: one per hardware thread
@@ -50,6 +52,9 @@ gemma4::Config config_for(const Options& opts);
 
 // The type a tensor of this role is stored as for the weight type `wtype`.
 ggml::Type tensor_type(gemma4::TensorRole role, ggml::Type wtype);
+
+// Every tensor's type, in expected_tensors(cfg) order, for these options.
+std::vector<ggml::Type> tensor_types(const Options& opts, const gemma4::Config& cfg);
 
 // Writes the model to `path`; returns its config. Throws std::invalid_argument for an unknown
 // variant / unsupported weight type and std::runtime_error for I/O failures.

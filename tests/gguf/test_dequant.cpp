@@ -177,14 +177,14 @@ TEST(Dequant, Q6_K) {
 TEST(Dequant, RefusesUnsupportedTypesAndPartialBlocks) {
     std::vector<uint8_t> b(64);
     std::vector<float> y(32);
-    EXPECT_THAT([&] { gj::ggml::dequantize_row(Type::Q4_1, b.data(), y.data(), 32); },
-                ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("q4_1")));
-    EXPECT_THAT([&] { gj::ggml::dequantize_row(Type::IQ4_NL, b.data(), y.data(), 32); },
-                ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("iq4_nl")));
+    EXPECT_THAT([&] { gj::ggml::dequantize_row(Type::Q2_K, b.data(), y.data(), 256); },
+                ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("q2_k")));
+    EXPECT_THAT([&] { gj::ggml::dequantize_row(Type::IQ4_XS, b.data(), y.data(), 256); },
+                ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("iq4_xs")));
     EXPECT_THAT([&] { gj::ggml::dequantize_row(Type::Q8_0, b.data(), y.data(), 31); },
                 ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr("31")));
-    for (Type t : {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::Q4_K, Type::Q5_K,
-                   Type::Q6_K})
+    for (Type t : {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q4_0, Type::Q4_1, Type::Q5_0,
+                   Type::Q5_1, Type::IQ4_NL, Type::Q4_K, Type::Q5_K, Type::Q6_K})
         EXPECT_TRUE(gj::ggml::can_dequantize(t) && gj::ggml::type_info(t).dequant_supported);
     EXPECT_FALSE(gj::ggml::type_info(Type::Q2_K).dequant_supported);
 }

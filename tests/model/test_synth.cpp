@@ -153,13 +153,15 @@ TEST(Synth, RejectsUnknownVariantAndUnsupportedType) {
     o.variant = "tiny-xl";
     EXPECT_THROW(gj::synth::write_model(o, dir.path() / "x.gguf"), gj::gemma4::ConfigError);
     o.variant = "tiny";
-    o.wtype = Type::Q4_K;
+    o.wtype = Type::Q2_K;
     try {
         gj::synth::write_model(o, dir.path() / "x.gguf");
         FAIL() << "no exception";
     } catch (const std::invalid_argument& e) {
-        EXPECT_NE(std::string(e.what()).find("q4_k"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("q2_k"), std::string::npos) << e.what();
     }
+    o.mix = "q3_k_m";
+    EXPECT_THROW(gj::synth::write_model(o, dir.path() / "x.gguf"), std::invalid_argument);
     EXPECT_FALSE(std::filesystem::exists(dir.path() / "x.gguf"));
 }
 

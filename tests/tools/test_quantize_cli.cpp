@@ -1,0 +1,111 @@
+// `gemmajit quantize IN OUT TYPE`: an f32 synth requantized to q4_k_m has the types the mix gives
+// (the same as `synth --wtype q4_k_m`), all metadata, and clear errors for bad inputs.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "engine/gguf/reader.h"
+#include "tests/support/test_env.h"
+
+using gj::test::gemmajit_exe;
+using gj::test::run_command;
+
+TEST(QuantizeCli, F32SynthToQ4_K_MMatchesSynthQ4_K_M) {
+    gj::test::ScratchDir dir("quantize-cli");
+    const std::string f32 = (dir.path() / "f32.gguf").string();
+    const std::string q = (dir.path() / "q.gguf").string();
+    const std::string s = (dir.path() / "s.gguf").string();
+    for (const std::string variant : {"tiny", "tiny-moe"}) {
+        auto r =
+            run_command(gemmajit_exe() + " synth --variant " + variant + " --wtype f32 -o " + f32);
+        ASSERT_EQ(r.exit_code, 0) << r.out;
+        r = run_command(gemmajit_exe() + " synth --variant " + variant + " --wtype q4_k_m -o " + s);
+        ASSERT_EQ(r.exit_code, 0) << r.out;
+        r = run_command(gemmajit_exe() + " quantize " + f32 + " " + q + " q4_k_m --threads 2");
+        ASSERT_EQ(r.exit_code, 0) << r.out;
+        EXPECT_NE(r.out.find("wrote " + q), std::string::npos) << r.out;
+        EXPECT_FALSE(std::filesystem::exists(q + ".partial"));
+
+        auto in = gj::gguf::File::open(f32);
+        auto out = gj::gguf::File::open(q);
+        auto syn = gj::gguf::File::open(s);
+        EXPECT_EQ(out->metadata().size(), in->metadata().size());
+        EXPECT_EQ(out->get_u64("general.file_type"), 15u);
+        EXPECT_EQ(out->get_string("general.architecture"), "gemma4");
+        ASSERT_EQ(out->tensors().size(), in->tensors().size());
+        for (size_t i = 0; i < in->tensors().size(); ++i) {
+            const auto& t = in->tensors()[i];
+            EXPECT_EQ(out->tensors()[i].name, t.name);
+            EXPECT_EQ(out->tensors()[i].dims, t.dims);
+            EXPECT_EQ(out->tensors()[i].type, syn->tensor(t.name).type) << variant << " " << t.name;
+        }
+        // The values are the synth's own quantization of the same floats.
+        for (size_t i = 0; i < in->tensors().size(); ++i) {
+            const auto& a = out->tensors()[i];
+            const auto& b = syn->tensor(a.name);
+            ASSERT_EQ(a.n_bytes, b.n_bytes);
+            EXPECT_EQ(0, std::memcmp(a.data, b.data, a.n_bytes)) << a.name;
+        }
+        r = run_command(gemmajit_exe() + " logits --cpu -m " + q + " --tokens 2,10,20");
+        EXPECT_EQ(r.exit_code, 0) << r.out;
+    }
+}
+
+TEST(QuantizeCli, BadInputsFailClearly) {
+    gj::test::ScratchDir dir("quantize-cli-bad");
+    const std::string f32 = (dir.path() / "f32.gguf").string();
+    const std::string q8 = (dir.path() / "q8.gguf").string();
+    const std::string out = (dir.path() / "out.gguf").string();
+    ASSERT_EQ(run_command(gemmajit_exe() + " synth --variant tiny --wtype f32 -o " + f32).exit_code,
+              0);
+    ASSERT_EQ(run_command(gemmajit_exe() + " synth --variant tiny --wtype q8_0 -o " + q8).exit_code,
+              0);
+    const auto size_before = std::filesystem::file_size(f32);
+
+    auto r = run_command(gemmajit_exe() + " quantize " + f32 + " " + out + " q3_k_m");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("unknown quantization type 'q3_k_m' (use f32,"), std::string::npos)
+        << r.out;
+
+    r = run_command(gemmajit_exe() + " quantize " + q8 + " " + out + " q4_k_m");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("is already quantized (tensor token_embd.weight is q8_0)"),
+              std::string::npos)
+        << r.out;
+
+    r = run_command(gemmajit_exe() + " quantize " + f32 + " " + f32 + " q4_k_m");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("refusing to overwrite it"), std::string::npos) << r.out;
+    r = run_command(gemmajit_exe() + " quantize " + f32 + " " + dir.path().string() +
+                    "/./f32.gguf q4_k_m");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("refusing to overwrite it"), std::string::npos) << r.out;
+    EXPECT_EQ(std::filesystem::file_size(f32), size_before);
+
+    r = run_command(gemmajit_exe() + " quantize " + (dir.path() / "missing.gguf").string() + " " +
+                    out + " q4_k_m");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("missing.gguf"), std::string::npos) << r.out;
+    EXPECT_FALSE(std::filesystem::exists(out));
+    EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+}
+
+TEST(QuantizeCli, KernelsPlanOfAMix) {
+    // K-quant tensors have no GPU kernels yet: they upload as F16, so the plan of an e4b q4_k_m
+    // holds F16 matvecs and no q4_k kernel; the 26B's q5_k_m keeps Q8_0 kernels for its
+    // fallback ffn_down (Q6_K -> Q8_0).
+    auto r = run_command(gemmajit_exe() + " kernels --variant e4b --wtype q4_k_m --arch sm_90");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("e4b (q4_k_m)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("matvec_f.f16.k2560"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("q4_k"), r.out.find("q4_k_m")) << r.out;
+    r = run_command(gemmajit_exe() + " kernels --variant 26b-a4b --wtype q5_k_m --arch sm_90");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("matvec_q8_0.k2112"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("matvec_f.f16.k2816"), std::string::npos) << r.out;
+    r = run_command(gemmajit_exe() + " kernels --variant e4b --wtype q9_z");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("q4_k_m"), std::string::npos) << r.out;
+}
