@@ -422,7 +422,10 @@ void GpuModel::upload(const GpuModelOptions& opts) {
     // Host rows of a matrix the GPU cannot read, as F16, in pieces of ~64 MiB.
     auto upload_dequantized = [&](const gguf::TensorInfo& t, CUdeviceptr dst, uint64_t rows,
                                   uint64_t cols) {
-        const uint64_t piece_rows = std::max<uint64_t>(1, (uint64_t(64) << 20) / (cols * 2));
+        // Sized to the piece actually used: a 64 MiB buffer cleared for every small tensor cost
+        // seconds on a model of many small matrices.
+        const uint64_t piece_rows =
+            std::min(rows, std::max<uint64_t>(1, (uint64_t(64) << 20) / (cols * 2)));
         std::vector<uint16_t> half(piece_rows * cols);
         const uint64_t src_row_bytes = *ggml::row_bytes(t.type, cols);
         for (uint64_t r0 = 0; r0 < rows; r0 += piece_rows) {
