@@ -19,6 +19,7 @@ void add_model_commands(CLI::App& app);  // synth, quantize, info, logits
 void add_run_commands(CLI::App& app);    // run, tokenize
 void add_chat_command(CLI::App& app);    // chat (interactive, KV cache kept across turns)
 void add_bench_command(CLI::App& app);   // bench (GPU pp/tg speed, llama-bench style)
+void add_serve_command(CLI::App& app);   // serve (OpenAI-compatible HTTP server)
 
 // The sampling options run and chat share (names and meanings as llama.cpp's).
 void add_sampling_options(CLI::App* cmd, sample::SamplerParams& s);

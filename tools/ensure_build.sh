@@ -10,7 +10,7 @@ GJ_JOBS="${GJ_JOBS:-$(nproc)}"
 
 # Build and test needs, by Debian package name.
 GJ_PACKAGES=(cmake ninja-build g++ pkg-config libssl-dev nlohmann-json3-dev libcli11-dev libfmt-dev
-             libgtest-dev libgmock-dev clang libclang-rt-14-dev python3)
+             libgtest-dev libgmock-dev libcpp-httplib-dev clang libclang-rt-14-dev python3)
 
 gj_ensure_packages() {
     local missing=()

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
     gj::tools::add_run_commands(app);
     gj::tools::add_chat_command(app);
     gj::tools::add_bench_command(app);
+    gj::tools::add_serve_command(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -115,6 +115,22 @@ void CpuSession::reset() {
     n_past_ = 0;
 }
 
+void CpuSession::rewind(int keep) {
+    if (keep < 0 || keep > n_past_) {
+        throw std::invalid_argument("rewind to " + std::to_string(keep) + ": the sequence holds " +
+                                    std::to_string(n_past_) + " positions");
+    }
+    // Rows are [position][row width], so dropping the tail positions is a resize of each layer.
+    for (auto& c : cache_) {
+        if (n_past_ == 0) continue;
+        const size_t k_row = c.k.size() / static_cast<size_t>(n_past_);
+        const size_t v_row = c.v.size() / static_cast<size_t>(n_past_);
+        c.k.resize(k_row * static_cast<size_t>(keep));
+        c.v.resize(v_row * static_cast<size_t>(keep));
+    }
+    n_past_ = keep;
+}
+
 std::vector<float> CpuSession::decode(int32_t token) {
     return prefill({&token, 1});
 }

@@ -64,6 +64,8 @@ class CpuSession {
 
     int position() const { return n_past_; }
     void reset();
+    // Keeps positions [0, keep) (std::invalid_argument when keep is not in [0, position()]).
+    void rewind(int keep);
 
     // Residual stream after each layer for the last call, [n_layers][T][d] (for debugging a
     // mismatch against another implementation layer by layer).

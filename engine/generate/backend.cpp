@@ -1,8 +1,25 @@
 #include "engine/generate/backend.h"
 
+#include <stdexcept>
+
 #include "jit/device.h"
 
 namespace gj::gen {
+
+namespace {
+
+// A GpuForward that owns its session (GpuForward borrows one, as the Backend's own does).
+class OwnedGpuForward : public GpuForward {
+  public:
+    explicit OwnedGpuForward(std::unique_ptr<gemma4::GpuSession> s)
+        : GpuForward(*s), session_(std::move(s)) {}
+
+  private:
+    // Destroyed before the base class's destructor runs; that one only drops a reference.
+    std::unique_ptr<gemma4::GpuSession> session_;
+};
+
+}  // namespace
 
 std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> file,
                                        const BackendOptions& opts) {
@@ -19,7 +36,7 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
         gemma4::CpuOptions co;
         co.threads = opts.threads;
         b->cpu_model_ = gemma4::CpuModel::load(b->file_, co);
-        b->cpu_ = std::make_unique<CpuForward>(*b->cpu_model_);
+        if (opts.default_sequence) b->cpu_ = std::make_unique<CpuForward>(*b->cpu_model_);
         return b;
     }
     gemma4::GpuModelOptions mo;
@@ -27,6 +44,8 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
     mo.progress = opts.status;
     b->gpu_model_ = gemma4::GpuModel::load(b->file_, mo);
     status(b->gpu_model_->summary());
+    b->prefill_progress_ = opts.prefill_progress;
+    if (!opts.default_sequence) return b;
     b->session_ = std::make_unique<gemma4::GpuSession>(*b->gpu_model_);
     b->gpu_ = std::make_unique<GpuForward>(*b->session_);
     if (opts.prefill_progress) b->gpu_->on_prefill_progress(opts.prefill_progress);
@@ -35,13 +54,21 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
 
 Forward& Backend::forward() {
     if (gpu_) return *gpu_;
-    return *cpu_;
+    if (cpu_) return *cpu_;
+    throw std::logic_error("the backend was opened without its default sequence");
+}
+
+std::unique_ptr<Forward> Backend::new_sequence() {
+    if (cpu_model_) return std::make_unique<CpuForward>(*cpu_model_);
+    auto f = std::make_unique<OwnedGpuForward>(std::make_unique<gemma4::GpuSession>(*gpu_model_));
+    if (prefill_progress_) f->on_prefill_progress(prefill_progress_);
+    return f;
 }
 
 void Backend::reset() {
     if (session_) {
         session_->reset();
-    } else {
+    } else if (cpu_) {
         cpu_->reset();
     }
 }

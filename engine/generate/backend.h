@@ -27,6 +27,10 @@ struct BackendOptions {
     std::function<void(const std::string&)> status;
     // Called on the GPU after every prefill chunk of a prompt with (tokens done, total).
     std::function<void(int, int)> prefill_progress;
+    // Whether open() also creates the one sequence forward() returns. A server that runs several
+    // sequences over the loaded model (new_sequence()) sets this false, so the GPU does not hold
+    // a KV cache nobody uses.
+    bool default_sequence = true;
 };
 
 class Backend {
@@ -36,8 +40,12 @@ class Backend {
     static std::unique_ptr<Backend> open(std::shared_ptr<const gemma4::ModelFile> file,
                                          const BackendOptions& opts);
 
-    Forward& forward();
-    bool on_gpu() const { return session_ != nullptr; }
+    Forward& forward();  // std::logic_error when opened without the default sequence
+    // One more independent sequence (its own KV cache and position) over the same loaded weights:
+    // a CpuSession over the CpuModel, or a GpuSession over the GpuModel. Each is used by one
+    // thread at a time; the Backend must outlive it.
+    std::unique_ptr<Forward> new_sequence();
+    bool on_gpu() const { return gpu_model_ != nullptr; }
     // Empties the sequence (a new conversation); the weights stay loaded.
     void reset();
     const gemma4::ModelFile& file() const { return *file_; }
@@ -51,6 +59,7 @@ class Backend {
     std::unique_ptr<gemma4::GpuModel> gpu_model_;
     std::unique_ptr<gemma4::GpuSession> session_;
     std::unique_ptr<GpuForward> gpu_;
+    std::function<void(int, int)> prefill_progress_;
 };
 
 }  // namespace gj::gen

@@ -57,6 +57,14 @@ class Forward {
     virtual StepResult decode_step(int32_t token, const Readout&) {
         return StepResult{decode(token), -1, {}, {}};
     }
+    // Keeps positions [0, keep) and drops the rest, so a new prompt that extends the kept tokens
+    // (the next turn of a chat) prefills only what is new. rewind(0) always succeeds; any other
+    // keep may fail (a GPU sliding-window ring has overwritten keys those positions need), and
+    // then nothing changed and the caller starts over with rewind(0).
+    virtual bool rewind(int keep) {
+        (void)keep;
+        return false;
+    }
 };
 
 // Most candidates a device-side top-k readout hands back.

@@ -18,6 +18,10 @@ class CpuForward : public Forward {
     std::vector<float> prefill(std::span<const int32_t> tokens) override;
     std::vector<float> decode(int32_t token) override { return session_.decode(token); }
     void reset() { session_.reset(); }  // empties the sequence
+    bool rewind(int keep) override {
+        session_.rewind(keep);  // every position stays in the reference cache: always possible
+        return true;
+    }
 
     static constexpr size_t kPrefillChunk = 64;
 

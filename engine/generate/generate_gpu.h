@@ -20,6 +20,13 @@ class GpuForward : public Forward {
     bool reduces_on_device() const override { return device_readout_; }
     StepResult prefill_step(std::span<const int32_t> tokens, const Readout& readout) override;
     StepResult decode_step(int32_t token, const Readout& readout) override;
+    bool rewind(int keep) override {
+        if (keep == 0) {
+            session_.reset();
+            return true;
+        }
+        return session_.rewind(keep);
+    }
 
     // Called after every prefill chunk of a long prompt with (tokens done, total).
     void on_prefill_progress(std::function<void(int, int)> f) { progress_ = std::move(f); }

@@ -1,0 +1,143 @@
+// The slot scheduler of `gemmajit serve`: N slots, each an independent sequence (its own KV
+// cache) over one loaded model, run by one thread. Each round the thread admits queued jobs into
+// free slots, then runs one step of every active slot, a prefill chunk or a decode token, so
+// streams interleave and a long prompt never stalls the others for longer than a chunk.
+//
+// The step of all active slots is one function, step_all(): today it loops over the slots and
+// runs each one's forward alone; batched decoding replaces that loop by one forward over all
+// decoding slots (weights read once per step) without touching admission, sampling or output.
+//
+// A slot keeps the tokens whose keys and values its sequence holds after its job ends; a new job
+// whose prompt extends them (the next turn of a chat) goes to that slot and prefills only what is
+// new. Results travel to the requester through its Job, a thread-safe event queue, so the
+// scheduler thread never blocks on a client.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/generate/generate.h"
+#include "engine/serve/output_parser.h"
+#include "engine/serve/stop_strings.h"
+#include "engine/text/sampler.h"
+#include "engine/text/tokenizer.h"
+
+namespace gj::serve {
+
+enum class Finish { Stop, Length, ToolCalls, Cancelled, Error };
+const char* finish_reason_name(Finish f);  // OpenAI's finish_reason ("stop", "length", ...)
+
+struct Usage {
+    int prompt_tokens = 0;
+    int completion_tokens = 0;
+    int cached_tokens = 0;  // prompt tokens whose KV a slot already held
+};
+
+// A tokenized request, as the scheduler runs it.
+struct GenJob {
+    std::vector<int32_t> prompt;
+    sample::SamplerParams sampling;
+    int max_tokens = -1;  // < 0: until a stop token or the end of the context
+    std::vector<std::string> stop;
+    bool parse_chat = false;  // split thinking and tool calls (chat); else all text is content
+    bool tools = false;       // recognize tool calls
+};
+
+struct JobEvent {
+    ParsedDelta delta;
+    bool done = false;
+    Finish finish = Finish::Stop;
+    Usage usage;        // with done
+    std::string error;  // with Finish::Error
+};
+
+// One request's link between the HTTP handler and the scheduler thread.
+class Job {
+  public:
+    explicit Job(GenJob g) : gen(std::move(g)) {}
+    const GenJob gen;
+
+    // Waits up to `timeout` for events; returns them (empty on timeout).
+    std::vector<JobEvent> wait(std::chrono::milliseconds timeout);
+    bool cancelled() const { return cancelled_.load(); }
+
+  private:
+    friend class Scheduler;
+    void push(JobEvent e);
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<JobEvent> events_;
+    std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+    int context = 0;         // tokens per sequence; 0 or more than the forward's: the forward's
+    int prefill_chunk = 64;  // prompt tokens per prefill step of one slot
+};
+
+struct SchedulerStats {
+    uint64_t prompt_tokens = 0;     // prefilled (cached prompt tokens not counted)
+    uint64_t generated_tokens = 0;  // sampled
+    double busy_seconds = 0;        // time spent in steps
+    double decode_seconds = 0;      // time in steps that generated a token
+    int queued = 0;
+    int slots_busy = 0;
+    int slots = 0;
+    int64_t kv_tokens = 0;  // positions held over all slots
+    int64_t kv_capacity = 0;
+};
+
+class Scheduler {
+  public:
+    // `sequences`: one Forward per slot, all over the same loaded model, each at position 0.
+    Scheduler(const tok::Tokenizer& tokenizer, std::vector<std::unique_ptr<gen::Forward>> sequences,
+              SchedulerOptions options = {});
+    ~Scheduler();  // stop()
+    Scheduler(const Scheduler&) = delete;
+    Scheduler& operator=(const Scheduler&) = delete;
+
+    int context() const { return context_; }
+    // Queues a job. Throws ApiError(400) for a prompt that does not fit the context (naming both
+    // sizes) or a token outside the vocabulary, ApiError(503) once stopping.
+    std::shared_ptr<Job> submit(GenJob job);
+    // The requester is gone: its slot is freed before the next round (a queued job never runs).
+    void cancel(const std::shared_ptr<Job>& job);
+    // Cancels every queued and running job (each gets a done event with Finish::Cancelled) and
+    // joins the thread.
+    void stop();
+    SchedulerStats stats() const;
+
+  private:
+    struct Slot;
+    void run();
+    void admit(std::unique_lock<std::mutex>& lock);
+    // One step of every active slot. The seam for batched decoding (see the header comment).
+    void step_all(std::span<Slot* const> active);
+    void step(Slot& slot);
+    void emit_token(Slot& slot, int32_t token);
+    void finish(Slot& slot, Finish why, const std::string& error = "");
+
+    const tok::Tokenizer& tokenizer_;
+    SchedulerOptions options_;
+    int context_ = 0;
+    std::vector<std::unique_ptr<Slot>> slots_;
+    std::vector<int32_t> marker_ids_;  // token id of each Marker, in enum order (-1: none)
+
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<Job>> queue_;
+    bool stopping_ = false;
+    SchedulerStats stats_;  // under mu_
+    std::thread thread_;
+};
+
+}  // namespace gj::serve

@@ -1,0 +1,143 @@
+// `gemmajit serve`: an OpenAI-compatible HTTP server. It listens at once (/health answers 503
+// "loading" until the model is ready), loads the model, creates one sequence per --parallel slot
+// over it and runs them with the slot scheduler; SIGINT/SIGTERM cancel in-flight requests and
+// end the process with status 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/generate/backend.h"
+#include "engine/model/model_file.h"
+#include "engine/serve/scheduler.h"
+#include "tools/commands.h"
+#include "tools/http_server.h"
+
+namespace gj::tools {
+
+namespace {
+
+struct ServeArgs {
+    std::string model;
+    ServeConfig http;
+    int parallel = 1;
+    int context = 0;
+    int prefill_chunk = 0;
+    bool cpu = false;
+    int threads = 0;
+};
+
+void run_serve(ServeArgs a) {
+    a.http.sampling.validate();
+    if (a.parallel < 1 || a.parallel > 256) {
+        throw std::invalid_argument("--parallel must be in [1, 256]; got " +
+                                    std::to_string(a.parallel));
+    }
+    if (a.context < 0) throw std::invalid_argument("--ctx must be >= 0");
+    if (!std::filesystem::is_regular_file(a.model)) {
+        throw std::runtime_error("model file " + a.model + " does not exist or is not a file");
+    }
+    if (a.http.model_name.empty())
+        a.http.model_name = std::filesystem::path(a.model).stem().string();
+
+    // Every thread started from here on inherits the blocked signals; only the watcher below
+    // receives them, so a signal never interrupts a worker in the middle of a step.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    signal(SIGPIPE, SIG_IGN);  // a client that disconnects is a failed write, not a dead server
+
+    HttpServer server(a.http);
+    const int port = server.bind();
+    status_line("listening on http://" + a.http.host + ":" + std::to_string(port) + " (loading " +
+                a.model + ")");
+    std::thread listener([&] { server.listen(); });
+
+    std::atomic<bool> quit{false};
+    std::atomic<serve::Scheduler*> scheduler{nullptr};
+    std::thread watcher([&] {
+        const timespec tick{0, 200'000'000};
+        while (!quit.load()) {
+            if (sigtimedwait(&signals, nullptr, &tick) > 0) {
+                status_line("stopping: cancelling in-flight requests");
+                quit = true;
+                // The scheduler first: every waiting handler gets its "cancelled" event, so the
+                // server's worker threads can finish and stop() can join them.
+                if (serve::Scheduler* s = scheduler.load()) s->stop();
+                server.stop();
+            }
+        }
+    });
+    auto shut_down = [&] {
+        quit = true;
+        server.stop();
+        listener.join();
+        watcher.join();
+    };
+
+    std::unique_ptr<gen::Backend> backend;
+    std::unique_ptr<serve::Scheduler> sched;
+    try {
+        const std::shared_ptr<const gemma4::ModelFile> file = gemma4::ModelFile::open(a.model);
+        gen::BackendOptions bo = backend_options(a.cpu, a.threads, a.context);
+        bo.prefill_progress = nullptr;  // many prompts at once: no progress line on the terminal
+        bo.default_sequence = false;
+        backend = gen::Backend::open(file, bo);
+        std::vector<std::unique_ptr<gen::Forward>> sequences;
+        for (int i = 0; i < a.parallel; ++i) sequences.push_back(backend->new_sequence());
+        serve::SchedulerOptions so;
+        so.context = a.context;
+        // The CPU reference runs a chunk in time proportional to its length, so short chunks keep
+        // other streams flowing; the GPU session chunks internally and wants whole prompts.
+        so.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : backend->on_gpu() ? 512 : 32;
+        sched = std::make_unique<serve::Scheduler>(file->tokenizer(), std::move(sequences), so);
+        scheduler = sched.get();
+        server.set_ready(file, sched.get());
+        status_line("ready: " + std::to_string(a.parallel) + " slot(s) of " +
+                    std::to_string(sched->context()) + " tokens on the " +
+                    (backend->on_gpu() ? "GPU" : "CPU reference"));
+    } catch (...) {
+        shut_down();
+        throw;
+    }
+    if (quit.load()) sched->stop();  // a signal that came while loading
+    listener.join();
+    quit = true;
+    watcher.join();
+    sched->stop();
+    status_line("stopped");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+    auto a = std::make_shared<ServeArgs>();
+    auto* cmd = app.add_subcommand(
+        "serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)");
+    cmd->add_option("--model,-m", a->model, "GGUF model file")->required();
+    cmd->add_option("--host", a->http.host, "address to listen on")->capture_default_str();
+    cmd->add_option("--port", a->http.port, "port to listen on (0: any free port)")
+        ->capture_default_str();
+    cmd->add_option("--parallel", a->parallel, "slots: requests run at the same time")
+        ->capture_default_str();
+    cmd->add_option("--ctx", a->context,
+                    "context per slot in tokens (0: the model's; on the GPU reduced to what fits)");
+    cmd->add_option("--api-key", a->http.api_key,
+                    "require 'Authorization: Bearer KEY' on every endpoint but /health");
+    cmd->add_option("--alias", a->http.model_name,
+                    "model name in /v1/models (default: the file's stem)");
+    cmd->add_option("--prefill-chunk", a->prefill_chunk,
+                    "prompt tokens per prefill step of a slot (0: 32 on the CPU, 512 on the GPU)");
+    add_sampling_options(cmd, a->http.sampling);
+    cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
+    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    cmd->callback([a] { run_serve(*a); });
+}
+
+}  // namespace gj::tools

@@ -1,0 +1,341 @@
+#include "tools/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "engine/serve/api_error.h"
+#include "engine/serve/openai_json.h"
+#include "engine/serve/request.h"
+
+namespace gj::tools {
+
+namespace {
+
+using Json = nlohmann::json;
+using serve::ApiError;
+
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+// Compares without an early exit, so the time taken does not tell how much of a key matched.
+bool constant_time_equal(std::string_view a, std::string_view b) {
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    for (size_t i = 0; i < a.size(); ++i) {
+        diff |= static_cast<unsigned char>(a[i] ^ (b.empty() ? 0 : b[i % b.size()]));
+    }
+    return diff == 0;
+}
+
+void send_json(httplib::Response& res, int status, const Json& j) {
+    res.status = status;
+    res.set_content(serve::dump_json(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+    send_json(res, e.status, e.to_json());
+}
+
+// Collects a job's events until it is done (a non-streamed reply).
+struct Collected {
+    serve::ParsedDelta reply;
+    serve::JobEvent done;
+};
+Collected collect(serve::Job& job) {
+    Collected c;
+    for (;;) {
+        for (auto& e : job.wait(std::chrono::milliseconds(200))) {
+            c.reply.append(std::move(e.delta));
+            if (e.done) {
+                c.done = std::move(e);
+                return c;
+            }
+        }
+    }
+}
+
+void check_done(const serve::JobEvent& done) {
+    if (done.finish == serve::Finish::Cancelled) {
+        throw ApiError(503, "the request was cancelled: the server is shutting down", "", "",
+                       "server_error");
+    }
+    if (done.finish == serve::Finish::Error) {
+        throw ApiError(500, "generation failed: " + done.error, "", "", "server_error");
+    }
+}
+
+}  // namespace
+
+HttpServer::HttpServer(ServeConfig config)
+    : config_(std::move(config)),
+      server_(std::make_unique<httplib::Server>()),
+      started_(unix_now()) {
+    routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+    int port = config_.port == 0
+                   ? server_->bind_to_any_port(config_.host)
+                   : (server_->bind_to_port(config_.host, config_.port) ? config_.port : -1);
+    if (port < 0) {
+        throw std::runtime_error("cannot listen on " + config_.host + ":" +
+                                 std::to_string(config_.port) +
+                                 " (in use, or not an address here)");
+    }
+    return port;
+}
+
+void HttpServer::listen() {
+    server_->listen_after_bind();
+}
+
+void HttpServer::stop() {
+    server_->stop();
+}
+
+void HttpServer::set_ready(std::shared_ptr<const gemma4::ModelFile> file,
+                           serve::Scheduler* scheduler) {
+    file_ = std::move(file);
+    scheduler_ = scheduler;
+    style_ = chat::ChatStyle::from_template(file_->tokenizer().vocab().chat_template);
+    ready_.store(true, std::memory_order_release);
+}
+
+void HttpServer::routes() {
+    httplib::Server& s = *server_;
+    const int threads = config_.http_threads;
+    s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+    s.set_payload_max_length(config_.max_body_bytes);
+    s.set_read_timeout(config_.read_timeout_s, 0);
+    s.set_write_timeout(config_.write_timeout_s, 0);
+
+    s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        ++requests_;
+        if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+        if (!config_.api_key.empty()) {
+            const std::string auth = req.get_header_value("Authorization");
+            constexpr std::string_view bearer = "Bearer ";
+            const bool ok =
+                auth.size() > bearer.size() && auth.compare(0, bearer.size(), bearer) == 0 &&
+                constant_time_equal(std::string_view(auth).substr(bearer.size()), config_.api_key);
+            if (!ok) {
+                ++errors_;
+                send_error(
+                    res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "",
+                                  "invalid_api_key", "authentication_error"));
+                return httplib::Server::HandlerResponse::Handled;
+            }
+        }
+        if (!ready_.load(std::memory_order_acquire)) {
+            send_error(res,
+                       ApiError(503, "the model is loading", "", "model_loading", "server_error"));
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
+    });
+    s.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
+        ++errors_;
+        if (!res.body.empty()) return;  // an OpenAI error object is already there
+        const std::string msg = res.status == 404   ? "no such endpoint"
+                                : res.status == 413 ? "the request body is too large"
+                                                    : "the request could not be handled";
+        send_error(res, ApiError(res.status, msg, "", "", "invalid_request_error"));
+    });
+    s.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+            try {
+                std::rethrow_exception(ep);
+            } catch (const ApiError& e) {
+                send_error(res, e);
+            } catch (const std::exception& e) {
+                send_error(res, ApiError(500, std::string("internal error: ") + e.what(), "", "",
+                                         "server_error"));
+            }
+        });
+
+    s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+        if (ready_.load(std::memory_order_acquire)) {
+            send_json(res, 200, {{"status", "ok"}});
+        } else {
+            send_json(res, 503, {{"status", "loading"}});
+        }
+    });
+    s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+        send_json(res, 200,
+                  {{"object", "list"},
+                   {"data", Json::array({{{"id", config_.model_name},
+                                          {"object", "model"},
+                                          {"created", started_},
+                                          {"owned_by", "gemmajit"}}})}});
+    });
+    s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        const Json body = serve::parse_body(req.body);
+        if (!body.contains("content") || !body["content"].is_string()) {
+            throw ApiError(400, "'content' must be a string", "content");
+        }
+        const bool add_special = body.value("add_special", false);
+        const auto ids = file_->tokenizer().encode(body["content"].get<std::string>(), add_special);
+        send_json(res, 200, {{"tokens", ids}});
+    });
+    s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        const Json body = serve::parse_body(req.body);
+        if (!body.contains("tokens") || !body["tokens"].is_array()) {
+            throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
+        }
+        std::vector<int32_t> ids;
+        for (const Json& t : body["tokens"]) {
+            if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+                t.get<int64_t>() >= file_->tokenizer().vocab_size()) {
+                throw ApiError(400, "'tokens' holds an id outside the vocabulary", "tokens");
+            }
+            ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        }
+        send_json(res, 200, {{"content", file_->tokenizer().decode(ids)}});
+    });
+    s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        const serve::SchedulerStats st = scheduler_->stats();
+        std::string m;
+        auto metric = [&](const char* name, const char* type, const char* help, double v) {
+            m += std::string("# HELP gemmajit_") + name + " " + help + "\n# TYPE gemmajit_" + name +
+                 " " + type + "\ngemmajit_" + name + " " + std::to_string(v) + "\n";
+        };
+        metric("requests_total", "counter", "HTTP requests received",
+               static_cast<double>(requests_.load()));
+        metric("request_errors_total", "counter", "HTTP requests answered with an error",
+               static_cast<double>(errors_.load()));
+        metric("prompt_tokens_total", "counter", "prompt tokens prefilled",
+               static_cast<double>(st.prompt_tokens));
+        metric("generated_tokens_total", "counter", "tokens generated",
+               static_cast<double>(st.generated_tokens));
+        metric("generated_tokens_per_second", "gauge", "generated tokens per second of decoding",
+               st.decode_seconds > 0 ? static_cast<double>(st.generated_tokens) / st.decode_seconds
+                                     : 0.0);
+        metric("queue_length", "gauge", "requests waiting for a slot", st.queued);
+        metric("slots_busy", "gauge", "slots running a request", st.slots_busy);
+        metric("slots", "gauge", "slots (--parallel)", st.slots);
+        metric("kv_cache_tokens", "gauge", "positions held in the slots' KV caches",
+               static_cast<double>(st.kv_tokens));
+        metric("kv_cache_usage_ratio", "gauge", "KV cache positions held / capacity",
+               st.kv_capacity > 0
+                   ? static_cast<double>(st.kv_tokens) / static_cast<double>(st.kv_capacity)
+                   : 0.0);
+        res.set_content(m, "text/plain; version=0.0.4");
+    });
+
+    // The two generating endpoints share everything but the prompt and the JSON shapes.
+    auto generate = [this](const httplib::Request& req, httplib::Response& res, bool chat_api) {
+        const Json body = serve::parse_body(req.body);
+        serve::GenJob g;
+        serve::GenerationParams params;
+        const tok::Tokenizer& tokenizer = file_->tokenizer();
+        if (chat_api) {
+            serve::ChatRequest cr = serve::parse_chat_request(body, config_.sampling);
+            const std::string rendered = chat::render(cr.messages, cr.options, style_);
+            g.prompt = tokenizer.encode(rendered, /*add_bos=*/false);  // the text starts <bos>
+            g.parse_chat = true;
+            g.tools = !cr.options.tools.empty();
+            params = std::move(cr.gen);
+        } else {
+            serve::CompletionRequest cr = serve::parse_completion_request(body, config_.sampling);
+            g.prompt = tokenizer.encode(cr.prompt, /*add_bos=*/true);
+            params = std::move(cr.gen);
+        }
+        g.sampling = params.sampling;
+        g.max_tokens = params.max_tokens;
+        g.stop = params.stop;
+        serve::ResponseMeta meta{(chat_api ? "chatcmpl-" : "cmpl-") + std::to_string(started_) +
+                                     "-" + std::to_string(++next_id_),
+                                 unix_now(),
+                                 params.model.empty() ? config_.model_name : params.model};
+        std::shared_ptr<serve::Job> job = scheduler_->submit(std::move(g));
+
+        if (!params.stream) {
+            Collected c = collect(*job);
+            check_done(c.done);
+            send_json(res, 200,
+                      chat_api ? serve::chat_completion(meta, c.reply, c.done.finish, c.done.usage)
+                               : serve::text_completion(meta, c.reply.content, c.done.finish,
+                                                        c.done.usage));
+            return;
+        }
+        serve::Scheduler* sched = scheduler_;
+        auto started = std::make_shared<bool>(false);
+        auto tool_index = std::make_shared<int>(0);
+        const bool include_usage = params.include_usage;
+        res.set_chunked_content_provider(
+            "text/event-stream",
+            [=](size_t, httplib::DataSink& sink) {
+                auto send = [&](const Json& j) {
+                    const std::string s = serve::sse_data(j);
+                    return sink.write(s.data(), s.size());
+                };
+                if (chat_api && !*started) {
+                    *started = true;
+                    if (!send(serve::chat_chunk(meta, {{"role", "assistant"}, {"content", ""}}))) {
+                        sched->cancel(job);
+                        return false;
+                    }
+                }
+                const auto events = job->wait(std::chrono::milliseconds(100));
+                if (events.empty() && !sink.is_writable()) {  // the client went away
+                    sched->cancel(job);
+                    return false;
+                }
+                for (const serve::JobEvent& e : events) {
+                    bool ok = true;
+                    if (chat_api) {
+                        for (const Json& d : serve::chat_deltas(meta, e.delta, *tool_index)) {
+                            ok = ok && send(serve::chat_chunk(meta, d));
+                        }
+                    } else if (!e.delta.content.empty()) {
+                        ok = send(serve::text_completion_chunk(meta, e.delta.content));
+                    }
+                    if (ok && e.done) {
+                        if (e.finish == serve::Finish::Cancelled ||
+                            e.finish == serve::Finish::Error) {
+                            const ApiError err(e.finish == serve::Finish::Error ? 500 : 503,
+                                               e.finish == serve::Finish::Error
+                                                   ? "generation failed: " + e.error
+                                                   : "cancelled: the server is shutting down",
+                                               "", "", "server_error");
+                            ok = send(err.to_json());
+                        } else {
+                            const char* why = serve::finish_reason_name(e.finish);
+                            ok = send(chat_api ? serve::chat_chunk(meta, Json::object(), why)
+                                               : serve::text_completion_chunk(meta, "", why));
+                            if (ok && include_usage) {
+                                Json u = serve::chat_usage_chunk(meta, e.usage);
+                                if (!chat_api) u["object"] = "text_completion";
+                                ok = send(u);
+                            }
+                        }
+                        ok = ok && sink.write(serve::kSseDone, std::strlen(serve::kSseDone));
+                        if (ok) sink.done();
+                        return ok;
+                    }
+                    if (!ok) {
+                        sched->cancel(job);
+                        return false;
+                    }
+                }
+                return true;
+            },
+            [=](bool success) {
+                if (!success) sched->cancel(job);
+            });
+    };
+    s.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
+        generate(req, res, true);
+    });
+    s.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
+        generate(req, res, false);
+    });
+}
+
+}  // namespace gj::tools
