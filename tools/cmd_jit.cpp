@@ -76,10 +76,11 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
     }
     ggml::Type wtype = ggml::Type::Q8_0;
     const auto t = ggml::type_from_name(src.wtype);
-    // A quant mix (q4_k_m, ...; q4_k etc. too, which have no GPU kernels of their own) plans
-    // each tensor in the type a load uploads it as.
+    // A quant mix (q4_k_m, ...; q4_k etc. too, whose files keep some tensors in other types, and
+    // the types without GPU kernels) plans each tensor in the type a load uploads it as.
     const auto mix = gemma4::quant_mix_from_name(src.wtype);
-    const bool use_mix = mix && (!t || !gemma4::spec_util::has_matvec(*t));
+    const bool use_mix =
+        mix && (!t || gemma4::spec_util::is_kquant(*t) || !gemma4::spec_util::has_matvec(*t));
     if (!src.wtype.empty() && !t && !mix)
         throw std::invalid_argument("--wtype " + src.wtype + " is not a ggml type name or mix (" +
                                     gemma4::quant_mix_names_text() + ")");

@@ -17,6 +17,7 @@
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
 #include "engine/gpu/kernels/convert_f32.h"
+#include "engine/gpu/kernels/dequant_f16.h"
 #include "engine/gpu/kernels/embed_rows.h"
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/flash_prefill.h"
@@ -48,6 +49,7 @@ bool is_float_type(ggml::Type t) {
 bool is_block_quant(ggml::Type t) {
     return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
 }
+using spec_util::is_kquant;
 uint64_t type_bytes(ggml::Type t, uint64_t rows, uint64_t cols) {
     return rows * *ggml::row_bytes(t, cols);
 }
@@ -154,7 +156,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
 
     // Every matrix: kept in its type when a kernel reads it, else dequantized to F16.
     std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
-    auto plan_matrix = [&](const Matrix& m) {
+    // `prefill_gemm`: whether T-token products may take cuBLAS through a dequantized F16 copy
+    // (not for the LM head, whose copy would be as large as the vocabulary).
+    auto plan_matrix = [&](const Matrix& m, bool prefill_gemm = true) {
         GpuMatrix g;
         g.name = m.name();
         g.rows = int(m.rows());
@@ -173,6 +177,18 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                 g.gemm_bf16 = wgmma;
                 gemm_bf16 = gemm_bf16 || wgmma;
             }
+        } else if (is_kquant(t) && g.cols % 256 == 0) {
+            // Read in place by the decode matvecs; prefill chunks multiply an F16 copy made per
+            // chunk in the session scratch with cuBLAS.
+            g.type = t;
+            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1)).name;
+            g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols)).name;
+            if (blas && prefill_gemm) {
+                g.blas = true;
+                g.spec_dequant = kernels_.add(dequant_f16_spec(t, g.cols)).name;
+                wants_blas_ = true;
+                blas_half = true;
+            }
         } else {
             g.type = is_float_type(t) ? t : ggml::Type::F16;
             if (g.type != t) {
@@ -189,13 +205,24 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         g.bytes = type_bytes(g.type, g.rows, g.cols);
         return g;
     };
+    // The scratch range of the F16 copy of a K-quant matrix: products that may run at once (Q, K,
+    // V on their streams; gate and up of one GeGLU) get consecutive ranges from `offset`.
+    auto place_scratch = [&](GpuMatrix& g, uint64_t offset) {
+        if (g.spec_dequant.empty()) return offset;
+        g.scratch_offset = offset;
+        const uint64_t end = offset + uint64_t(g.rows) * g.cols * 2;
+        dequant_scratch_ = std::max(dequant_scratch_, end);
+        return end;
+    };
     auto plan_table = [&](const Matrix& m) {
         GpuTable g;
         g.name = m.name();
         g.rows = int(m.rows());
         g.cols = int(m.cols());
         const ggml::Type t = m.type();
-        g.type = is_float_type(t) || is_block_quant(t) ? t : ggml::Type::F16;
+        g.type = is_float_type(t) || is_block_quant(t) || (is_kquant(t) && g.cols % 256 == 0)
+                     ? t
+                     : ggml::Type::F16;
         if (g.type != t) {
             auto& d = dequantized[ggml::type_name(t)];
             d.first += 1;
@@ -216,7 +243,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     weights += token_embd_.bytes;
     // The tied LM head reads token_embd: the gather copy serves it directly unless the matvec
     // wants the split layout, which then gets its own copy.
-    lm_head_ = plan_matrix(w.output);
+    lm_head_ = plan_matrix(w.output, false);
     const bool lm_head_shares = w.output.name() == w.token_embd.name() &&
                                 lm_head_.layout == MatvecLayout::Ggml &&
                                 lm_head_.type == token_embd_.type;
@@ -257,6 +284,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.gate.spec_geglu = kernels_.add(gelu_mul_spec(lc.ffn_dim)).name;
             blas_ffn_ = true;
         }
+        place_scratch(g.q, place_scratch(g.v, place_scratch(g.k, 0)));
+        place_scratch(g.up, place_scratch(g.gate, 0));
+        for (GpuMatrix* m : {&g.o, &g.down, &g.inp_gate, &g.proj}) place_scratch(*m, 0);
         g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
         // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
@@ -270,6 +300,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         ple_table_ = plan_table(w.per_layer_token_embd);
         ple_model_proj_ = plan_matrix(w.per_layer_model_proj);
         account(ple_model_proj_);
+        place_scratch(ple_model_proj_, 0);
         spec_ple_finish_ = kernels_.add(ple_finish_spec(c.n_layers, c.ple_dim)).name;
         spec_gelu_mul_ = kernels_.add(gelu_mul_spec(c.ple_dim)).name;
     }

@@ -1,6 +1,7 @@
 // A Gemma 4 model on the GPU: the GGUF's weights uploaded once, in their own quantization
-// (Q8_0/Q4_0 repacked on the GPU into the split layout the matvecs read fastest; F32/F16/BF16 as
-// they are; any other type dequantized to F16 on upload with a one-line notice), the per-layer
+// (Q8_0/Q4_0 repacked on the GPU into the split layout the matvecs read fastest; the K-quants
+// Q4_K/Q5_K/Q6_K and F32/F16/BF16 as they are; any other type dequantized to F16 on upload with a
+// one-line notice), the per-layer
 // embedding table on the GPU when it fits (else in pinned host memory the kernels read directly),
 // and the model's kernel set compiled and loaded. Placement is planned before anything is
 // allocated: a model that cannot fit fails with the memory it needs and what is free.
@@ -16,6 +17,7 @@
 #include "engine/gguf/ggml_types.h"
 #include "engine/gpu/gpu_kernels.h"
 #include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/kv_cache.h"
 #include "engine/gpu/pinned_host.h"
 #include "engine/model/gemma4_config.h"
@@ -65,16 +67,21 @@ struct GpuMatrix {
     int rows = 0, cols = 0;  // y[rows] = W x[cols]
     CUdeviceptr ptr = 0;
     uint64_t bytes = 0;
-    std::string spec_decode;   // one activation column
-    std::string spec_prefill;  // kPrefillCols columns
-    std::string spec_gemm;     // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
-                               // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
-    bool gemm_bf16 = false;    // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
-    bool blas = false;         // float weights: prefill products through cuBLAS (GEMMAJIT_BLAS)
-    std::string spec_geglu;    // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
+    std::string spec_decode;      // one activation column
+    std::string spec_prefill;     // kPrefillCols columns
+    std::string spec_gemm;        // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
+                                  // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
+    bool gemm_bf16 = false;       // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
+    bool blas = false;            // prefill products through cuBLAS (GEMMAJIT_BLAS): float weights,
+                                  // and K-quants (not the LM head) from a dequantized F16 copy
+    std::string spec_geglu;       // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
+    std::string spec_dequant;     // K-quant with blas: dequant_f16.<type>.k<cols>, whose F16 copy
+    uint64_t scratch_offset = 0;  // goes to this byte offset of the session's scratch (matrices
+                                  // whose products may run at once get disjoint ranges)
     bool present() const { return rows > 0; }
-    // Q8_0/Q4_0: the input arrives as Q8_1 activations; float types read fp32 activations.
-    bool quantized() const { return type == ggml::Type::Q8_0 || type == ggml::Type::Q4_0; }
+    // Q8_0/Q4_0 and the K-quants: the input arrives as Q8_1 activations; float types read fp32
+    // activations.
+    bool quantized() const { return spec_util::quant_type_tag(type) != nullptr; }
 };
 
 // A table read by row (token embedding, PLE table) with the embed_rows kernel.
@@ -177,6 +184,9 @@ class GpuModel {
     // Whether some layer's FFN gate|up pair is float with blas (the session then keeps an fp32
     // gate buffer for the two-product GeGLU).
     bool blas_ffn() const { return blas_ffn_; }
+    // Bytes of the session scratch that holds the F16 copies of K-quant matrices during prefill
+    // products (0: no matrix needs one).
+    uint64_t dequant_scratch_bytes() const { return dequant_scratch_; }
 
     // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
     // and the two gathered embedding rows): the numerator of the decode GB/s figure.
@@ -210,7 +220,7 @@ class GpuModel {
     std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
-    uint64_t decode_bytes_ = 0;
+    uint64_t decode_bytes_ = 0, dequant_scratch_ = 0;
 
     // Storage: one device buffer per matrix/table, the fp32 vector arena, the pinned PLE table.
     std::vector<jit::DeviceBuffer> buffers_;

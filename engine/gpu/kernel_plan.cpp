@@ -10,6 +10,7 @@
 
 #include "engine/gpu/kernels/attn_prep.h"
 #include "engine/gpu/kernels/convert_f32.h"
+#include "engine/gpu/kernels/dequant_f16.h"
 #include "engine/gpu/kernels/embed_rows.h"
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/flash_prefill.h"
@@ -24,8 +25,10 @@
 
 namespace gj::gemma4 {
 
+using spec_util::has_gemm;
 using spec_util::has_matvec;
 using spec_util::is_float_type;
+using spec_util::is_kquant;
 using spec_util::quant_type_tag;
 using spec_util::supported_types;
 
@@ -74,9 +77,14 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     const bool q_mat = quant_type_tag(types.matmul) != nullptr;  // int8 activations
     std::vector<int> col_counts = {1};
     if (types.max_cols > 1) col_counts.push_back(types.max_cols);
+    // A K-quant file stores rows that are not whole super-blocks in a 32-block fallback type
+    // (planned with that type), so K-quant kernels exist only for widths of whole super-blocks.
+    auto fits = [](ggml::Type t, int k) { return !is_kquant(t) || k % 256 == 0; };
     auto add_matvec = [&](ggml::Type t, int k) {
+        if (!fits(t, k)) return;
         for (int ncols : col_counts)
-            add(matvec_spec(t, k, ncols, is_float_type(t) ? MatvecLayout::Ggml : types.layout));
+            add(matvec_spec(t, k, ncols,
+                            is_float_type(t) || is_kquant(t) ? MatvecLayout::Ggml : types.layout));
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide).
@@ -132,14 +140,14 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // Prefill products of the quantized matrices on the int8 tensor-core GEMM (split layout
     // only), one specialization per (input width, output rows) tile choice; the post-norms after
     // split-K products (attention output, FFN down) read their partial planes.
-    if (types.mmq && types.layout == MatvecLayout::Split && q_mat) {
+    if (types.mmq && types.layout == MatvecLayout::Split && has_gemm(types.matmul)) {
         add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits));
         add(rmsnorm_spec(d, true, true, true, true, true, kMmqSplits));
         if (cfg.has_ple()) add(rmsnorm_spec(d, true, true, true, false, false, kMmqSplits));
     }
     if (types.mmq && types.layout == MatvecLayout::Split) {
         auto add_gemm = [&](ggml::Type t, int k, int n) {
-            if (quant_type_tag(t) && n > 0)
+            if (has_gemm(t) && n > 0)
                 add(types.wgmma ? gemm_wgmma_spec(t, k, n) : mmq_spec(t, k, n));
         };
         if (types.wgmma) add(convert_f32_spec());  // the GEMMs' bf16 activations
@@ -169,15 +177,21 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     add(logits_spec(cfg.vocab_size));
 
     // Prefill products of float matrices through cuBLAS: activations converted to F16/BF16, and
-    // the GeGLU joining the separate gate and up products.
+    // the GeGLU joining the separate gate and up products. K-quant matrices (not the LM head)
+    // take the same products from an F16 copy dequantized per chunk, one spec per input width.
     if (types.blas) {
         bool half = false;
         for (ggml::Type t : {types.matmul, types.token_embd, types.ple_model_proj})
-            half = half || t == ggml::Type::F16 || t == ggml::Type::BF16;
+            half = half || t == ggml::Type::F16 || t == ggml::Type::BF16 || is_kquant(t);
         if (half) add(convert_f32_spec());
-        if (is_float_type(types.matmul))
+        if (is_float_type(types.matmul) || is_kquant(types.matmul))
             for (const auto& l : cfg.layers)
                 if (l.ffn_dim > 0) add(gelu_mul_spec(l.ffn_dim));
+        if (is_kquant(types.matmul))
+            for (int k : widths)
+                if (fits(types.matmul, k)) add(dequant_f16_spec(types.matmul, k));
+        if (cfg.has_ple() && is_kquant(types.ple_model_proj))
+            add(dequant_f16_spec(types.ple_model_proj, d));
     }
 
     // Attention per layer: the fused Q/K/V prep (Q only on KV-shared layers) and split-K decode

@@ -17,7 +17,8 @@
 namespace gj::gemma4 {
 
 // Deduplicated by spec name, decode-path kernels first (priority 0). Every matrix, embedding table
-// and PLE table is taken to be stored as `weight_type` (f32, f16, bf16, q8_0 or q4_0). Throws
+// and PLE table is taken to be stored as `weight_type` (f32, f16, bf16, q8_0, q4_0 or a K-quant
+// q4_k/q5_k/q6_k, whose widths must then be whole 256-element super-blocks). Throws
 // ConfigError for a weight type with no kernel, or q8_0 KV with flash_mma.
 // `flash_mma` is GEMMAJIT_FLASH_MMA (tensor-core decode attention instead of the default fp32 one).
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type,
@@ -34,6 +35,7 @@ struct PlanTypes {
     KvType kv = KvType::F16;    // KV cache element type of the attention kernels
     bool flash_mma = false;     // GEMMAJIT_FLASH_MMA: tensor-core decode attention
     bool blas = true;           // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
+                                // (and K-quant ones, through dequant_f16 copies)
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
     bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
     bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq

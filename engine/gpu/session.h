@@ -99,6 +99,7 @@ class GpuSession {
         uint64_t mmq = 0;            // int8 tensor-core GEMM launches (mma.sync)
         uint64_t wgmma = 0;          // bf16 warpgroup GEMM launches (sm_90)
         uint64_t blas = 0;           // cuBLAS products
+        uint64_t dequant = 0;        // K-quant matrices dequantized to F16 for a cuBLAS product
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
     };
     const PathCounts& path_counts() const { return paths_; }
@@ -171,9 +172,11 @@ class GpuSession {
              CUdeviceptr yds, int T, const char* what, bool partials_ok = false);
     // The FFN's gelu(gate x) * (up x); returns it as the down projection's input.
     Input ffn_gate_up(const GpuLayer& g, int T);
-    // The matvec of a float matrix over a prefill chunk through cuBLAS.
+    // The matvec of a float or K-quant matrix over a prefill chunk through cuBLAS.
     void blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y, int T,
                       const char* what);
+    // Enqueues the F16 copy of K-quant matrix m into its scratch range; returns where it is.
+    CUdeviceptr dequantized(const GpuMatrix& m);
     void quantize(CUdeviceptr x, int n_values);
     Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
 

@@ -92,6 +92,9 @@ constexpr PresetSpec kPresets[] = {
     // tiny-keqv: 12B/31B structure: array head_count_kv (4 sliding, 1 global), globals without
     // V projection, no PLE, vocab not a power of two.
     {"tiny-keqv", 8, 128, 8, 4, 1, 32, 64, 256, false, 0, 0, 8, 4, 4096, 1280, true, 0, 0, 0},
+    // tiny-256: E4B structure (PLE, KV sharing, GQA) with every matrix width a multiple of 256,
+    // so K-quant files (Q4_K_M, ...) keep their K-quants instead of the 32-block fallbacks.
+    {"tiny-256", 6, 256, 8, 2, 1, 32, 64, 512, false, 256, 2, 8, 3, 4096, 1024, false, 0, 0, 0},
     // tiny-moe: 26B-A4B structure: k_eq_v, dense MLP 96 wide (not a multiple of 256, like 2112)
     // plus 16 routed experts of width 64, top-4.
     {"tiny-moe", 6, 128, 8, 4, 1, 32, 64, 96, false, 0, 0, 8, 3, 4096, 1024, true, 16, 4, 64},

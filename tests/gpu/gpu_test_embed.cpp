@@ -1,8 +1,10 @@
 // embed_rows on the GPU against the CPU's ggml dequantization: every table type (f32, f16, bf16,
-// q8_0, q4_0) at the token-embedding widths of the tiny presets and the real models and at the
-// PLE table widths (L * P), single tokens and batches with repeated ids. The GPU computes the
-// same two fp32 products as the CPU, so the comparison is bit for bit. Also: ids outside the
-// table give NaN rows, and a grid sized for a larger batch leaves the rows past T untouched.
+// q8_0, q4_0, and the K-quants q4_k, q5_k, q6_k read in their super-blocks; Q6_K is what
+// llama.cpp's Q4_K_M files store embeddings in) at the token-embedding widths of the tiny presets
+// and the real models and at the PLE table widths (L * P), single tokens and batches with repeated
+// ids. The GPU computes the same two fp32 products as the CPU, so the comparison is bit for bit.
+// Also: ids outside the table give NaN rows, and a grid sized for a larger batch leaves the rows
+// past T untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -104,7 +106,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{ggml::Type::F32, 3840, 300}, Case{ggml::Type::Q8_0, 5376, 300},
         // PLE tables: E2B 35 * 256, E4B 42 * 256.
         Case{ggml::Type::Q8_0, 8960, 200}, Case{ggml::Type::BF16, 10752, 200},
-        Case{ggml::Type::Q4_0, 10752, 200}, Case{ggml::Type::F16, 10752, 200}),
+        Case{ggml::Type::Q4_0, 10752, 200}, Case{ggml::Type::F16, 10752, 200},
+        // K-quants: 256 (one super-block, 210-byte Q6_K rows: every other row starts 2 bytes
+        // past a word), 768, E2B / E4B / 31B widths, the E4B PLE table (42 * 256).
+        Case{ggml::Type::Q6_K, 256, 513}, Case{ggml::Type::Q4_K, 256, 300},
+        Case{ggml::Type::Q5_K, 768, 300}, Case{ggml::Type::Q6_K, 1536, 300},
+        Case{ggml::Type::Q6_K, 2560, 300}, Case{ggml::Type::Q4_K, 2560, 300},
+        Case{ggml::Type::Q5_K, 5376, 200}, Case{ggml::Type::Q6_K, 10752, 200},
+        Case{ggml::Type::Q4_K, 10752, 200}),
     case_name);
 
 TEST(Embed, IdsOutsideTheTableGiveNanRows) {

@@ -1,6 +1,7 @@
 // The GPU forward pass end to end: logits against the CPU reference on every dense tiny preset
 // (several weight types, sequences past the sliding window with the KV rings wrapping) and on a
-// synthetic E4B at its real shapes with few layers; graph replay against eager launches (bitwise,
+// synthetic E4B at its real shapes with few layers (K-quant files: gpu_test_forward_kquant.cpp);
+// graph replay against eager launches (bitwise,
 // and the graph really ran); every kill switch against its exact path; chunked against whole
 // prefill; rewinding; and the errors for models and inputs the GPU path cannot take.
 //
@@ -28,15 +29,14 @@
 #include "engine/cpu/cpu_forward.h"
 #include "engine/generate/generate.h"
 #include "engine/generate/generate_gpu.h"
-#include "engine/gguf/half.h"
 #include "engine/gguf/reader.h"
-#include "engine/gguf/writer.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/session.h"
 #include "engine/model/synth.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/tokenizer_data.h"
 #include "jit/env_flags.h"
+#include "tests/support/gpu_forward_check.h"
 #include "tests/support/test_env.h"
 
 using gj::gemma4::Config;
@@ -49,6 +49,7 @@ using gj::gemma4::GpuSession;
 using gj::gemma4::MatvecLayout;
 using gj::gemma4::Readout;
 namespace ggml = gj::ggml;
+using namespace gj::test;  // synth, load_gpu, cpu_logits, expect_agree, ...
 
 namespace {
 
@@ -64,142 +65,6 @@ constexpr float kTolQ8Kv = 6e-2f;
 // An sm_90 GPU: GEMMAJIT_MMQ_VARIANT=auto takes the wgmma GEMM there.
 bool sm90() {
     return gj::jit::Device::get().arch() == "sm_90";
-}
-
-std::vector<int32_t> test_tokens(int n, int vocab, uint32_t seed = 12345) {
-    std::vector<int32_t> t = {2};
-    uint32_t s = seed;
-    while (int(t.size()) < n) {
-        s = s * 1103515245u + 12345u;
-        t.push_back(int32_t((s >> 8) % uint32_t(vocab)));
-    }
-    return t;
-}
-
-std::filesystem::path synth(const gj::test::ScratchDir& dir, const std::string& variant,
-                            ggml::Type wtype, int layers = 0) {
-    gj::synth::Options o;
-    o.variant = variant;
-    o.wtype = wtype;
-    o.layers = layers;
-    const auto path = dir.path() / (variant + "-" + ggml::type_name(wtype) + "-" +
-                                    std::to_string(layers) + ".gguf");
-    if (!std::filesystem::exists(path)) gj::synth::write_model(o, path);
-    return path;
-}
-
-gj::jit::Flags flags(gj::jit::EnvMap env = {}) {
-    return gj::jit::Flags::parse(env);
-}
-
-std::unique_ptr<GpuModel> load_gpu(const std::filesystem::path& path, int context, int chunk,
-                                   const gj::jit::Flags& f) {
-    GpuModelOptions o;
-    o.context = context;
-    o.prefill_chunk = chunk;
-    o.flags = &f;
-    return GpuModel::load(path, o);
-}
-
-std::vector<float> cpu_logits(const std::filesystem::path& path,
-                              const std::vector<int32_t>& tokens) {
-    auto model = CpuModel::load(path);
-    CpuSession s(*model);
-    return s.prefill(tokens);
-}
-
-int argmax(const float* row, int n) {
-    return int(std::max_element(row, row + n) - row);
-}
-
-struct Agreement {
-    float max_diff = 0, scale = 0;
-    int mismatches = 0, near_ties = 0;
-};
-
-// got vs ref, both [T][V].
-Agreement compare(const std::vector<float>& ref, const std::vector<float>& got, int V, float tol) {
-    Agreement a;
-    EXPECT_EQ(ref.size(), got.size());
-    for (float v : ref) a.scale = std::max(a.scale, std::fabs(v));
-    const int T = int(ref.size() / V);
-    for (size_t i = 0; i < std::min(ref.size(), got.size()); ++i) {
-        if (!std::isfinite(got[i])) {
-            ADD_FAILURE() << "non-finite logit at flat index " << i;
-            return a;
-        }
-        a.max_diff = std::max(a.max_diff, std::fabs(ref[i] - got[i]));
-    }
-    for (int t = 0; t < T; ++t) {
-        const float* r = ref.data() + size_t(t) * V;
-        const int x = argmax(r, V), y = argmax(got.data() + size_t(t) * V, V);
-        if (x == y) continue;
-        if (r[x] - r[y] <= 2 * tol * a.scale)
-            ++a.near_ties;
-        else
-            ++a.mismatches;
-    }
-    return a;
-}
-
-void expect_agree(const std::vector<float>& ref, const std::vector<float>& got, int V, float tol,
-                  const std::string& what) {
-    const Agreement a = compare(ref, got, V, tol);
-    std::printf(
-        "  %-48s max|diff| %.3g = %.3g of max|logit| %.3g; argmax: %d near ties, %d "
-        "mismatches over %zu positions\n",
-        what.c_str(), a.max_diff, a.scale > 0 ? a.max_diff / a.scale : 0.0, a.scale, a.near_ties,
-        a.mismatches, ref.size() / V);
-    EXPECT_LE(a.max_diff, tol * a.scale) << what;
-    EXPECT_EQ(a.mismatches, 0) << what;
-}
-
-// Logits of every position the token-by-token way: prefill of the first token, then decode
-// steps (the decode graph when graphs are on).
-std::vector<float> decode_logits(GpuSession& s, const std::vector<int32_t>& tokens) {
-    std::vector<float> out;
-    auto first = s.prefill({tokens.data(), 1}, Readout::Logits);
-    out.insert(out.end(), first.logits.begin(), first.logits.end());
-    for (size_t i = 1; i < tokens.size(); ++i) {
-        auto r = s.decode(tokens[i], Readout::Logits);
-        out.insert(out.end(), r.logits.begin(), r.logits.end());
-    }
-    return out;
-}
-
-// A copy of `src` with per_layer_token_embd stored as Q6_K (random blocks with small scales;
-// every bit pattern is a valid Q6_K block): a type no GPU kernel reads, as the Q6_K embeddings of
-// real Q4_0 releases.
-std::filesystem::path with_q6k_ple_table(const std::filesystem::path& src,
-                                         const std::filesystem::path& dst) {
-    auto in = gj::gguf::File::open(src);
-    gj::gguf::Writer w;
-    for (const auto& [key, value] : in->metadata()) w.set(key, value);
-    const std::string table = "per_layer_token_embd.weight";
-    for (const auto& t : in->tensors())
-        w.add_tensor(t.name, t.name == table ? ggml::Type::Q6_K : t.type, t.dims);
-    w.begin(dst);
-    for (const auto& t : in->tensors()) {
-        if (t.name != table) {
-            w.write_tensor_data(t.name, {t.data, size_t(t.n_bytes)});
-            continue;
-        }
-        // block_q6_K: ql[128], qh[64], int8 scales[16], fp16 d (210 bytes per 256 values).
-        const uint64_t blocks = t.n_elements / 256;
-        std::vector<uint8_t> q(blocks * 210);
-        uint32_t s = 99;
-        for (uint64_t b = 0; b < blocks; ++b) {
-            uint8_t* blk = &q[b * 210];
-            for (int i = 0; i < 192; ++i) blk[i] = uint8_t((s = s * 1664525u + 1013904223u) >> 24);
-            for (int i = 0; i < 16; ++i)
-                blk[192 + i] = uint8_t(int8_t(1 + ((s = s * 1664525u + 1013904223u) >> 29)));
-            const uint16_t d = gj::f32_to_f16(1.0f / 1024.0f);
-            std::memcpy(blk + 208, &d, 2);
-        }
-        w.write_tensor_data(t.name, q);
-    }
-    w.finish();
-    return dst;
 }
 
 struct Case {
@@ -420,32 +285,6 @@ TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
     EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(cfg.n_layers));
     EXPECT_GT(b.path_counts().blas, 0u);  // the BF16 / F32 PLE projections
     EXPECT_GT(sm90() ? b.path_counts().wgmma : b.path_counts().mmq, 0u);
-}
-
-// A tensor type no kernel reads (here the PLE table as Q6_K) is dequantized to F16 on upload, with
-// a one-line notice, and the model still matches the CPU reference (which reads the Q6_K rows).
-TEST(GpuForward, UnsupportedTensorTypesAreDequantizedToF16) {
-    GJ_REQUIRE_GPU();
-    gj::test::ScratchDir dir("gpu-q6k");
-    const auto path =
-        with_q6k_ple_table(synth(dir, "tiny", ggml::Type::Q8_0), dir.path() / "q6k.gguf");
-    const auto f = flags();
-    std::vector<std::string> lines;
-    GpuModelOptions o;
-    o.context = 128;
-    o.prefill_chunk = 8;
-    o.flags = &f;
-    o.progress = [&](const std::string& line) { lines.push_back(line); };
-    auto model = GpuModel::load(path, o);
-    EXPECT_EQ(model->ple_table().type, ggml::Type::F16);
-    int notices = 0;
-    for (const auto& l : lines)
-        notices += l.find("q6_k") != std::string::npos && l.find("F16") != std::string::npos;
-    EXPECT_EQ(notices, 1);
-    const auto tokens = test_tokens(24, model->config().vocab_size);
-    GpuSession s(*model);
-    expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
-                 kTolQuant, "Q6_K PLE table (F16 on the GPU) vs CPU");
 }
 
 // The decode graph (with the K/V projections on parallel branches) replays the exact path, eager

@@ -2,11 +2,13 @@
 // without weight, per head, residual add, fused quantization, and rmsnorm_ext: the layer output
 // scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
 // the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
-// counts that do not fill the last block).
+// counts that do not fill the last block), and the K-quant (Q4_K, Q5_K, Q6_K) matvecs in their
+// GGUF super-blocks the same ways.
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -79,7 +81,12 @@ struct MatvecCase {
 };
 
 void check_matvec(const MatvecCase& c) {
-    const KernelSpec spec = matvec_variant(c.type, c.k, c.ncols, c.layout, c.threads, c.rows, 4);
+    // Batches of 4 units, or the plan's own smaller batches of the K-quants' larger units.
+    const int unroll =
+        std::min<int>(4, gj::gemma4::spec_constant(
+                             gj::gemma4::matvec_spec(c.type, c.k, c.ncols, c.layout), "UNROLL"));
+    const KernelSpec spec =
+        matvec_variant(c.type, c.k, c.ncols, c.layout, c.threads, c.rows, unroll);
     SCOPED_TRACE(spec.name + " n=" + std::to_string(c.n));
     GpuKernels g({spec});
     std::mt19937 rng(c.k * 31 + c.n);
@@ -308,13 +315,36 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q8_0, MatvecLayout::Ggml, 2080, 33, 64, 1, 1},
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Ggml, 2080, 33, 64, 1, 1},
         MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 2560, 300, 32, 1, 8},
-        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 300, 32, 1, 8}),
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 2560, 300, 32, 1, 8},
+        // K-quants: one super-block per row (Q6_K rows of 210 bytes: every other row starts 2
+        // bytes past a word), three, the E4B / 31B widths; partial thread coverage (5376 / 32 =
+        // 168 units over 64 threads); 2 and 8 columns.
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Ggml, 10240, 301, 64, 2, 2},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Ggml, 5376, 130, 64, 1, 8},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 768, 131, 32, 1, 8},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 768, 131, 32, 2, 2},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 10240, 301, 128, 2, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 5376, 130, 32, 1, 8}),
     [](const ::testing::TestParamInfo<MatvecCase>& i) { return case_name(i.param); });
 
 // The plan's own choice of THREADS/ROWS, for the E4B widths and the tiny ones, both layouts,
-// decode and 8-column prefill batches.
+// decode and 8-column prefill batches; the K-quants at every width of whole super-blocks.
 TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
     GJ_REQUIRE_GPU();
+    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K})
+        for (int ncols : {1, 8})
+            for (int k : {2560, 10240, 2048, 1536, 512, 256}) {
+                const auto s = gj::gemma4::matvec_spec(t, k, ncols);
+                check_matvec({t, MatvecLayout::Ggml, k, 515,
+                              int(gj::gemma4::spec_constant(s, "THREADS")),
+                              int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
+            }
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
         for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split})
             for (int ncols : {1, 8})

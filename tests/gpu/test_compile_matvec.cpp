@@ -1,6 +1,7 @@
-// NVRTC compilation, on the CPU, of the matvec specs (matvec_q8_0, matvec_q4_0, matvec_f) of
-// every preset's plan and the forms no plan uses by default: each must compile, stream its
-// weights with the loads it exists for, and spill nothing.
+// NVRTC compilation, on the CPU, of the matvec specs (matvec_q8_0, matvec_q4_0, the K-quant
+// matvec_q4_k / _q5_k / _q6_k, matvec_f) of every preset's plan and the forms no plan uses by
+// default, and of the K-quant dequant_f16 specs: each must compile, stream its weights with the
+// loads it exists for, and spill nothing.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -17,7 +18,8 @@ using gj::test::occurrences;
 
 TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
     compile_and_check(
-        all_specs_of({"matvec_q8_0", "matvec_q4_0", "matvec_f"}),
+        all_specs_of({"matvec_q8_0", "matvec_q4_0", "matvec_q4_k", "matvec_q5_k", "matvec_q6_k",
+                      "matvec_f"}),
         [](const CompiledKernel& c, const std::string& /*arch*/) {
             const auto& s = c.spec;
             if (s.family == "matvec_f") {
@@ -42,10 +44,14 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                     const auto body = entry_ptx(c.ptx, e);
                     EXPECT_NE(body.find("dp4a.s32.s32"), std::string::npos) << e;
                     EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos) << e;
-                    if (spec_constant(s, "LAYOUT") == 1)
+                    // Q4_K / Q5_K super-blocks are 16-byte multiples: their nibbles stream in
+                    // 16-byte loads like the split layout; Q6_K's 210-byte blocks join words.
+                    const bool streams = spec_constant(s, "LAYOUT") == 1 ||
+                                         s.family == "matvec_q4_k" || s.family == "matvec_q5_k";
+                    if (streams)
                         EXPECT_NE(body.find("ld.global.nc.L1::no_allocate.v4.u32"),
                                   std::string::npos)
-                            << e << ": split layout must use 16-byte streaming loads";
+                            << e << ": the weights must stream in 16-byte loads";
                     else
                         EXPECT_NE(body.find("shf.r."), std::string::npos)
                             << e << ": ggml layout joins unaligned words with funnel shifts";
@@ -55,4 +61,15 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                           2 * occurrences(entry_ptx(c.ptx, s.entries[0]), "dp4a"));
             }
         });
+}
+
+TEST(KernelTemplates, DequantF16SpecsCompile) {
+    const auto specs = all_specs_of({"dequant_f16"});
+    ASSERT_GE(specs.size(), 10u) << "the K-quant plans' dequant_f16 specs";
+    compile_and_check(specs, [](const CompiledKernel& c, const std::string& /*arch*/) {
+        const auto body = entry_ptx(c.ptx, "dequant_f16");
+        EXPECT_NE(body.find("cvt.rn.f16x2.f32"), std::string::npos);
+        // The CPU's products and difference, unfused, for bit-equal values.
+        EXPECT_EQ(body.find("fma.rn.f32"), std::string::npos);
+    });
 }

@@ -11,6 +11,7 @@
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
+#include "engine/gpu/kernels/dequant_f16.h"
 #include "engine/gpu/kernels/embed_rows.h"
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/flash_prefill.h"
@@ -148,12 +149,17 @@ TEST(KernelPlan, MixedWeightTypes) {
                              "embed_rows.f16.n2560.v262144", "embed_rows.f16.n10752.v262144"})
         EXPECT_TRUE(names.count(want)) << want;
     EXPECT_FALSE(names.count("matvec_q4_0.k2560.b8"));
+    // Q6_K embeddings (as in llama.cpp's Q4_0 and Q4_K_M files) are read in place.
     types.token_embd = ggml::Type::Q6_K;
+    const auto q6 = names_of(build_kernel_plan(Config::preset("e4b"), types));
+    EXPECT_TRUE(q6.count("embed_rows.q6_k.n2560.v262144"));
+    EXPECT_TRUE(q6.count("matvec_q6_k.k2560"));
+    types.token_embd = ggml::Type::Q5_1;
     try {
         build_kernel_plan(Config::preset("e4b"), types);
         FAIL() << "expected ConfigError";
     } catch (const gj::gemma4::ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("token_embd stored as q6_k"), std::string::npos)
+        EXPECT_NE(std::string(e.what()).find("token_embd stored as q5_1"), std::string::npos)
             << e.what();
     }
 }
@@ -205,10 +211,12 @@ TEST(KernelPlan, AttentionSpecsPerLayerType) {
 
 TEST(KernelPlan, UnsupportedWeightTypeIsNamed) {
     try {
-        build_kernel_plan(Config::preset("e4b"), ggml::Type::Q6_K);
+        build_kernel_plan(Config::preset("e4b"), ggml::Type::IQ4_NL);
         FAIL() << "expected ConfigError";
     } catch (const gj::gemma4::ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("q6_k"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("iq4_nl"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("q6_k"), std::string::npos)  // the supported list
+            << e.what();
     }
     EXPECT_THROW(build_kernel_plan(Config{}, ggml::Type::Q8_0), gj::gemma4::ConfigError);
 }
@@ -222,13 +230,20 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     EXPECT_THROW(rmsnorm_spec(6, true), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080 + 16), std::invalid_argument);  // % 32 != 0
     EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2560, 9), std::invalid_argument);
-    EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(matvec_spec(ggml::Type::Q5_0, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(matvec_spec(ggml::Type::Q4_K, 2112), std::invalid_argument);  // % 256 != 0
+    EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560, 1, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_NO_THROW(matvec_spec(ggml::Type::Q6_K, 2560));
+    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q4_K, 2112), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::BF16, 2560, 1, MatvecLayout::Split),
                  std::invalid_argument);
     EXPECT_THROW(gj::gemma4::matvec_f_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);
     EXPECT_THROW(gj::gemma4::embed_rows_spec(100, ggml::Type::Q8_0, 1000), std::invalid_argument);
-    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q6_K, 1000),
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q5_1, 1000),
                  gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(2112, ggml::Type::Q6_K, 1000), std::invalid_argument);
     EXPECT_THROW(gj::gemma4::ple_finish_spec(42, 100), std::invalid_argument);
     EXPECT_THROW(gj::gemma4::logits_spec(1000, 65), std::invalid_argument);
     EXPECT_THROW(gj::gemma4::logits_spec(1001, 64), std::invalid_argument);

@@ -12,6 +12,7 @@
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/model/gemma4_config.h"
+#include "engine/model/quant_mix.h"
 #include "jit/env_flags.h"
 
 namespace gj::test {
@@ -85,6 +86,24 @@ std::vector<KernelSpec> all_specs() {
         add(gemma4::matvec_spec(t, 96, 1, MatvecLayout::Ggml));
     }
     add(gemma4::matvec_f_spec(ggml::Type::BF16, 2560, 4));
+    // K-quant files as llama.cpp's quantizer mixes them (Q4_K_M: Q4_K with Q6_K for some V / FFN
+    // down and the embeddings; Q5_K_M), for the models whose widths are whole super-blocks and
+    // the tiny preset the GPU tests run; 2 and 4 columns of the K-quant matvecs.
+    for (const char* v : {"e2b", "e4b", "12b", "31b", "tiny-256"})
+        for (const char* mix : {"q4_k_m", "q5_k_m"}) {
+            if (std::string(mix) == "q5_k_m" && std::string(v) != "e4b" &&
+                std::string(v) != "tiny-256")
+                continue;
+            gemma4::PlanTypes base{ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0,
+                                   ggml::Type::Q8_0};
+            for (const auto& s :
+                 build_kernel_plan(Config::preset(v), *gemma4::quant_mix_from_name(mix), base))
+                add(s);
+        }
+    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K}) {
+        add(gemma4::matvec_spec(t, 2560, 2));
+        add(gemma4::matvec_spec(t, 5376, 4));
+    }
     // The bf16 KV cache (GEMMAJIT_KV_TYPE=bf16), and the attention kernels of a tiny preset
     // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
     for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))

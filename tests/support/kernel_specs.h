@@ -21,7 +21,8 @@ const std::vector<ggml::Type>& plan_weight_types();
 std::set<std::string> names_of(const std::vector<jit::KernelSpec>& plan);
 
 // Every distinct spec of every preset's plan (the five released models and the tiny test presets)
-// for every weight type, plus the selftest and the forms no plan uses by default (ggml layout,
+// for every weight type, the K-quant mixes (q4_k_m, q5_k_m) of the models whose widths are whole
+// super-blocks, plus the selftest and the forms no plan uses by default (ggml layout,
 // odd column counts, other KV types, the tensor-core decode attention, other GEMM tiles and
 // attention tilings).
 std::vector<jit::KernelSpec> all_specs();

@@ -11,7 +11,6 @@
 namespace gj::gemma4 {
 
 using spec_util::has_matvec;
-using spec_util::quant_type_tag;
 using spec_util::round_up;
 using spec_util::supported_types;
 
@@ -19,11 +18,11 @@ jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab) {
     if (!has_matvec(table_type))
         throw ConfigError(fmt::format("no embedding gather for table type {} (supported: {})",
                                       ggml::type_name(table_type), supported_types()));
-    const bool quantized = quant_type_tag(table_type) != nullptr;
-    if (n <= 0 || n % (quantized ? 32 : 4) != 0)
+    const int block = spec_util::matvec_block_elems(table_type);
+    if (n <= 0 || n % block != 0)
         throw std::invalid_argument(
             fmt::format("embed_rows: row width {} is not a positive multiple of {} ({} table)", n,
-                        quantized ? 32 : 4, ggml::type_name(table_type)));
+                        block, ggml::type_name(table_type)));
     if (vocab <= 0)
         throw std::invalid_argument(fmt::format("embed_rows: vocabulary of {} rows", vocab));
     jit::KernelSpec s;

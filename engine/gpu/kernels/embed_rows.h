@@ -10,9 +10,10 @@
 
 namespace gj::gemma4 {
 
-// Row gather + scale from an n-wide table of `vocab` rows stored as f32/f16/bf16/q8_0/q4_0:
+// Row gather + scale from an n-wide table of `vocab` rows stored as f32/f16/bf16/q8_0/q4_0 or a
+// K-quant (q4_k/q5_k/q6_k):
 // "embed_rows.<type>.n<n>.v<vocab>". Throws ConfigError for another type, std::invalid_argument
-// for n not a multiple of 4 (32 for the quantized types).
+// for n not a multiple of 4 (32 for q8_0/q4_0, 256 for the K-quants).
 jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab);
 
 }  // namespace gj::gemma4

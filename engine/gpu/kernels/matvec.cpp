@@ -12,6 +12,7 @@
 namespace gj::gemma4 {
 
 using spec_util::is_float_type;
+using spec_util::is_kquant;
 using spec_util::next_pow2;
 using spec_util::quant_type_tag;
 using spec_util::supported_types;
@@ -21,6 +22,8 @@ namespace {
 // Units (the per-thread work items of matvec_common.cuh) per row.
 int matvec_units(ggml::Type t, int k, MatvecLayout layout) {
     if (is_float_type(t)) return k / (t == ggml::Type::F32 ? 4 : 8);  // 16 bytes each
+    if (t == ggml::Type::Q6_K) return k / 64;                         // 48 payload bytes each
+    if (is_kquant(t)) return k / 32;                                  // 16 nibble bytes each
     if (layout == MatvecLayout::Split) return t == ggml::Type::Q8_0 ? k / 16 : k / 32;
     return k / (t == ggml::Type::Q8_0 ? 8 : 16);
 }
@@ -53,13 +56,28 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
         throw ConfigError(fmt::format("no matvec kernel for weight type {} (supported: {})",
                                       ggml::type_name(weight_type), supported_types()));
     check_matvec_shape(fmt::format("matvec_{}", tag), k, ncols);
+    if (is_kquant(weight_type)) {
+        if (k % 256 != 0)
+            throw std::invalid_argument(fmt::format(
+                "matvec_{}: input width {} is not a multiple of 256 (whole super-blocks)", tag, k));
+        if (layout != MatvecLayout::Ggml)
+            throw std::invalid_argument(fmt::format(
+                "matvec_{}: K-quants are read in their GGUF blocks (no split layout)", tag));
+    }
     const int units = matvec_units(weight_type, k, layout);
     const int threads = matvec_threads(units);
     // Batches of 4 iterations, unless a row takes 5..7 iterations: then one batch of all of them,
     // so no batch overhangs the row end (ptxas also spills in one such ragged form: K = 10240,
     // split Q8_0, GeGLU, sm_90).
     const int iters = (units + threads - 1) / threads;
-    const int unroll = iters > 4 && iters < 8 ? iters : 4;
+    int unroll = iters > 4 && iters < 8 ? iters : 4;
+    // A K-quant unit holds 32 (Q4_K/Q5_K) or 64 (Q6_K) activations per column in registers:
+    // fewer batched iterations for them, and fewer again for wide batches, keep the kernels free
+    // of spills.
+    if (is_kquant(weight_type)) {
+        const int budget = weight_type == ggml::Type::Q6_K ? 2 : 4;
+        unroll = std::max(1, std::min(std::min(unroll, budget), budget * 2 / (ncols + 1)));
+    }
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",

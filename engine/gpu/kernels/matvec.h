@@ -2,9 +2,11 @@
 // the weights in each storage type:
 //   kernel_templates/matvec_q8_0.cu, matvec_q4_0.cu: Q8_0 / Q4_0 weights against Q8_1 (int8)
 //     activations, dp4a; "matvec_<q8_0|q4_0>.k<k>[.b<ncols>][.split]"
+//   kernel_templates/matvec_q4_k.cu, matvec_q5_k.cu, matvec_q6_k.cu: the K-quants in their GGUF
+//     super-blocks against Q8_1 activations, dp4a; "matvec_<q4_k|q5_k|q6_k>.k<k>[.b<ncols>]"
 //   kernel_templates/matvec_f.cu: f32 / f16 / bf16 weights against fp32 activations;
 //     "matvec_f.<type>.k<k>[.b<ncols>]"
-// (matvec_common.cuh holds their shared machinery).
+// (matvec_common.cuh holds their shared machinery, kquant.cuh the K-quant block reading).
 // Launch (from the spec constants): block THREADS, grid ceil(n_rows / ROWS).
 #pragma once
 
@@ -20,8 +22,10 @@ enum class MatvecLayout {
 };
 
 // matvec of input width k. Q8_0 / Q4_0: "matvec_q8_0.k<k>[.b<ncols>][.split]" (int8 activations);
+// Q4_K / Q5_K / Q6_K: "matvec_q4_k.k<k>[.b<ncols>]" (Ggml layout only, k a multiple of 256);
 // F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for another
-// weight type, std::invalid_argument for k % 32 != 0 or ncols outside 1..8.
+// weight type, std::invalid_argument for k % 32 != 0 (% 256 for K-quants), a split K-quant or
+// ncols outside 1..8.
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
                             MatvecLayout layout = MatvecLayout::Ggml);
 

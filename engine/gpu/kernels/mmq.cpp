@@ -41,7 +41,7 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {
 
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
     const char* tag = spec_util::quant_type_tag(weight_type);
-    if (!tag)
+    if (!spec_util::has_gemm(weight_type))
         throw ConfigError(
             fmt::format("no int8 tensor-core GEMM (mmq) for weight type {} (supported: q8_0, q4_0)",
                         ggml::type_name(weight_type)));

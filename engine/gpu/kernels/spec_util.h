@@ -44,16 +44,40 @@ inline int prev_pow2(int v) {
     return p;
 }
 
-// "q8_0" / "q4_0" for the block-quantized weight types the int8 kernels read, else nullptr.
+// The tag of a block-quantized weight type the int8 (dp4a) matvecs read in place against Q8_1
+// activations: "q8_0", "q4_0" (32-element blocks) or "q4_k", "q5_k", "q6_k" (256-element
+// K-quant super-blocks); else nullptr.
 inline const char* quant_type_tag(ggml::Type t) {
     switch (t) {
         case ggml::Type::Q8_0:
             return "q8_0";
         case ggml::Type::Q4_0:
             return "q4_0";
+        case ggml::Type::Q4_K:
+            return "q4_k";
+        case ggml::Type::Q5_K:
+            return "q5_k";
+        case ggml::Type::Q6_K:
+            return "q6_k";
         default:
             return nullptr;
     }
+}
+
+// K-quant super-block types (256 elements per block).
+inline bool is_kquant(ggml::Type t) {
+    return t == ggml::Type::Q4_K || t == ggml::Type::Q5_K || t == ggml::Type::Q6_K;
+}
+
+// Elements per quant block of a type the matvecs read (32, or 256 for the K-quants); 4 (one
+// 16-byte group of f32) stands for the float types.
+inline int matvec_block_elems(ggml::Type t) {
+    return is_kquant(t) ? 256 : quant_type_tag(t) ? 32 : 4;
+}
+
+// Whether the prefill tensor-core GEMMs (mmq, gemm_wgmma) read weights of type t in place.
+inline bool has_gemm(ggml::Type t) {
+    return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
 }
 
 inline bool is_float_type(ggml::Type t) {

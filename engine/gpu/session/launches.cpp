@@ -65,7 +65,7 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     const bool quant = m.quantized();
     const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
     const double flops_per_col = 2.0 * double(m.rows) * m.cols * (up ? 2 : 1);
-    if (T > kPrefillCols && !quant && m.blas && model_.blas()) {
+    if (T > kPrefillCols && m.blas && model_.blas()) {
         blas_product(m, up, in.f, y, T, what);
         return 1;
     }
@@ -195,21 +195,38 @@ GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
     return Input{w.g.ptr()};
 }
 
+CUdeviceptr GpuSession::dequantized(const GpuMatrix& m) {
+    const std::string& name = m.spec_dequant;
+    const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+    CUdeviceptr src = m.ptr, dst = w_->wdeq.ptr() + m.scratch_offset;
+    int rows = m.rows;
+    void* args[] = {&src, &dst, &rows};
+    launch(model_.kernels().get(name, "dequant_f16"),
+           {ceil_div(uint64_t(m.rows) * m.cols / 4, threads)}, {threads}, 0, args,
+           name + " " + m.name, LaunchCost{m.bytes + uint64_t(m.rows) * m.cols * 2});
+    ++paths_.dequant;
+    return dst;
+}
+
 void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y,
                               int T, const char* what) {
     jit::Blas& blas = *model_.blas();
-    const jit::BlasType type = m.type == ggml::Type::F32   ? jit::BlasType::F32
-                               : m.type == ggml::Type::F16 ? jit::BlasType::F16
-                                                           : jit::BlasType::BF16;
+    // K-quant weights are multiplied as the F16 copy dequantized just before.
+    const bool kquant = !m.spec_dequant.empty();
+    const jit::BlasType type = kquant || m.type == ggml::Type::F16 ? jit::BlasType::F16
+                               : m.type == ggml::Type::F32         ? jit::BlasType::F32
+                                                                   : jit::BlasType::BF16;
     if (type != jit::BlasType::F32)  // cuBLAS multiplies two matrices of one type
         x = convert(x, T * m.cols, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16",
                     w_->xhalf.ptr(), what);
     const double flops = 2.0 * double(m.rows) * m.cols * T;
     auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
+        const CUdeviceptr weights = kquant ? dequantized(w) : w.ptr;
+        const std::string type_name = ggml::type_name(kquant ? ggml::Type::F16 : w.type);
         profiled(
-            fmt::format("cublas.{}.k{}.n{} {}", ggml::type_name(w.type), w.cols, w.rows, label),
-            LaunchCost{w.bytes, flops, WorkKind::Gemm},
-            [&] { blas.gemm(stream_, type, w.rows, T, w.cols, w.ptr, x, out); });
+            fmt::format("cublas.{}.k{}.n{} {}", type_name, w.cols, w.rows, label),
+            LaunchCost{kquant ? uint64_t(w.rows) * w.cols * 2 : w.bytes, flops, WorkKind::Gemm},
+            [&] { blas.gemm(stream_, type, w.rows, T, w.cols, weights, x, out); });
         ++paths_.blas;
     };
     if (!up) {

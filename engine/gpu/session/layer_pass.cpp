@@ -167,8 +167,10 @@ void GpuSession::record_layer(int l, int T, bool decode) {
            "inp_gate");
     {
         const std::string& name = model_.spec_gelu_mul();
-        // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM reads fp32).
-        const bool q8 = g.proj.quantized() && !(T > kPrefillCols && g.proj.gemm_bf16);
+        // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM and cuBLAS
+        // read fp32).
+        const bool q8 =
+            g.proj.quantized() && !(T > kPrefillCols && (g.proj.gemm_bf16 || g.proj.blas));
         CUdeviceptr gate = w.ple_gate.ptr(), other = w.ple.ptr() + uint64_t(l) * cfg_.ple_dim * 4,
                     out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
         int stride = cfg_.n_layers * cfg_.ple_dim;

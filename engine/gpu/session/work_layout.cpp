@@ -49,6 +49,7 @@ WorkLayout::WorkLayout(const GpuModel& m) {
         gemm_q8_ffn = gemm_q8_ffn || (!g.gate.spec_gemm.empty() && !g.gate.gemm_bf16);
         gemm_bf16_ffn = gemm_bf16_ffn || g.gate.gemm_bf16;
     }
+    dequant_bytes = m.dequant_scratch_bytes();
     for (const GpuMatrix* mat : m.matrices()) {  // the largest split-K partial planes
         if (mat->spec_gemm.empty()) continue;
         const uint64_t s = uint64_t(spec_constant(m.kernels().spec(mat->spec_gemm), "SPLITS"));
@@ -69,7 +70,8 @@ uint64_t WorkLayout::bytes() const {
     return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
            + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
            (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
-           (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + (kStateHeader + 2 * R) * 4 + readout_bytes();
+           (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + (kStateHeader + 2 * R) * 4 +
+           readout_bytes();
 }
 
 uint64_t session_work_bytes(const GpuModel& model) {
@@ -114,6 +116,7 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
         gds = jit::DeviceBuffer(R * (L.ffn_max / 32) * 8);
     }
     if (L.gemm_bf16_ffn) gbf = jit::DeviceBuffer(R * L.ffn_max * 2);
+    if (L.dequant_bytes) wdeq = jit::DeviceBuffer(L.dequant_bytes);
     state_host = PinnedHost((kStateHeader + 2 * R) * 4);
     result_host = PinnedHost(16 + 2 * kMaxTopK * 4);
 }

@@ -30,6 +30,7 @@ struct WorkLayout {
     bool gemm_q8_ffn = false;    // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
     bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
     uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
+    uint64_t dequant_bytes = 0;      // F16 copies of K-quant matrices for cuBLAS products
 
     explicit WorkLayout(const GpuModel& m);
 
@@ -42,7 +43,7 @@ struct GpuSession::Work {
     WorkLayout layout;
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
         logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, xbf, fgate, gq, gds,
-        gbf, gemm_split;
+        gbf, gemm_split, wdeq;
     PinnedHost state_host, result_host;
 
     explicit Work(const GpuModel& m);

@@ -1,0 +1,28 @@
+#include "engine/gpu/kernels/dequant_f16.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "engine/gpu/kernels/spec_util.h"
+#include "engine/model/gemma4_config.h"
+
+namespace gj::gemma4 {
+
+jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k) {
+    if (!spec_util::is_kquant(weight_type))
+        throw ConfigError(fmt::format("dequant_f16: weight type {} is not q4_k, q5_k or q6_k",
+                                      ggml::type_name(weight_type)));
+    if (k <= 0 || k % 256 != 0)
+        throw std::invalid_argument(
+            fmt::format("dequant_f16: row width {} is not a positive multiple of 256", k));
+    jit::KernelSpec s;
+    s.family = "dequant_f16";
+    s.name = fmt::format("dequant_f16.{}.k{}", ggml::type_name(weight_type), k);
+    s.constants = {{"K", k}, {"WTYPE", static_cast<int64_t>(weight_type)}, {"THREADS", 256}};
+    s.entries = {"dequant_f16"};
+    s.priority = 1;
+    return s;
+}
+
+}  // namespace gj::gemma4

@@ -1,0 +1,18 @@
+// dequant_f16 family: the spec of kernel_templates/dequant_f16.cu, K-quant rows -> fp16 rows in a
+// session scratch buffer, so that a prefill chunk multiplies a K-quant matrix with cuBLAS on
+// tensor cores (the decode matvecs read the K-quant blocks in place).
+//
+// Spec name: "dequant_f16.<type>.k<k>".
+// Launch (from the spec constants): block THREADS, grid ceil(n_rows * K / 4 / THREADS).
+#pragma once
+
+#include "engine/gguf/ggml_types.h"
+#include "jit/kernel_spec.h"
+
+namespace gj::gemma4 {
+
+// Dequantization of rows k wide stored as Q4_K / Q5_K / Q6_K: "dequant_f16.<type>.k<k>".
+// Throws ConfigError for another type, std::invalid_argument for k not a positive multiple of 256.
+jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k);
+
+}  // namespace gj::gemma4

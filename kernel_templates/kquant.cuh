@@ -1,0 +1,105 @@
+// kquant.cuh: reading ggml's K-quant super-blocks (256 elements) in place, as the GGUF stores
+// them. Shared by the K-quant matvecs (matvec_q4_k.cu, matvec_q5_k.cu, matvec_q6_k.cu), the
+// embedding gather (embed.cu) and the F16 dequantization for prefill GEMMs (dequant_f16.cu).
+//
+//   Q4_K (144 bytes): fp16 d, fp16 dmin, scales[12] (8 six-bit scales + 8 six-bit mins), qs[128].
+//     Chunk j (elements 64j .. 64j+63): the low nibbles of qs[32j .. 32j+31] are elements
+//     64j + 0..31 (sub-block 2j), the high nibbles elements 64j + 32..63 (sub-block 2j+1).
+//     x = d * sc[s] * q - dmin * m[s].
+//   Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128]: Q4_K's nibbles plus a fifth bit, bit
+//     2j of qh[l] for element 64j + l and bit 2j+1 for element 64j + 32 + l (l < 32).
+//   Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], fp16 d. In half n (elements 128n ..),
+//     for l < 32 and g = 0..3, element 128n + 32g + l has the low (g < 2) or high (g >= 2)
+//     nibble of ql[64n + 32 * (g & 1) + l] as its low 4 bits and bits 2g, 2g+1 of qh[32n + l]
+//     as its high 2; x = d * scales[8n + 2g + l / 16] * (q - 32).
+// Q4_K and Q5_K blocks are multiples of 16 bytes, so a row of whole blocks keeps the 16-byte
+// alignment of its base; a Q6_K block is 2 mod 4 bytes, so every other block (and row) starts 2
+// bytes past a word: gj_ld_u32x4_align2 reads those.
+#ifndef GJ_KQUANT_CUH
+#define GJ_KQUANT_CUH
+
+#include "gj_ptx.cuh"
+
+#define GJ_Q4_K_BYTES 144
+#define GJ_Q5_K_BYTES 176
+#define GJ_Q6_K_BYTES 210
+
+// Scale and min of sub-block `is` (0..7) from the 12 packed bytes as three little-endian words
+// (ggml's get_scale_min_k4): sub-blocks 0..3 keep 6 bits in bytes 0..3 (scales) and 4..7 (mins);
+// sub-blocks 4..7 take their low 4 bits from the nibbles of bytes 8..11 and their high 2 bits
+// from the top bits of bytes 0..3 / 4..7.
+GJ_DEVICE void gj_kq_scale_min(uint32 w0, uint32 w1, uint32 w2, int is, int& sc, int& m) {
+    const uint32 sh = 8u * (uint32)(is & 3);
+    const uint32 b0 = (w0 >> sh) & 0xffu, b1 = (w1 >> sh) & 0xffu;
+    if (is < 4) {
+        sc = (int)(b0 & 63u);
+        m = (int)(b1 & 63u);
+    } else {
+        const uint32 b2 = (w2 >> sh) & 0xffu;
+        sc = (int)((b2 & 15u) | ((b0 >> 2) & 0x30u));
+        m = (int)((b2 >> 4) | ((b1 >> 2) & 0x30u));
+    }
+}
+
+// 16 bytes at an address that is only 2-byte aligned: the five aligned words under them, joined
+// by funnel shifts (read-only path; neighbouring lanes' words share L1 lines).
+GJ_DEVICE uint4 gj_ld_u32x4_align2(const uint8* p) {
+    const uint32 mis = (uint32)(uint64)p & 2u;
+    const uint32* w = (const uint32*)(p - mis);
+    const uint32 w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3);
+    const uint32 w4 = __ldg(w + (mis ? 4 : 3));
+    const uint32 s = mis * 8;
+    return make_uint4(__funnelshift_r(w0, w1, s), __funnelshift_r(w1, w2, s),
+                      __funnelshift_r(w2, w3, s), __funnelshift_r(w3, w4, s));
+}
+
+// 8 bytes at a 2-byte aligned address, as two words.
+GJ_DEVICE uint2 gj_ld_u32x2_align2(const uint8* p) {
+    const uint32 mis = (uint32)(uint64)p & 2u;
+    const uint32* w = (const uint32*)(p - mis);
+    const uint32 w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + (mis ? 2 : 1));
+    const uint32 s = mis * 8;
+    return make_uint2(__funnelshift_r(w0, w1, s), __funnelshift_r(w1, w2, s));
+}
+
+// The four elements 4g .. 4g+3 (g = 0..63) of the super-block at `blk`, dequantized exactly as the
+// CPU does it (engine/gguf/dequant.cpp: the same float products in the same order, no FMA
+// contraction), so gathered embeddings equal the CPU's bit for bit. WTYPE is the ggml type id:
+// 12 Q4_K, 13 Q5_K, 14 Q6_K.
+template <int kType>
+GJ_DEVICE float4 gj_kq_dequant4(const uint8* blk, int g) {
+    const int e = 4 * g;  // first element
+    uint32 q;             // the four values' quant bytes, before offsets
+    float f[4];
+    if (kType == 12 || kType == 13) {
+        const int j = e / 64, c = e % 64, hi = c >= 32, l = c % 32;
+        const uint32 w0 = load_u32_align2(blk + 4), w1 = load_u32_align2(blk + 8),
+                     w2 = load_u32_align2(blk + 12);
+        int sc, m;
+        gj_kq_scale_min(w0, w1, w2, 2 * j + hi, sc, m);
+        const float d = __fmul_rn(f16_to_f32(*(const uint16*)blk), (float)sc);
+        const float mn = __fmul_rn(f16_to_f32(*(const uint16*)(blk + 2)), (float)m);
+        const int qs_off = kType == 12 ? 16 : 48;
+        q = (load_u32_align2(blk + qs_off + 32 * j + l) >> (hi ? 4 : 0)) & 0x0f0f0f0fu;
+        if (kType == 13) {
+            const uint32 h = load_u32_align2(blk + 16 + l);
+            q |= ((h >> (2 * j + hi)) & 0x01010101u) << 4;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            f[k] = __fsub_rn(__fmul_rn(d, (float)((q >> (8 * k)) & 0xffu)), mn);
+    } else {
+        const int n = e / 128, c = e % 128, gg = c / 32, l = c % 32;
+        const uint32 lo = load_u32_align2(blk + 64 * n + l + 32 * (gg & 1));
+        const uint32 h = load_u32_align2(blk + 128 + 32 * n + l);
+        q = ((lo >> (gg & 2 ? 4 : 0)) & 0x0f0f0f0fu) | (((h >> (2 * gg)) & 0x03030303u) << 4);
+        const int sc = (int)(int8)blk[192 + 8 * n + l / 16 + 2 * gg];
+        const float ds = __fmul_rn(f16_to_f32(*(const uint16*)(blk + 208)), (float)sc);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            f[k] = __fmul_rn(ds, (float)((int)((q >> (8 * k)) & 0xffu) - 32));
+    }
+    return make_float4(f[0], f[1], f[2], f[3]);
+}
+
+#endif  // GJ_KQUANT_CUH

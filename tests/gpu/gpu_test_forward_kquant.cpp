@@ -1,0 +1,196 @@
+// The GPU forward pass on K-quant files, written with the per-tensor type mixes of llama.cpp's
+// quantizer (Q4_K_M: Q4_K matrices, Q6_K for some attn_v / ffn_down and the tied embedding;
+// Q5_K_M; pure Q6_K), against the CPU reference: the K-quants stay in their GGUF blocks on the
+// GPU (the model's bytes within 5% of the file's), decode steps read them with the K-quant
+// matvecs, and prefill chunks multiply F16 copies made per chunk with cuBLAS. Also: a tensor type
+// no kernel reads (Q5_0) is dequantized to F16 on upload with a one-line notice.
+// Tolerance: as for Q8_0/Q4_0 weights (gpu_test_forward.cpp): the activations are quantized to
+// int8 per 32 values before every matvec, and K/V are stored as fp16: 3e-2 of max |logit|.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/gguf/dequant.h"
+#include "engine/gguf/quantize.h"
+#include "engine/gguf/reader.h"
+#include "engine/gguf/writer.h"
+#include "engine/gpu/gpu_model.h"
+#include "engine/gpu/session.h"
+#include "tests/support/gpu_forward_check.h"
+#include "tests/support/test_env.h"
+
+using gj::gemma4::GpuModel;
+using gj::gemma4::GpuModelOptions;
+using gj::gemma4::GpuSession;
+namespace ggml = gj::ggml;
+using namespace gj::test;  // synth, load_gpu, cpu_logits, expect_agree, ...
+
+namespace {
+
+constexpr float kTolQuant = 3e-2f;
+
+// Bytes of every tensor of a GGUF file.
+uint64_t file_tensor_bytes(const std::filesystem::path& path) {
+    uint64_t n = 0;
+    for (const auto& t : gj::gguf::File::open(path)->tensors()) n += t.n_bytes;
+    return n;
+}
+
+// Loads with the progress lines collected.
+std::unique_ptr<GpuModel> load_noting(const std::filesystem::path& path, int context, int chunk,
+                                      const gj::jit::Flags& f, std::vector<std::string>& lines) {
+    GpuModelOptions o;
+    o.context = context;
+    o.prefill_chunk = chunk;
+    o.flags = &f;
+    o.progress = [&](const std::string& line) { lines.push_back(line); };
+    return GpuModel::load(path, o);
+}
+
+int f16_notices(const std::vector<std::string>& lines) {
+    int n = 0;
+    for (const auto& l : lines) n += l.find("dequantized to F16") != std::string::npos;
+    return n;
+}
+
+// The model holds the file's K-quants as they are: matrices of the expected types, each read by
+// the matvec of its type, no F16 fallback, and about the file's bytes on the GPU.
+void expect_kquants_in_place(const GpuModel& m, const std::filesystem::path& path,
+                             const std::vector<std::string>& lines, ggml::Type matrices,
+                             ggml::Type embeddings) {
+    EXPECT_EQ(f16_notices(lines), 0) << "a K-quant tensor was dequantized on upload";
+    EXPECT_EQ(m.token_embd().type, embeddings);
+    EXPECT_EQ(m.lm_head().type, embeddings);
+    int kquant = 0;
+    for (const auto* g : m.matrices()) {
+        if (g->type != matrices && g->type != ggml::Type::Q6_K) continue;
+        ++kquant;
+        EXPECT_TRUE(g->spec_decode.starts_with("matvec_" + ggml::type_name(g->type) + ".k"))
+            << g->name << ": " << g->spec_decode;
+    }
+    EXPECT_GE(kquant, 7 * m.config().n_layers) << "layer matrices kept as K-quants";
+    EXPECT_EQ(m.layers()[0].q.type, matrices);
+    const double on_gpu = double(m.memory().weights + m.memory().ple_table);
+    const double in_file = double(file_tensor_bytes(path));
+    EXPECT_LT(on_gpu, 1.05 * in_file) << "GPU bytes " << on_gpu << ", file " << in_file;
+    EXPECT_GT(on_gpu, 0.95 * in_file) << "GPU bytes " << on_gpu << ", file " << in_file;
+}
+
+// A copy of `src` with per_layer_token_embd requantized to `type` (from its dequantized rows).
+std::filesystem::path with_ple_table_as(const std::filesystem::path& src,
+                                        const std::filesystem::path& dst, ggml::Type type) {
+    auto in = gj::gguf::File::open(src);
+    gj::gguf::Writer w;
+    for (const auto& [key, value] : in->metadata()) w.set(key, value);
+    const std::string table = "per_layer_token_embd.weight";
+    for (const auto& t : in->tensors())
+        w.add_tensor(t.name, t.name == table ? type : t.type, t.dims);
+    w.begin(dst);
+    for (const auto& t : in->tensors()) {
+        if (t.name != table) {
+            w.write_tensor_data(t.name, {t.data, size_t(t.n_bytes)});
+            continue;
+        }
+        const std::vector<float> values = gj::ggml::dequantize_tensor(t);
+        const uint64_t cols = t.dims[0], row_bytes = *ggml::row_bytes(type, cols);
+        std::vector<uint8_t> q(row_bytes * t.rows());
+        for (uint64_t r = 0; r < t.rows(); ++r)
+            ggml::quantize_row(type, &values[r * cols], &q[r * row_bytes], int64_t(cols));
+        w.write_tensor_data(t.name, q);
+    }
+    w.finish();
+    return dst;
+}
+
+}  // namespace
+
+// Every mix on the tiny-256 preset (E4B structure, all widths whole super-blocks): one-chunk
+// prefill through the dequantized cuBLAS products, decode steps through the K-quant matvecs
+// (graphs), and the batched K-quant matvecs (GEMMAJIT_BLAS=0) all against the CPU reference.
+TEST(GpuKQuant, MixesMatchTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-kquant");
+    struct Mix {
+        const char* name;
+        ggml::Type matrices, embeddings;
+    };
+    for (const Mix& mix : {Mix{"q4_k_m", ggml::Type::Q4_K, ggml::Type::Q6_K},
+                           Mix{"q5_k_m", ggml::Type::Q5_K, ggml::Type::Q6_K},
+                           Mix{"q6_k", ggml::Type::Q6_K, ggml::Type::Q6_K}}) {
+        SCOPED_TRACE(mix.name);
+        const auto path = synth_mix(dir, "tiny-256", mix.name);
+        const auto f = flags();
+        std::vector<std::string> lines;
+        auto model = load_noting(path, 256, 64, f, lines);
+        expect_kquants_in_place(*model, path, lines, mix.matrices, mix.embeddings);
+        const int V = model->config().vocab_size;
+        const auto tokens = test_tokens(5 * model->config().sliding_window, V);
+        const auto ref = cpu_logits(path, tokens);
+
+        GpuSession s(*model);
+        expect_agree(ref, s.prefill_logits(tokens), V, kTolQuant,
+                     std::string(mix.name) + " one-chunk prefill vs CPU");
+        EXPECT_GT(s.path_counts().dequant, 0u) << "no K-quant matrix was dequantized for cuBLAS";
+        EXPECT_EQ(s.path_counts().dequant, s.path_counts().blas - 1)
+            << "every cuBLAS product but the F32 PLE projection reads a dequantized copy";
+
+        auto small = load_gpu(path, 256, 4, f);
+        GpuSession d(*small);
+        expect_agree(ref, decode_logits(d, tokens), V, kTolQuant,
+                     std::string(mix.name) + " decode steps vs CPU");
+        EXPECT_EQ(d.graph_launches(), uint64_t(tokens.size() - 1));
+
+        const auto no_blas = flags({{"GEMMAJIT_BLAS", "0"}});
+        auto batched = load_gpu(path, 256, 64, no_blas);
+        GpuSession b(*batched);
+        expect_agree(ref, b.prefill_logits(tokens), V, kTolQuant,
+                     std::string(mix.name) + " batched K-quant matvecs vs CPU");
+        EXPECT_EQ(b.path_counts().dequant, 0u);
+        EXPECT_EQ(b.path_counts().blas, 0u);
+    }
+}
+
+// The real E4B shapes in Q4_K_M (d 2560, FFN 10240, the tied 262144-row Q6_K embedding and LM
+// head, the Q6_K PLE table), cut to 6 layers: decode and a one-chunk prefill against the CPU.
+TEST(GpuKQuant, E4bShapedQ4KMMatchesTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-kquant-e4b");
+    const auto path = synth_mix(dir, "e4b", "q4_k_m", 6);
+    const auto f = flags();
+    std::vector<std::string> lines;
+    auto model = load_noting(path, 1024, 8, f, lines);
+    expect_kquants_in_place(*model, path, lines, ggml::Type::Q4_K, ggml::Type::Q6_K);
+    const int V = model->config().vocab_size;
+    const auto tokens = test_tokens(20, V, 777);
+    const auto ref = cpu_logits(path, tokens);
+    GpuSession s(*model);
+    expect_agree(ref, decode_logits(s, tokens), V, kTolQuant, "e4b q4_k_m decode vs CPU");
+    auto big = load_gpu(path, 1024, 64, f);
+    GpuSession b(*big);
+    expect_agree(ref, b.prefill_logits(tokens), V, kTolQuant,
+                 "e4b q4_k_m one-chunk prefill vs CPU");
+    EXPECT_GT(b.path_counts().dequant, 0u);
+    EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(big->config().n_layers));
+}
+
+// A tensor type no kernel reads (here the PLE table as Q5_0) is dequantized to F16 on upload, with
+// a one-line notice, and the model still matches the CPU reference (which reads the Q5_0 rows).
+TEST(GpuKQuant, UnsupportedTensorTypesAreDequantizedToF16) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-q5_0");
+    const auto path = with_ple_table_as(synth(dir, "tiny", ggml::Type::Q8_0),
+                                        dir.path() / "q5_0.gguf", ggml::Type::Q5_0);
+    const auto f = flags();
+    std::vector<std::string> lines;
+    auto model = load_noting(path, 128, 8, f, lines);
+    EXPECT_EQ(model->ple_table().type, ggml::Type::F16);
+    int notices = 0;
+    for (const auto& l : lines)
+        notices += l.find("q5_0") != std::string::npos && l.find("F16") != std::string::npos;
+    EXPECT_EQ(notices, 1);
+    const auto tokens = test_tokens(24, model->config().vocab_size);
+    GpuSession s(*model);
+    expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
+                 kTolQuant, "Q5_0 PLE table (F16 on the GPU) vs CPU");
+}
