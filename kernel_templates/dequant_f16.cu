@@ -6,11 +6,14 @@
 // Constants (prologue #defines):
 //   K        row width in elements (a multiple of 256)
 //   WTYPE    ggml type id: 12 Q4_K, 13 Q5_K, 14 Q6_K
+//   ELEMS    elements per thread: 8 (consecutive lanes write consecutive 16-byte runs)
 //   THREADS  threads per block (multiple of 32)
-// Launch: block THREADS, grid ceil(n_rows * K / 4 / THREADS).
+// Launch: block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
 // Entry: dequant_f16(src /*GGUF blocks [n_rows][K / 256]*/, dst /*fp16 [n_rows][K]*/, n_rows).
-// Values are the CPU's dequantized floats (kquant.cuh), rounded to fp16 as the CPU's F16 upload
-// rounds them.
+// Values are the CPU's dequantized floats (engine/gguf/dequant.cpp: the same products in the same
+// order, unfused), rounded to fp16 as the CPU's F16 upload rounds them. Each thread makes 8
+// consecutive halves (one 16-byte store, so a warp writes 512 contiguous bytes) from the 8 quant
+// bytes under them and the block's scale bytes (shared with its neighbours through L1).
 #include "kquant.cuh"
 
 #ifndef THREADS
@@ -19,17 +22,54 @@
 static_assert(K % 256 == 0 && K > 0, "dequant_f16: K must be a positive multiple of 256");
 static_assert(WTYPE == 12 || WTYPE == 13 || WTYPE == 14,
               "dequant_f16: WTYPE must be 12 (q4_k), 13 (q5_k) or 14 (q6_k)");
-static_assert(THREADS % 32 == 0 && THREADS <= 1024,
-              "dequant_f16: THREADS must be a multiple of 32");
+static_assert(ELEMS == 8, "dequant_f16: ELEMS must be 8");
+static_assert(THREADS % 32 == 0 && THREADS <= 1024, "dequant_f16: THREADS must be a multiple of 32");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
-    dequant_f16(const uint8* __restrict__ src, uint2* __restrict__ dst, int n_rows) {
-    constexpr int kBlockBytes = WTYPE == 12   ? GJ_Q4_K_BYTES
-                                : WTYPE == 13 ? GJ_Q5_K_BYTES
-                                              : GJ_Q6_K_BYTES;
-    const size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;  // group of 4 elements
-    if (i >= (size_t)n_rows * (K / 4)) return;
-    const size_t blk = i / 64;  // super-blocks are contiguous across rows
-    const float4 v = gj_kq_dequant4<WTYPE>(src + blk * kBlockBytes, (int)(i % 64));
-    dst[i] = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
+    dequant_f16(const uint8* __restrict__ src, uint4* __restrict__ dst, int n_rows) {
+    const size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;  // group of 8 elements
+    if (i >= (size_t)n_rows * (K / 8)) return;
+    const size_t b = i / 32;  // super-blocks are contiguous across rows
+    const int e = 8 * (int)(i % 32);  // first element in the block
+    float f[8];
+#if WTYPE == 12 || WTYPE == 13
+    constexpr int kBytes = WTYPE == 12 ? GJ_Q4_K_BYTES : GJ_Q5_K_BYTES;
+    constexpr int kQs = WTYPE == 12 ? 16 : 48;
+    const uint8* blk = src + b * kBytes;  // 16-byte aligned: blocks are 16-byte multiples
+    const int j = e / 64, hi = (e % 64) >= 32, l = e % 32;
+    const uint4 head = __ldg((const uint4*)blk);
+    const uint2 q = __ldg((const uint2*)(blk + kQs + 32 * j + l));
+    int sc, m;
+    gj_kq_scale_min(head.y, head.z, head.w, 2 * j + hi, sc, m);
+    const float d1 = __fmul_rn(f16_to_f32((uint16)(head.x & 0xffffu)), (float)sc);
+    const float m1 = __fmul_rn(f16_to_f32((uint16)(head.x >> 16)), (float)m);
+    uint32 v0 = (q.x >> (4 * hi)) & 0x0f0f0f0fu, v1 = (q.y >> (4 * hi)) & 0x0f0f0f0fu;
+#if WTYPE == 13
+    const uint2 qh = __ldg((const uint2*)(blk + 16 + l));
+    v0 |= ((qh.x >> (2 * j + hi)) & 0x01010101u) << 4;
+    v1 |= ((qh.y >> (2 * j + hi)) & 0x01010101u) << 4;
+#endif
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        f[k] = __fsub_rn(__fmul_rn(d1, (float)((v0 >> (8 * k)) & 0xffu)), m1);
+        f[k + 4] = __fsub_rn(__fmul_rn(d1, (float)((v1 >> (8 * k)) & 0xffu)), m1);
+    }
+#else
+    const uint8* blk = src + b * GJ_Q6_K_BYTES;  // 2-byte aligned
+    const int n = e / 128, g = (e % 128) / 32, l = e % 32;
+    const uint2 ql = gj_ld_u32x2_align2(blk + 64 * n + 32 * (g & 1) + l);
+    const uint2 qh = gj_ld_u32x2_align2(blk + 128 + 32 * n + l);
+    const int sc = (int)(int8)blk[192 + 8 * n + l / 16 + 2 * g];
+    const float ds = __fmul_rn(f16_to_f32(*(const uint16*)(blk + 208)), (float)sc);
+    const int sh = g & 2 ? 4 : 0;
+    const uint32 v0 = ((ql.x >> sh) & 0x0f0f0f0fu) | (((qh.x >> (2 * g)) & 0x03030303u) << 4);
+    const uint32 v1 = ((ql.y >> sh) & 0x0f0f0f0fu) | (((qh.y >> (2 * g)) & 0x03030303u) << 4);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        f[k] = __fmul_rn(ds, (float)((int)((v0 >> (8 * k)) & 0xffu) - 32));
+        f[k + 4] = __fmul_rn(ds, (float)((int)((v1 >> (8 * k)) & 0xffu) - 32));
+    }
+#endif
+    dst[i] = make_uint4(pack_f16x2(f[0], f[1]), pack_f16x2(f[2], f[3]), pack_f16x2(f[4], f[5]),
+                        pack_f16x2(f[6], f[7]));
 }

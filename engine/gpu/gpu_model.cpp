@@ -205,13 +205,14 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         g.bytes = type_bytes(g.type, g.rows, g.cols);
         return g;
     };
-    // The scratch range of the F16 copy of a K-quant matrix: products that may run at once (Q, K,
-    // V on their streams; gate and up of one GeGLU) get consecutive ranges from `offset`.
+    // The scratch range of the F16 copy of a K-quant matrix within its layer's slot: every
+    // matrix of a layer gets its own range (the session dequantizes a whole layer ahead, while
+    // the layer before computes), and the slot is as large as the largest layer's copies.
     auto place_scratch = [&](GpuMatrix& g, uint64_t offset) {
         if (g.spec_dequant.empty()) return offset;
         g.scratch_offset = offset;
         const uint64_t end = offset + uint64_t(g.rows) * g.cols * 2;
-        dequant_scratch_ = std::max(dequant_scratch_, end);
+        dequant_slot_ = std::max(dequant_slot_, end);
         return end;
     };
     auto plan_table = [&](const Matrix& m) {
@@ -284,9 +285,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.gate.spec_geglu = kernels_.add(gelu_mul_spec(lc.ffn_dim)).name;
             blas_ffn_ = true;
         }
-        place_scratch(g.q, place_scratch(g.v, place_scratch(g.k, 0)));
-        place_scratch(g.up, place_scratch(g.gate, 0));
-        for (GpuMatrix* m : {&g.o, &g.down, &g.inp_gate, &g.proj}) place_scratch(*m, 0);
+        uint64_t offset = 0;
+        for (GpuMatrix* m : {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            offset = place_scratch(*m, offset);
         g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
         // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
@@ -300,7 +301,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         ple_table_ = plan_table(w.per_layer_token_embd);
         ple_model_proj_ = plan_matrix(w.per_layer_model_proj);
         account(ple_model_proj_);
-        place_scratch(ple_model_proj_, 0);
+        place_scratch(ple_model_proj_, 0);  // dequantized in place, before any layer
         spec_ple_finish_ = kernels_.add(ple_finish_spec(c.n_layers, c.ple_dim)).name;
         spec_gelu_mul_ = kernels_.add(gelu_mul_spec(c.ple_dim)).name;
     }

@@ -76,8 +76,8 @@ struct GpuMatrix {
                                   // and K-quants (not the LM head) from a dequantized F16 copy
     std::string spec_geglu;       // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
     std::string spec_dequant;     // K-quant with blas: dequant_f16.<type>.k<cols>, whose F16 copy
-    uint64_t scratch_offset = 0;  // goes to this byte offset of the session's scratch (matrices
-                                  // whose products may run at once get disjoint ranges)
+    uint64_t scratch_offset = 0;  // goes to this byte offset of its layer's scratch slot (each
+                                  // matrix of a layer has its own range)
     bool present() const { return rows > 0; }
     // Q8_0/Q4_0 and the K-quants: the input arrives as Q8_1 activations; float types read fp32
     // activations.
@@ -184,9 +184,11 @@ class GpuModel {
     // Whether some layer's FFN gate|up pair is float with blas (the session then keeps an fp32
     // gate buffer for the two-product GeGLU).
     bool blas_ffn() const { return blas_ffn_; }
-    // Bytes of the session scratch that holds the F16 copies of K-quant matrices during prefill
-    // products (0: no matrix needs one).
-    uint64_t dequant_scratch_bytes() const { return dequant_scratch_; }
+    // The session scratch that holds the F16 copies of K-quant matrices for prefill products:
+    // two slots (the layer computing and the next one, dequantized meanwhile), each as large as
+    // the largest layer's copies; 0: no matrix needs one.
+    uint64_t dequant_slot_bytes() const { return dequant_slot_; }
+    uint64_t dequant_scratch_bytes() const { return 2 * dequant_slot_; }
 
     // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
     // and the two gathered embedding rows): the numerator of the decode GB/s figure.
@@ -220,7 +222,7 @@ class GpuModel {
     std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
-    uint64_t decode_bytes_ = 0, dequant_scratch_ = 0;
+    uint64_t decode_bytes_ = 0, dequant_slot_ = 0;
 
     // Storage: one device buffer per matrix/table, the fp32 vector arena, the pinned PLE table.
     std::vector<jit::DeviceBuffer> buffers_;

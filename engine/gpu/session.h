@@ -100,6 +100,7 @@ class GpuSession {
         uint64_t wgmma = 0;          // bf16 warpgroup GEMM launches (sm_90)
         uint64_t blas = 0;           // cuBLAS products
         uint64_t dequant = 0;        // K-quant matrices dequantized to F16 for a cuBLAS product
+        uint64_t dequant_ahead = 0;  // ... of them, layers copied on the dequantization stream
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
     };
     const PathCounts& path_counts() const { return paths_; }
@@ -175,8 +176,16 @@ class GpuSession {
     // The matvec of a float or K-quant matrix over a prefill chunk through cuBLAS.
     void blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y, int T,
                       const char* what);
-    // Enqueues the F16 copy of K-quant matrix m into its scratch range; returns where it is.
-    CUdeviceptr dequantized(const GpuMatrix& m);
+    // Enqueues the F16 copy of K-quant matrix m into scratch slot `slot` at its offset; returns
+    // where it is.
+    CUdeviceptr dequantized(const GpuMatrix& m, int slot = 0);
+    // Prefill of a model with K-quant cuBLAS products: layer l's F16 copies are made into slot
+    // l % 2 on the dequantization stream while layer l - 1 computes (its GEMMs are compute-bound,
+    // the copies memory-bound), once layer l - 2 has released the slot; wait_dequantized(l) makes
+    // the compute stream wait for them. Without side streams (GEMMAJIT_STREAMS=0, profiling) both
+    // run in order on the compute stream.
+    void dequantize_layer(int l);
+    void wait_dequantized(int l);
     void quantize(CUdeviceptr x, int n_values);
     Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
 
@@ -197,6 +206,9 @@ class GpuSession {
     CUstream stream_ = nullptr;  // where launch() enqueues: the device stream or a side one
     CUstream side_[2] = {};      // K and V projections, concurrent with Q (GEMMAJIT_STREAMS)
     CUevent forked_ = nullptr, joined_[2] = {};
+    CUstream deq_stream_ = nullptr;  // K-quant F16 copies of the next layer during prefill
+    CUevent slot_free_ = nullptr, deq_ready_[2] = {};
+    int deq_layer_ = -1;  // the layer whose copies the cuBLAS products read; -1: copy inline
     int pos_ = 0;
     bool graphs_ = true;
     bool streams_ = true;

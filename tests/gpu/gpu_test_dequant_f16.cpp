@@ -41,7 +41,8 @@ TEST_P(DequantF16Test, MatchesCpuBitForBit) {
     std::vector<uint16_t> sentinel(n + 64, 0xBEEF);
     auto dst = to_device(sentinel);
     const unsigned threads = unsigned(gj::gemma4::spec_constant(spec, "THREADS"));
-    launch(g.get(spec.name, "dequant_f16"), {ceil_div(n / 4, threads)}, {threads}, src.ptr(),
+    const size_t elems = size_t(gj::gemma4::spec_constant(spec, "ELEMS"));
+    launch(g.get(spec.name, "dequant_f16"), {ceil_div(n / elems, threads)}, {threads}, src.ptr(),
            dst.ptr(), c.rows);
     const auto got = from_device<uint16_t>(dst, sentinel.size());
     int bad = 0;

@@ -106,7 +106,8 @@ std::filesystem::path with_ple_table_as(const std::filesystem::path& src,
 }  // namespace
 
 // Every mix on the tiny-256 preset (E4B structure, all widths whole super-blocks): one-chunk
-// prefill through the dequantized cuBLAS products, decode steps through the K-quant matvecs
+// prefill through the dequantized cuBLAS products (each layer's copies made ahead on their own
+// stream, bit-identical to making them in order), decode steps through the K-quant matvecs
 // (graphs), and the batched K-quant matvecs (GEMMAJIT_BLAS=0) all against the CPU reference.
 TEST(GpuKQuant, MixesMatchTheCpuReference) {
     GJ_REQUIRE_GPU();
@@ -129,11 +130,25 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
         const auto ref = cpu_logits(path, tokens);
 
         GpuSession s(*model);
-        expect_agree(ref, s.prefill_logits(tokens), V, kTolQuant,
-                     std::string(mix.name) + " one-chunk prefill vs CPU");
+        const auto ahead = s.prefill_logits(tokens);
+        expect_agree(ref, ahead, V, kTolQuant, std::string(mix.name) + " one-chunk prefill vs CPU");
         EXPECT_GT(s.path_counts().dequant, 0u) << "no K-quant matrix was dequantized for cuBLAS";
         EXPECT_EQ(s.path_counts().dequant, s.path_counts().blas - 1)
             << "every cuBLAS product but the F32 PLE projection reads a dequantized copy";
+        EXPECT_EQ(s.path_counts().dequant_ahead, uint64_t(model->config().n_layers))
+            << "the layers' copies were not made ahead on the dequantization stream";
+        // Made in order on one stream instead: the same products of the same copies, bit for bit
+        // (a copy read before it was complete, or overwritten while read, would differ).
+        const auto one_stream = flags({{"GEMMAJIT_STREAMS", "0"}});
+        auto serial = load_gpu(path, 256, 64, one_stream);
+        GpuSession in_order(*serial);
+        EXPECT_TRUE(in_order.prefill_logits(tokens) == ahead)
+            << "copies made ahead on their own stream differ from in-order ones";
+        EXPECT_EQ(in_order.path_counts().dequant_ahead, 0u);
+        EXPECT_GT(in_order.path_counts().dequant, 0u);
+        s.reset();
+        EXPECT_TRUE(s.prefill_logits(tokens) == ahead)
+            << "a second prefill of the same tokens differs";
 
         auto small = load_gpu(path, 256, 4, f);
         GpuSession d(*small);

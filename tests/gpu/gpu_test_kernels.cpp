@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -475,7 +476,8 @@ TEST(RmsNormParts, SumsThePlanesLikeTheReduce) {
 }
 
 // Decode bandwidth for the E4B FFN shapes (gate/up: 10240 x 2560, down: 2560 x 10240) over a
-// grid of launch constants. Weights rotate over enough copies to defeat the L2 cache.
+// grid of launch constants, plain and GeGLU entries. Weights rotate over enough copies to defeat
+// the L2 cache. GJ_BENCH_TYPES picks the weight types (default q8_0,q4_0; K-quants: ggml layout).
 TEST(MatvecBench, DISABLED_E4bFfnShapes) {
     GJ_REQUIRE_GPU();
     struct Cfg {
@@ -483,32 +485,43 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
     };
     const std::vector<Cfg> cfgs = {{32, 1, 4},  {64, 1, 4},  {128, 1, 4}, {256, 1, 4},
                                    {128, 2, 4}, {64, 2, 4},  {128, 1, 8}, {256, 1, 8},
-                                   {128, 1, 2}, {128, 4, 2}, {256, 2, 8}};
+                                   {128, 1, 2}, {128, 4, 2}, {256, 2, 8}, {32, 2, 2},
+                                   {32, 4, 1},  {64, 2, 2},  {64, 4, 1},  {32, 1, 2}};
     struct Shape {
         int n, k;
     };
     const std::vector<Shape> shapes = {{10240, 2560}, {2560, 10240}};
+    const char* env = std::getenv("GJ_BENCH_TYPES");
+    std::vector<ggml::Type> types;
+    std::string list = env ? env : "q8_0,q4_0";
+    for (size_t p = 0; p <= list.size();) {
+        const size_t e = std::min(list.find(',', p), list.size());
+        if (auto t = ggml::type_from_name(list.substr(p, e - p))) types.push_back(*t);
+        p = e + 1;
+    }
     std::vector<KernelSpec> specs;
-    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
-        for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split})
+    for (auto t : types)
+        for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split}) {
+            if (gj::gemma4::spec_util::is_kquant(t) && layout == MatvecLayout::Split) continue;
             for (const auto& sh : shapes) {
                 for (const auto& c : cfgs)
                     specs.push_back(
                         matvec_variant(t, sh.k, 1, layout, c.threads, c.rows, c.unroll));
                 specs.push_back(gj::gemma4::matvec_spec(t, sh.k, 1, layout));  // the plan's
             }
+        }
     const auto t0 = std::chrono::steady_clock::now();
     GpuKernels g(specs);
     std::printf("compiled %zu bench specs in %.1f s\n", specs.size(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    std::printf("%-44s %6s %6s %9s %8s\n", "spec", "N", "K", "us", "GB/s");
+    std::printf("%-44s %6s %6s %6s %9s %8s\n", "spec", "entry", "N", "K", "us", "GB/s");
     std::mt19937 rng(99);
     auto& dev = gj::jit::Device::get();
     std::map<std::pair<int, int>, std::vector<uint8_t>> matrices;  // (type, k) -> blocks
     for (const auto& spec : specs) {
         const int k = int(gj::gemma4::spec_constant(spec, "K"));
         const int n = k == 2560 ? 10240 : 2560;
-        const auto t = spec.family == "matvec_q8_0" ? ggml::Type::Q8_0 : ggml::Type::Q4_0;
+        const auto t = *ggml::type_from_name(spec.family.substr(7));
         const size_t bytes = *ggml::row_bytes(t, k) * n;
         const int copies = int(std::max<size_t>(8, (400u << 20) / bytes));
         // Random bytes are fine for timing except the fp16 scales, which must not be NaN/inf:
@@ -525,26 +538,29 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         auto dxq = to_device(q.q);
         auto dxds = to_device(interleave(q));
         DeviceBuffer y(size_t(n) * 4);
-        const auto& kern = g.get(spec.name, spec.entries[0]);
         const unsigned threads = unsigned(gj::gemma4::spec_constant(spec, "THREADS"));
         const unsigned rows = unsigned(gj::gemma4::spec_constant(spec, "ROWS"));
         const CUdeviceptr none = 0;
-        auto round = [&] {
-            for (int i = 0; i < copies; ++i)
-                launch_async(kern, {ceil_div(n, rows)}, {threads}, w[i].ptr(), none, dxq.ptr(),
-                             dxds.ptr(), none, y.ptr(), n);
-        };
-        round();
-        dev.synchronize();
-        const int reps = 10;
-        const auto s = std::chrono::steady_clock::now();
-        for (int r = 0; r < reps; ++r) round();
-        dev.synchronize();
-        const double sec =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
-        const double per = sec / (reps * copies);
-        const double moved = double(bytes) + k + k / 32 * 8 + n * 4.0;
-        std::printf("%-44s %6d %6d %9.2f %8.1f\n", spec.name.c_str(), n, k, per * 1e6,
-                    moved / per / 1e9);
+        for (int geglu = 0; geglu < 2; ++geglu) {
+            const auto& kern = g.get(spec.name, spec.entries[geglu ? 2 : 0]);
+            auto round = [&] {
+                for (int i = 0; i < copies; i += 1 + geglu)
+                    launch_async(kern, {ceil_div(n, rows)}, {threads}, w[i].ptr(),
+                                 geglu ? w[(i + 1) % copies].ptr() : none, dxq.ptr(), dxds.ptr(),
+                                 none, y.ptr(), n);
+            };
+            round();
+            dev.synchronize();
+            const int reps = 10;
+            const auto s = std::chrono::steady_clock::now();
+            for (int r = 0; r < reps; ++r) round();
+            dev.synchronize();
+            const double sec =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+            const double per = sec / (reps * ((copies + geglu) / (1 + geglu)));
+            const double moved = (1 + geglu) * double(bytes) + k + k / 32 * 8 + n * 4.0;
+            std::printf("%-44s %6s %6d %6d %9.2f %8.1f\n", spec.name.c_str(),
+                        geglu ? "geglu" : "plain", n, k, per * 1e6, moved / per / 1e9);
+        }
     }
 }

@@ -19,7 +19,8 @@ jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k) {
     jit::KernelSpec s;
     s.family = "dequant_f16";
     s.name = fmt::format("dequant_f16.{}.k{}", ggml::type_name(weight_type), k);
-    s.constants = {{"K", k}, {"WTYPE", static_cast<int64_t>(weight_type)}, {"THREADS", 256}};
+    s.constants = {
+        {"K", k}, {"WTYPE", static_cast<int64_t>(weight_type)}, {"ELEMS", 8}, {"THREADS", 256}};
     s.entries = {"dequant_f16"};
     s.priority = 1;
     return s;

@@ -3,7 +3,7 @@
 // tensor cores (the decode matvecs read the K-quant blocks in place).
 //
 // Spec name: "dequant_f16.<type>.k<k>".
-// Launch (from the spec constants): block THREADS, grid ceil(n_rows * K / 4 / THREADS).
+// Launch (from the spec constants): block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
 #pragma once
 
 #include "engine/gguf/ggml_types.h"

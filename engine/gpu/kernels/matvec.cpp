@@ -78,14 +78,31 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
         const int budget = weight_type == ggml::Type::Q6_K ? 2 : 4;
         unroll = std::max(1, std::min(std::min(unroll, budget), budget * 2 / (ncols + 1)));
     }
+    int threads_used = threads, rows = 1;
+    if (is_kquant(weight_type) && ncols == 1) {
+        // Single-column K-quant decode, from an H100 sweep at the E4B shapes (GB/s of plain /
+        // GeGLU, 10240 x 2560 and 2560 x 10240): short rows run more, smaller blocks (Q4_K
+        // k 2560: 64 threads over 2 rows 1528 / 1845 against 32 threads over 1 row 1409 / 1726;
+        // Q6_K k 2560: 64 threads 1403 / 1871 against 32 threads 1277 / 1582), long rows take
+        // short batches (Q4_K k 10240: 32 threads, 2 iterations per batch 1558 / 1872 against
+        // 64 threads, 4 per batch 1243 / 1571).
+        if (k <= 4096) {
+            threads_used = 64;
+            rows = weight_type == ggml::Type::Q6_K ? 1 : 2;
+            unroll = weight_type == ggml::Type::Q6_K ? 4 : 2;
+        } else {
+            threads_used = 32;
+            unroll = 2;
+        }
+    }
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
                          layout == MatvecLayout::Split ? ".split" : "");
     s.constants = {{"K", k},
                    {"LAYOUT", layout == MatvecLayout::Split ? 1 : 0},
-                   {"THREADS", threads},
-                   {"ROWS", 1},
+                   {"THREADS", threads_used},
+                   {"ROWS", rows},
                    {"NCOLS", ncols},
                    {"UNROLL", unroll}};
     const std::string base = fmt::format("matvec_{}", tag);

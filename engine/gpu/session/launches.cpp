@@ -195,14 +195,16 @@ GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
     return Input{w.g.ptr()};
 }
 
-CUdeviceptr GpuSession::dequantized(const GpuMatrix& m) {
+CUdeviceptr GpuSession::dequantized(const GpuMatrix& m, int slot) {
     const std::string& name = m.spec_dequant;
-    const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
-    CUdeviceptr src = m.ptr, dst = w_->wdeq.ptr() + m.scratch_offset;
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned threads = constant(spec, "THREADS"), elems = constant(spec, "ELEMS");
+    CUdeviceptr src = m.ptr,
+                dst = w_->wdeq.ptr() + slot * model_.dequant_slot_bytes() + m.scratch_offset;
     int rows = m.rows;
     void* args[] = {&src, &dst, &rows};
     launch(model_.kernels().get(name, "dequant_f16"),
-           {ceil_div(uint64_t(m.rows) * m.cols / 4, threads)}, {threads}, 0, args,
+           {ceil_div(uint64_t(m.rows) * m.cols / elems, threads)}, {threads}, 0, args,
            name + " " + m.name, LaunchCost{m.bytes + uint64_t(m.rows) * m.cols * 2});
     ++paths_.dequant;
     return dst;
@@ -221,7 +223,12 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdevicep
                     w_->xhalf.ptr(), what);
     const double flops = 2.0 * double(m.rows) * m.cols * T;
     auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
-        const CUdeviceptr weights = kquant ? dequantized(w) : w.ptr;
+        // A layer's copies were made ahead (dequantize_layer); others (the PLE projection) now.
+        const CUdeviceptr weights =
+            !kquant ? w.ptr
+            : deq_layer_ >= 0
+                ? w_->wdeq.ptr() + (deq_layer_ % 2) * model_.dequant_slot_bytes() + w.scratch_offset
+                : dequantized(w);
         const std::string type_name = ggml::type_name(kquant ? ggml::Type::F16 : w.type);
         profiled(
             fmt::format("cublas.{}.k{}.n{} {}", type_name, w.cols, w.rows, label),

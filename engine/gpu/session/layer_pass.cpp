@@ -193,7 +193,20 @@ void GpuSession::record_layer(int l, int T, bool decode) {
 void GpuSession::record_forward(int T, bool decode) {
     record_embedding(T);
     pre_norm(w_->x.ptr(), model_.layers()[0].attn_norm, T, "attn_norm");
-    for (int l = 0; l < cfg_.n_layers; ++l) record_layer(l, T, decode);
+    // K-quant matrices in cuBLAS products: each layer's F16 copies are made while the layer
+    // before computes.
+    const bool ahead = T > kPrefillCols && model_.dequant_slot_bytes() > 0 && model_.blas();
+    deq_layer_ = -1;
+    if (ahead) dequantize_layer(0);
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+        if (ahead) {
+            wait_dequantized(l);
+            if (l + 1 < cfg_.n_layers) dequantize_layer(l + 1);
+            deq_layer_ = l;
+        }
+        record_layer(l, T, decode);
+    }
+    deq_layer_ = -1;
     // h (and its Q8_1 form) now hold output_norm(x) of every row.
 }
 

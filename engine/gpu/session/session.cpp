@@ -28,6 +28,13 @@ GpuSession::GpuSession(GpuModel& model)
         jit::check_driver(api.cuEventCreate(&joined_[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
     jit::check_driver(api.cuEventCreate(&forked_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    if (model.dequant_slot_bytes() > 0) {
+        jit::check_driver(api.cuStreamCreate(&deq_stream_, CU_STREAM_NON_BLOCKING),
+                          "cuStreamCreate(dequantization stream)");
+        jit::check_driver(api.cuEventCreate(&slot_free_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        for (CUevent& e : deq_ready_)
+            jit::check_driver(api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    }
 }
 
 GpuSession::~GpuSession() {
@@ -37,6 +44,10 @@ GpuSession::~GpuSession() {
         if (joined_[i]) api.cuEventDestroy(joined_[i]);
     }
     if (forked_) api.cuEventDestroy(forked_);
+    if (deq_stream_) api.cuStreamDestroy(deq_stream_);
+    if (slot_free_) api.cuEventDestroy(slot_free_);
+    for (CUevent e : deq_ready_)
+        if (e) api.cuEventDestroy(e);
 }
 
 void GpuSession::fork(int branches) {
@@ -55,6 +66,35 @@ void GpuSession::join(int branches) {
         jit::check_driver(api.cuStreamWaitEvent(main, joined_[i], 0), "cuStreamWaitEvent(join)");
     }
     stream_ = main;
+}
+
+void GpuSession::dequantize_layer(int l) {
+    const jit::DriverApi& api = jit::driver();
+    const CUstream main = jit::Device::get().stream();
+    const bool side = streams_ && !profiler_;
+    if (side) {  // slot l % 2 is free once everything enqueued so far (layer l - 2) has run
+        jit::check_driver(api.cuEventRecord(slot_free_, main), "cuEventRecord(slot free)");
+        jit::check_driver(api.cuStreamWaitEvent(deq_stream_, slot_free_, 0),
+                          "cuStreamWaitEvent(slot free)");
+        stream_ = deq_stream_;
+    }
+    const GpuLayer& g = model_.layers()[l];
+    for (const GpuMatrix* m :
+         {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+        if (m->present() && !m->spec_dequant.empty()) dequantized(*m, l % 2);
+    if (side) {
+        jit::check_driver(api.cuEventRecord(deq_ready_[l % 2], deq_stream_),
+                          "cuEventRecord(dequantized)");
+        stream_ = main;
+        ++paths_.dequant_ahead;
+    }
+}
+
+void GpuSession::wait_dequantized(int l) {
+    if (!streams_ || profiler_) return;  // made in order on the compute stream
+    jit::check_driver(
+        jit::driver().cuStreamWaitEvent(jit::Device::get().stream(), deq_ready_[l % 2], 0),
+        "cuStreamWaitEvent(dequantized)");
 }
 
 int GpuSession::context() const {
