@@ -1,11 +1,11 @@
-// dequant_f16: K-quant rows -> fp16 rows, for the prefill products of K-quant matrices: a chunk
-// of T > 8 tokens multiplies the dequantized copy with cuBLAS (tensor cores, fp32 accumulation)
-// instead of running T / 8 batched matvecs, each of which would read the weights again. The copy
-// lives in a per-session scratch buffer; the model keeps the K-quant bytes.
+// dequant_f16: K-quant (and Q4_1 / Q5_0 / Q5_1) rows -> fp16 rows, for the prefill products of
+// K-quant matrices: a chunk of T > 8 tokens multiplies the dequantized copy with cuBLAS (tensor
+// cores, fp32 accumulation) instead of running T / 8 batched matvecs, each of which would read the
+// weights again. The copy lives in a per-session scratch buffer; the model keeps the K-quant bytes.
 //
 // Constants (prologue #defines):
-//   K        row width in elements (a multiple of 256)
-//   WTYPE    ggml type id: 12 Q4_K, 13 Q5_K, 14 Q6_K
+//   K        row width in elements (a multiple of 256; of 32 for the 32-element block types)
+//   WTYPE    ggml type id: 12 Q4_K, 13 Q5_K, 14 Q6_K, or 3 Q4_1, 6 Q5_0, 7 Q5_1
 //   ELEMS    elements per thread: 8 (consecutive lanes write consecutive 16-byte runs)
 //   THREADS  threads per block (multiple of 32)
 // Launch: block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
@@ -15,24 +15,38 @@
 // consecutive halves (one 16-byte store, so a warp writes 512 contiguous bytes) from the 8 quant
 // bytes under them and the block's scale bytes (shared with its neighbours through L1).
 #include "kquant.cuh"
+#include "q32_blocks.cuh"
 
 #ifndef THREADS
 #define THREADS 256
 #endif
-static_assert(K % 256 == 0 && K > 0, "dequant_f16: K must be a positive multiple of 256");
-static_assert(WTYPE == 12 || WTYPE == 13 || WTYPE == 14,
-              "dequant_f16: WTYPE must be 12 (q4_k), 13 (q5_k) or 14 (q6_k)");
+#define GJ_Q32_TYPE (WTYPE == 3 || WTYPE == 6 || WTYPE == 7)
+static_assert(K % (GJ_Q32_TYPE ? 32 : 256) == 0 && K > 0,
+              "dequant_f16: K must be a positive multiple of the block size");
+static_assert(WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || GJ_Q32_TYPE,
+              "dequant_f16: WTYPE must be 12 (q4_k), 13 (q5_k), 14 (q6_k), 3 (q4_1), 6 (q5_0) or "
+              "7 (q5_1)");
 static_assert(ELEMS == 8, "dequant_f16: ELEMS must be 8");
-static_assert(THREADS % 32 == 0 && THREADS <= 1024, "dequant_f16: THREADS must be a multiple of 32");
+static_assert(THREADS % 32 == 0 && THREADS <= 1024,
+              "dequant_f16: THREADS must be a multiple of 32");
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     dequant_f16(const uint8* __restrict__ src, uint4* __restrict__ dst, int n_rows) {
     const size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;  // group of 8 elements
     if (i >= (size_t)n_rows * (K / 8)) return;
-    const size_t b = i / 32;  // super-blocks are contiguous across rows
-    const int e = 8 * (int)(i % 32);  // first element in the block
     float f[8];
-#if WTYPE == 12 || WTYPE == 13
+#if GJ_Q32_TYPE
+    // 32-element blocks, contiguous across rows: 4 threads per block.
+    const uint8* blk = src + (i / 4) * gj_q32_layout<WTYPE>::kBytes;
+    const float4 a = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4)),
+                 c = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4) + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = c.x, f[5] = c.y, f[6] = c.z, f[7] = c.w;
+#else
+    const size_t b = i / 32;          // super-blocks are contiguous across rows
+    const int e = 8 * (int)(i % 32);  // first element in the block
+#endif
+#if GJ_Q32_TYPE
+#elif WTYPE == 12 || WTYPE == 13
     constexpr int kBytes = WTYPE == 12 ? GJ_Q4_K_BYTES : GJ_Q5_K_BYTES;
     constexpr int kQs = WTYPE == 12 ? 16 : 48;
     const uint8* blk = src + b * kBytes;  // 16-byte aligned: blocks are 16-byte multiples

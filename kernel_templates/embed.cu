@@ -6,8 +6,8 @@
 //
 // Constants (prologue #defines):
 //   N        row width in elements: a multiple of 4 (of 32 for the quantized types)
-//   WTYPE    ggml type id of the table: 0 f32, 1 f16, 2 q4_0, 8 q8_0, 12 q4_k, 13 q5_k, 14 q6_k,
-//            30 bf16 (K-quant rows hold whole 256-element super-blocks)
+//   WTYPE    ggml type id of the table: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 6 q5_0, 7 q5_1, 8 q8_0,
+//            12 q4_k, 13 q5_k, 14 q6_k, 30 bf16 (K-quant rows hold whole 256-element super-blocks)
 //   VOCAB    rows in the table. A token id outside [0, VOCAB) yields a row of NaN (never an
 //            out-of-bounds read), which the logits kernels report as token -1.
 //   THREADS  threads per block (multiple of 32)
@@ -16,16 +16,17 @@
 // Entry: embed_rows(rows /*[T] int32 token ids*/, T, table, out /*fp32 [T][N]*/, scale).
 // Each thread writes 4 consecutive outputs with one 16-byte store (out 16-byte aligned).
 #include "kquant.cuh"
+#include "q32_blocks.cuh"
 
 #ifndef THREADS
 #define THREADS 128
 #endif
-static_assert(WTYPE == 0 || WTYPE == 1 || WTYPE == 2 || WTYPE == 8 || WTYPE == 12 || WTYPE == 13 ||
-                  WTYPE == 14 || WTYPE == 30,
-              "embed_rows: WTYPE must be one of 0 (f32), 1 (f16), 2 (q4_0), 8 (q8_0), 12 (q4_k), "
-              "13 (q5_k), 14 (q6_k), 30 (bf16)");
+static_assert(WTYPE == 0 || WTYPE == 1 || WTYPE == 2 || WTYPE == 3 || WTYPE == 6 || WTYPE == 7 ||
+                  WTYPE == 8 || WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || WTYPE == 30,
+              "embed_rows: WTYPE must be one of 0 (f32), 1 (f16), 2 (q4_0), 3 (q4_1), 6 (q5_0), "
+              "7 (q5_1), 8 (q8_0), 12 (q4_k), 13 (q5_k), 14 (q6_k), 30 (bf16)");
 static_assert(N % 4 == 0 && N > 0, "embed_rows: N must be a positive multiple of 4");
-static_assert((WTYPE != 2 && WTYPE != 8) || N % 32 == 0,
+static_assert((WTYPE != 2 && WTYPE != 3 && WTYPE != 6 && WTYPE != 7 && WTYPE != 8) || N % 32 == 0,
               "embed_rows: quantized rows hold whole 32-element blocks");
 static_assert(WTYPE < 12 || WTYPE > 14 || N % 256 == 0,
               "embed_rows: K-quant rows hold whole 256-element super-blocks");
@@ -46,6 +47,9 @@ GJ_DEVICE float4 gj_embed_group(const uint8* table, size_t id, int g) {
         make_float2(bf16_to_f32((bf16_bits)(h.y & 0xffffu)), bf16_to_f32((bf16_bits)(h.y >> 16)));
 #endif
     return make_float4(a.x, a.y, b.x, b.y);
+#elif WTYPE == 3 || WTYPE == 6 || WTYPE == 7
+    return gj_q32_dequant4<WTYPE>(table + (id * (N / 32) + g / 8) * gj_q32_layout<WTYPE>::kBytes,
+                                  g % 8);
 #elif WTYPE >= 12 && WTYPE <= 14
     constexpr int kBlockBytes = WTYPE == 12   ? GJ_Q4_K_BYTES
                                 : WTYPE == 13 ? GJ_Q5_K_BYTES

@@ -49,7 +49,6 @@ bool is_float_type(ggml::Type t) {
 bool is_block_quant(ggml::Type t) {
     return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
 }
-using spec_util::is_kquant;
 uint64_t type_bytes(ggml::Type t, uint64_t rows, uint64_t cols) {
     return rows * *ggml::row_bytes(t, cols);
 }
@@ -177,9 +176,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                 g.gemm_bf16 = wgmma;
                 gemm_bf16 = gemm_bf16 || wgmma;
             }
-        } else if (is_kquant(t) && g.cols % 256 == 0) {
-            // Read in place by the decode matvecs; prefill chunks multiply an F16 copy made per
-            // chunk in the session scratch with cuBLAS.
+        } else if (spec_util::has_dequant_f16(t) &&
+                   g.cols % spec_util::matvec_block_elems(t) == 0) {
+            // K-quants and Q4_1/Q5_0/Q5_1: read in place by the decode matvecs; prefill chunks
+            // multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols)).name;
@@ -221,7 +221,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         g.rows = int(m.rows());
         g.cols = int(m.cols());
         const ggml::Type t = m.type();
-        g.type = is_float_type(t) || is_block_quant(t) || (is_kquant(t) && g.cols % 256 == 0)
+        g.type = is_float_type(t) || is_block_quant(t) ||
+                         (spec_util::has_dequant_f16(t) &&
+                          g.cols % spec_util::matvec_block_elems(t) == 0)
                      ? t
                      : ggml::Type::F16;
         if (g.type != t) {

@@ -80,11 +80,12 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // A K-quant file stores rows that are not whole super-blocks in a 32-block fallback type
     // (planned with that type), so K-quant kernels exist only for widths of whole super-blocks.
     auto fits = [](ggml::Type t, int k) { return !is_kquant(t) || k % 256 == 0; };
+    // Only Q8_0 / Q4_0 have the split layout; every other type is read in its GGUF blocks.
+    auto has_split = [](ggml::Type t) { return has_gemm(t); };
     auto add_matvec = [&](ggml::Type t, int k) {
         if (!fits(t, k)) return;
         for (int ncols : col_counts)
-            add(matvec_spec(t, k, ncols,
-                            is_float_type(t) || is_kquant(t) ? MatvecLayout::Ggml : types.layout));
+            add(matvec_spec(t, k, ncols, has_split(t) ? types.layout : MatvecLayout::Ggml));
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide).
@@ -182,15 +183,16 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (types.blas) {
         bool half = false;
         for (ggml::Type t : {types.matmul, types.token_embd, types.ple_model_proj})
-            half = half || t == ggml::Type::F16 || t == ggml::Type::BF16 || is_kquant(t);
+            half = half || t == ggml::Type::F16 || t == ggml::Type::BF16 ||
+                   spec_util::has_dequant_f16(t);
         if (half) add(convert_f32_spec());
-        if (is_float_type(types.matmul) || is_kquant(types.matmul))
+        if (is_float_type(types.matmul) || spec_util::has_dequant_f16(types.matmul))
             for (const auto& l : cfg.layers)
                 if (l.ffn_dim > 0) add(gelu_mul_spec(l.ffn_dim));
-        if (is_kquant(types.matmul))
+        if (spec_util::has_dequant_f16(types.matmul))
             for (int k : widths)
                 if (fits(types.matmul, k)) add(dequant_f16_spec(types.matmul, k));
-        if (cfg.has_ple() && is_kquant(types.ple_model_proj))
+        if (cfg.has_ple() && spec_util::has_dequant_f16(types.ple_model_proj))
             add(dequant_f16_spec(types.ple_model_proj, d));
     }
 

@@ -1,7 +1,7 @@
 // dequant_f16 on the GPU against the CPU: K-quant rows (Q4_K, Q5_K, Q6_K in their GGUF
-// super-blocks) to fp16 must equal the CPU's dequantized floats rounded to fp16, bit for bit, for
-// one and several super-blocks per row, 210-byte Q6_K rows that start 2 bytes past a word, and a
-// grid whose last block is partial (nothing written past the matrix).
+// super-blocks) and Q4_1 / Q5_0 / Q5_1 rows to fp16 must equal the CPU's dequantized floats rounded
+// to fp16, bit for bit, for one and several super-blocks per row, 210-byte Q6_K rows that start 2
+// bytes past a word, and a grid whose last block is partial (nothing written past the matrix).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -60,7 +60,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{ggml::Type::Q4_K, 256, 33}, Case{ggml::Type::Q4_K, 2560, 70},
                       Case{ggml::Type::Q5_K, 256, 33}, Case{ggml::Type::Q5_K, 10240, 9},
                       Case{ggml::Type::Q6_K, 256, 33}, Case{ggml::Type::Q6_K, 768, 17},
-                      Case{ggml::Type::Q6_K, 2560, 70}),
+                      Case{ggml::Type::Q6_K, 2560, 70}, Case{ggml::Type::Q4_1, 32, 33},
+                      Case{ggml::Type::Q5_0, 96, 31}, Case{ggml::Type::Q5_1, 2112, 9}),
     [](const ::testing::TestParamInfo<Case>& i) {
         return ggml::type_name(i.param.type) + "_k" + std::to_string(i.param.k) + "_r" +
                std::to_string(i.param.rows);

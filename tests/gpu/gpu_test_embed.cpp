@@ -1,10 +1,10 @@
 // embed_rows on the GPU against the CPU's ggml dequantization: every table type (f32, f16, bf16,
-// q8_0, q4_0, and the K-quants q4_k, q5_k, q6_k read in their super-blocks; Q6_K is what
-// llama.cpp's Q4_K_M files store embeddings in) at the token-embedding widths of the tiny presets
-// and the real models and at the PLE table widths (L * P), single tokens and batches with repeated
-// ids. The GPU computes the same two fp32 products as the CPU, so the comparison is bit for bit.
-// Also: ids outside the table give NaN rows, and a grid sized for a larger batch leaves the rows
-// past T untouched.
+// q8_0, q4_0, q4_1, q5_0, q5_1, and the K-quants q4_k, q5_k, q6_k read in their super-blocks; Q6_K
+// is what llama.cpp's Q4_K_M files store embeddings in) at the token-embedding widths of the tiny
+// presets and the real models and at the PLE table widths (L * P), single tokens and batches with
+// repeated ids. The GPU computes the same two fp32 products as the CPU, so the comparison is bit
+// for bit. Also: ids outside the table give NaN rows, and a grid sized for a larger batch leaves
+// the rows past T untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -113,7 +113,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{ggml::Type::Q5_K, 768, 300}, Case{ggml::Type::Q6_K, 1536, 300},
         Case{ggml::Type::Q6_K, 2560, 300}, Case{ggml::Type::Q4_K, 2560, 300},
         Case{ggml::Type::Q5_K, 5376, 200}, Case{ggml::Type::Q6_K, 10752, 200},
-        Case{ggml::Type::Q4_K, 10752, 200}),
+        Case{ggml::Type::Q4_K, 10752, 200},
+        // The 32-block fallbacks (Q5_0: 22-byte blocks, rows of 96 start 2 bytes past a word
+        // every other row).
+        Case{ggml::Type::Q4_1, 128, 300}, Case{ggml::Type::Q5_0, 96, 301},
+        Case{ggml::Type::Q5_1, 2816, 200}, Case{ggml::Type::Q5_0, 2816, 200}),
     case_name);
 
 TEST(Embed, IdsOutsideTheTableGiveNanRows) {

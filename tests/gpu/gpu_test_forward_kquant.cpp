@@ -2,16 +2,19 @@
 // quantizer (Q4_K_M: Q4_K matrices, Q6_K for some attn_v / ffn_down and the tied embedding;
 // Q5_K_M; pure Q6_K), against the CPU reference: the K-quants stay in their GGUF blocks on the
 // GPU (the model's bytes within 5% of the file's), decode steps read them with the K-quant
-// matvecs, and prefill chunks multiply F16 copies made per chunk with cuBLAS. Also: a tensor type
-// no kernel reads (Q5_0) is dequantized to F16 on upload with a one-line notice.
+// matvecs, and prefill chunks multiply F16 copies made per chunk with cuBLAS; the 32-block
+// fallback types (Q4_1, Q5_0, Q5_1) the same way. Also: a tensor type no kernel reads (IQ4_NL) is
+// dequantized to F16 on upload with a one-line notice.
 // Tolerance: as for Q8_0/Q4_0 weights (gpu_test_forward.cpp): the activations are quantized to
 // int8 per 32 values before every matvec, and K/V are stored as fp16: 3e-2 of max |logit|.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "engine/gguf/dequant.h"
+#include "engine/gguf/half.h"
 #include "engine/gguf/quantize.h"
 #include "engine/gguf/reader.h"
 #include "engine/gguf/writer.h"
@@ -92,11 +95,20 @@ std::filesystem::path with_ple_table_as(const std::filesystem::path& src,
             w.write_tensor_data(t.name, {t.data, size_t(t.n_bytes)});
             continue;
         }
-        const std::vector<float> values = gj::ggml::dequantize_tensor(t);
         const uint64_t cols = t.dims[0], row_bytes = *ggml::row_bytes(type, cols);
         std::vector<uint8_t> q(row_bytes * t.rows());
-        for (uint64_t r = 0; r < t.rows(); ++r)
-            ggml::quantize_row(type, &values[r * cols], &q[r * row_bytes], int64_t(cols));
+        if (ggml::can_quantize(type)) {
+            const std::vector<float> values = gj::ggml::dequantize_tensor(t);
+            for (uint64_t r = 0; r < t.rows(); ++r)
+                ggml::quantize_row(type, &values[r * cols], &q[r * row_bytes], int64_t(cols));
+        } else {  // IQ4_NL (no quantizer here): random level indices, a small fp16 scale
+            const size_t block = ggml::type_info(type).block_bytes;
+            uint32_t r = 7;
+            for (size_t i = 0; i < q.size(); ++i)
+                q[i] = uint8_t((r = r * 1664525u + 1013904223u) >> 24);
+            const uint16_t d = gj::f32_to_f16(1.0f / 256.0f);
+            for (size_t b = 0; b < q.size(); b += block) std::memcpy(&q[b], &d, 2);
+        }
         w.write_tensor_data(t.name, q);
     }
     w.finish();
@@ -189,23 +201,51 @@ TEST(GpuKQuant, E4bShapedQ4KMMatchesTheCpuReference) {
     EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(big->config().n_layers));
 }
 
-// A tensor type no kernel reads (here the PLE table as Q5_0) is dequantized to F16 on upload, with
-// a one-line notice, and the model still matches the CPU reference (which reads the Q5_0 rows).
+// The 32-block fallback types of K-quant files (Q4_1, Q5_0, Q5_1) read in place: every matrix
+// and table of tiny-e2b in each, decode steps and 32-token prefill chunks (cuBLAS products of
+// dequantized copies) against the CPU reference.
+TEST(GpuKQuant, FallbackBlockTypesMatchTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-q32");
+    for (auto type : {ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1}) {
+        const std::string what = ggml::type_name(type);
+        SCOPED_TRACE(what);
+        const auto path = synth_mix(dir, "tiny-e2b", what);
+        const auto f = flags();
+        std::vector<std::string> lines;
+        auto model = load_noting(path, 256, 32, f, lines);
+        EXPECT_EQ(f16_notices(lines), 0);
+        EXPECT_EQ(model->layers()[0].gate.type, type);
+        EXPECT_EQ(model->token_embd().type, type);
+        const int V = model->config().vocab_size;
+        const auto tokens = test_tokens(40, V);
+        const auto ref = cpu_logits(path, tokens);
+        GpuSession s(*model);
+        expect_agree(ref, s.prefill_logits(tokens), V, kTolQuant, what + " 32-token chunks vs CPU");
+        EXPECT_GT(s.path_counts().dequant, 0u);
+        s.reset();
+        expect_agree(ref, decode_logits(s, tokens), V, kTolQuant, what + " decode steps vs CPU");
+    }
+}
+
+// A tensor type no kernel reads (here the PLE table as IQ4_NL) is dequantized to F16 on upload,
+// with a one-line notice, and the model still matches the CPU reference (which reads the IQ4_NL
+// rows).
 TEST(GpuKQuant, UnsupportedTensorTypesAreDequantizedToF16) {
     GJ_REQUIRE_GPU();
-    ScratchDir dir("gpu-q5_0");
+    ScratchDir dir("gpu-iq4_nl");
     const auto path = with_ple_table_as(synth(dir, "tiny", ggml::Type::Q8_0),
-                                        dir.path() / "q5_0.gguf", ggml::Type::Q5_0);
+                                        dir.path() / "iq4_nl.gguf", ggml::Type::IQ4_NL);
     const auto f = flags();
     std::vector<std::string> lines;
     auto model = load_noting(path, 128, 8, f, lines);
     EXPECT_EQ(model->ple_table().type, ggml::Type::F16);
     int notices = 0;
     for (const auto& l : lines)
-        notices += l.find("q5_0") != std::string::npos && l.find("F16") != std::string::npos;
+        notices += l.find("iq4_nl") != std::string::npos && l.find("F16") != std::string::npos;
     EXPECT_EQ(notices, 1);
     const auto tokens = test_tokens(24, model->config().vocab_size);
     GpuSession s(*model);
     expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
-                 kTolQuant, "Q5_0 PLE table (F16 on the GPU) vs CPU");
+                 kTolQuant, "IQ4_NL PLE table (F16 on the GPU) vs CPU");
 }

@@ -2,8 +2,8 @@
 // without weight, per head, residual add, fused quantization, and rmsnorm_ext: the layer output
 // scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
 // the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
-// counts that do not fill the last block), and the K-quant (Q4_K, Q5_K, Q6_K) matvecs in their
-// GGUF super-blocks the same ways.
+// counts that do not fill the last block), and the K-quant (Q4_K, Q5_K, Q6_K) and Q4_1 / Q5_0 /
+// Q5_1 matvecs in their GGUF blocks the same ways.
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -331,13 +331,30 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 768, 131, 32, 2, 2},
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 10240, 301, 128, 2, 1},
-        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 5376, 130, 32, 1, 8}),
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Ggml, 5376, 130, 32, 1, 8},
+        // The 32-block fallbacks of K-quant files: one block per row, three (22-byte Q5_0 rows
+        // that start 2 bytes past a word every other row), the 26B's 2112 and 704.
+        MatvecCase{ggml::Type::Q4_1, MatvecLayout::Ggml, 32, 129, 32, 1, 1},
+        MatvecCase{ggml::Type::Q4_1, MatvecLayout::Ggml, 2112, 300, 64, 3, 2},
+        MatvecCase{ggml::Type::Q5_0, MatvecLayout::Ggml, 96, 127, 32, 2, 8},
+        MatvecCase{ggml::Type::Q5_0, MatvecLayout::Ggml, 704, 131, 32, 1, 1},
+        MatvecCase{ggml::Type::Q5_0, MatvecLayout::Ggml, 2112, 300, 128, 1, 1},
+        MatvecCase{ggml::Type::Q5_1, MatvecLayout::Ggml, 96, 127, 32, 1, 2},
+        MatvecCase{ggml::Type::Q5_1, MatvecLayout::Ggml, 2560, 1000, 64, 2, 1}),
     [](const ::testing::TestParamInfo<MatvecCase>& i) { return case_name(i.param); });
 
 // The plan's own choice of THREADS/ROWS, for the E4B widths and the tiny ones, both layouts,
 // decode and 8-column prefill batches; the K-quants at every width of whole super-blocks.
 TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
     GJ_REQUIRE_GPU();
+    for (auto t : {ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1})
+        for (int ncols : {1, 8})
+            for (int k : {2112, 704, 96, 32}) {
+                const auto s = gj::gemma4::matvec_spec(t, k, ncols);
+                check_matvec({t, MatvecLayout::Ggml, k, 515,
+                              int(gj::gemma4::spec_constant(s, "THREADS")),
+                              int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
+            }
     for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K})
         for (int ncols : {1, 8})
             for (int k : {2560, 10240, 2048, 1536, 512, 256}) {

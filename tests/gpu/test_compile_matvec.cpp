@@ -1,7 +1,7 @@
-// NVRTC compilation, on the CPU, of the matvec specs (matvec_q8_0, matvec_q4_0, the K-quant
-// matvec_q4_k / _q5_k / _q6_k, matvec_f) of every preset's plan and the forms no plan uses by
-// default, and of the K-quant dequant_f16 specs: each must compile, stream its weights with the
-// loads it exists for, and spill nothing.
+// NVRTC compilation, on the CPU, of the matvec specs (matvec_q8_0, matvec_q4_0, the fallback
+// matvec_q4_1 / _q5_0 / _q5_1, the K-quant matvec_q4_k / _q5_k / _q6_k, matvec_f) of every preset's
+// plan and the forms no plan uses by default, and of the K-quant dequant_f16 specs: each must
+// compile, stream its weights with the loads it exists for, and spill nothing.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -18,8 +18,8 @@ using gj::test::occurrences;
 
 TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
     compile_and_check(
-        all_specs_of({"matvec_q8_0", "matvec_q4_0", "matvec_q4_k", "matvec_q5_k", "matvec_q6_k",
-                      "matvec_f"}),
+        all_specs_of({"matvec_q8_0", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
+                      "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_f"}),
         [](const CompiledKernel& c, const std::string& /*arch*/) {
             const auto& s = c.spec;
             if (s.family == "matvec_f") {
@@ -48,13 +48,15 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                     // 16-byte loads like the split layout; Q6_K's 210-byte blocks join words.
                     const bool streams = spec_constant(s, "LAYOUT") == 1 ||
                                          s.family == "matvec_q4_k" || s.family == "matvec_q5_k";
-                    if (streams)
+                    if (streams) {
                         EXPECT_NE(body.find("ld.global.nc.L1::no_allocate.v4.u32"),
                                   std::string::npos)
                             << e << ": the weights must stream in 16-byte loads";
-                    else
+                    } else if (s.family == "matvec_q8_0" || s.family == "matvec_q4_0" ||
+                               s.family == "matvec_q6_k") {
                         EXPECT_NE(body.find("shf.r."), std::string::npos)
                             << e << ": ggml layout joins unaligned words with funnel shifts";
+                    }
                 }
                 // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one.
                 EXPECT_EQ(occurrences(entry_ptx(c.ptx, s.entries[2]), "dp4a"),

@@ -154,12 +154,12 @@ TEST(KernelPlan, MixedWeightTypes) {
     const auto q6 = names_of(build_kernel_plan(Config::preset("e4b"), types));
     EXPECT_TRUE(q6.count("embed_rows.q6_k.n2560.v262144"));
     EXPECT_TRUE(q6.count("matvec_q6_k.k2560"));
-    types.token_embd = ggml::Type::Q5_1;
+    types.token_embd = ggml::Type::IQ4_NL;
     try {
         build_kernel_plan(Config::preset("e4b"), types);
         FAIL() << "expected ConfigError";
     } catch (const gj::gemma4::ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("token_embd stored as q5_1"), std::string::npos)
+        EXPECT_NE(std::string(e.what()).find("token_embd stored as iq4_nl"), std::string::npos)
             << e.what();
     }
 }
@@ -230,7 +230,11 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     EXPECT_THROW(rmsnorm_spec(6, true), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2080 + 16), std::invalid_argument);  // % 32 != 0
     EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2560, 9), std::invalid_argument);
-    EXPECT_THROW(matvec_spec(ggml::Type::Q5_0, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(matvec_spec(ggml::Type::IQ4_NL, 2560), gj::gemma4::ConfigError);
+    EXPECT_NO_THROW(matvec_spec(ggml::Type::Q5_0, 2112));
+    EXPECT_THROW(matvec_spec(ggml::Type::Q5_1, 2560, 1, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q4_1, 100), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q4_K, 2112), std::invalid_argument);  // % 256 != 0
     EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560, 1, MatvecLayout::Split),
                  std::invalid_argument);
@@ -241,7 +245,7 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
                  std::invalid_argument);
     EXPECT_THROW(gj::gemma4::matvec_f_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);
     EXPECT_THROW(gj::gemma4::embed_rows_spec(100, ggml::Type::Q8_0, 1000), std::invalid_argument);
-    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q5_1, 1000),
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::IQ4_NL, 1000),
                  gj::gemma4::ConfigError);
     EXPECT_THROW(gj::gemma4::embed_rows_spec(2112, ggml::Type::Q6_K, 1000), std::invalid_argument);
     EXPECT_THROW(gj::gemma4::ple_finish_spec(42, 100), std::invalid_argument);

@@ -104,6 +104,18 @@ std::vector<KernelSpec> all_specs() {
         add(gemma4::matvec_spec(t, 2560, 2));
         add(gemma4::matvec_spec(t, 5376, 4));
     }
+    // The 32-block fallbacks: the 26B's K-quant mixes (ffn_down 2112 wide: Q5_0 / Q5_1 / Q8_0)
+    // and whole tiny models in Q4_1 / Q5_0 / Q5_1, as the GPU tests run them.
+    for (const char* mix : {"q4_k_m", "q5_k_m"})
+        for (const auto& s : build_kernel_plan(
+                 Config::preset("26b-a4b"), *gemma4::quant_mix_from_name(mix),
+                 {ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0}))
+            add(s);
+    for (const char* mix : {"q4_1", "q5_0", "q5_1"})
+        for (const auto& s : build_kernel_plan(
+                 Config::preset("tiny-e2b"), *gemma4::quant_mix_from_name(mix),
+                 {ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0}))
+            add(s);
     // The bf16 KV cache (GEMMAJIT_KV_TYPE=bf16), and the attention kernels of a tiny preset
     // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
     for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))

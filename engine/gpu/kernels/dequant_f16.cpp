@@ -10,12 +10,14 @@
 namespace gj::gemma4 {
 
 jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k) {
-    if (!spec_util::is_kquant(weight_type))
-        throw ConfigError(fmt::format("dequant_f16: weight type {} is not q4_k, q5_k or q6_k",
-                                      ggml::type_name(weight_type)));
-    if (k <= 0 || k % 256 != 0)
+    if (!spec_util::has_dequant_f16(weight_type))
+        throw ConfigError(
+            fmt::format("dequant_f16: weight type {} is not q4_k, q5_k, q6_k, q4_1, q5_0 or q5_1",
+                        ggml::type_name(weight_type)));
+    const int block = spec_util::matvec_block_elems(weight_type);
+    if (k <= 0 || k % block != 0)
         throw std::invalid_argument(
-            fmt::format("dequant_f16: row width {} is not a positive multiple of 256", k));
+            fmt::format("dequant_f16: row width {} is not a positive multiple of {}", k, block));
     jit::KernelSpec s;
     s.family = "dequant_f16";
     s.name = fmt::format("dequant_f16.{}.k{}", ggml::type_name(weight_type), k);

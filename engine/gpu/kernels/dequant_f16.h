@@ -11,8 +11,9 @@
 
 namespace gj::gemma4 {
 
-// Dequantization of rows k wide stored as Q4_K / Q5_K / Q6_K: "dequant_f16.<type>.k<k>".
-// Throws ConfigError for another type, std::invalid_argument for k not a positive multiple of 256.
+// Dequantization of rows k wide stored as Q4_K / Q5_K / Q6_K (or Q4_1 / Q5_0 / Q5_1):
+// "dequant_f16.<type>.k<k>". Throws ConfigError for another type, std::invalid_argument for k not
+// a positive multiple of the type's block (256, or 32).
 jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k);
 
 }  // namespace gj::gemma4

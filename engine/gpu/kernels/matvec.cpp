@@ -60,10 +60,12 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
         if (k % 256 != 0)
             throw std::invalid_argument(fmt::format(
                 "matvec_{}: input width {} is not a multiple of 256 (whole super-blocks)", tag, k));
-        if (layout != MatvecLayout::Ggml)
-            throw std::invalid_argument(fmt::format(
-                "matvec_{}: K-quants are read in their GGUF blocks (no split layout)", tag));
     }
+    if ((is_kquant(weight_type) || spec_util::is_q32_fallback(weight_type)) &&
+        layout != MatvecLayout::Ggml)
+        throw std::invalid_argument(
+            fmt::format("matvec_{}: {} is read in its GGUF blocks (no split layout)", tag,
+                        ggml::type_name(weight_type)));
     const int units = matvec_units(weight_type, k, layout);
     const int threads = matvec_threads(units);
     // Batches of 4 iterations, unless a row takes 5..7 iterations: then one batch of all of them,

@@ -15,7 +15,7 @@ int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
 namespace spec_util {
 
 std::string supported_types() {
-    return "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k";
+    return "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k";
 }
 
 int gqa_group(const Config& cfg, int layer) {

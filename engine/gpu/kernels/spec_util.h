@@ -45,8 +45,8 @@ inline int prev_pow2(int v) {
 }
 
 // The tag of a block-quantized weight type the int8 (dp4a) matvecs read in place against Q8_1
-// activations: "q8_0", "q4_0" (32-element blocks) or "q4_k", "q5_k", "q6_k" (256-element
-// K-quant super-blocks); else nullptr.
+// activations: "q8_0", "q4_0", "q4_1", "q5_0", "q5_1" (32-element blocks) or "q4_k", "q5_k",
+// "q6_k" (256-element K-quant super-blocks); else nullptr.
 inline const char* quant_type_tag(ggml::Type t) {
     switch (t) {
         case ggml::Type::Q8_0:
@@ -59,9 +59,21 @@ inline const char* quant_type_tag(ggml::Type t) {
             return "q5_k";
         case ggml::Type::Q6_K:
             return "q6_k";
+        case ggml::Type::Q4_1:
+            return "q4_1";
+        case ggml::Type::Q5_0:
+            return "q5_0";
+        case ggml::Type::Q5_1:
+            return "q5_1";
         default:
             return nullptr;
     }
+}
+
+// The 32-element block types read in place in their GGUF blocks only (no split layout, no
+// tensor-core GEMM): Q4_1, Q5_0, Q5_1, the fallbacks of K-quant files.
+inline bool is_q32_fallback(ggml::Type t) {
+    return t == ggml::Type::Q4_1 || t == ggml::Type::Q5_0 || t == ggml::Type::Q5_1;
 }
 
 // K-quant super-block types (256 elements per block).
@@ -73,6 +85,11 @@ inline bool is_kquant(ggml::Type t) {
 // 16-byte group of f32) stands for the float types.
 inline int matvec_block_elems(ggml::Type t) {
     return is_kquant(t) ? 256 : quant_type_tag(t) ? 32 : 4;
+}
+
+// Whether prefill products of type t go through F16 copies (dequant_f16) and cuBLAS.
+inline bool has_dequant_f16(ggml::Type t) {
+    return is_kquant(t) || is_q32_fallback(t);
 }
 
 // Whether the prefill tensor-core GEMMs (mmq, gemm_wgmma) read weights of type t in place.
