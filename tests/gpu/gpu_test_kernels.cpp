@@ -347,30 +347,30 @@ INSTANTIATE_TEST_SUITE_P(
 // decode and 8-column prefill batches; the K-quants at every width of whole super-blocks.
 TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
     GJ_REQUIRE_GPU();
-    for (auto t : {ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1})
-        for (int ncols : {1, 8})
-            for (int k : {2112, 704, 96, 32}) {
-                const auto s = gj::gemma4::matvec_spec(t, k, ncols);
-                check_matvec({t, MatvecLayout::Ggml, k, 515,
-                              int(gj::gemma4::spec_constant(s, "THREADS")),
-                              int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
-            }
-    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K})
-        for (int ncols : {1, 8})
-            for (int k : {2560, 10240, 2048, 1536, 512, 256}) {
-                const auto s = gj::gemma4::matvec_spec(t, k, ncols);
-                check_matvec({t, MatvecLayout::Ggml, k, 515,
-                              int(gj::gemma4::spec_constant(s, "THREADS")),
-                              int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
-            }
-    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
-        for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split})
-            for (int ncols : {1, 8})
-                for (int k : {2560, 10240, 2048, 256, 128, 32}) {
-                    const auto s = gj::gemma4::matvec_spec(t, k, ncols, layout);
-                    check_matvec({t, layout, k, 515, int(gj::gemma4::spec_constant(s, "THREADS")),
-                                  int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
-                }
+    struct Family {
+        std::vector<ggml::Type> types;
+        std::vector<MatvecLayout> layouts;
+        std::vector<int> widths;
+    };
+    const std::vector<int> q32_widths = {2112, 704, 96, 32};
+    const Family families[] = {
+        {{ggml::Type::Q8_0, ggml::Type::Q4_0},
+         {MatvecLayout::Ggml, MatvecLayout::Split},
+         {2560, 10240, 2048, 256, 128, 32}},
+        {{ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1}, {MatvecLayout::Ggml}, q32_widths},
+        {{ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K},
+         {MatvecLayout::Ggml},
+         {2560, 10240, 2048, 1536, 512, 256}}};
+    for (const Family& f : families)
+        for (auto t : f.types)
+            for (auto layout : f.layouts)
+                for (int ncols : {1, 8})
+                    for (int k : f.widths) {
+                        const auto s = gj::gemma4::matvec_spec(t, k, ncols, layout);
+                        check_matvec({t, layout, k, 515,
+                                      int(gj::gemma4::spec_constant(s, "THREADS")),
+                                      int(gj::gemma4::spec_constant(s, "ROWS")), ncols});
+                    }
 }
 
 // rmsnorm_ext: x = (residual + norm(u) * w) [* scale] then [y2 = norm(x) * w2] [quantized].
