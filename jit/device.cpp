@@ -1,5 +1,7 @@
 #include "jit/device.h"
 
+#include <atomic>
+
 #include <fmt/format.h>
 
 #include "jit/cuda_driver.h"
@@ -101,14 +103,25 @@ void Device::synchronize() const {
     check_driver(driver().cuCtxSynchronize(), "cuCtxSynchronize");
 }
 
+namespace {
+std::atomic<uint64_t> g_live_bytes{0};  // held by every DeviceBuffer of the process
+}  // namespace
+
+uint64_t DeviceBuffer::live_bytes() {
+    return g_live_bytes.load();
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : size_(bytes) {
     Device::get().make_current();
     if (bytes == 0) return;
     check_driver(driver().cuMemAlloc(&ptr_, bytes), fmt::format("cuMemAlloc({} bytes)", bytes));
+    g_live_bytes += bytes;
 }
 
 DeviceBuffer::~DeviceBuffer() {
-    if (ptr_) driver().cuMemFree(ptr_);  // nothing useful to do with an error in a destructor
+    if (!ptr_) return;
+    driver().cuMemFree(ptr_);  // nothing useful to do with an error in a destructor
+    g_live_bytes -= size_;
 }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), size_(o.size_) {
@@ -118,7 +131,10 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), size_(o.si
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-        if (ptr_) driver().cuMemFree(ptr_);
+        if (ptr_) {
+            driver().cuMemFree(ptr_);
+            g_live_bytes -= size_;
+        }
         ptr_ = o.ptr_;
         size_ = o.size_;
         o.ptr_ = 0;

@@ -72,6 +72,8 @@ class DeviceBuffer {
     void upload(const void* src, size_t bytes, size_t offset = 0);    // synchronous
     void download(void* dst, size_t bytes, size_t offset = 0) const;  // synchronous
     void zero();
+    // Device bytes all DeviceBuffers of the process hold now (a leak check for long runs).
+    static uint64_t live_bytes();
 
   private:
     CUdeviceptr ptr_ = 0;

@@ -20,10 +20,12 @@
 // Launch: block 32 * WARPS, grid (ceil(rows / WARPS), max_T) with rows = N_HEADS
 // (+ 2 * N_KV_HEADS when HAS_KV); blocks with blockIdx.y >= T exit, so a grid sized for the
 // largest batch serves every T (CUDA graphs).
-// Entry: attn_prep(q, k_raw, v_raw, q_norm_w, k_norm_w, k_cache, v_cache, positions, T, slots,
+// Entry: attn_prep(q, k_raw, v_raw, q_norm_w, k_norm_w, kv, seqs, positions, T, slots,
 //                  rope_base, eps). q [T][N_HEADS * HEAD_DIM], k_raw / v_raw
 // [T][N_KV_HEADS * HEAD_DIM] (v_raw ignored when HAS_V = 0; both, the norm weight of K and the
-// caches ignored when HAS_KV = 0).
+// caches ignored when HAS_KV = 0). kv: the layer's cache planes of every sequence, [n_seqs][2]
+// addresses (K, V); token t appends to sequence seqs[t] (seqs null: sequence 0), so one launch
+// serves the tokens of several sequences (batched decode).
 //
 // Numerics follow the CPU reference forward: the norm scale is 1 / sqrtf(mean(x^2) + eps) in
 // fp32; the frequency is the fp32 value of base^(-2j/HEAD_DIM) (computed in double, so it equals
@@ -95,8 +97,8 @@ GJ_DEVICE void rope_pair(float& lo, float& hi, int j, int pos, const float* inv_
 extern "C" __global__ void __launch_bounds__(32 * WARPS)
     attn_prep(float* __restrict__ q, const float* __restrict__ k_raw,
               const float* __restrict__ v_raw, const float* __restrict__ q_norm_w,
-              const float* __restrict__ k_norm_w, void* __restrict__ k_cache,
-              void* __restrict__ v_cache, const int* __restrict__ positions, int T, int slots,
+              const float* __restrict__ k_norm_w, const unsigned long long* __restrict__ kv,
+              const int* __restrict__ seqs, const int* __restrict__ positions, int T, int slots,
               float rope_base, float eps) {
     const int t = blockIdx.y;
     if (t >= T) return;
@@ -136,7 +138,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
         w = is_k ? k_norm_w : nullptr;
         rotate = is_k;
         const size_t cache_idx = (size_t)(pos % slots) * N_KV_HEADS + kvh;
-        void* plane = is_k ? k_cache : v_cache;
+        const int seq = seqs != nullptr ? seqs[t] : 0;
+        void* plane = (void*)kv[2 * seq + (is_k ? 0 : 1)];
         cache_row = (char*)plane + cache_idx * KV_ROW_BYTES;
 #if KV_Q8
         scale_row = (f16_bits*)(kv_scale_plane(plane, slots) + cache_idx * KV_SCALE_ROW_BYTES);

@@ -53,8 +53,11 @@
 // Launch flash_combine: grid (GROUP * N_KV_HEADS * HEAD_DIM / 16, max_T), block COMBINE_THREADS.
 // Blocks with blockIdx.z (decode) / blockIdx.y (combine) >= T exit.
 // Entries:
-//   flash_decode(q [T][H][HEAD_DIM], k_cache, v_cache, positions [T], T, slots, max_splits,
+//   flash_decode(q [T][H][HEAD_DIM], kv, seqs [T], positions [T], T, slots, max_splits,
 //                part_o [T][H][max_splits][HEAD_DIM], part_ml [T][H][max_splits] {m, l})
+//   kv: the layer's cache planes of every sequence, [n_seqs][2] addresses (K, V); query t reads
+//   the planes of sequence seqs[t] (seqs null: sequence 0), so one launch serves queries of
+//   several sequences (batched decode of a server's slots) at their own positions.
 //   flash_combine(part_o, part_ml, out [T][H][HEAD_DIM], T, max_splits)
 // The caller keeps slots >= WINDOW + T - 1 on ring layers and slots > every position on global
 // layers, so every visible key is still in the cache.
@@ -673,14 +676,14 @@ GJ_DEVICE void attend_split(uint8* smem, const float* __restrict__ q, const uint
 
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    flash_decode(const float* __restrict__ q, const void* __restrict__ k_cache,
-                 const void* __restrict__ v_cache, const int* __restrict__ positions, int T,
-                 int slots, int max_splits, float* __restrict__ part_o,
-                 float2* __restrict__ part_ml) {
+    flash_decode(const float* __restrict__ q, const unsigned long long* __restrict__ kv,
+                 const int* __restrict__ seqs, const int* __restrict__ positions, int T, int slots,
+                 int max_splits, float* __restrict__ part_o, float2* __restrict__ part_ml) {
     extern __shared__ __align__(16) uint8 smem[];
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     if (t >= T) return;
     const int pos = positions[t];
+    const int seq = seqs != nullptr ? seqs[t] : 0;
     const int lo = WINDOW > 0 ? max(0, pos - WINDOW + 1) : 0;
     const int len = split_len(pos - lo + 1, max_splits);
     const int start = lo + split * len;
@@ -692,8 +695,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             part_ml[part0 + (size_t)g * max_splits] = make_float2(neg_inf(), 0.0f);
         return;
     }
-    attend_split(smem, q, (const uint8*)k_cache, (const uint8*)v_cache, t, kvh, start, end, slots,
-                 max_splits, part0, part_o, part_ml);
+    attend_split(smem, q, (const uint8*)kv[2 * seq], (const uint8*)kv[2 * seq + 1], t, kvh, start,
+                 end, slots, max_splits, part0, part_o, part_ml);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 // of the device's copy bandwidth, measured once here with a device-to-device copy (bytes read +
 // written, like DEVICE.md). Each test first runs once unmeasured (kernel caches, graph capture,
 // clocks). --profile adds the kernel-time breakdown of each prompt (with TFLOP/s and the split
-// into matrix products, attention and the rest) and of one decode step, at each depth.
+// into matrix products, attention and the rest) and of one decode step, at each depth. -b B runs
+// tg as B sequences decoding together (a server's continuous batching): one forward pass per
+// step for all B, tokens/s counted over all of them, GB/s from the steps per second.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,6 +31,7 @@ struct BenchArgs {
     std::vector<int> prompt = {512};
     std::vector<int> gen = {128};
     std::vector<int> depth = {0};
+    std::vector<int> batch = {1};
     int reps = 5;
     bool profile = false;
     uint64_t seed = 42;
@@ -141,13 +144,19 @@ void run_bench(const BenchArgs& a) {
         if (v < 0) throw std::invalid_argument("-n values must be >= 0");
     for (int v : a.depth)
         if (v < 0) throw std::invalid_argument("-d values must be >= 0");
+    for (int v : a.batch)
+        if (v < 1 || v > gemma4::kMaxSequences)
+            throw std::invalid_argument(
+                fmt::format("-b values must be in [1, {}]", gemma4::kMaxSequences));
     const int max_p = *std::max_element(a.prompt.begin(), a.prompt.end());
     const int max_n = *std::max_element(a.gen.begin(), a.gen.end());
     const int max_d = *std::max_element(a.depth.begin(), a.depth.end());
+    const int max_b = *std::max_element(a.batch.begin(), a.batch.end());
 
     gemma4::GpuModelOptions mo;
     mo.context = (max_d + std::max(max_p, max_n + 1) + 255) / 256 * 256;
     mo.progress = status_line;
+    mo.sequences = max_b;
     auto model = gemma4::GpuModel::load(a.model, mo);
     gemma4::GpuSession session(*model);
     const gemma4::Config& cfg = model->config();
@@ -167,9 +176,13 @@ void run_bench(const BenchArgs& a) {
         fmt::format("{} {}", cfg.name, ggml::type_name(model->lm_head().type));
 
     std::mt19937_64 rng(a.seed);
-    auto go_to_depth = [&](int d) {
-        session.reset();
-        if (d > 0) session.prefill(random_tokens(d, cfg.vocab_size, rng), gemma4::Readout::Argmax);
+    auto go_to_depth = [&](int d, int sequences = 1) {
+        for (int s = 0; s < sequences; ++s) {
+            session.reset(s);
+            if (d > 0)
+                session.prefill(random_tokens(d, cfg.vocab_size, rng), gemma4::Readout::Argmax, {},
+                                s);
+        }
     };
     for (int d : a.depth) {
         const std::string at = d > 0 ? fmt::format(" @ d{}", d) : std::string();
@@ -196,22 +209,29 @@ void run_bench(const BenchArgs& a) {
         }
         for (int n : a.gen) {
             if (n == 0) continue;
-            std::vector<double> rates;
-            for (int r = 0; r <= a.reps; ++r) {
-                go_to_depth(d);
-                int32_t token = random_tokens(1, cfg.vocab_size, rng)[0];
-                const double t0 = now_s();
-                for (int i = 0; i < n; ++i)
-                    token = session.decode(token, gemma4::Readout::Argmax).token;
-                const double s = now_s() - t0;
-                if (r > 0) rates.push_back(n / s);
+            for (int B : a.batch) {
+                std::vector<double> rates;
+                for (int r = 0; r <= a.reps; ++r) {
+                    go_to_depth(d, B);
+                    std::vector<gemma4::BatchToken> step;
+                    for (int s = 0; s < B; ++s)
+                        step.push_back(
+                            {s, random_tokens(1, cfg.vocab_size, rng)[0], gemma4::Readout::Argmax});
+                    const double t0 = now_s();
+                    for (int i = 0; i < n; ++i) {
+                        const auto out = session.decode_batch(step);
+                        for (int s = 0; s < B; ++s) step[s].token = out[s].token;
+                    }
+                    const double s = now_s() - t0;
+                    if (r > 0) rates.push_back(double(B) * n / s);
+                }
+                const Stats st = stats(rates);
+                const double gbs = st.median / B * weight_gb;  // the weights are read once a step
+                fmt::print("| {:<28} | {:>14} | {:<38} | {:>9.0f} | {:>6.1f}% |\n", label,
+                           fmt::format("tg{}{}{}", n, at, B > 1 ? fmt::format(" x{}", B) : ""),
+                           fmt_stats(st), gbs, 100.0 * gbs * 1e9 / copy_bw);
+                std::fflush(stdout);
             }
-            const Stats st = stats(rates);
-            const double gbs = st.median * weight_gb;
-            fmt::print("| {:<28} | {:>14} | {:<38} | {:>9.0f} | {:>6.1f}% |\n", label,
-                       fmt::format("tg{}{}", n, at), fmt_stats(st), gbs,
-                       100.0 * gbs * 1e9 / copy_bw);
-            std::fflush(stdout);
             if (a.profile)
                 print_profile(fmt::format("kernel time of one decode step at position {}",
                                           session.position()),
@@ -251,6 +271,7 @@ void add_bench_command(CLI::App& app) {
     auto p = std::make_shared<std::string>("512");
     auto n = std::make_shared<std::string>("128");
     auto d = std::make_shared<std::string>("0");
+    auto b = std::make_shared<std::string>("1");
     auto* cmd = app.add_subcommand(
         "bench", "prompt (pp) and generation (tg) speed on the GPU, llama-bench style");
     cmd->add_option("--model,-m", a->model, "GGUF model file")
@@ -260,15 +281,20 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-n,--n-gen", *n, "generated tokens, comma-separated")->capture_default_str();
     cmd->add_option("-d,--depth", *d, "tokens already in the context, comma-separated")
         ->capture_default_str();
+    cmd->add_option("-b,--batch", *b,
+                    "sequences decoding together in tg (continuous batching; t/s over all of "
+                    "them), comma-separated")
+        ->capture_default_str();
     cmd->add_option("-r,--repetitions", a->reps, "measured runs per test")->capture_default_str();
     cmd->add_flag("--profile", a->profile,
                   "kernel-time breakdown of each prompt and of one decode step per depth");
     cmd->add_option("--seed", a->seed, "seed of the random token ids")->capture_default_str();
-    cmd->callback([a, p, n, d] {
+    cmd->callback([a, p, n, d, b] {
         BenchArgs args = *a;
         args.prompt = parse_int_list(*p, "-p");
         args.gen = parse_int_list(*n, "-n");
         args.depth = parse_int_list(*d, "-d");
+        args.batch = parse_int_list(*b, "-b");
         run_bench(args);
     });
 }

@@ -33,8 +33,9 @@ struct ServeArgs {
 
 void run_serve(ServeArgs a) {
     a.http.sampling.validate();
-    if (a.parallel < 1 || a.parallel > 256) {
-        throw std::invalid_argument("--parallel must be in [1, 256]; got " +
+    if (a.parallel < 1 || a.parallel > gemma4::kMaxSequences) {
+        throw std::invalid_argument("--parallel must be in [1, " +
+                                    std::to_string(gemma4::kMaxSequences) + "]; got " +
                                     std::to_string(a.parallel));
     }
     if (a.context < 0) throw std::invalid_argument("--ctx must be >= 0");
@@ -88,6 +89,7 @@ void run_serve(ServeArgs a) {
         gen::BackendOptions bo = backend_options(a.cpu, a.threads, a.context);
         bo.prefill_progress = nullptr;  // many prompts at once: no progress line on the terminal
         bo.default_sequence = false;
+        bo.sequences = a.parallel;
         backend = gen::Backend::open(file, bo);
         std::vector<std::unique_ptr<gen::Forward>> sequences;
         for (int i = 0; i < a.parallel; ++i) sequences.push_back(backend->new_sequence());
@@ -96,7 +98,8 @@ void run_serve(ServeArgs a) {
         // The CPU reference runs a chunk in time proportional to its length, so short chunks keep
         // other streams flowing; the GPU session chunks internally and wants whole prompts.
         so.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : backend->on_gpu() ? 512 : 32;
-        sched = std::make_unique<serve::Scheduler>(file->tokenizer(), std::move(sequences), so);
+        sched = std::make_unique<serve::Scheduler>(file->tokenizer(), std::move(sequences), so,
+                                                   &backend->batch_decoder());
         scheduler = sched.get();
         server.set_ready(file, sched.get());
         status_line("ready: " + std::to_string(a.parallel) + " slot(s) of " +

@@ -1,25 +1,11 @@
 #include "engine/generate/backend.h"
 
 #include <stdexcept>
+#include <string>
 
 #include "jit/device.h"
 
 namespace gj::gen {
-
-namespace {
-
-// A GpuForward that owns its session (GpuForward borrows one, as the Backend's own does).
-class OwnedGpuForward : public GpuForward {
-  public:
-    explicit OwnedGpuForward(std::unique_ptr<gemma4::GpuSession> s)
-        : GpuForward(*s), session_(std::move(s)) {}
-
-  private:
-    // Destroyed before the base class's destructor runs; that one only drops a reference.
-    std::unique_ptr<gemma4::GpuSession> session_;
-};
-
-}  // namespace
 
 std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> file,
                                        const BackendOptions& opts) {
@@ -37,17 +23,20 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
         co.threads = opts.threads;
         b->cpu_model_ = gemma4::CpuModel::load(b->file_, co);
         if (opts.default_sequence) b->cpu_ = std::make_unique<CpuForward>(*b->cpu_model_);
+        b->batch_ = std::make_unique<SequentialBatchDecoder>();
         return b;
     }
     gemma4::GpuModelOptions mo;
     mo.context = opts.context;
     mo.progress = opts.status;
+    mo.sequences = opts.sequences;
     b->gpu_model_ = gemma4::GpuModel::load(b->file_, mo);
     status(b->gpu_model_->summary());
     b->prefill_progress_ = opts.prefill_progress;
-    if (!opts.default_sequence) return b;
     b->session_ = std::make_unique<gemma4::GpuSession>(*b->gpu_model_);
-    b->gpu_ = std::make_unique<GpuForward>(*b->session_);
+    b->batch_ = std::make_unique<GpuBatchDecoder>(*b->session_);
+    if (!opts.default_sequence) return b;
+    b->gpu_ = std::make_unique<GpuForward>(*b->session_, b->next_seq_++);
     if (opts.prefill_progress) b->gpu_->on_prefill_progress(opts.prefill_progress);
     return b;
 }
@@ -60,14 +49,17 @@ Forward& Backend::forward() {
 
 std::unique_ptr<Forward> Backend::new_sequence() {
     if (cpu_model_) return std::make_unique<CpuForward>(*cpu_model_);
-    auto f = std::make_unique<OwnedGpuForward>(std::make_unique<gemma4::GpuSession>(*gpu_model_));
+    if (next_seq_ >= session_->sequences())
+        throw std::logic_error("the GPU backend holds " + std::to_string(session_->sequences()) +
+                               " sequences, all handed out (BackendOptions::sequences)");
+    auto f = std::make_unique<GpuForward>(*session_, next_seq_++);
     if (prefill_progress_) f->on_prefill_progress(prefill_progress_);
     return f;
 }
 
 void Backend::reset() {
-    if (session_) {
-        session_->reset();
+    if (gpu_) {
+        session_->reset(gpu_->sequence());
     } else if (cpu_) {
         cpu_->reset();
     }

@@ -27,9 +27,12 @@ struct BackendOptions {
     std::function<void(const std::string&)> status;
     // Called on the GPU after every prefill chunk of a prompt with (tokens done, total).
     std::function<void(int, int)> prefill_progress;
+    // Sequences the GPU session holds (a server's slots; the memory plan counts each one's KV
+    // cache): forward() is sequence 0 when default_sequence, new_sequence() hands out the rest.
+    int sequences = 1;
     // Whether open() also creates the one sequence forward() returns. A server that runs several
-    // sequences over the loaded model (new_sequence()) sets this false, so the GPU does not hold
-    // a KV cache nobody uses.
+    // sequences over the loaded model (new_sequence()) sets this false, so every sequence is a
+    // slot.
     bool default_sequence = true;
 };
 
@@ -42,9 +45,13 @@ class Backend {
 
     Forward& forward();  // std::logic_error when opened without the default sequence
     // One more independent sequence (its own KV cache and position) over the same loaded weights:
-    // a CpuSession over the CpuModel, or a GpuSession over the GpuModel. Each is used by one
-    // thread at a time; the Backend must outlive it.
+    // a CpuSession over the CpuModel (any number), or the next sequence of the GPU session
+    // (std::logic_error past BackendOptions::sequences). All sequences and the batch decoder are
+    // used by one thread at a time; the Backend must outlive them.
     std::unique_ptr<Forward> new_sequence();
+    // Runs one token of several of this backend's sequences per step: on the GPU as one forward
+    // pass over all of them, on the CPU one after the other.
+    BatchDecoder& batch_decoder() { return *batch_; }
     bool on_gpu() const { return gpu_model_ != nullptr; }
     // Empties the sequence (a new conversation); the weights stay loaded.
     void reset();
@@ -59,6 +66,8 @@ class Backend {
     std::unique_ptr<gemma4::GpuModel> gpu_model_;
     std::unique_ptr<gemma4::GpuSession> session_;
     std::unique_ptr<GpuForward> gpu_;
+    std::unique_ptr<BatchDecoder> batch_;
+    int next_seq_ = 0;  // the GPU session's next sequence for new_sequence()
     std::function<void(int, int)> prefill_progress_;
 };
 

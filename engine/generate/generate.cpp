@@ -35,6 +35,13 @@ void check_prompt_fits(size_t prompt_tokens, int context_length) {
     }
 }
 
+std::vector<StepResult> SequentialBatchDecoder::decode_batch(std::span<const BatchEntry> batch) {
+    std::vector<StepResult> out;
+    out.reserve(batch.size());
+    for (const BatchEntry& e : batch) out.push_back(e.forward->decode_step(e.token, e.readout));
+    return out;
+}
+
 Readout readout_for(const sample::SamplerParams& p) {
     if (p.repeat_penalty != 1.0f) return {};
     if (p.temperature == 0.0f) return {Readout::Kind::Argmax, 0};

@@ -67,6 +67,29 @@ class Forward {
     }
 };
 
+// One row of a batched decode step: a token for the sequence `forward`.
+struct BatchEntry {
+    Forward* forward = nullptr;
+    int32_t token = 0;
+    Readout readout;
+};
+
+// Runs one token of each of several sequences per step. The GPU backend's runs them as one
+// forward pass (every weight read once for the whole batch; a server's continuous batching);
+// SequentialBatchDecoder runs them one at a time. Results come back in entry order.
+class BatchDecoder {
+  public:
+    virtual ~BatchDecoder() = default;
+    // Every entry's sequence must come from the backend that made this decoder, each at most
+    // once; throws what the forward throws (a token outside the vocabulary, a full sequence).
+    virtual std::vector<StepResult> decode_batch(std::span<const BatchEntry> batch) = 0;
+};
+
+class SequentialBatchDecoder : public BatchDecoder {
+  public:
+    std::vector<StepResult> decode_batch(std::span<const BatchEntry> batch) override;
+};
+
 // Most candidates a device-side top-k readout hands back.
 inline constexpr int kMaxReadoutTopK = 64;
 

@@ -65,8 +65,9 @@ std::string MemoryPlan::describe() const {
     if (ple_table)
         s +=
             fmt::format(" + PLE table {} ({})", gib(ple_table), ple_on_gpu ? "GPU" : "pinned host");
-    s += fmt::format(" + KV cache {} + work buffers {} + reserve {}", gib(kv), gib(work),
-                     gib(reserve));
+    s += fmt::format(" + KV cache{} {} + work buffers {} + reserve {}",
+                     sequences > 1 ? fmt::format(" ({} sequences)", sequences) : "", gib(kv),
+                     gib(work), gib(reserve));
     if (staging > kv + work) s += fmt::format(" (repack staging {} while loading)", gib(staging));
     return s;
 }
@@ -141,6 +142,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         opts.prefill_chunk > 0 ? opts.prefill_chunk : int(flags.get_int("GEMMAJIT_PREFILL_CHUNK"));
     kv_geo_.max_chunk = std::min(kv_geo_.max_chunk, kv_geo_.context);
     kv_geo_.type = kv_type_from_flags(flags);
+    if (opts.sequences < 1 || opts.sequences > kMaxSequences)
+        throw GpuModelError(fmt::format("{} sequences requested; a session holds 1 to {}",
+                                        opts.sequences, kMaxSequences));
+    kv_geo_.sequences = opts.sequences;
     const bool repack = flags.get_bool("GEMMAJIT_REPACK");
     const bool blas = flags.get_bool("GEMMAJIT_BLAS");
     // Prefill GEMMs of Q8_0/Q4_0 matrices (split layout only): "wgmma" (sm_90 only) and "mma"
@@ -375,6 +380,7 @@ void GpuModel::plan_memory(const GpuModelOptions& opts) {
     const std::string& ple_where = flags.get_string("GEMMAJIT_PLE_TABLE");
     auto place = [&] {
         mem_.kv = kv_cache_bytes(c, kv_geo_);
+        mem_.sequences = kv_geo_.sequences;
         mem_.work = session_work_bytes(*this);
         mem_.ple_on_gpu = c.has_ple() && ple_where != "host";
         if (mem_.ple_on_gpu && ple_where == "auto" && mem_.needed() > mem_.free)
@@ -602,10 +608,11 @@ std::string GpuModel::summary() const {
     for (const auto& [t, b] : by_type)
         types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, gib(b));
     return fmt::format(
-        "{} ({} layers, d {}, context {}, KV {}), layer matrices: {}; LM head {} {}; "
+        "{} ({} layers, d {}, context {}{}, KV {}), layer matrices: {}; LM head {} {}; "
         "decode reads {} per token",
-        cfg_.name, cfg_.n_layers, cfg_.d_model, kv_geo_.context, kv_type_name(kv_geo_.type), types,
-        ggml::type_name(lm_head_.type),
+        cfg_.name, cfg_.n_layers, cfg_.d_model, kv_geo_.context,
+        kv_geo_.sequences > 1 ? fmt::format(" x {} sequences", kv_geo_.sequences) : "",
+        kv_type_name(kv_geo_.type), types, ggml::type_name(lm_head_.type),
         lm_head_.layout == MatvecLayout::Split ? "(split)" : "(GGUF blocks)", gib(decode_bytes_));
 }
 

@@ -43,6 +43,9 @@ struct GpuModelError : std::runtime_error {
 struct GpuModelOptions {
     int context = 0;        // positions a session may hold; 0: the model's context length
     int prefill_chunk = 0;  // tokens per prefill chunk; 0: GEMMAJIT_PREFILL_CHUNK
+    // Sequences a session holds (a server's slots), each with its own KV cache of `context`
+    // positions; the memory plan counts them all.
+    int sequences = 1;
     std::function<void(const std::string&)> progress;  // status lines; null: silent
     // GEMMAJIT_* settings (kill switches, KV type, memory limit); null: the process's. Tests pass
     // explicit ones to compare a fast path with its exact counterpart in one process.
@@ -55,6 +58,8 @@ struct GpuModelOptions {
 // Activation columns of the batched (prefill) matvecs: a chunk runs in groups of this many
 // tokens, each group reading the weights once.
 inline constexpr int kPrefillCols = 8;
+// Most sequences one session holds (`serve --parallel` is bounded by it).
+inline constexpr int kMaxSequences = 256;
 // Candidates of the top-k readout (the logits kernel's TOPK): temperature sampling with any
 // top-k up to this many picks from them.
 inline constexpr int kMaxTopK = 64;
@@ -112,7 +117,8 @@ struct MemoryPlan {
     uint64_t ple_table = 0;  // per_layer_token_embd
     bool ple_on_gpu = true;
     uint64_t staging = 0;  // largest repacked matrix, held only while loading
-    uint64_t kv = 0;       // KV cache for the planned context
+    uint64_t kv = 0;       // KV caches of every sequence for the planned context
+    int sequences = 1;
     uint64_t work = 0;     // activations, attention partials, logits
     uint64_t reserve = 0;  // modules, graphs, driver
     uint64_t free = 0;     // what the driver reports (or GEMMAJIT_GPU_MEMORY_LIMIT)

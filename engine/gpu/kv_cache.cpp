@@ -35,34 +35,49 @@ int kv_slots(const Config& cfg, int layer, const KvGeometry& g) {
 }
 
 uint64_t kv_cache_bytes(const Config& cfg, const KvGeometry& g) {
-    uint64_t total = 0;
+    uint64_t one = 0;
     for (int l = 0; l < cfg.n_layers; ++l)
-        if (cfg.layers[l].has_kv) total += 2 * kv_plane_bytes(cfg, l, kv_slots(cfg, l, g), g.type);
-    return total;
+        if (cfg.layers[l].has_kv) one += 2 * kv_plane_bytes(cfg, l, kv_slots(cfg, l, g), g.type);
+    const uint64_t table = uint64_t(cfg.n_layers) * uint64_t(g.sequences) * 16;
+    return one * uint64_t(g.sequences) + table;
 }
 
-KvCache::KvCache(const Config& cfg, const KvGeometry& g)
-    : geo_(g), layers_(cfg.n_layers), window_(cfg.sliding_window) {
-    if (g.context <= 0 || g.max_chunk <= 0)
-        throw std::invalid_argument(fmt::format(
-            "KV cache: context {} and chunk {} must be positive", g.context, g.max_chunk));
-    for (int l = 0; l < cfg.n_layers; ++l) {
-        if (!cfg.layers[l].has_kv) continue;
-        const int slots = kv_slots(cfg, l, g);
-        const uint64_t bytes = kv_plane_bytes(cfg, l, slots, g.type);
-        jit::DeviceBuffer k(bytes), v(bytes);
-        k.zero();
-        v.zero();
-        layers_[l] = Layer{k.ptr(), v.ptr(), slots};
-        planes_.push_back(std::move(k));
-        planes_.push_back(std::move(v));
-        bytes_ += 2 * bytes;
-        if (cfg.layers[l].sliding)
-            min_sliding_slots_ =
-                min_sliding_slots_ == 0 ? slots : std::min(min_sliding_slots_, slots);
+KvCache::KvCache(const Config& cfg, const KvGeometry& g) : geo_(g), window_(cfg.sliding_window) {
+    if (g.context <= 0 || g.max_chunk <= 0 || g.sequences <= 0)
+        throw std::invalid_argument(
+            fmt::format("KV cache: context {}, chunk {} and sequences {} must be positive",
+                        g.context, g.max_chunk, g.sequences));
+    n_layers_ = cfg.n_layers;
+    layers_.resize(size_t(g.sequences) * size_t(n_layers_));
+    for (int s = 0; s < g.sequences; ++s) {
+        Layer* seq = &layers_[size_t(s) * n_layers_];
+        for (int l = 0; l < cfg.n_layers; ++l) {
+            if (!cfg.layers[l].has_kv) continue;
+            const int slots = kv_slots(cfg, l, g);
+            const uint64_t bytes = kv_plane_bytes(cfg, l, slots, g.type);
+            jit::DeviceBuffer k(bytes), v(bytes);
+            k.zero();
+            v.zero();
+            seq[l] = Layer{k.ptr(), v.ptr(), slots};
+            planes_.push_back(std::move(k));
+            planes_.push_back(std::move(v));
+            bytes_ += 2 * bytes;
+            if (cfg.layers[l].sliding)
+                min_sliding_slots_ =
+                    min_sliding_slots_ == 0 ? slots : std::min(min_sliding_slots_, slots);
+        }
+        for (int l = 0; l < cfg.n_layers; ++l)
+            if (!cfg.layers[l].has_kv) seq[l] = seq[cfg.layers[l].kv_source];
     }
-    for (int l = 0; l < cfg.n_layers; ++l)
-        if (!cfg.layers[l].has_kv) layers_[l] = layers_.at(cfg.layers[l].kv_source);
+    std::vector<uint64_t> table(size_t(n_layers_) * g.sequences * 2);
+    for (int l = 0; l < n_layers_; ++l)
+        for (int s = 0; s < g.sequences; ++s) {
+            table[(size_t(l) * g.sequences + s) * 2] = layer(l, s).k;
+            table[(size_t(l) * g.sequences + s) * 2 + 1] = layer(l, s).v;
+        }
+    table_ = jit::DeviceBuffer(std::max<uint64_t>(table.size() * 8, 16));
+    table_.upload(table.data(), table.size() * 8);
+    bytes_ += table.size() * 8;
 }
 
 bool KvCache::can_rewind(int end, int keep) const {

@@ -1,16 +1,19 @@
-// One sequence on the GPU: the KV cache, the work buffers and the launch sequence of the Gemma 4
-// forward pass (reference/gemma4-spec.md section 2) over a loaded GpuModel.
+// The sequences of a loaded GpuModel on the GPU (one for `run`, one per slot for a server): their
+// KV caches, the work buffers they share and the launch sequence of the Gemma 4 forward pass
+// (reference/gemma4-spec.md section 2).
 //
-// Decode runs one token as ONE CUDA graph, captured on first use for each readout and replayed
-// for every later token with no node patching: everything that changes per token (the token id,
-// its position) lives in a small device-side step state written by one async copy before
-// cuGraphLaunch, and every grid is sized for the maximum (attention splits past the live range
-// write neutral partials). GEMMAJIT_GRAPHS=0 launches the very same kernels eagerly.
+// Decode runs one token of each of B sequences (B = 1 for `run`) as ONE CUDA graph, captured on
+// first use for each batch size and readout list and replayed for every later step with no node
+// patching: everything that changes per step (token ids, positions, the sequence of each row)
+// lives in a small device-side step state written by one async copy before cuGraphLaunch, the
+// attention kernels find each row's KV planes through the cache's plane table, and every grid is
+// sized for the maximum (attention splits past the live range write neutral partials). A batch
+// reads every weight once for all its rows (the batched matvecs, kPrefillCols columns per pass).
+// GEMMAJIT_GRAPHS=0 launches the very same kernels eagerly.
 //
-// Prefill runs a prompt in chunks of up to prefill_chunk() tokens; each chunk goes layer by layer
-// as one batch (matvecs over kPrefillCols activation columns at a time, attention with one query
-// per token). Only the chosen token, the top-k candidates or (on request) the logits reach the
-// host.
+// Prefill runs one sequence's prompt in chunks of up to prefill_chunk() tokens; each chunk goes
+// layer by layer as one batch (tensor-core GEMMs, attention with one query per token). Only the
+// chosen token, the top-k candidates or (on request) the logits reach the host.
 //
 // The implementation lives in engine/gpu/session/: work_layout (buffer sizes and buffers),
 // session (construction, position, step state and readout), decode_step (the graph path),
@@ -35,6 +38,13 @@ enum class Readout {
     Logits,  // the whole softcapped row (vocab floats)
     Argmax,  // the greedy token only
     TopK,    // the kMaxTopK best candidates (ids + softcapped logits)
+};
+
+// One row of a batched decode step: a token of sequence `seq` at that sequence's next position.
+struct BatchToken {
+    int seq = 0;
+    int32_t token = 0;
+    Readout readout = Readout::Argmax;
 };
 
 struct StepOutput {
@@ -69,30 +79,39 @@ struct LaunchCost {
 
 class GpuSession {
   public:
-    explicit GpuSession(GpuModel& model);  // allocates the KV cache and work buffers
+    // Allocates the KV caches of the model's kv_geometry().sequences sequences and the work
+    // buffers they share.
+    explicit GpuSession(GpuModel& model);
     ~GpuSession();
     GpuSession(const GpuSession&) = delete;
     GpuSession& operator=(const GpuSession&) = delete;
 
     const GpuModel& model() const { return model_; }
-    int position() const { return pos_; }
+    int sequences() const { return int(pos_.size()); }
+    // Every call below that takes `seq` throws std::out_of_range for one outside [0, sequences()).
+    int position(int seq = 0) const { return pos_.at(size_t(seq)); }
     int context() const;
-    // Drops every position (the cache is simply overwritten as the sequence refills).
-    void reset() { pos_ = 0; }
-    // Keeps positions [0, keep) and drops the rest. Returns false (and changes nothing) when a
-    // sliding layer's ring has already overwritten a key those positions need; then reset()
-    // and prefill again.
-    bool rewind(int keep);
+    // Drops every position of `seq` (its cache is simply overwritten as the sequence refills).
+    void reset(int seq = 0) { pos_.at(size_t(seq)) = 0; }
+    // Keeps positions [0, keep) of `seq` and drops the rest. Returns false (and changes nothing)
+    // when a sliding layer's ring has already overwritten a key those positions need; then
+    // reset() and prefill again.
+    bool rewind(int keep, int seq = 0);
 
-    // Runs `tokens` at the next positions (chunked); the readout is of the last token. Throws
-    // std::invalid_argument for an empty list, a token outside the vocabulary, or a sequence
-    // longer than the context. `progress(done, total)` is called after every chunk.
+    // Runs `tokens` at the next positions of `seq` (chunked); the readout is of the last token.
+    // Throws std::invalid_argument for an empty list, a token outside the vocabulary, or a
+    // sequence longer than the context. `progress(done, total)` is called after every chunk.
     StepOutput prefill(std::span<const int32_t> tokens, Readout readout,
-                       const std::function<void(int, int)>& progress = {});
-    // Runs one token at the next position.
-    StepOutput decode(int32_t token, Readout readout);
-    // Runs `tokens` and returns the softcapped logits of every one, [T][vocab].
-    std::vector<float> prefill_logits(std::span<const int32_t> tokens);
+                       const std::function<void(int, int)>& progress = {}, int seq = 0);
+    // Runs one token at the next position of `seq`.
+    StepOutput decode(int32_t token, Readout readout, int seq = 0);
+    // Runs one token of each of several distinct sequences in one forward pass (every weight read
+    // once for the whole batch); returns one output per entry, in order. Throws
+    // std::invalid_argument for an empty batch, a sequence named twice or a full sequence (the
+    // batch then runs nothing).
+    std::vector<StepOutput> decode_batch(std::span<const BatchToken> batch);
+    // Runs `tokens` on `seq` and returns the softcapped logits of every one, [T][vocab].
+    std::vector<float> prefill_logits(std::span<const int32_t> tokens, int seq = 0);
 
     // How often each prefill fast path ran (tests assert that the path they compare really ran).
     struct PathCounts {
@@ -105,18 +124,20 @@ class GpuSession {
     };
     const PathCounts& path_counts() const { return paths_; }
 
-    // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured and how
-    // many times one was launched.
+    // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured (one per
+    // batch size and readout list) and how many times one was launched.
     bool graphs_enabled() const { return graphs_; }
     uint64_t graph_captures() const { return graph_captures_; }
     uint64_t graph_launches() const { return graph_launches_; }
 
-    // Runs one decode step eagerly with an event pair around every launch and returns the time
-    // per kernel kind, slowest first (the step's result is discarded: the position does not
-    // advance). Timings include the event overhead (a few microseconds per launch).
+    // Runs one decode step of sequence 0 eagerly with an event pair around every launch and
+    // returns the time per kernel kind, slowest first (the step's result is discarded: the
+    // position does not advance). Timings include the event overhead (a few microseconds per
+    // launch).
     std::vector<KernelTime> profile_decode_step(int32_t token);
-    // Runs `tokens` like prefill() (chunked, at the next positions, which it advances) with an
-    // event pair around every launch and returns the time per kernel kind, slowest first.
+    // Runs `tokens` like prefill() on sequence 0 (chunked, at the next positions, which it
+    // advances) with an event pair around every launch and returns the time per kernel kind,
+    // slowest first.
     std::vector<KernelTime> profile_prefill(std::span<const int32_t> tokens);
 
   private:
@@ -136,14 +157,19 @@ class GpuSession {
     CUdeviceptr convert(CUdeviceptr x, int n, const char* entry, CUdeviceptr out,
                         const std::string& what);
 
-    // Launch sequence pieces over T rows; tokens and positions come from the step state.
+    // Launch sequence pieces over T rows; tokens, positions and sequences come from the step
+    // state (prefill: T tokens of sequence seq_ from pos_[seq_]; decode: one token per row).
     void record_forward(int T, bool decode);
     void record_embedding(int T);
-    void record_layer(int l, int T, bool decode);
-    void record_attention(int l, int T, bool decode);
-    // Multiply-adds x 2 of layer l's attention for T queries from position pos0.
-    double attention_flops(int l, int pos0, int T) const;
-    void record_readout(int row, Readout readout);
+    void record_layer(int l, int T);
+    void record_attention(int l, int T);
+    // Whether a T-row product takes the chunk paths (tensor-core GEMMs, cuBLAS): prefill chunks
+    // wider than kPrefillCols; never a decode step, whose rows are read by the batched matvecs.
+    bool chunk_products(int T) const { return T > kPrefillCols && !decoding_; }
+    // Multiply-adds x 2 of layer l's attention for the step's rows (profiling).
+    double attention_flops(int l, int row0, int T) const;
+    // The readouts of rows row0 .. row0 + n - 1 (n = readouts.size()) into result slots 0 .. n-1.
+    void record_readout(int row0, std::span<const Readout> readouts);
     void record_all_logits(int T);
 
     // Kernel launches (the profiler hooks in here).
@@ -189,9 +215,15 @@ class GpuSession {
     void quantize(CUdeviceptr x, int n_values);
     Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
 
-    void write_step_state(std::span<const int32_t> tokens, int pos0);
-    StepOutput read_result(Readout readout);
-    void check_tokens(std::span<const int32_t> tokens) const;
+    // The step state of T rows: token, position and sequence of each (host copies kept in
+    // row_pos_ / row_seq_ for the launch costs).
+    void write_step_state(std::span<const int32_t> tokens, std::span<const int> positions,
+                          std::span<const int> seqs);
+    // Prefill chunk: `tokens` of sequence seq_ at pos_[seq_] onwards.
+    void write_chunk_state(std::span<const int32_t> tokens);
+    std::vector<StepOutput> read_results(std::span<const Readout> readouts);
+    void check_tokens(std::span<const int32_t> tokens, int seq) const;
+    void select(int seq);  // seq_ = seq, after checking it
 
     // Forks to the side streams (K, V projections) and joins back to the compute stream.
     void fork(int branches);
@@ -208,8 +240,11 @@ class GpuSession {
     CUevent forked_ = nullptr, joined_[2] = {};
     CUstream deq_stream_ = nullptr;  // K-quant F16 copies of the next layer during prefill
     CUevent slot_free_ = nullptr, deq_ready_[2] = {};
-    int deq_layer_ = -1;  // the layer whose copies the cuBLAS products read; -1: copy inline
-    int pos_ = 0;
+    int deq_layer_ = -1;     // the layer whose copies the cuBLAS products read; -1: copy inline
+    std::vector<int> pos_;   // next position of each sequence
+    int seq_ = 0;            // the sequence a prefill chunk runs on
+    bool decoding_ = false;  // the forward being recorded is a decode step
+    std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
     uint64_t graph_captures_ = 0, graph_launches_ = 0;

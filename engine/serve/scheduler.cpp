@@ -58,8 +58,9 @@ struct Scheduler::Slot {
 };
 
 Scheduler::Scheduler(const tok::Tokenizer& tokenizer,
-                     std::vector<std::unique_ptr<gen::Forward>> sequences, SchedulerOptions options)
-    : tokenizer_(tokenizer), options_(options) {
+                     std::vector<std::unique_ptr<gen::Forward>> sequences, SchedulerOptions options,
+                     gen::BatchDecoder* batch)
+    : tokenizer_(tokenizer), options_(options), batch_(batch ? batch : &sequential_) {
     if (sequences.empty()) throw std::invalid_argument("the scheduler needs at least one sequence");
     context_ = sequences[0]->context_length();
     if (options_.context > 0) context_ = std::min(context_, options_.context);
@@ -229,35 +230,63 @@ void Scheduler::run() {
 }
 
 void Scheduler::step_all(std::span<Slot* const> active) {
-    // Batched decoding replaces this loop: one forward over every decoding slot's pending token
-    // (prefilling slots keep their chunked steps), then the same per-slot sampling and output.
+    std::vector<Slot*> decoding;
     for (Slot* s : active) {
+        if (s->decoding) {
+            decoding.push_back(s);
+            continue;
+        }
         try {
-            step(*s);
+            prefill_step(*s);
         } catch (const std::exception& e) {
             finish(*s, Finish::Error, e.what());
         }
     }
+    if (!decoding.empty()) decode_step(decoding);
 }
 
-void Scheduler::step(Slot& s) {
+void Scheduler::prefill_step(Slot& s) {
     const GenJob& g = s.job->gen;
-    gen::StepResult r;
-    if (!s.decoding) {
-        const size_t n =
-            std::min(static_cast<size_t>(options_.prefill_chunk), g.prompt.size() - s.prefill_pos);
-        std::span<const int32_t> chunk(g.prompt.data() + s.prefill_pos, n);
-        r = s.forward->prefill_step(chunk, s.readout);
-        s.cached.insert(s.cached.end(), chunk.begin(), chunk.end());
-        s.prefill_pos += n;
-        s.prefilled += n;
-        if (s.prefill_pos < g.prompt.size()) return;
-        for (int32_t t : g.prompt) s.sampler->accept(t);  // the penalty window sees the prompt
-        s.decoding = true;
-    } else {
-        r = s.forward->decode_step(s.pending, s.readout);
-        s.cached.push_back(s.pending);
+    const size_t n =
+        std::min(static_cast<size_t>(options_.prefill_chunk), g.prompt.size() - s.prefill_pos);
+    std::span<const int32_t> chunk(g.prompt.data() + s.prefill_pos, n);
+    const gen::StepResult r = s.forward->prefill_step(chunk, s.readout);
+    s.cached.insert(s.cached.end(), chunk.begin(), chunk.end());
+    s.prefill_pos += n;
+    s.prefilled += n;
+    if (s.prefill_pos < g.prompt.size()) return;
+    for (int32_t t : g.prompt) s.sampler->accept(t);  // the penalty window sees the prompt
+    s.decoding = true;
+    after_step(s, r);
+}
+
+void Scheduler::decode_step(std::span<Slot* const> slots) {
+    std::vector<gen::BatchEntry> batch;
+    for (Slot* s : slots) batch.push_back({s->forward.get(), s->pending, s->readout});
+    std::vector<gen::StepResult> results;
+    try {
+        results = batch_->decode_batch(batch);
+    } catch (const std::exception& e) {
+        if (slots.size() == 1) return finish(*slots[0], Finish::Error, e.what());
+        // Again one slot at a time, so the error ends only the request that causes it. A
+        // sequence the failed batch did advance (a decoder that runs entries one by one) lost
+        // its result: that request ends with the error.
+        for (Slot* s : slots) {
+            if (s->forward->position() != static_cast<int>(s->cached.size()))
+                finish(*s, Finish::Error, e.what());
+            else
+                decode_step({&s, 1});
+        }
+        return;
     }
+    for (size_t i = 0; i < slots.size(); ++i) {
+        slots[i]->cached.push_back(slots[i]->pending);
+        after_step(*slots[i], results[i]);
+    }
+}
+
+void Scheduler::after_step(Slot& s, const gen::StepResult& r) {
+    const GenJob& g = s.job->gen;
     if (g.max_tokens >= 0 && s.usage.completion_tokens >= g.max_tokens)
         return finish(s, Finish::Length);
     const int32_t next = gen::sample_step(*s.sampler, r);
@@ -269,6 +298,9 @@ void Scheduler::step(Slot& s) {
     ++s.generated;
     emit_token(s, next);
     if (s.stops->matched()) return finish(s, Finish::Stop);
+    // The last token allowed is out: no forward step for it.
+    if (g.max_tokens >= 0 && s.usage.completion_tokens >= g.max_tokens)
+        return finish(s, Finish::Length);
     // The next decode would run `next` at position cached.size(): there must be one left.
     if (s.cached.size() >= static_cast<size_t>(context_)) return finish(s, Finish::Length);
     s.pending = next;

@@ -3,9 +3,10 @@
 // free slots, then runs one step of every active slot, a prefill chunk or a decode token, so
 // streams interleave and a long prompt never stalls the others for longer than a chunk.
 //
-// The step of all active slots is one function, step_all(): today it loops over the slots and
-// runs each one's forward alone; batched decoding replaces that loop by one forward over all
-// decoding slots (weights read once per step) without touching admission, sampling or output.
+// A round is step_all(): a prefill chunk for every slot still reading its prompt, then ONE
+// batched decode step over every decoding slot (on the GPU one forward pass whose weights are
+// read once for all of them: continuous batching). A new request's prompt is thus prefilled
+// between decode steps, and running streams keep flowing.
 //
 // A slot keeps the tokens whose keys and values its sequence holds after its job ends; a new job
 // whose prompt extends them (the next turn of a chat) goes to that slot and prefills only what is
@@ -98,9 +99,11 @@ struct SchedulerStats {
 
 class Scheduler {
   public:
-    // `sequences`: one Forward per slot, all over the same loaded model, each at position 0.
+    // `sequences`: one Forward per slot, all over the same loaded model, each at position 0;
+    // `batch` decodes several of them in one step (null: one after the other). Both must
+    // outlive the scheduler.
     Scheduler(const tok::Tokenizer& tokenizer, std::vector<std::unique_ptr<gen::Forward>> sequences,
-              SchedulerOptions options = {});
+              SchedulerOptions options = {}, gen::BatchDecoder* batch = nullptr);
     ~Scheduler();  // stop()
     Scheduler(const Scheduler&) = delete;
     Scheduler& operator=(const Scheduler&) = delete;
@@ -120,14 +123,23 @@ class Scheduler {
     struct Slot;
     void run();
     void admit(std::unique_lock<std::mutex>& lock);
-    // One step of every active slot. The seam for batched decoding (see the header comment).
+    // One round: a prefill chunk of each prefilling slot, then one batched decode step of the
+    // decoding ones (see the header comment).
     void step_all(std::span<Slot* const> active);
-    void step(Slot& slot);
+    // A prefill chunk of `slot`; once its whole prompt is in, samples the first token.
+    void prefill_step(Slot& slot);
+    // The decode step of every slot in `slots` in one batch; a batch that fails is run again one
+    // slot at a time, so an error ends only the request that caused it.
+    void decode_step(std::span<Slot* const> slots);
+    // After a forward step of `slot`: samples, emits and checks the stop conditions.
+    void after_step(Slot& slot, const gen::StepResult& result);
     void emit_token(Slot& slot, int32_t token);
     void finish(Slot& slot, Finish why, const std::string& error = "");
 
     const tok::Tokenizer& tokenizer_;
     SchedulerOptions options_;
+    gen::SequentialBatchDecoder sequential_;
+    gen::BatchDecoder* batch_;
     int context_ = 0;
     std::vector<std::unique_ptr<Slot>> slots_;
     std::vector<int32_t> marker_ids_;  // token id of each Marker, in enum order (-1: none)

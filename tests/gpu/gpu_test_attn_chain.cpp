@@ -70,6 +70,7 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
         vc(plane_bytes(c.kv, size_t(c.slots) * kvdim));
     kc.zero();
     vc.zero();
+    const DeviceBuffer table = kv_table({{kc.ptr(), vc.ptr()}});
     const int max_t = std::max(c.prefill, 1);
     const int sms = gj::jit::Device::get().sm_count();
     DeviceBuffer dpos(size_t(max_t) * 4);
@@ -94,7 +95,7 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
         auto dv = to_device(v_raw);
         launch(gp.get(prep.name, "attn_prep"), {ceil_div(H + 2 * Hkv, warps), unsigned(max_t)},
                {unsigned(32 * warps)}, dq.ptr(), dk.ptr(), c.has_v ? dv.ptr() : kNull, dqw.ptr(),
-               dkw.ptr(), kc.ptr(), vc.ptr(), dpos.ptr(), T, c.slots, c.base, kEps);
+               dkw.ptr(), table.ptr(), kNull, dpos.ptr(), T, c.slots, c.base, kEps);
         launch(gs.get(prep_shared.name, "attn_prep"), {ceil_div(H, warps), unsigned(max_t)},
                {unsigned(32 * warps)}, dq2.ptr(), kNull, kNull, dqw.ptr(), kNull, kNull, kNull,
                dpos.ptr(), T, c.slots, c.base, kEps);

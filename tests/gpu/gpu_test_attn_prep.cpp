@@ -71,9 +71,10 @@ TEST_P(AttnPrepTest, MatchesCpu) {
     const int warps = int(spec_constant(spec, "WARPS"));
     const int rows = c.heads + (c.has_kv ? 2 * c.kv_heads : 0);
     // One spare token row in the grid: blocks past T must leave everything alone.
+    const DeviceBuffer table = kv_table({{dkc.ptr(), dvc.ptr()}});
     launch(g.get(spec.name, "attn_prep"), {ceil_div(rows, warps), unsigned(T + 1)},
            {unsigned(32 * warps)}, dq.ptr(), dk.ptr(), c.has_v ? dv.ptr() : kNull, dqw.ptr(),
-           dkw.ptr(), dkc.ptr(), dvc.ptr(), dpos.ptr(), T, c.slots, c.base, kEps);
+           dkw.ptr(), c.has_kv ? table.ptr() : kNull, kNull, dpos.ptr(), T, c.slots, c.base, kEps);
 
     const auto want =
         attn_prep(q, k_raw, c.has_v ? &v_raw : nullptr, qw.data(), kw.data(), c.positions, c.heads,
@@ -205,5 +206,75 @@ INSTANTIATE_TEST_SUITE_P(
         PrepCase{32, 4, 2, 16, true, true, KvType::Q8_0, 11, 1e4f, {0, 1, 2, 3, 15, 21, 30}},
         PrepCase{64, 8, 1, 8, true, false, KvType::Q8_0, 4096, 1e6f, {4095, 0, 31}},
         PrepCase{256, 8, 2, 128, false, false, KvType::Q8_0, 64, 1e4f, {9, 10}}));
+
+// Batched decode: one launch appends the tokens of several sequences, each into the planes its
+// seqs[] entry names through the table; the result equals appending each sequence's tokens
+// alone, byte for byte, and no other sequence's planes change.
+TEST(AttnPrep, TokensAppendToTheirOwnSequence) {
+    GJ_REQUIRE_GPU();
+    for (KvType kv : {KvType::F16, KvType::Q8_0}) {
+        const KernelSpec spec = gj::gemma4::attn_prep_spec(256, 8, 2, 128, true, true, kv);
+        SCOPED_TRACE(spec.name);
+        const auto& g = kernels_for(spec);
+        const int hd = 256, H = 8, Hkv = 2, slots = 515, S = 3;
+        const std::vector<int> seqs = {2, 0, 1, 0}, positions = {7, 3, 514, 4};
+        const int T = int(seqs.size());
+        std::mt19937 rng(11);
+        const auto q = random_normal(size_t(T) * H * hd, 2.0f, rng);
+        const auto k_raw = random_normal(size_t(T) * Hkv * hd, 3.0f, rng);
+        const auto v_raw = random_normal(size_t(T) * Hkv * hd, 0.5f, rng);
+        auto dqw = to_device(norm_weights(hd, rng));
+        auto dkw = to_device(norm_weights(hd, rng));
+        std::vector<uint8_t> sentinel(plane_bytes(kv, size_t(slots) * Hkv * hd));
+        for (size_t i = 0; i < sentinel.size(); ++i) sentinel[i] = i % 2 ? 0x3a : 0x5c;
+        const int warps = int(spec_constant(spec, "WARPS"));
+        const unsigned blocks = ceil_div(H + 2 * Hkv, warps);
+
+        // All tokens in one launch over S sequences' planes.
+        std::vector<DeviceBuffer> kc, vc;
+        std::vector<std::pair<CUdeviceptr, CUdeviceptr>> planes;
+        for (int s = 0; s < S; ++s) {
+            kc.push_back(to_device(sentinel)), vc.push_back(to_device(sentinel));
+            planes.push_back({kc.back().ptr(), vc.back().ptr()});
+        }
+        const DeviceBuffer table = kv_table(planes);
+        auto dq = to_device(q), dk = to_device(k_raw), dv = to_device(v_raw);
+        auto dpos = to_device(positions), dseq = to_device(seqs);
+        launch(g.get(spec.name, "attn_prep"), {blocks, unsigned(T)}, {unsigned(32 * warps)},
+               dq.ptr(), dk.ptr(), dv.ptr(), dqw.ptr(), dkw.ptr(), table.ptr(), dseq.ptr(),
+               dpos.ptr(), T, slots, 1e4f, kEps);
+        const auto q_batched = from_device<float>(dq, q.size());
+
+        // Each token alone (seqs null) into a fresh pair of planes for its sequence.
+        std::vector<DeviceBuffer> kw, vw;
+        for (int s = 0; s < S; ++s)
+            kw.push_back(to_device(sentinel)), vw.push_back(to_device(sentinel));
+        std::vector<float> q_alone;
+        for (int t = 0; t < T; ++t) {
+            const size_t qs = size_t(H) * hd, ks = size_t(Hkv) * hd;
+            auto dq1 = to_device(std::vector<float>(q.begin() + t * qs, q.begin() + (t + 1) * qs));
+            auto dk1 =
+                to_device(std::vector<float>(k_raw.begin() + t * ks, k_raw.begin() + (t + 1) * ks));
+            auto dv1 =
+                to_device(std::vector<float>(v_raw.begin() + t * ks, v_raw.begin() + (t + 1) * ks));
+            auto dp1 = to_device(std::vector<int>{positions[t]});
+            const DeviceBuffer one = kv_table({{kw[seqs[t]].ptr(), vw[seqs[t]].ptr()}});
+            launch(g.get(spec.name, "attn_prep"), {blocks, 1u}, {unsigned(32 * warps)}, dq1.ptr(),
+                   dk1.ptr(), dv1.ptr(), dqw.ptr(), dkw.ptr(), one.ptr(), kNull, dp1.ptr(), 1,
+                   slots, 1e4f, kEps);
+            const auto r = from_device<float>(dq1, qs);
+            q_alone.insert(q_alone.end(), r.begin(), r.end());
+        }
+        EXPECT_EQ(q_batched, q_alone) << "queries";
+        for (int s = 0; s < S; ++s) {
+            EXPECT_EQ(from_device<uint8_t>(kc[s], sentinel.size()),
+                      from_device<uint8_t>(kw[s], sentinel.size()))
+                << "K planes of sequence " << s;
+            EXPECT_EQ(from_device<uint8_t>(vc[s], sentinel.size()),
+                      from_device<uint8_t>(vw[s], sentinel.size()))
+                << "V planes of sequence " << s;
+        }
+    }
+}
 
 }  // namespace

@@ -268,6 +268,45 @@ INSTANTIATE_TEST_SUITE_P(
         FlashCase{256, 4, 2, 512, 811, KvType::Q8_0, range(1000, 300), 0},
         FlashCase{512, 4, 2, 0, 2048, KvType::Q8_0, range(2000, 40), 0}));
 
+// Batched decode: queries of several sequences in one launch, each reading the planes its
+// seqs[] entry names through the table, give bit for bit what each query gives alone on its own
+// sequence's planes (same split count).
+TEST(FlashDecode, QueriesReadTheirOwnSequencesPlanes) {
+    GJ_REQUIRE_GPU();
+    for (KvType kv : {KvType::F16, KvType::Q8_0}) {
+        const KernelSpec spec = gj::gemma4::flash_decode_spec(256, 4, 2, 512, kv);
+        SCOPED_TRACE(spec.name);
+        const int hd = 256, H = 8, slots = 515, S = 3, splits = 6;
+        const std::vector<int> seqs = {2, 0, 1, 0, 2}, positions = {600, 3, 514, 40, 9};
+        const int T = int(seqs.size());
+        std::mt19937 rng(21);
+        const size_t elems = size_t(slots) * 2 * hd;
+        std::vector<DeviceBuffer> kc, vc;
+        std::vector<std::pair<CUdeviceptr, CUdeviceptr>> planes;
+        for (int s = 0; s < S; ++s) {
+            kc.push_back(to_device(encode_plane(random_normal(elems, 1.0f, rng), kv)));
+            vc.push_back(to_device(encode_plane(random_normal(elems, 1.0f, rng), kv)));
+            planes.push_back({kc.back().ptr(), vc.back().ptr()});
+        }
+        const DeviceBuffer table = kv_table(planes);
+        const auto q = random_normal(size_t(T) * H * hd, 0.2f, rng);
+        auto dpos = to_device(positions), dseq = to_device(seqs);
+        const FlashRun all =
+            run_flash(spec, q, kc[0], vc[0], dpos, T, slots, splits, &table, &dseq);
+        ASSERT_TRUE(all_finite(all.out));
+        for (int t = 0; t < T; ++t) {
+            const size_t n = size_t(H) * hd;
+            const std::vector<float> q1(q.begin() + t * n, q.begin() + (t + 1) * n);
+            auto dp1 = to_device(std::vector<int>{positions[t]});
+            const FlashRun one =
+                run_flash(spec, q1, kc[seqs[t]], vc[seqs[t]], dp1, 1, slots, splits);
+            EXPECT_EQ(std::vector<float>(all.out.begin() + t * n, all.out.begin() + (t + 1) * n),
+                      one.out)
+                << "query " << t << " of sequence " << seqs[t];
+        }
+    }
+}
+
 // NaN in the cache reaches the output (a NaN must fail loudly, not be masked away).
 TEST(FlashDecode, NanInVisibleRowPropagates) {
     GJ_REQUIRE_GPU();
@@ -353,7 +392,11 @@ void bench_e4b_layer(int hd, int window, int slots, bool mma, int splits = 0) {
     std::mt19937 rng(1);
     const auto bits = encode(random_normal(size_t(slots) * kvh * hd, 1.0f, rng), false);
     std::vector<DeviceBuffer> kc, vc;
-    for (int i = 0; i < copies; ++i) kc.push_back(to_device(bits)), vc.push_back(to_device(bits));
+    std::vector<DeviceBuffer> tables;
+    for (int i = 0; i < copies; ++i) {
+        kc.push_back(to_device(bits)), vc.push_back(to_device(bits));
+        tables.push_back(kv_table({{kc.back().ptr(), vc.back().ptr()}}));
+    }
     auto dq = to_device(random_normal(size_t(H) * hd, 0.2f, rng));
     auto dpos = to_device(std::vector<int>{depth - 1});
     DeviceBuffer part_o(size_t(H) * max_splits * hd * 4), part_ml(size_t(H) * max_splits * 8),
@@ -363,8 +406,9 @@ void bench_e4b_layer(int hd, int window, int slots, bool mma, int splits = 0) {
     const unsigned threads = unsigned(spec_constant(spec, "THREADS"));
     const unsigned smem = unsigned(spec_constant(spec, "SMEM"));
     auto run_decode = [&](int i) {
+        const CUdeviceptr seqs = 0;
         launch_smem_async(kd, {unsigned(max_splits), unsigned(kvh), 1u}, {threads}, smem, dq.ptr(),
-                          kc[i].ptr(), vc[i].ptr(), dpos.ptr(), T, slots, max_splits, part_o.ptr(),
+                          tables[i].ptr(), seqs, dpos.ptr(), T, slots, max_splits, part_o.ptr(),
                           part_ml.ptr());
     };
     auto run_combine = [&] {

@@ -20,6 +20,7 @@
 #include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/kv_cache.h"
 #include "engine/gpu/kv_type.h"
+#include "tests/support/attention_gpu.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"
@@ -111,10 +112,12 @@ std::vector<float> run_decode(const KernelSpec& spec, const DeviceBuffer& q, con
         gj::gemma4::flash_decode_splits(spec, max_pos + 1, T, gj::jit::Device::get().sm_count());
     const size_t parts = size_t(T) * H * splits;
     DeviceBuffer part_o(parts * hd * 4 + 16), part_ml(parts * 8 + 16), out(size_t(T) * H * hd * 4);
+    const DeviceBuffer table = kv_table({{kc.ptr(), vc.ptr()}});
+    const CUdeviceptr seqs = 0;  // every query of sequence 0
     launch_smem_async(
         g.get(spec.name, "flash_decode"), {unsigned(splits), unsigned(kvh), unsigned(T)},
         {unsigned(spec_constant(spec, "THREADS"))}, unsigned(spec_constant(spec, "SMEM")), q.ptr(),
-        kc.ptr(), vc.ptr(), pos.ptr(), T, slots, splits, part_o.ptr(), part_ml.ptr());
+        table.ptr(), seqs, pos.ptr(), T, slots, splits, part_o.ptr(), part_ml.ptr());
     launch(g.get(spec.name, "flash_combine"), {unsigned(H * hd / 16), unsigned(T)},
            {unsigned(spec_constant(spec, "COMBINE_THREADS"))}, part_o.ptr(), part_ml.ptr(),
            out.ptr(), T, splits);

@@ -208,7 +208,11 @@ TEST(KernelTemplates, AttentionSpecsCompileWithTheirInstructionsAndNoSpills) {
                 // division, as ggml's quantizer).
                 EXPECT_EQ(body.find("cvt.rn.f16x2.f32") != std::string::npos, has_kv && kv == 0);
                 EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, has_kv && kv == 1);
-                EXPECT_EQ(body.find("st.global.u8") != std::string::npos, has_kv && kv == 2);
+                // (The planes' addresses come from the sequence table, so the compiler may
+                // store through generic addresses.)
+                const bool stores_bytes = body.find("st.global.u8") != std::string::npos ||
+                                          body.find("st.u8") != std::string::npos;
+                EXPECT_EQ(stores_bytes, has_kv && kv == 2);
                 if (has_kv && kv == 2) {
                     EXPECT_NE(body.find("cvt.rn.f16.f32"), std::string::npos);
                     EXPECT_NE(body.find("div.rn.f32"), std::string::npos);

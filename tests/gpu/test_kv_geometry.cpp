@@ -25,9 +25,15 @@ TEST(KvGeometry, SharedLayersUseTheirDonorsSlotsAndOwnNoBytes) {
         const int src = c.layers[l].kv_source;
         EXPECT_EQ(gj::gemma4::kv_slots(c, l, g), c.layers[src].sliding ? 768 : 4096) << l;
     }
-    // Own-KV layers only: 20 sliding (2 heads x 256) and 4 global (2 x 512), K and V, 2 bytes.
+    // Own-KV layers only: 20 sliding (2 heads x 256) and 4 global (2 x 512), K and V, 2 bytes;
+    // plus the plane table (two addresses per layer and sequence).
     const uint64_t want = 2 * 2 * (20ull * 768 * 512 + 4ull * 4096 * 1024);
-    EXPECT_EQ(gj::gemma4::kv_cache_bytes(c, g), want);
+    const uint64_t table = uint64_t(c.n_layers) * 16;
+    EXPECT_EQ(gj::gemma4::kv_cache_bytes(c, g), want + table);
+    // Every sequence of a server's slots holds planes of its own.
+    KvGeometry eight = g;
+    eight.sequences = 8;
+    EXPECT_EQ(gj::gemma4::kv_cache_bytes(c, eight), 8 * (want + table));
 }
 
 TEST(KvGeometry, Q8PlanesHoldInt8PlusAScalePer32) {
@@ -38,7 +44,7 @@ TEST(KvGeometry, Q8PlanesHoldInt8PlusAScalePer32) {
     EXPECT_EQ(gj::gemma4::kv_plane_bytes(c, 0, 768, KvType::F16), 768ull * 512 * 2);
     const uint64_t want =
         2 * (20ull * (768 * 512 + 768 * 16 * 2) + 4ull * (4096 * 1024 + 4096 * 32 * 2));
-    EXPECT_EQ(gj::gemma4::kv_cache_bytes(c, g), want);
+    EXPECT_EQ(gj::gemma4::kv_cache_bytes(c, g), want + uint64_t(c.n_layers) * 16);
     // The tiny presets' head dims (32, 64) are whole blocks; the scale piece starts at
     // slots * kv_dim bytes, a multiple of 16 (the kernels' cp.async alignment).
     const Config tiny = Config::preset("tiny");

@@ -3,7 +3,10 @@
 // cached tokens reuses them, cancellation frees the slot, and limits end with the right reason.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <stdexcept>
+#include <string>
 
 #include "engine/serve/api_error.h"
 #include "engine/serve/scheduler.h"
@@ -33,9 +36,17 @@ class FakeForward : public gj::gen::Forward {
         return logits();
     }
     std::vector<float> decode(int32_t token) override {
+        if (fails_next())
+            throw std::runtime_error("fake forward failed at position " +
+                                     std::to_string(position()));
         seq_.push_back(token);
         return logits();
     }
+    // Whether the next decode throws: a sequence holding the poison token breaks at position 5.
+    bool fails_next() const {
+        return position() >= 5 && std::find(seq_.begin(), seq_.end(), kPoison) != seq_.end();
+    }
+    static constexpr int32_t kPoison = 999;
     bool rewind(int keep) override {
         seq_.resize(static_cast<size_t>(keep));
         return true;
@@ -51,6 +62,23 @@ class FakeForward : public gj::gen::Forward {
     }
     std::vector<int32_t> seq_;
     std::atomic<int>* prefilled_;
+};
+
+// A batch decoder like the GPU's: all entries in one call or, when one of them would fail,
+// none of them (the call throws first). Records the size of every batch.
+class RecordingBatchDecoder : public gj::gen::BatchDecoder {
+  public:
+    std::vector<gj::gen::StepResult> decode_batch(
+        std::span<const gj::gen::BatchEntry> batch) override {
+        sizes.push_back(static_cast<int>(batch.size()));
+        for (const auto& e : batch)  // alone, the entry fails with its own error
+            if (batch.size() > 1 && static_cast<FakeForward*>(e.forward)->fails_next())
+                throw std::runtime_error("a sequence of the batch failed");
+        std::vector<gj::gen::StepResult> out;
+        for (const auto& e : batch) out.push_back(e.forward->decode_step(e.token, e.readout));
+        return out;
+    }
+    std::vector<int> sizes;
 };
 
 const gj::tok::Tokenizer& tokenizer() {
@@ -176,4 +204,55 @@ TEST(Scheduler, StopCancelsEverything) {
     EXPECT_EQ(drain(*a).done.finish, Finish::Cancelled);
     EXPECT_EQ(drain(*b).done.finish, Finish::Cancelled);
     EXPECT_THROW(s->submit(greedy({2, 3}, 1)), gj::serve::ApiError);
+}
+
+TEST(Scheduler, DecodingSlotsRunAsOneBatchPerRound) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 6; ++i) prompts.push_back({2, 40 + i, 50 + i});
+    std::vector<std::string> alone;
+    {
+        Scheduler s(tokenizer(), fakes(1));
+        for (auto& p : prompts) alone.push_back(drain(*s.submit(greedy(p, 9))).text);
+    }
+    RecordingBatchDecoder batch;
+    std::vector<std::string> together;
+    {
+        Scheduler s(tokenizer(), fakes(4), {0, 8}, &batch);  // 4 slots, 6 jobs: 2 queue
+        std::vector<std::shared_ptr<Job>> jobs;
+        for (auto& p : prompts) jobs.push_back(s.submit(greedy(p, 9)));
+        for (auto& j : jobs) together.push_back(drain(*j).text);
+    }
+    EXPECT_EQ(together, alone);
+    // 6 jobs x 8 decode steps (the first token comes from the prefill, and a job ends as soon
+    // as its last token is out): every decoding slot of a round in one call, so the calls are
+    // fewer than the steps and some hold several slots.
+    int steps = 0, widest = 0;
+    for (int n : batch.sizes) steps += n, widest = std::max(widest, n);
+    EXPECT_EQ(steps, 6 * 8);
+    EXPECT_LT(batch.sizes.size(), size_t(steps));
+    EXPECT_GE(widest, 2);
+    EXPECT_LE(widest, 4);
+}
+
+TEST(Scheduler, AFailingBatchEndsOnlyTheRequestThatBreaks) {
+    RecordingBatchDecoder batch;
+    // The second prompt holds the poison token: its sequence breaks on its 3rd decode step.
+    std::vector<std::vector<int32_t>> prompts = {
+        {2, 60, 61}, {2, 62, FakeForward::kPoison}, {2, 64, 65}};
+    std::vector<std::string> alone;
+    {
+        Scheduler s(tokenizer(), fakes(1));
+        for (int i : {0, 2}) alone.push_back(drain(*s.submit(greedy(prompts[i], 8))).text);
+    }
+    Scheduler s(tokenizer(), fakes(3), {0, 8}, &batch);
+    std::vector<std::shared_ptr<Job>> jobs;
+    for (auto& p : prompts) jobs.push_back(s.submit(greedy(p, 8)));
+    std::vector<Outcome> out;
+    for (auto& j : jobs) out.push_back(drain(*j));
+    EXPECT_EQ(out[1].done.finish, Finish::Error);
+    EXPECT_NE(out[1].done.error.find("position 5"), std::string::npos) << out[1].done.error;
+    EXPECT_EQ(out[0].done.finish, Finish::Length);
+    EXPECT_EQ(out[0].text, alone[0]);
+    EXPECT_EQ(out[2].done.finish, Finish::Length);
+    EXPECT_EQ(out[2].text, alone[1]);
 }

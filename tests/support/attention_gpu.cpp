@@ -51,9 +51,17 @@ std::vector<int> range(int first, int n) {
     return v;
 }
 
+DeviceBuffer kv_table(const std::vector<std::pair<CUdeviceptr, CUdeviceptr>>& planes) {
+    std::vector<uint64_t> t;
+    for (const auto& [k, v] : planes) t.push_back(k), t.push_back(v);
+    DeviceBuffer d(t.size() * 8);
+    d.upload(t.data(), t.size() * 8);
+    return d;
+}
+
 FlashRun run_flash(const KernelSpec& spec, const std::vector<float>& q, const DeviceBuffer& kc,
                    const DeviceBuffer& vc, const DeviceBuffer& dpos, int T, int slots,
-                   int max_splits) {
+                   int max_splits, const DeviceBuffer* table, const DeviceBuffer* seqs) {
     const auto& g = kernels_for(spec);
     const int hd = int(spec_constant(spec, "HEAD_DIM"));
     const int kvh = int(spec_constant(spec, "N_KV_HEADS"));
@@ -65,11 +73,13 @@ FlashRun run_flash(const KernelSpec& spec, const std::vector<float>& q, const De
     const std::vector<uint8_t> nan_bytes(part_o.size(), 0xff);
     part_o.upload(nan_bytes.data(), part_o.size());
     part_ml.upload(nan_bytes.data(), part_ml.size());
+    const DeviceBuffer one = kv_table({{kc.ptr(), vc.ptr()}});
+    const CUdeviceptr planes = table ? table->ptr() : one.ptr(), rows = seqs ? seqs->ptr() : 0;
     // One spare token row in both grids: blocks past T exit.
     launch_smem_async(
         g.get(spec.name, "flash_decode"), {unsigned(max_splits), unsigned(kvh), unsigned(T + 1)},
         {unsigned(spec_constant(spec, "THREADS"))}, unsigned(spec_constant(spec, "SMEM")), dq.ptr(),
-        kc.ptr(), vc.ptr(), dpos.ptr(), T, slots, max_splits, part_o.ptr(), part_ml.ptr());
+        planes, rows, dpos.ptr(), T, slots, max_splits, part_o.ptr(), part_ml.ptr());
     launch(g.get(spec.name, "flash_combine"), {unsigned(H * hd / 16), unsigned(T + 1)},
            {unsigned(spec_constant(spec, "COMBINE_THREADS"))}, part_o.ptr(), part_ml.ptr(),
            out.ptr(), T, max_splits);

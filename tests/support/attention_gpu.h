@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/gpu/kernels/attn_prep.h"
@@ -32,6 +33,9 @@ std::vector<float> norm_weights(int n, std::mt19937& rng);
 // first, first + 1, ..., first + n - 1 (token positions).
 std::vector<int> range(int first, int n);
 
+// The plane table attn_prep and flash_decode read: [sequences][2] addresses (K plane, V plane).
+jit::DeviceBuffer kv_table(const std::vector<std::pair<CUdeviceptr, CUdeviceptr>>& planes);
+
 struct FlashRun {
     std::vector<float> out;
     std::vector<float> part_ml;  // [T][H][max_splits] {m, l}
@@ -39,9 +43,12 @@ struct FlashRun {
 };
 
 // Runs flash_decode + flash_combine on caches held as storage bits, with partial buffers
-// poisoned with NaN: the combine must read only the live splits.
+// poisoned with NaN: the combine must read only the live splits. With `seqs` ([T] sequence of
+// each query) the queries read the planes of `table` (kv_table) instead of kc / vc.
 FlashRun run_flash(const jit::KernelSpec& spec, const std::vector<float>& q,
                    const jit::DeviceBuffer& kc, const jit::DeviceBuffer& vc,
-                   const jit::DeviceBuffer& dpos, int T, int slots, int max_splits);
+                   const jit::DeviceBuffer& dpos, int T, int slots, int max_splits,
+                   const jit::DeviceBuffer* table = nullptr,
+                   const jit::DeviceBuffer* seqs = nullptr);
 
 }  // namespace gj::test::kref

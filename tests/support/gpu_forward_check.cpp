@@ -56,11 +56,12 @@ jit::Flags flags(jit::EnvMap env) {
 }
 
 std::unique_ptr<GpuModel> load_gpu(const std::filesystem::path& path, int context, int chunk,
-                                   const jit::Flags& f) {
+                                   const jit::Flags& f, int sequences) {
     GpuModelOptions o;
     o.context = context;
     o.prefill_chunk = chunk;
     o.flags = &f;
+    o.sequences = sequences;
     return GpuModel::load(path, o);
 }
 

@@ -31,8 +31,9 @@ std::filesystem::path synth_mix(const ScratchDir& dir, const std::string& varian
 
 jit::Flags flags(jit::EnvMap env = {});
 
+// A GPU load whose sessions hold `sequences` sequences.
 std::unique_ptr<gemma4::GpuModel> load_gpu(const std::filesystem::path& path, int context,
-                                           int chunk, const jit::Flags& f);
+                                           int chunk, const jit::Flags& f, int sequences = 1);
 
 // The CPU reference's logits of every position of one prefill.
 std::vector<float> cpu_logits(const std::filesystem::path& path,

@@ -1,36 +1,64 @@
-// Decode: one token as one CUDA graph per readout, captured on first use and replayed for every
-// later token (GEMMAJIT_GRAPHS=0: the same launches, eager).
+// Decode: one token of each of B sequences as one CUDA graph per batch size and readout list,
+// captured on first use and replayed for every later step (GEMMAJIT_GRAPHS=0: the same
+// launches, eager).
 #include "engine/gpu/session/session_internal.h"
+
+#include <fmt/format.h>
 
 #include <memory>
 #include <utility>
 
 namespace gj::gemma4 {
 
-StepOutput GpuSession::decode(int32_t token, Readout readout) {
-    check_tokens({&token, 1});
+StepOutput GpuSession::decode(int32_t token, Readout readout, int seq) {
+    const BatchToken one{seq, token, readout};
+    return std::move(decode_batch({&one, 1})[0]);
+}
+
+std::vector<StepOutput> GpuSession::decode_batch(std::span<const BatchToken> batch) {
+    if (batch.empty()) throw std::invalid_argument("a decode batch needs at least one token");
+    const int B = int(batch.size());
+    std::vector<int32_t> tokens;
+    std::vector<int> positions, seqs;
+    std::vector<Readout> readouts;
+    std::vector<bool> seen(size_t(sequences()), false);
+    for (const BatchToken& b : batch) {
+        select(b.seq);
+        if (seen[size_t(b.seq)])
+            throw std::invalid_argument(
+                fmt::format("sequence {} appears twice in one decode batch", b.seq));
+        seen[size_t(b.seq)] = true;
+        check_tokens({&b.token, 1}, b.seq);
+        tokens.push_back(b.token);
+        positions.push_back(pos_[size_t(b.seq)]);
+        seqs.push_back(b.seq);
+        readouts.push_back(b.readout);
+    }
     jit::Device& dev = jit::Device::get();
     dev.make_current();
     const jit::DriverApi& api = jit::driver();
-    write_step_state({&token, 1}, pos_);
+    write_step_state(tokens, positions, seqs);
+    auto record = [&] {
+        record_forward(B, true);
+        record_readout(0, readouts);
+    };
     if (!graphs_) {
-        record_forward(1, true);
-        record_readout(0, readout);
+        record();
     } else {
         Graph* graph = nullptr;
         for (auto& g : graphs_list_)
-            if (g->readout == readout) graph = g.get();
+            if (g->readouts == readouts) graph = g.get();
         if (!graph) {
-            // Captured once per readout; every kernel is already loaded with its shared-memory
-            // limit set, and no launch argument depends on the token or its position.
+            // Captured once per batch size and readout list; every kernel is already loaded with
+            // its shared-memory limit set, and no launch argument depends on the tokens, their
+            // positions or sequences.
             auto g = std::make_unique<Graph>();
-            g->readout = readout;
+            g->readouts = readouts;
             jit::check_driver(
                 api.cuStreamBeginCapture(dev.stream(), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                 "cuStreamBeginCapture(decode step)");
             try {
-                record_forward(1, true);
-                record_readout(0, readout);
+                record();
             } catch (...) {
                 CUgraph broken = nullptr;
                 api.cuStreamEndCapture(dev.stream(), &broken);
@@ -49,8 +77,8 @@ StepOutput GpuSession::decode(int32_t token, Readout readout) {
                           "cuGraphLaunch(decode step)");
         ++graph_launches_;
     }
-    StepOutput out = read_result(readout);
-    ++pos_;
+    std::vector<StepOutput> out = read_results(readouts);
+    for (int s : seqs) ++pos_[size_t(s)];
     return out;
 }
 

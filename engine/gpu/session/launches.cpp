@@ -65,11 +65,11 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     const bool quant = m.quantized();
     const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
     const double flops_per_col = 2.0 * double(m.rows) * m.cols * (up ? 2 : 1);
-    if (T > kPrefillCols && m.blas && model_.blas()) {
+    if (chunk_products(T) && m.blas && model_.blas()) {
         blas_product(m, up, in.f, y, T, what);
         return 1;
     }
-    if (T > kPrefillCols && !m.spec_gemm.empty())
+    if (chunk_products(T) && !m.spec_gemm.empty())
         return gemm(m, up, in, up ? GemmOut::Geglu : GemmOut::Plain, y, 0, T, what, partials_ok);
     if (quant && in.q == 0) {
         quantize(in.f, T * m.cols);
@@ -181,11 +181,11 @@ GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
     const Work& w = *w_;
     // The GEMM writes the GeGLU product straight in the down projection's input form: bf16 for
     // the wgmma GEMM, Q8_1 for the int8 one.
-    if (T > kPrefillCols && g.gate.gemm_bf16 && g.down.gemm_bf16) {
+    if (chunk_products(T) && g.gate.gemm_bf16 && g.down.gemm_bf16) {
         gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gbf.ptr(), 0, T, "ffn_gate|up");
         return Input{0, 0, 0, w.gbf.ptr()};
     }
-    if (T > kPrefillCols && !g.gate.spec_gemm.empty() && !g.gate.gemm_bf16 &&
+    if (chunk_products(T) && !g.gate.spec_gemm.empty() && !g.gate.gemm_bf16 &&
         g.gate.rows % 32 == 0) {
         gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gq.ptr(), w.gds.ptr(), T,
              "ffn_gate|up");

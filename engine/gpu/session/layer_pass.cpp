@@ -36,23 +36,26 @@ void GpuSession::record_embedding(int T) {
            {128}, 0, args, name);
 }
 
-double GpuSession::attention_flops(int l, int pos0, int T) const {
+double GpuSession::attention_flops(int l, int row0, int T) const {
     const LayerConfig& lc = cfg_.layers[l];
     const int window = lc.sliding ? cfg_.sliding_window : 0;
     double pairs = 0;  // visible (query, key) pairs
-    for (int p = pos0; p < pos0 + T; ++p) pairs += window ? std::min(p + 1, window) : p + 1;
+    for (int r = row0; r < row0 + T; ++r) {
+        const int p = row_pos_[size_t(r)];
+        pairs += window ? std::min(p + 1, window) : p + 1;
+    }
     return 4.0 * lc.head_dim * cfg_.n_heads * pairs;  // Q K^T and P V
 }
 
-void GpuSession::record_attention(int l, int T, bool decode) {
+void GpuSession::record_attention(int l, int T) {
     const Work& w = *w_;
     const LayerConfig& lc = cfg_.layers[l];
     const GpuLayer& gl = model_.layers()[l];
-    const KvCache::Layer& kv = kv_.layer(l);
     const uint64_t q_dim = uint64_t(cfg_.q_dim(l));
-    if (!decode && !gl.flash_prefill_spec.empty()) {
+    if (!decoding_ && !gl.flash_prefill_spec.empty()) {
         // The whole chunk in one launch on tensor cores; K/V of this chunk are already cached.
         // SPLITS blocks (a cluster) per row block share its key range.
+        const KvCache::Layer& kv = kv_.layer(l, seq_);
         const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_prefill_spec);
         const unsigned rows_per_block = constant(spec, "BLOCK_ROWS");
         CUdeviceptr q = w.q.ptr(), kc = kv.k, vc = kv.v, positions = w.positions(),
@@ -64,15 +67,15 @@ void GpuSession::record_attention(int l, int T, bool decode) {
                     constant(spec, "SPLITS"),
                 unsigned(lc.n_kv_heads)},
                {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, gl.flash_prefill_spec,
-               LaunchCost{0, attention_flops(l, pos_, T), WorkKind::Attention});
+               LaunchCost{0, attention_flops(l, 0, T), WorkKind::Attention});
         ++paths_.flash_prefill;
         return;
     }
     const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_spec);
-    // The decode graph's split count is fixed for the whole context (any count is correct; the
+    // A decode graph's split count is fixed for the whole context (any count is correct; the
     // kernel lengthens the splits as the context grows). Eager prefill sizes it for its chunk.
-    int splits = w.layout.decode_splits[l];
-    if (!decode) splits = flash_decode_splits(spec, pos_ + T, T, jit::Device::get().sm_count());
+    const int keys = decoding_ ? context() : pos_[size_t(seq_)] + T;
+    int splits = flash_decode_splits(spec, keys, T, jit::Device::get().sm_count());
     const uint64_t per_query_o = uint64_t(cfg_.n_heads) * splits * lc.head_dim;
     const uint64_t per_query_ml = uint64_t(cfg_.n_heads) * splits;
     const int batch = int(std::min<uint64_t>({uint64_t(T), w.layout.part_o_floats / per_query_o,
@@ -83,14 +86,15 @@ void GpuSession::record_attention(int l, int T, bool decode) {
     const unsigned combine_threads = constant(spec, "COMBINE_THREADS");
     const unsigned combine_blocks =
         constant(spec, "GROUP") * constant(spec, "N_KV_HEADS") * constant(spec, "HEAD_DIM") / 16;
-    CUdeviceptr kc = kv.k, vc = kv.v, part_o = w.part_o.ptr(), part_ml = w.part_ml.ptr();
-    int slots = kv.slots;
+    CUdeviceptr table = kv_.table(l), part_o = w.part_o.ptr(), part_ml = w.part_ml.ptr();
+    int slots = kv_.layer(l).slots;
     for (int t0 = 0; t0 < T; t0 += batch) {
         int n = std::min(batch, T - t0);
-        const LaunchCost cost{0, attention_flops(l, pos_ + t0, n), WorkKind::Attention};
+        const LaunchCost cost{0, attention_flops(l, t0, n), WorkKind::Attention};
         CUdeviceptr q = w.q.ptr() + t0 * q_dim * 4, out = w.attn.ptr() + t0 * q_dim * 4;
         CUdeviceptr positions = w.positions() + uint64_t(t0) * 4;
-        void* fargs[] = {&q, &kc, &vc, &positions, &n, &slots, &splits, &part_o, &part_ml};
+        CUdeviceptr seqs = w.seqs() + uint64_t(t0) * 4;
+        void* fargs[] = {&q, &table, &seqs, &positions, &n, &slots, &splits, &part_o, &part_ml};
         launch(flash, {unsigned(splits), unsigned(lc.n_kv_heads), unsigned(n)}, {threads}, smem,
                fargs, gl.flash_spec + " flash_decode", cost);
         void* cargs[] = {&part_o, &part_ml, &out, &n, &splits};
@@ -99,7 +103,7 @@ void GpuSession::record_attention(int l, int T, bool decode) {
     }
 }
 
-void GpuSession::record_layer(int l, int T, bool decode) {
+void GpuSession::record_layer(int l, int T) {
     const Work& w = *w_;
     const LayerConfig& lc = cfg_.layers[l];
     const GpuLayer& g = model_.layers()[l];
@@ -113,11 +117,11 @@ void GpuSession::record_layer(int l, int T, bool decode) {
     // profiling, whose per-launch events time one kernel at a time.
     const int branches = lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
     // Split-K products share one partial-plane workspace: those run one at a time.
-    const bool split_qkv = T > kPrefillCols && (splits_k(g.q) || splits_k(g.k) || splits_k(g.v));
+    const bool split_qkv = chunk_products(T) && (splits_k(g.q) || splits_k(g.k) || splits_k(g.v));
     const bool concurrent = streams_ && branches > 0 && !profiler_ && !split_qkv;
     // The bf16 form of h for the wgmma GEMMs, made once for Q, K and V (before the fork).
     const bool bf16_qkv = g.q.gemm_bf16 || g.k.gemm_bf16 || g.v.gemm_bf16;
-    const Input h = T > kPrefillCols && bf16_qkv
+    const Input h = chunk_products(T) && bf16_qkv
                         ? with_bf16(normed(), T * cfg_.d_model, "attn_norm")
                         : normed();
     if (concurrent) fork(branches);
@@ -133,19 +137,19 @@ void GpuSession::record_layer(int l, int T, bool decode) {
     matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
     if (concurrent) join(branches);
     {
-        const KvCache::Layer& kv = kv_.layer(l);
         const jit::KernelSpec& spec = model_.kernels().spec(g.attn_prep_spec);
         const unsigned warps = constant(spec, "WARPS");
         const int rows = cfg_.n_heads + (lc.has_kv ? 2 * lc.n_kv_heads : 0);
         CUdeviceptr q = w.q.ptr(), kraw = w.kraw.ptr(), vraw = w.vraw.ptr(), qn = g.q_norm,
-                    kn = g.k_norm, kc = kv.k, vc = kv.v, positions = w.positions();
-        int slots = kv.slots;
+                    kn = g.k_norm, table = kv_.table(l), seqs = w.seqs(), positions = w.positions();
+        int slots = kv_.layer(l).slots;
         float base = lc.rope_base, eps = cfg_.rms_eps;
-        void* args[] = {&q, &kraw, &vraw, &qn, &kn, &kc, &vc, &positions, &T, &slots, &base, &eps};
+        void* args[] = {&q,    &kraw,      &vraw, &qn,    &kn,   &table,
+                        &seqs, &positions, &T,    &slots, &base, &eps};
         launch(model_.kernels().get(g.attn_prep_spec, "attn_prep"),
                {ceil_div(rows, warps), unsigned(T)}, {32 * warps}, 0, args, g.attn_prep_spec);
     }
-    record_attention(l, T, decode);
+    record_attention(l, T);
     // Split-K products leave their partial planes for the post-norm to sum.
     int parts = matvec(g.o, nullptr, Input{w.attn.ptr()}, w.tmp.ptr(), T, "attn_output", true);
     post_norm(model_.spec_post_prenorm(parts), product(parts), g.post_attention_norm, 0, g.ffn_norm,
@@ -170,7 +174,7 @@ void GpuSession::record_layer(int l, int T, bool decode) {
         // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM and cuBLAS
         // read fp32).
         const bool q8 =
-            g.proj.quantized() && !(T > kPrefillCols && (g.proj.gemm_bf16 || g.proj.blas));
+            g.proj.quantized() && !(chunk_products(T) && (g.proj.gemm_bf16 || g.proj.blas));
         CUdeviceptr gate = w.ple_gate.ptr(), other = w.ple.ptr() + uint64_t(l) * cfg_.ple_dim * 4,
                     out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
         int stride = cfg_.n_layers * cfg_.ple_dim;
@@ -191,11 +195,12 @@ void GpuSession::record_layer(int l, int T, bool decode) {
 }
 
 void GpuSession::record_forward(int T, bool decode) {
+    decoding_ = decode;
     record_embedding(T);
     pre_norm(w_->x.ptr(), model_.layers()[0].attn_norm, T, "attn_norm");
     // K-quant matrices in cuBLAS products: each layer's F16 copies are made while the layer
     // before computes.
-    const bool ahead = T > kPrefillCols && model_.dequant_slot_bytes() > 0 && model_.blas();
+    const bool ahead = chunk_products(T) && model_.dequant_slot_bytes() > 0 && model_.blas();
     deq_layer_ = -1;
     if (ahead) dequantize_layer(0);
     for (int l = 0; l < cfg_.n_layers; ++l) {
@@ -204,35 +209,42 @@ void GpuSession::record_forward(int T, bool decode) {
             if (l + 1 < cfg_.n_layers) dequantize_layer(l + 1);
             deq_layer_ = l;
         }
-        record_layer(l, T, decode);
+        record_layer(l, T);
     }
     deq_layer_ = -1;
     // h (and its Q8_1 form) now hold output_norm(x) of every row.
 }
 
-void GpuSession::record_readout(int row, Readout readout) {
+void GpuSession::record_readout(int row0, std::span<const Readout> readouts) {
     const Work& w = *w_;
-    matvec(model_.lm_head(), nullptr, normed(row), w.logits.ptr(), 1, "lm_head");
+    const int n_rows = int(readouts.size());
+    // One LM-head product for every row (the batched matvec reads the head once per
+    // kPrefillCols rows), then each row's own reduction into its result slot.
+    matvec(model_.lm_head(), nullptr, normed(row0), w.logits.ptr(), n_rows, "lm_head");
     const std::string& name = model_.spec_logits();
     const jit::KernelSpec& spec = model_.kernels().spec(name);
     const unsigned threads = constant(spec, "THREADS");
-    CUdeviceptr logits = w.logits.ptr(), work = w.logits_work();
+    CUdeviceptr work = w.logits_work();
     float cap = cfg_.final_softcap;
-    if (readout == Readout::Argmax) {
-        CUdeviceptr token = w.result_token();
-        void* args[] = {&logits, &cap, &work, &token};
-        launch(model_.kernels().get(name, "softcap_argmax"), {constant(spec, "ARGMAX_BLOCKS")},
-               {threads}, 0, args, name + " softcap_argmax");
-    } else if (readout == Readout::TopK) {
-        CUdeviceptr ids = w.result_ids(), values = w.result_values();
-        void* args[] = {&logits, &cap, &work, &ids, &values};
-        launch(model_.kernels().get(name, "softcap_topk"), {constant(spec, "TOPK_BLOCKS")},
-               {threads}, 0, args, name + " softcap_topk");
-    } else {
-        int n = cfg_.vocab_size;
-        void* args[] = {&logits, &cap, &n};
-        launch(model_.kernels().get(name, "softcap"), {ceil_div(n, threads)}, {threads}, 0, args,
-               name + " softcap");
+    for (int i = 0; i < n_rows; ++i) {
+        CUdeviceptr logits = w.logits_row(i);
+        if (readouts[size_t(i)] == Readout::Argmax) {
+            CUdeviceptr token = w.readout.ptr() + w.token_offset(i);
+            void* args[] = {&logits, &cap, &work, &token};
+            launch(model_.kernels().get(name, "softcap_argmax"), {constant(spec, "ARGMAX_BLOCKS")},
+                   {threads}, 0, args, name + " softcap_argmax");
+        } else if (readouts[size_t(i)] == Readout::TopK) {
+            CUdeviceptr ids = w.readout.ptr() + w.ids_offset(i),
+                        values = w.readout.ptr() + w.values_offset(i);
+            void* args[] = {&logits, &cap, &work, &ids, &values};
+            launch(model_.kernels().get(name, "softcap_topk"), {constant(spec, "TOPK_BLOCKS")},
+                   {threads}, 0, args, name + " softcap_topk");
+        } else {
+            int n = cfg_.vocab_size;
+            void* args[] = {&logits, &cap, &n};
+            launch(model_.kernels().get(name, "softcap"), {ceil_div(n, threads)}, {threads}, 0,
+                   args, name + " softcap");
+        }
     }
 }
 

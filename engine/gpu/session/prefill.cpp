@@ -7,17 +7,18 @@
 namespace gj::gemma4 {
 
 StepOutput GpuSession::prefill(std::span<const int32_t> tokens, Readout readout,
-                               const std::function<void(int, int)>& progress) {
-    check_tokens(tokens);
+                               const std::function<void(int, int)>& progress, int seq) {
+    select(seq);
+    check_tokens(tokens, seq);
     const int chunk = model_.prefill_chunk();
     const int total = int(tokens.size());
     jit::Device::get().make_current();
     for (int t0 = 0; t0 < total; t0 += chunk) {
         const int T = std::min(chunk, total - t0);
-        write_step_state(tokens.subspan(t0, T), pos_);
+        write_chunk_state(tokens.subspan(t0, T));
         record_forward(T, false);
-        if (t0 + T == total) record_readout(T - 1, readout);
-        pos_ += T;
+        if (t0 + T == total) record_readout(T - 1, {&readout, 1});
+        pos_[size_t(seq)] += T;
         if (t0 + T < total) {
             // The pinned step state is rewritten by the next chunk.
             jit::check_driver(jit::driver().cuStreamSynchronize(jit::Device::get().stream()),
@@ -25,13 +26,14 @@ StepOutput GpuSession::prefill(std::span<const int32_t> tokens, Readout readout,
             if (progress) progress(t0 + T, total);
         }
     }
-    StepOutput out = read_result(readout);
+    StepOutput out = std::move(read_results({&readout, 1})[0]);
     if (progress) progress(total, total);
     return out;
 }
 
-std::vector<float> GpuSession::prefill_logits(std::span<const int32_t> tokens) {
-    check_tokens(tokens);
+std::vector<float> GpuSession::prefill_logits(std::span<const int32_t> tokens, int seq) {
+    select(seq);
+    check_tokens(tokens, seq);
     const int chunk = model_.prefill_chunk();
     const int total = int(tokens.size());
     const uint64_t V = uint64_t(cfg_.vocab_size);
@@ -41,10 +43,10 @@ std::vector<float> GpuSession::prefill_logits(std::span<const int32_t> tokens) {
     std::vector<float> out(uint64_t(total) * V);
     for (int t0 = 0; t0 < total; t0 += chunk) {
         const int T = std::min(chunk, total - t0);
-        write_step_state(tokens.subspan(t0, T), pos_);
+        write_chunk_state(tokens.subspan(t0, T));
         record_forward(T, false);
         record_all_logits(T);
-        pos_ += T;
+        pos_[size_t(seq)] += T;
         jit::check_driver(jit::driver().cuStreamSynchronize(jit::Device::get().stream()),
                           "prefill chunk");
         w_->all_logits.download(out.data() + uint64_t(t0) * V, uint64_t(T) * V * 4);

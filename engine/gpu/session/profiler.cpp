@@ -8,15 +8,17 @@
 namespace gj::gemma4 {
 
 std::vector<KernelTime> GpuSession::profile_decode_step(int32_t token) {
-    check_tokens({&token, 1});
+    check_tokens({&token, 1}, 0);
     jit::Device& dev = jit::Device::get();
     dev.make_current();
     Profiler prof;
-    write_step_state({&token, 1}, pos_);
+    const int pos = pos_[0], seq = 0;
+    write_step_state({&token, 1}, {&pos, 1}, {&seq, 1});
     profiler_ = &prof;
+    const Readout argmax = Readout::Argmax;
     try {
         record_forward(1, true);
-        record_readout(0, Readout::Argmax);
+        record_readout(0, {&argmax, 1});
     } catch (...) {
         profiler_ = nullptr;
         throw;

@@ -16,6 +16,7 @@ GpuSession::GpuSession(GpuModel& model)
       cfg_(model.config()),
       kv_(model.config(), model.kv_geometry()),
       w_(std::make_unique<Work>(model)),
+      pos_(size_t(model.kv_geometry().sequences), 0),
       graphs_(model.flags().get_bool("GEMMAJIT_GRAPHS")),
       streams_(model.flags().get_bool("GEMMAJIT_STREAMS")) {
     jit::Device& dev = jit::Device::get();
@@ -101,80 +102,112 @@ int GpuSession::context() const {
     return kv_.geometry().context;
 }
 
-bool GpuSession::rewind(int keep) {
-    if (keep < 0 || keep > pos_)
+bool GpuSession::rewind(int keep, int seq) {
+    select(seq);
+    const int pos = pos_[size_t(seq)];
+    if (keep < 0 || keep > pos)
         throw std::invalid_argument(
-            fmt::format("rewind to {}: the sequence holds {} positions", keep, pos_));
-    if (!kv_.can_rewind(pos_, keep)) return false;
-    pos_ = keep;
+            fmt::format("rewind to {}: the sequence holds {} positions", keep, pos));
+    if (!kv_.can_rewind(pos, keep)) return false;
+    pos_[size_t(seq)] = keep;
     return true;
 }
 
-void GpuSession::check_tokens(std::span<const int32_t> tokens) const {
+void GpuSession::select(int seq) {
+    if (seq < 0 || seq >= sequences())
+        throw std::out_of_range(
+            fmt::format("sequence {} does not exist: the session holds {}", seq, sequences()));
+    seq_ = seq;
+}
+
+void GpuSession::check_tokens(std::span<const int32_t> tokens, int seq) const {
     if (tokens.empty()) throw std::invalid_argument("prefill needs at least one token");
     for (size_t i = 0; i < tokens.size(); ++i)
         if (tokens[i] < 0 || tokens[i] >= cfg_.vocab_size)
             throw std::invalid_argument(
                 fmt::format("token id {} (input position {}) is outside the vocabulary [0, {})",
                             tokens[i], i, cfg_.vocab_size));
-    if (int64_t(pos_) + int64_t(tokens.size()) > context())
+    const int pos = pos_.at(size_t(seq));
+    if (int64_t(pos) + int64_t(tokens.size()) > context())
         throw std::invalid_argument(
             fmt::format("{} tokens at position {} do not fit the context of {} positions",
-                        tokens.size(), pos_, context()));
+                        tokens.size(), pos, context()));
 }
 
-void GpuSession::write_step_state(std::span<const int32_t> tokens, int pos0) {
+void GpuSession::write_step_state(std::span<const int32_t> tokens, std::span<const int> positions,
+                                  std::span<const int> seqs) {
     const int R = w_->layout.rows;
     int32_t* s = w_->state_host.as<int32_t>();
     const int T = int(tokens.size());
     s[0] = T;
-    s[1] = pos0;
+    s[1] = positions[0];
     s[2] = s[3] = 0;
+    row_pos_.assign(positions.begin(), positions.end());
+    row_seq_.assign(seqs.begin(), seqs.end());
     for (int t = 0; t < T; ++t) {
-        s[kStateHeader + t] = pos0 + t;
+        s[kStateHeader + t] = positions[t];
         s[kStateHeader + R + t] = tokens[t];
+        s[kStateHeader + 2 * R + t] = seqs[t];
     }
-    jit::check_driver(
-        jit::driver().cuMemcpyHtoDAsync(w_->state.ptr(), s, (kStateHeader + 2 * R) * 4,
-                                        jit::Device::get().stream()),
-        "cuMemcpyHtoDAsync(step state)");
+    jit::check_driver(jit::driver().cuMemcpyHtoDAsync(w_->state.ptr(), s, w_->layout.state_bytes(),
+                                                      jit::Device::get().stream()),
+                      "cuMemcpyHtoDAsync(step state)");
 }
 
-StepOutput GpuSession::read_result(Readout readout) {
+void GpuSession::write_chunk_state(std::span<const int32_t> tokens) {
+    const int T = int(tokens.size()), pos0 = pos_[size_t(seq_)];
+    std::vector<int> positions(static_cast<size_t>(T)), seqs(static_cast<size_t>(T), seq_);
+    std::iota(positions.begin(), positions.end(), pos0);
+    write_step_state(tokens, positions, seqs);
+}
+
+std::vector<StepOutput> GpuSession::read_results(std::span<const Readout> readouts) {
     const jit::DriverApi& api = jit::driver();
     const CUstream stream = jit::Device::get().stream();
-    StepOutput out;
-    uint8_t* host = w_->result_host.as<uint8_t>();
-    if (readout == Readout::Argmax)
-        jit::check_driver(api.cuMemcpyDtoHAsync(host, w_->result_token(), 4, stream),
-                          "cuMemcpyDtoHAsync(argmax)");
-    if (readout == Readout::TopK)
-        jit::check_driver(api.cuMemcpyDtoHAsync(host, w_->result_ids(), 2 * kMaxTopK * 4, stream),
-                          "cuMemcpyDtoHAsync(top-k)");
-    jit::check_driver(api.cuStreamSynchronize(stream), "forward step");
-    switch (readout) {
-        case Readout::Argmax:
-            out.token = *reinterpret_cast<const int32_t*>(host);
-            if (out.token < 0)
-                throw std::runtime_error(
-                    "the forward pass produced NaN logits (argmax found no largest value)");
-            break;
-        case Readout::TopK: {
-            const int32_t* ids = reinterpret_cast<const int32_t*>(host);
-            const float* vals = reinterpret_cast<const float*>(host + kMaxTopK * 4);
-            const int k = std::min(kMaxTopK, cfg_.vocab_size);
-            std::vector<int> order(k);
-            std::iota(order.begin(), order.end(), 0);
-            std::sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
-            for (int i : order) out.ids.push_back(ids[i]), out.values.push_back(vals[i]);
-            break;
-        }
-        case Readout::Logits:
-            out.logits.resize(size_t(cfg_.vocab_size));
-            w_->logits.download(out.logits.data(), out.logits.size() * 4);
-            break;
+    const Work& w = *w_;
+    uint8_t* host = w.result_host.as<uint8_t>();
+    const int n = int(readouts.size());
+    auto fetch = [&](uint64_t offset, uint64_t bytes, const char* what) {
+        jit::check_driver(
+            api.cuMemcpyDtoHAsync(host + offset, w.readout.ptr() + offset, bytes, stream), what);
+    };
+    const bool any_token = std::count(readouts.begin(), readouts.end(), Readout::Argmax) > 0;
+    const bool any_topk = std::count(readouts.begin(), readouts.end(), Readout::TopK) > 0;
+    if (any_token) fetch(0, uint64_t(n) * 4, "cuMemcpyDtoHAsync(argmax)");
+    if (any_topk) {  // the ids and values of the first n slots
+        fetch(w.ids_offset(0), uint64_t(n) * kMaxTopK * 4, "cuMemcpyDtoHAsync(top-k ids)");
+        fetch(w.values_offset(0), uint64_t(n) * kMaxTopK * 4, "cuMemcpyDtoHAsync(top-k values)");
     }
-    return out;
+    jit::check_driver(api.cuStreamSynchronize(stream), "forward step");
+    std::vector<StepOutput> outs(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        StepOutput& out = outs[size_t(i)];
+        switch (readouts[size_t(i)]) {
+            case Readout::Argmax:
+                out.token = *reinterpret_cast<const int32_t*>(host + w.token_offset(i));
+                if (out.token < 0)
+                    throw std::runtime_error(
+                        "the forward pass produced NaN logits (argmax found no largest value)");
+                break;
+            case Readout::TopK: {
+                const int32_t* ids = reinterpret_cast<const int32_t*>(host + w.ids_offset(i));
+                const float* vals = reinterpret_cast<const float*>(host + w.values_offset(i));
+                const int k = std::min(kMaxTopK, cfg_.vocab_size);
+                std::vector<int> order(k);
+                std::iota(order.begin(), order.end(), 0);
+                std::sort(order.begin(), order.end(),
+                          [&](int a, int b) { return ids[a] < ids[b]; });
+                for (int j : order) out.ids.push_back(ids[j]), out.values.push_back(vals[j]);
+                break;
+            }
+            case Readout::Logits:
+                out.logits.resize(size_t(cfg_.vocab_size));
+                w.logits.download(out.logits.data(), out.logits.size() * 4,
+                                  uint64_t(i) * cfg_.vocab_size * 4);
+                break;
+        }
+    }
+    return outs;
 }
 
 }  // namespace gj::gemma4

@@ -24,8 +24,9 @@ inline unsigned constant(const jit::KernelSpec& spec, std::string_view name) {
     return unsigned(spec_constant(spec, name));
 }
 
+// A captured decode step: its batch size is readouts.size(), one readout per row.
 struct GpuSession::Graph {
-    Readout readout;
+    std::vector<Readout> readouts;
     CUgraph graph = nullptr;
     CUgraphExec exec = nullptr;
     ~Graph() {

@@ -19,7 +19,9 @@ WorkLayout::WorkLayout(const GpuModel& m) {
     const Config& c = m.config();
     const KvGeometry& g = m.kv_geometry();
     const int sms = jit::Device::get().sm_count();
-    rows = round_up(std::max(1, g.max_chunk), kPrefillCols);
+    sequences = g.sequences;
+    logit_rows = sequences > 1 ? round_up(sequences, kPrefillCols) : 1;
+    rows = round_up(std::max({1, g.max_chunk, g.sequences}), kPrefillCols);
     d = c.d_model;
     ple = c.ple_dim;
     ple_all = c.n_layers * c.ple_dim;
@@ -30,15 +32,16 @@ WorkLayout::WorkLayout(const GpuModel& m) {
         kv_max = std::max(kv_max, c.kv_dim(l));
         ffn_max = std::max(ffn_max, lc.ffn_dim);
         const jit::KernelSpec& spec = m.kernels().spec(m.layers()[l].flash_spec);
-        // Splits of the decode graph (one query that may see the whole context) and of the
-        // largest prefill chunk; the partials hold whichever needs more.
-        const int dec = flash_decode_splits(spec, g.context, 1, sms);
-        const int pre = flash_decode_splits(spec, g.context, rows, sms);
-        decode_splits.push_back(dec);
+        // Splits of every decode batch (1 .. sequences queries that may see the whole context)
+        // and of the largest prefill chunk; the partials hold whichever needs most.
         const uint64_t heads = uint64_t(c.n_heads);
-        part_o_floats = std::max(
-            {part_o_floats, heads * dec * lc.head_dim, uint64_t(rows) * heads * pre * lc.head_dim});
-        part_ml_pairs = std::max({part_ml_pairs, heads * dec, uint64_t(rows) * heads * pre});
+        auto hold = [&](int queries) {
+            const uint64_t splits = uint64_t(flash_decode_splits(spec, g.context, queries, sms));
+            part_o_floats = std::max(part_o_floats, queries * heads * splits * lc.head_dim);
+            part_ml_pairs = std::max(part_ml_pairs, queries * heads * splits);
+        };
+        for (int b = 1; b <= g.sequences; ++b) hold(b);
+        hold(rows);
     }
     in_max = std::max({d, q_max, ffn_max, ple});
     logits_work = spec_constant(m.kernels().spec(m.spec_logits()), "WORK_BYTES");
@@ -64,14 +67,13 @@ uint64_t WorkLayout::bytes() const {
                             + 2 * R * kv_max                 // k_raw, v_raw
                             + R * ffn_max                    // gate|up product
                             + 3 * R * ple_all + 2 * R * ple  // PLE inputs; gate, product
-                            + uint64_t(vocab)                // logits of one row
+                            + uint64_t(logit_rows) * vocab   // logits of a decode batch
                             + part_o_floats + 2 * part_ml_pairs + (float_gate ? R * ffn_max : 0) +
                             gemm_split_floats;
     return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
            + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
            (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
-           (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + (kStateHeader + 2 * R) * 4 +
-           readout_bytes();
+           (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + state_bytes() + readout_bytes();
 }
 
 uint64_t session_work_bytes(const GpuModel& model) {
@@ -100,12 +102,12 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     ple = zeroed(R * L.ple_all * 4);
     ple_gate = zeroed(R * L.ple * 4);
     ple_mul = zeroed(R * L.ple * 4);
-    logits = zeroed(uint64_t(L.vocab) * 4);
+    logits = zeroed(uint64_t(L.logit_rows) * L.vocab * 4);
     part_o = zeroed(L.part_o_floats * 4);
     part_ml = zeroed(L.part_ml_pairs * 8);
     xq = zeroed(R * L.in_max);
     xds = zeroed(R * (L.in_max / 32) * 8);
-    state = zeroed((kStateHeader + 2 * R) * 4);
+    state = zeroed(L.state_bytes());
     readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
     if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
     if (L.bf16_acts) xbf = jit::DeviceBuffer(R * L.in_max * 2);
@@ -117,8 +119,8 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     }
     if (L.gemm_bf16_ffn) gbf = jit::DeviceBuffer(R * L.ffn_max * 2);
     if (L.dequant_bytes) wdeq = jit::DeviceBuffer(L.dequant_bytes);
-    state_host = PinnedHost((kStateHeader + 2 * R) * 4);
-    result_host = PinnedHost(16 + 2 * kMaxTopK * 4);
+    state_host = PinnedHost(L.state_bytes());
+    result_host = PinnedHost(L.result_bytes());
 }
 
 }  // namespace gj::gemma4

@@ -12,15 +12,19 @@
 
 namespace gj::gemma4 {
 
-// Step-state layout (int32 words): [0] tokens in this step, [1] position of the first, then
-// positions[rows], then token ids[rows].
+// Step-state layout (int32 words): [0] rows in this step, [1] position of the first, then
+// positions[rows], token ids[rows] and the sequence of each row[rows].
 constexpr int kStateHeader = 4;
 
 // Sizes of one session's buffers, shared by the allocation and the model's memory plan.
 struct WorkLayout {
-    int rows = 0;  // activation rows: the prefill chunk rounded up to kPrefillCols
+    int rows = 0;       // activation rows: the prefill chunk or the sequences (the largest decode
+                        // batch), whichever is more, rounded up to kPrefillCols
+    int sequences = 1;  // rows of a decode step at most: readout slots
+    // Logits rows: one, or for a batch the sequences rounded up to whole kPrefillCols groups
+    // (the batched LM-head matvec writes every column of its group).
+    int logit_rows = 1;
     int d = 0, q_max = 0, kv_max = 0, ffn_max = 0, in_max = 0, ple = 0, ple_all = 0, vocab = 0;
-    std::vector<int> decode_splits;  // per layer: attention splits of the decode graph
     uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
     uint64_t logits_work = 0;                       // workspace of the logits kernels
     bool half_acts = false;      // cuBLAS products of f16/bf16 weights: converted activations
@@ -35,8 +39,12 @@ struct WorkLayout {
     explicit WorkLayout(const GpuModel& m);
 
     uint64_t bytes() const;
-    // Argmax token (16 B), top-k ids and values, then the logits kernels' workspace.
-    uint64_t readout_bytes() const { return 16 + 2 * kMaxTopK * 4 + logits_work; }
+    // One readout slot per sequence: argmax tokens (rounded up to 16 bytes), top-k ids, top-k
+    // values; then the logits kernels' workspace.
+    uint64_t token_bytes() const { return (uint64_t(sequences) * 4 + 15) / 16 * 16; }
+    uint64_t result_bytes() const { return token_bytes() + 2 * uint64_t(sequences) * kMaxTopK * 4; }
+    uint64_t readout_bytes() const { return result_bytes() + logits_work; }
+    uint64_t state_bytes() const { return (kStateHeader + 3 * uint64_t(rows)) * 4; }
 };
 
 struct GpuSession::Work {
@@ -49,10 +57,18 @@ struct GpuSession::Work {
     explicit Work(const GpuModel& m);
     CUdeviceptr positions() const { return state.ptr() + kStateHeader * 4; }
     CUdeviceptr tokens() const { return state.ptr() + (kStateHeader + layout.rows) * 4; }
-    CUdeviceptr result_token() const { return readout.ptr(); }
-    CUdeviceptr result_ids() const { return readout.ptr() + 16; }
-    CUdeviceptr result_values() const { return readout.ptr() + 16 + kMaxTopK * 4; }
-    CUdeviceptr logits_work() const { return readout.ptr() + 16 + 2 * kMaxTopK * 4; }
+    CUdeviceptr seqs() const {
+        return state.ptr() + (kStateHeader + 2 * uint64_t(layout.rows)) * 4;
+    }
+    // Readout slot i (decode row i; a prefill's readout uses slot 0), on the device and in the
+    // pinned host copy of the results.
+    uint64_t token_offset(int i) const { return uint64_t(i) * 4; }
+    uint64_t ids_offset(int i) const { return layout.token_bytes() + uint64_t(i) * kMaxTopK * 4; }
+    uint64_t values_offset(int i) const {
+        return layout.token_bytes() + (uint64_t(layout.sequences) + i) * kMaxTopK * 4;
+    }
+    CUdeviceptr logits_work() const { return readout.ptr() + layout.result_bytes(); }
+    CUdeviceptr logits_row(int i) const { return logits.ptr() + uint64_t(i) * layout.vocab * 4; }
 };
 
 }  // namespace gj::gemma4

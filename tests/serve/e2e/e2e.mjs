@@ -1,6 +1,6 @@
 // `gemmajit serve --cpu` on a tiny synthetic model, driven by the official openai client.
 // Usage: node e2e.mjs GEMMAJIT_EXE MODEL.gguf   (run_e2e.sh installs the client and calls this)
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 
@@ -111,7 +111,7 @@ test('tool call round trip through the API', async ({ client }) => {
   assert.ok(r.usage.prompt_tokens > 20);
 });
 
-test('8 concurrent greedy streams each equal the prompt run alone', async ({ client }) => {
+test('8 concurrent greedy streams each equal the prompt run alone (server and gemmajit run)', async ({ client }) => {
   const prompts = Array.from({ length: 8 }, (_, i) => `Prompt number ${i} says hi`);
   const ask = async (p, stream) => {
     const req = { model: 'tiny', messages: [{ role: 'user', content: p }], max_tokens: 8 };
@@ -125,6 +125,13 @@ test('8 concurrent greedy streams each equal the prompt run alone', async ({ cli
   const together = await Promise.all(prompts.map((p) => ask(p, true)));
   assert.deepEqual(together, alone);
   assert.ok(new Set(alone).size > 1, 'different prompts should give different replies');
+  // The same prompts through `gemmajit run` (one process each, no server): the same text.
+  for (const i of [0, 5]) {
+    const r = spawnSync(exe, ['run', '--model', model, '--cpu', '--threads', '2', '-p', prompts[i],
+                              '-n', '8', '--temp', '0'], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.stdout.replace(/\n$/, ''), together[i], `prompt ${i} through gemmajit run`);
+  }
 });
 
 test('a client that aborts mid-stream frees its slot', async ({ client, base }) => {
