@@ -28,6 +28,16 @@
 //   <name>        y = W x
 //   <name>_add    y = residual + W x
 //   <name>_geglu  y = gelu_tanh(W x) * (W_up x)   (the FFN gate|up pair in one pass)
+// With MOE = 1 the module holds the grouped expert forms instead (a MoE layer's routed experts,
+// stacked [E][n_rows][K] in LAYOUT 0):
+//   <name>_moe(w, w_up, expert_bytes, x, xds, groups, n_groups, slots, in_div, y, n_rows)
+//   <name>_moe_geglu(...)                          the same signature
+//     block (row block, g) multiplies expert e = groups[g].x (matrix at w + e * expert_bytes;
+//     its up half at w_up + e * expert_bytes) by the groups[g].z <= NCOLS columns of that
+//     group: column c is slot s = slots[groups[g].y + c], reading activation row s / in_div
+//     (the token of an expert slot for gate|up, the slot itself for down) and writing y row s.
+//     Blocks with g >= *n_groups exit (the grid is sized for the most groups a batch can form).
+//     x: Q8_1 int8 rows (xds their scales) for quantized weights, fp32 rows for matvec_f.
 // Each thread handles "units" (a fixed slice of one block: 8 payload bytes in the ggml layout, 16
 // in the split layout) of every row of the block, so a warp reads one contiguous stretch of each
 // row per iteration; a warp-shuffle + shared-memory reduction ends the block.
@@ -50,6 +60,9 @@
 #endif
 #ifndef UNROLL
 #define UNROLL 4
+#endif
+#ifndef MOE
+#define MOE 0
 #endif
 
 static_assert(K % 32 == 0 && K > 0, "matvec: K must be a positive multiple of 32");
@@ -91,10 +104,31 @@ GJ_DEVICE void gj_load_ggml_unit(const uint8* blk, int part8, uint32& q0, uint32
     dbits = mis ? (w0 & 0xffffu) : (w2 >> 16);
 }
 
-template <class F, int kEpi>
+// Which activation row each of the NCOLS columns reads and which output row it writes.
+struct gj_cols_dense {  // column c: row c of x and of y
+    GJ_DEVICE int in(int c) const { return c; }
+    GJ_DEVICE int out(int c) const { return c; }
+    GJ_DEVICE bool live(int) const { return true; }
+};
+struct gj_cols_gather {  // an expert group's slots (the MOE entries)
+    int in_[NCOLS], out_[NCOLS];
+    int n;  // live columns; the others repeat the last live one's input and store nothing
+    GJ_DEVICE int in(int c) const { return in_[c]; }  // c a compile-time index (unrolled loops)
+    GJ_DEVICE int out(int c) const {                  // c may be a run-time index: a select
+        int o = out_[0];                              // chain keeps the array in registers
+#pragma unroll
+        for (int j = 1; j < NCOLS; ++j) o = j == c ? out_[j] : o;
+        return o;
+    }
+    GJ_DEVICE bool live(int c) const {
+        return c < n;
+    }
+};
+
+template <class F, int kEpi, class Cols = gj_cols_dense>
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
                          const void* __restrict__ x, const float2* __restrict__ xds,
-                         const float* residual, float* y, int n_rows) {
+                         const float* residual, float* y, int n_rows, const Cols& cols = Cols()) {
     constexpr int kVr = kEpi == gj_epi_geglu ? 2 * ROWS : ROWS;  // rows read per block
     constexpr int kUnits = F::kUnits;
     constexpr int kIters = (kUnits + THREADS - 1) / THREADS;
@@ -131,7 +165,7 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
             live[b] = (kUnits % THREADS == 0 && kIters % kBatch == 0) || u_raw < kUnits;
             const int u = live[b] ? u_raw : 0;
 #pragma unroll
-            for (int c = 0; c < NCOLS; ++c) xf[b][c] = F::load_x(x, xds, c, u);
+            for (int c = 0; c < NCOLS; ++c) xf[b][c] = F::load_x(x, xds, cols.in(c), u);
 #pragma unroll
             for (int v = 0; v < kVr; ++v) wf[b][v] = F::load_w(rows[v], u);
         }
@@ -161,11 +195,11 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
     if ((int)threadIdx.x >= ROWS * NCOLS) return;
     const int r = threadIdx.x / NCOLS, c = threadIdx.x % NCOLS;
     const int row = row0 + r;
-    if (row >= n_rows) return;
+    if (row >= n_rows || !cols.live(c)) return;
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < kWarps; ++k) s += partial[k][r * NCOLS + c];
-    const size_t out = (size_t)c * n_rows + row;
+    const size_t out = (size_t)cols.out(c) * n_rows + row;
     if (kEpi == gj_epi_add) {
         y[out] = residual[out] + s;
     } else if (kEpi == gj_epi_geglu) {
@@ -178,16 +212,53 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
     }
 }
 
-// Defines the three entry points <name>, <name>_add, <name>_geglu for traits F.
+// The column map of expert group blockIdx.y, and its weights; false: no such group.
+GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* slots, int in_div,
+                            gj_cols_gather& cols, int& expert) {
+    const int g = blockIdx.y;
+    if (g >= __ldg(n_groups)) return false;
+    const int4 grp = __ldg(groups + g);  // {expert, first slot, count, 0}
+    expert = grp.x;
+    cols.n = grp.z;
+#pragma unroll
+    for (int c = 0; c < NCOLS; ++c) {
+        const int s = __ldg(slots + grp.y + min(c, grp.z - 1));
+        cols.in_[c] = s / in_div;
+        cols.out_[c] = s;
+    }
+    return true;
+}
+
+#define GJ_MATVEC_MOE_ENTRY(NAME, F, EPI, XT)                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                         \
+        NAME(const void* w, const void* w_up, long long expert_bytes, const XT* x,                \
+             const float2* xds, const int4* groups, const int* n_groups, const int* slots,        \
+             int in_div, float* y, int n_rows) {                                                  \
+        gj_cols_gather cols;                                                                      \
+        int e;                                                                                    \
+        if (!gj_moe_group(groups, n_groups, slots, in_div, cols, e)) return;                      \
+        gj_matvec<F, EPI>((const uint8*)w + e * expert_bytes,                                     \
+                          (const uint8*)w_up + (w_up ? e * expert_bytes : 0), x, xds, nullptr, y, \
+                          n_rows, cols);                                                          \
+    }
+
+// Defines the three entry points <name>, <name>_add, <name>_geglu for traits F (with MOE = 1
+// the two grouped expert entries <name>_moe, <name>_moe_geglu instead).
 #define GJ_MATVEC_ENTRY(NAME, F, EPI)                                                         \
     extern "C" __global__ void __launch_bounds__(THREADS)                                     \
         NAME(const void* w, const void* w_up, const int8* xq, const float2* xds,              \
              const float* residual, float* y, int n_rows) {                                   \
         gj_matvec<F, EPI>((const uint8*)w, (const uint8*)w_up, xq, xds, residual, y, n_rows); \
     }
+#if MOE
+#define GJ_MATVEC_ENTRIES(NAME, F)                         \
+    GJ_MATVEC_MOE_ENTRY(NAME##_moe, F, gj_epi_store, int8) \
+    GJ_MATVEC_MOE_ENTRY(NAME##_moe_geglu, F, gj_epi_geglu, int8)
+#else
 #define GJ_MATVEC_ENTRIES(NAME, F)             \
     GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
     GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
     GJ_MATVEC_ENTRY(NAME##_geglu, F, gj_epi_geglu)
+#endif
 
 #endif  // GJ_MATVEC_COMMON_CUH

@@ -85,6 +85,11 @@ struct gj_wf {
         gj_matvec<gj_wf, EPI>((const uint8*)w, (const uint8*)w_up, x, nullptr, residual, y,    \
                               n_rows);                                                         \
     }
+#if MOE
+GJ_MATVEC_MOE_ENTRY(matvec_f_moe, gj_wf, gj_epi_store, float)
+GJ_MATVEC_MOE_ENTRY(matvec_f_moe_geglu, gj_wf, gj_epi_geglu, float)
+#else
 GJ_MATVEC_F_ENTRY(matvec_f, gj_epi_store)
 GJ_MATVEC_F_ENTRY(matvec_f_add, gj_epi_add)
 GJ_MATVEC_F_ENTRY(matvec_f_geglu, gj_epi_geglu)
+#endif

@@ -117,6 +117,22 @@ void print_profile(const std::string& title, const std::vector<gemma4::KernelTim
                    k.microseconds, share, gb > 0 ? fmt::format("{:.0f}", gb) : "",
                    gb > 0 ? fmt::format("{:.1f}%", 100.0 * gb * 1e9 / copy_bw) : "");
     }
+    // MoE models: the time of the router, the routed experts and the dense MLP (by label).
+    double router = 0, experts = 0, dense = 0;
+    for (const auto& k : times) {
+        if (k.label.find("router") != std::string::npos)
+            router += k.microseconds;
+        else if (k.label.find("experts") != std::string::npos)
+            experts += k.microseconds;
+        else if (k.label.find(" ffn_") != std::string::npos)
+            dense += k.microseconds;
+    }
+    if (experts > 0)
+        fmt::print(
+            "  MoE split: router {:.1f} us ({:.1f}%), routed experts {:.1f} us ({:.1f}%), "
+            "dense MLP {:.1f} us ({:.1f}%)\n",
+            router, 100.0 * router / total, experts, 100.0 * experts / total, dense,
+            100.0 * dense / total);
     if (prefill) {
         const char* names[3] = {"matrix products", "attention", "the rest"};
         fmt::print("  split:");

@@ -25,6 +25,7 @@
 #include "engine/gpu/kernels/logits.h"
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/ple.h"
 #include "engine/gpu/kernels/quantize_q8_1.h"
 #include "engine/gpu/kernels/rmsnorm.h"
@@ -78,7 +79,7 @@ std::vector<const GpuMatrix*> GpuModel::matrices() const {
     std::vector<const GpuMatrix*> out;
     for (const GpuLayer& g : layers_)
         for (const GpuMatrix* m :
-             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj, &g.router})
             if (m->present()) out.push_back(m);
     for (const GpuMatrix* m : {&lm_head_, &ple_model_proj_})
         if (m->present()) out.push_back(m);
@@ -93,11 +94,6 @@ std::unique_ptr<GpuModel> GpuModel::open_model(std::shared_ptr<const ModelFile> 
     m->model_file_ = std::move(file);
     m->file_ = &m->model_file_->gguf();
     m->cfg_ = m->model_file_->config();
-    if (m->cfg_.is_moe())
-        throw GpuModelError(fmt::format(
-            "{}: {} is a mixture-of-experts model ({} experts, top-{}); the GPU forward covers "
-            "only dense Gemma 4 models so far: run it with --cpu",
-            m->path_.string(), m->cfg_.name, m->cfg_.n_experts, m->cfg_.n_experts_used));
     WeightOptions wopts;
     wopts.f32_copy_limit_bytes = 0;  // matrices stay in the mapping until uploaded
     m->weights_ = std::make_unique<Weights>(*m->file_, m->cfg_, wopts);
@@ -241,6 +237,33 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         return g;
     };
 
+    // A stacked expert tensor [E][per][cols], read in place by the grouped matvecs (its GGUF
+    // layout: no repack), or dequantized to F16 when no matvec reads its type.
+    auto plan_experts = [&](const Matrix& first, int per) {
+        GpuExperts x;
+        const gguf::TensorInfo& t = file_->tensor(first.name());
+        x.per_expert = per;
+        x.all.name = first.name();
+        x.all.rows = c.n_experts * per;
+        x.all.cols = int(first.cols());
+        const bool read = spec_util::has_matvec(t.type) && x.all.cols % 32 == 0 &&
+                          x.all.cols % spec_util::matvec_block_elems(t.type) == 0;
+        x.all.type = read ? t.type : ggml::Type::F16;
+        if (!read) {
+            auto& d = dequantized[ggml::type_name(t.type)];
+            d.first += 1;
+            d.second += t.n_bytes;
+        }
+        x.all.bytes = type_bytes(x.all.type, x.all.rows, x.all.cols);
+        x.expert_bytes = x.all.bytes / uint64_t(c.n_experts);
+        x.spec_one = kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, 1)).name;
+        const jit::KernelSpec& batch =
+            kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, kPrefillCols));
+        x.spec_batch = batch.name;
+        x.batch_cols = int(spec_constant(batch, "NCOLS"));
+        return x;
+    };
+
     uint64_t weights = 0, staging = 0;
     auto account = [&](const GpuMatrix& g) {
         weights += g.bytes;
@@ -287,6 +310,29 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.proj = plan_matrix(lw.proj);
             account(g.inp_gate);
             account(g.proj);
+        }
+        if (c.is_moe()) {
+            g.moe = true;
+            g.router = plan_matrix(lw.router, false);
+            if (!is_float_type(g.router.type))
+                throw GpuModelError(fmt::format(
+                    "{}: layer {} stores its router ffn_gate_inp as {}; the GPU path reads a "
+                    "float router (f32, f16 or bf16), as llama.cpp's quantizer keeps it",
+                    path_.string(), l, ggml::type_name(lw.router.type())));
+            account(g.router);
+            const int F = c.expert_ffn_dim;
+            const bool fused = lw.gate_exps.at(0).name() == lw.up_exps.at(0).name();
+            g.gate_up = plan_experts(lw.gate_exps.at(0), fused ? 2 * F : F);
+            if (!fused) g.up_exps = plan_experts(lw.up_exps.at(0), F);
+            g.down_exps = plan_experts(lw.down_exps.at(0), c.d_model);
+            if (!fused && (g.up_exps.all.type != g.gate_up.all.type))
+                throw GpuModelError(fmt::format(
+                    "{}: layer {} stores its expert gate and up tensors as {} and {}; the fused "
+                    "gate|up matvec needs one type",
+                    path_.string(), l, ggml::type_name(g.gate_up.all.type),
+                    ggml::type_name(g.up_exps.all.type)));
+            for (const GpuExperts* x : {&g.gate_up, &g.up_exps, &g.down_exps})
+                if (x->present()) account(x->all);
         }
         if (g.gate.blas) {
             g.gate.spec_geglu = kernels_.add(gelu_mul_spec(lc.ffn_dim)).name;
@@ -336,6 +382,11 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         if (c.has_ple())
             spec_parts_[2] = kernels_.add(rmsnorm_spec(d, true, true, true, false, false, p)).name;
     }
+    if (c.is_moe()) {
+        spec_moe_ = kernels_.add(moe_spec(c)).name;
+        spec_norm_ = kernels_.add(rmsnorm_spec(d, true)).name;
+        spec_norm_add_ = kernels_.add(rmsnorm_spec(d, true, false, true)).name;
+    }
     spec_quantize_ = kernels_.add(quantize_spec()).name;
     if (blas_half || gemm_bf16) spec_convert_ = kernels_.add(convert_f32_spec()).name;
     spec_logits_ = kernels_.add(logits_spec(c.vocab_size, std::min(kMaxTopK, c.vocab_size))).name;
@@ -345,12 +396,18 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     for (const auto& lw : w.layers)
         vector_floats += lw.attn_norm.size() + lw.q_norm.size() + lw.k_norm.size() +
                          lw.post_attention_norm.size() + lw.ffn_norm.size() +
-                         lw.post_ffw_norm.size() + lw.post_norm.size() + 8 * 64;
+                         lw.post_ffw_norm.size() + lw.post_norm.size() + lw.router_scale.size() +
+                         lw.expert_scale.size() + lw.pre_ffw_norm_2.size() +
+                         lw.post_ffw_norm_1.size() + lw.post_ffw_norm_2.size() + 13 * 64;
     vector_floats += w.output_norm.size() + w.per_layer_proj_norm.size() + 2 * 64;
     weights += vector_floats * sizeof(float);
 
     decode_bytes_ = 0;
     for (const GpuMatrix* m : matrices()) decode_bytes_ += m->bytes;
+    // A token reads only its K experts of a MoE layer's E.
+    for (const GpuLayer& g : layers_)
+        for (const GpuExperts* x : {&g.gate_up, &g.up_exps, &g.down_exps})
+            if (x->present()) decode_bytes_ += x->expert_bytes * uint64_t(c.n_experts_used);
     decode_bytes_ += token_embd_.bytes / std::max(1, token_embd_.rows);
     if (c.has_ple()) decode_bytes_ += ple_table_.bytes / std::max(1, ple_table_.rows);
 
@@ -548,8 +605,17 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         upload_matrix(lm_head_);
     for (int l = 0; l < cfg_.n_layers; ++l) {
         GpuLayer& g = layers_[l];
-        for (GpuMatrix* m : {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+        for (GpuMatrix* m :
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj, &g.router})
             if (m->present()) upload_matrix(*m);
+        for (GpuExperts* x : {&g.gate_up, &g.up_exps, &g.down_exps})
+            if (x->present()) upload_matrix(x->all);
+        if (g.moe) {  // each expert's up half: the second half of a fused expert, or its own
+            const uint64_t row_bytes = g.gate_up.expert_bytes / uint64_t(g.gate_up.per_expert);
+            g.up_ptr = g.up_exps.present()
+                           ? g.up_exps.all.ptr
+                           : g.gate_up.all.ptr + uint64_t(cfg_.expert_ffn_dim) * row_bytes;
+        }
     }
     if (cfg_.has_ple()) {
         upload_matrix(ple_model_proj_);
@@ -576,6 +642,19 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         place(&g.post_ffw_norm, lw.post_ffw_norm);
         place(&g.post_norm, lw.post_norm);
         place(&g.output_scale, std::vector<float>{lw.output_scale});
+        if (g.moe) {
+            // The router's input scale with 1/sqrt(d) folded in (the CPU reference multiplies
+            // by the two in turn: the router logits differ by fp32 rounding at most).
+            std::vector<float> router_norm(lw.router_scale.size());
+            const float root = float(1.0 / std::sqrt(double(cfg_.d_model)));
+            for (size_t i = 0; i < router_norm.size(); ++i)
+                router_norm[i] = lw.router_scale[i] * root;
+            place(&g.router_norm, router_norm);
+            place(&g.expert_scale, lw.expert_scale);
+            place(&g.pre_ffw_norm_2, lw.pre_ffw_norm_2);
+            place(&g.post_ffw_norm_1, lw.post_ffw_norm_1);
+            place(&g.post_ffw_norm_2, lw.post_ffw_norm_2);
+        }
     }
     place(&output_norm_, w.output_norm);
     place(&ple_proj_norm_, w.per_layer_proj_norm);

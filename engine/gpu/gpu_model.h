@@ -34,8 +34,8 @@ namespace gj::gemma4 {
 
 class Weights;
 
-// The GPU path does not cover this model or these settings (MoE, memory, context); what() says
-// what and what to do instead.
+// The GPU path does not cover this model or these settings (memory, context); what() says what
+// and what to do instead.
 struct GpuModelError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
@@ -100,8 +100,30 @@ struct GpuTable {
     std::string spec;  // embed_rows specialization
 };
 
+// One stacked expert tensor of a MoE layer, [E][per_expert rows][cols] in its GGUF layout (or
+// dequantized to F16), and the grouped matvecs that read it (matvec_*.moe).
+struct GpuExperts {
+    GpuMatrix all;              // the whole tensor: rows = E * per_expert
+    int per_expert = 0;         // rows of one expert (2F for a fused gate|up tensor)
+    uint64_t expert_bytes = 0;  // one expert's matrix
+    std::string spec_one;       // groups of one slot (a single-token decode step)
+    std::string spec_batch;     // groups of up to batch_cols slots (kPrefillCols, or fewer)
+    int batch_cols = 1;
+    bool present() const { return all.present(); }
+};
+
 struct GpuLayer {
     GpuMatrix q, k, v, o, gate, up, down, inp_gate, proj;
+    // MoE (26B-A4B): the router {d -> E} (float), the routed experts (gate_up holds gate and up
+    // of each expert when the file fuses them, else gate only and up_exps the up halves), and
+    // the fp32 vectors: the router's input scale over sqrt(d), the per-expert scale, the experts'
+    // pre-norm and the post-norms of the dense MLP and of the experts.
+    bool moe = false;
+    GpuMatrix router;
+    GpuExperts gate_up, up_exps, down_exps;
+    CUdeviceptr up_ptr = 0;  // expert 0's up half (each expert's: + e * expert_bytes)
+    CUdeviceptr router_norm = 0, expert_scale = 0, pre_ffw_norm_2 = 0, post_ffw_norm_1 = 0,
+                post_ffw_norm_2 = 0;
     // fp32 vectors (and the layer output scale as one float) in the model's vector arena.
     CUdeviceptr attn_norm = 0, q_norm = 0, k_norm = 0, post_attention_norm = 0, ffn_norm = 0,
                 post_ffw_norm = 0, post_norm = 0, output_scale = 0;
@@ -129,7 +151,7 @@ struct MemoryPlan {
 class GpuModel {
   public:
     // Plans placement, compiles the kernel set and uploads the weights of an open model file
-    // (kept alive by the model). Throws GpuModelError (MoE, does not fit, bad context),
+    // (kept alive by the model). Throws GpuModelError (does not fit, bad context),
     // ConfigError (bad tensors), jit::DeviceUnavailable (no GPU).
     static std::unique_ptr<GpuModel> load(std::shared_ptr<const ModelFile> file,
                                           const GpuModelOptions& opts = {});
@@ -181,6 +203,11 @@ class GpuModel {
     const std::string& spec_ple_finish() const { return spec_ple_finish_; }
     const std::string& spec_gelu_mul() const { return spec_gelu_mul_; }
     const std::string& spec_logits() const { return spec_logits_; }  // softcap, argmax, top-k
+    // MoE: routing/grouping/combining, and the weighted norms without quantization (router input,
+    // post_ffw_norm_1) and with a residual add (y1 + post_ffw_norm_2(expert sum)).
+    const std::string& spec_moe() const { return spec_moe_; }
+    const std::string& spec_norm() const { return spec_norm_; }
+    const std::string& spec_norm_add() const { return spec_norm_add_; }
     // fp32 -> f16/bf16 activations for cuBLAS (when some matrix with blas is F16/BF16).
     const std::string& spec_convert() const { return spec_convert_; }
 
@@ -224,7 +251,8 @@ class GpuModel {
     GpuMatrix lm_head_, ple_model_proj_;
     CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
-        spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_;
+        spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_, spec_moe_,
+        spec_norm_, spec_norm_add_;
     std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;

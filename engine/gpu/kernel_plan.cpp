@@ -17,6 +17,7 @@
 #include "engine/gpu/kernels/gemm_wgmma.h"
 #include "engine/gpu/kernels/logits.h"
 #include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/ple.h"
 #include "engine/gpu/kernels/quantize_q8_1.h"
 #include "engine/gpu/kernels/rmsnorm.h"
@@ -98,17 +99,15 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // (post_attention_norm, post_ffw_norm, PLE post_norm); the layer's last one also applies
     // layer_output_scale; each may chain the next pre-norm (.n2). With PLE, the stream after the
     // FFN is itself the PLE gate's input (quantized for int8 matrices). The MoE block also has
-    // a plain weighted norm (post_ffw_norm_1/2) and the router's weightless one.
+    // plain weighted norms (the router's input with its scale, post_ffw_norm_1) and the experts'
+    // post-norm added to the dense branch (post_ffw_norm_2).
     add(rmsnorm_spec(d, true, q_mat, false));
     add(rmsnorm_spec(d, true, false, true));
     add(rmsnorm_spec(d, true, false, true, true));
     add(rmsnorm_spec(d, true, q_mat, true, false, true));
     add(rmsnorm_spec(d, true, q_mat, true, true, true));
     if (cfg.has_ple() && q_mat) add(rmsnorm_spec(d, true, true, true));
-    if (cfg.is_moe()) {
-        add(rmsnorm_spec(d, true, false, false));
-        add(rmsnorm_spec(d, false, false, false));
-    }
+    if (cfg.is_moe()) add(rmsnorm_spec(d, true));
     // Per-head norms: Q/K norm (weighted, shared across heads) on every layer, V-norm
     // (weightless) on layers that own their KV.
     for (const auto& l : cfg.layers) {
@@ -135,6 +134,15 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     }
     if (cfg.has_ple()) widths.insert(cfg.ple_dim);
     for (int k : widths) add_matvec(types.matmul, k);
+    // MoE: the router (a float matrix: quantizers keep it unquantized; f32 in our files) and the
+    // grouped expert matvecs of gate|up (input d) and down (input F), with the routing kernels.
+    if (cfg.is_moe()) {
+        add(moe_spec(cfg));
+        for (int ncols : col_counts) add(matvec_f_spec(ggml::Type::F32, d, ncols));
+        for (int k : {d, cfg.expert_ffn_dim})
+            if (fits(types.matmul, k))
+                for (int ncols : col_counts) add(matvec_moe_spec(types.matmul, k, ncols));
+    }
     add_matvec(types.token_embd, d);
     if (cfg.has_ple()) add_matvec(types.ple_model_proj, d);
 

@@ -121,6 +121,7 @@ class GpuSession {
         uint64_t dequant = 0;        // K-quant matrices dequantized to F16 for a cuBLAS product
         uint64_t dequant_ahead = 0;  // ... of them, layers copied on the dequantization stream
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
+        uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
     };
     const PathCounts& path_counts() const { return paths_; }
 
@@ -163,6 +164,15 @@ class GpuSession {
     void record_embedding(int T);
     void record_layer(int l, int T);
     void record_attention(int l, int T);
+    // A MoE layer's FFN (engine/gpu/session/moe_pass.cpp): router, dense MLP, routed experts
+    // and their combine; leaves y1 + post_ffw_norm_2(experts) in the moe_y1 buffer, the input of
+    // the layer's post_ffw_norm like a dense layer's FFN output.
+    void record_moe_ffn(int l, int T);
+    // The grouped expert matvec over `m` (GeGLU with its up halves at `up`): slots grouped by
+    // moe_group in groups of at most `cols`, activation row slot / in_div, output row slot of
+    // width n_rows.
+    void experts(const GpuExperts& m, CUdeviceptr up, Input in, int in_div, CUdeviceptr y,
+                 int n_rows, int T, int cols, const char* what);
     // Whether a T-row product takes the chunk paths (tensor-core GEMMs, cuBLAS): prefill chunks
     // wider than kPrefillCols; never a decode step, whose rows are read by the batched matvecs.
     bool chunk_products(int T) const { return T > kPrefillCols && !decoding_; }
@@ -184,6 +194,10 @@ class GpuSession {
     void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
                    CUdeviceptr w2, int T, const char* what);
     void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what);
+    // rmsnorm entry of spec `name` (no scale, no second norm): y = [residual +] norm(x) * w, and
+    // its Q8_1 form into yq / yds when the spec quantizes.
+    void norm(const std::string& name, CUdeviceptr x, CUdeviceptr w, CUdeviceptr residual,
+              CUdeviceptr y, CUdeviceptr yq, CUdeviceptr yds, int T, const char* what);
     // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
     // Returns 1, or with `partials_ok` the number of split-K partial planes left in the
     // workspace (product(parts)) instead of y.
@@ -212,7 +226,8 @@ class GpuSession {
     // run in order on the compute stream.
     void dequantize_layer(int l);
     void wait_dequantized(int l);
-    void quantize(CUdeviceptr x, int n_values);
+    void quantize(CUdeviceptr x, int n_values);  // into the shared Q8_1 buffer (xq, xds)
+    void quantize(CUdeviceptr x, int n_values, CUdeviceptr xq, CUdeviceptr xds);
     Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
 
     // The step state of T rows: token, position and sequence of each (host copies kept in

@@ -1,8 +1,8 @@
 // Batched decode (a server's continuous batching): one forward pass runs one token of each of B
 // sequences of a session, each at its own position over its own KV cache. Checked against the
 // same tokens decoded one sequence at a time on a second session, for B = 1..16 on the dense
-// tiny presets (PLE, KV sharing, k_eq_v, quantized, float and K-quant weights) past the sliding
-// window; graph replay against eager launches; mixed readouts in one batch; the errors.
+// tiny presets (PLE, KV sharing, k_eq_v, MoE, quantized, float and K-quant weights) past the
+// sliding window; graph replay against eager launches; mixed readouts in one batch; the errors.
 //
 // Tolerance: a batch reads the weights with the batched matvecs (kPrefillCols columns) where a
 // single token uses the decode matvec, whose per-row sums run in another order (fp32 rounding,
@@ -110,7 +110,8 @@ INSTANTIATE_TEST_SUITE_P(Presets, BatchDecodeTest,
                          ::testing::Values(Case{"tiny", ggml::Type::Q8_0, ""},
                                            Case{"tiny-e2b", ggml::Type::Q4_0, ""},
                                            Case{"tiny-keqv", ggml::Type::F16, ""},
-                                           Case{"tiny-256", ggml::Type::F32, "q4_k_m"}));
+                                           Case{"tiny-256", ggml::Type::F32, "q4_k_m"},
+                                           Case{"tiny-moe", ggml::Type::Q8_0, ""}));
 
 // The batched graph replays the eager launches bit for bit.
 TEST(BatchDecode, GraphReplayIsBitIdenticalToEagerLaunches) {

@@ -560,14 +560,6 @@ TEST(GpuForward, ImpossibleRequestsFailClearly) {
         const std::string c = message([&] { load_gpu(path, 1 << 20, 8, f); });
         EXPECT_NE(c.find("exceeds"), std::string::npos) << c;
     }
-    // The MoE model is CPU-only for now.
-    {
-        const auto moe = synth(dir, "tiny-moe", ggml::Type::Q8_0);
-        const auto f = flags();
-        const std::string m = message([&] { load_gpu(moe, 128, 8, f); });
-        EXPECT_NE(m.find("mixture-of-experts"), std::string::npos) << m;
-        EXPECT_NE(m.find("--cpu"), std::string::npos) << m;
-    }
 }
 
 // The commands on the GPU: run streams text, chat keeps the conversation, bench prints its table,
@@ -599,10 +591,13 @@ TEST(GpuForward, CommandsRunOnTheGpu) {
     EXPECT_EQ(gpu.exit_code, 0) << gpu.out;
     EXPECT_EQ(cpu.exit_code, 0) << cpu.out;
 
+    // The MoE model runs on the GPU too.
     auto moe = gj::test::run_command(exe + " run --model " +
-                                     synth(dir, "tiny-moe", ggml::Type::Q8_0).string() + " -p hi");
-    EXPECT_EQ(moe.exit_code, 1) << moe.out;
-    EXPECT_NE(moe.out.find("mixture-of-experts"), std::string::npos) << moe.out;
+                                     synth(dir, "tiny-moe", ggml::Type::Q8_0).string() +
+                                     " -p hi -n 8 --temp 0");
+    EXPECT_EQ(moe.exit_code, 0) << moe.out;
+    EXPECT_NE(moe.out.find("generation:"), std::string::npos) << moe.out;
+    EXPECT_EQ(moe.out.find("CPU reference"), std::string::npos) << moe.out;
 }
 
 // `precompile --model` warms exactly the kernel set a GPU load compiles: after it, a load with

@@ -22,6 +22,19 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                       "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_f"}),
         [](const CompiledKernel& c, const std::string& /*arch*/) {
             const auto& s = c.spec;
+            // The plain and the GeGLU entry (the grouped expert forms of a ".moe" spec read each
+            // group's expert and columns first).
+            const bool moe = s.name.ends_with(".moe");
+            const std::string plain = s.entries.at(0), geglu = s.entries.at(moe ? 1 : 2);
+            if (moe) {
+                ASSERT_EQ(spec_constant(s, "MOE"), 1) << s.name;
+                for (const auto& e : s.entries) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    EXPECT_NE(body.find("ld.global.nc.v4.s32"), std::string::npos)
+                        << e << ": the group {expert, first, count} is one 16-byte load";
+                    EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
+                }
+            }
             if (s.family == "matvec_f") {
                 const auto wtype = spec_constant(s, "WTYPE");
                 for (const auto& e : s.entries) {
@@ -36,8 +49,8 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                     }
                 }
                 const std::string ld = "ld.global.nc.L1::no_allocate.v4.u32";
-                EXPECT_EQ(occurrences(entry_ptx(c.ptx, "matvec_f_geglu"), ld),
-                          2 * occurrences(entry_ptx(c.ptx, "matvec_f"), ld));
+                EXPECT_EQ(occurrences(entry_ptx(c.ptx, geglu), ld),
+                          2 * occurrences(entry_ptx(c.ptx, plain), ld));
             } else if (s.family.starts_with("matvec_")) {
                 for (const auto& e : s.entries) {
                     if (e.starts_with("repack_")) continue;
@@ -59,8 +72,8 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                     }
                 }
                 // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one.
-                EXPECT_EQ(occurrences(entry_ptx(c.ptx, s.entries[2]), "dp4a"),
-                          2 * occurrences(entry_ptx(c.ptx, s.entries[0]), "dp4a"));
+                EXPECT_EQ(occurrences(entry_ptx(c.ptx, geglu), "dp4a"),
+                          2 * occurrences(entry_ptx(c.ptx, plain), "dp4a"));
             }
         });
 }

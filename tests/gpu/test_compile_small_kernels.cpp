@@ -18,7 +18,7 @@ using gj::test::occurrences;
 // convert_f32 has the shared checks only (a CUBIN, its entries, no spills).
 TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
     compile_and_check(
-        all_specs_of({"rmsnorm", "quantize_q8_1", "convert_f32", "embed", "ple", "logits"}),
+        all_specs_of({"rmsnorm", "quantize_q8_1", "convert_f32", "embed", "ple", "logits", "moe"}),
         [](const CompiledKernel& c, const std::string& /*arch*/) {
             const auto& s = c.spec;
             if (s.family == "rmsnorm") {
@@ -68,6 +68,18 @@ TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
                 const auto topk = entry_ptx(c.ptx, "softcap_topk");
                 EXPECT_NE(topk.find("match.any.sync.b32"), std::string::npos);
                 EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
+            } else if (s.family == "moe") {
+                // Routing: a warp per token (max and sum by shuffles), the accurate expf and
+                // IEEE divisions of the CPU reference; grouping: ballot compaction; no local
+                // memory anywhere (the top-K lists live in registers).
+                const auto route = entry_ptx(c.ptx, "moe_route");
+                EXPECT_NE(route.find("shfl.sync.bfly"), std::string::npos);
+                EXPECT_NE(route.find("div.rn.f32"), std::string::npos);
+                const auto group = entry_ptx(c.ptx, "moe_group");
+                EXPECT_NE(group.find("vote.sync.ballot.b32"), std::string::npos);
+                EXPECT_NE(group.find("popc.b32"), std::string::npos);
+                EXPECT_NE(entry_ptx(c.ptx, "moe_combine").find("fma.rn.f32"), std::string::npos);
+                EXPECT_EQ(c.ptx.find(".local"), std::string::npos) << "moe uses local memory";
             } else if (s.family == "quantize_q8_1") {
                 EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);
                 EXPECT_NE(c.ptx.find("shfl.sync.bfly"), std::string::npos);

@@ -88,8 +88,16 @@ TEST(KernelPlan, PerVariantWidths) {
 
     auto moe = names_of(build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q8_0));
     EXPECT_TRUE(moe.count("matvec_q8_0.k2112.split"));  // dense MLP down: not a multiple of 256
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w0"));         // router norm
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));         // post_ffw_norm_1/2
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));      // router input (scale folded), post_ffw_norm_1
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1.add"));  // y1 + post_ffw_norm_2(experts)
+    EXPECT_FALSE(moe.count("rmsnorm.n2816.w0"));     // no weightless norm of the stream
+    EXPECT_TRUE(moe.count("moe.e128.k8.d2816"));     // routing, grouping, combine
+    EXPECT_TRUE(moe.count("matvec_f.f32.k2816"));    // the router (kept f32)
+    // The grouped expert matvecs in the GGUF layout: gate|up (input d) and down (input 704), one
+    // slot per group for a single token and 8 for batches.
+    for (const char* want : {"matvec_q8_0.k2816.moe", "matvec_q8_0.k2816.b8.moe",
+                             "matvec_q8_0.k704.moe", "matvec_q8_0.k704.b8.moe"})
+        EXPECT_TRUE(moe.count(want)) << want;
     EXPECT_FALSE(moe.count("matvec_q8_0.k256.split"));  // no PLE
     EXPECT_FALSE(moe.count("gelu_mul.p256"));
 

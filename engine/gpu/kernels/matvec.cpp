@@ -146,3 +146,20 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
 }
 
 }  // namespace gj::gemma4
+
+namespace gj::gemma4 {
+
+jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols) {
+    // A group's column map takes 2 * ncols registers more than the dense matvec: float weights
+    // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /
+    // bf16 k 2816, GeGLU).
+    if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
+    jit::KernelSpec s = matvec_spec(weight_type, k, ncols, MatvecLayout::Ggml);
+    s.name += ".moe";
+    s.constants.push_back({"MOE", 1});
+    const std::string base = s.family;  // matvec_<tag> or matvec_f
+    s.entries = {base + "_moe", base + "_moe_geglu"};
+    return s;
+}
+
+}  // namespace gj::gemma4

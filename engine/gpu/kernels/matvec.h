@@ -33,4 +33,10 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
 // "matvec_f.<type>.k<k>[.b<ncols>]". Throws like matvec_spec.
 jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
 
+// The grouped expert matvecs of a MoE layer (entries <base>_moe, <base>_moe_geglu; see
+// matvec_common.cuh) over stacked experts in their GGUF layout: the name of matvec_spec /
+// matvec_f_spec with ".moe". ncols: the most slots of one group (1 for single-token decode);
+// float weights take at most 4 (the spec's NCOLS says how many it took).
+jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols = 1);
+
 }  // namespace gj::gemma4

@@ -22,14 +22,7 @@ GpuSession::Input GpuSession::normed(int row) const {
 }
 
 void GpuSession::pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what) {
-    const std::string& name = model_.spec_prenorm();
-    const jit::KernelSpec& spec = model_.kernels().spec(name);
-    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
-    CUdeviceptr residual = 0, y = w_->h.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
-    float eps = cfg_.rms_eps;
-    void* args[] = {&x, &w, &residual, &y, &yq, &yds, &T, &eps};
-    launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
-           name + " " + what);
+    norm(model_.spec_prenorm(), x, w, 0, w_->h.ptr(), w_->xq.ptr(), w_->xds.ptr(), T, what);
 }
 
 void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w, CUdeviceptr scale,
@@ -50,10 +43,23 @@ void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w
            name + " " + what);
 }
 
+void GpuSession::norm(const std::string& name, CUdeviceptr x, CUdeviceptr w, CUdeviceptr residual,
+                      CUdeviceptr y, CUdeviceptr yq, CUdeviceptr yds, int T, const char* what) {
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
+    float eps = cfg_.rms_eps;
+    void* args[] = {&x, &w, &residual, &y, &yq, &yds, &T, &eps};
+    launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
+           name + " " + what);
+}
+
 void GpuSession::quantize(CUdeviceptr x, int n_values) {
+    quantize(x, n_values, w_->xq.ptr(), w_->xds.ptr());
+}
+
+void GpuSession::quantize(CUdeviceptr x, int n_values, CUdeviceptr xq, CUdeviceptr xds) {
     const std::string& name = model_.spec_quantize();
     const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
-    CUdeviceptr xq = w_->xq.ptr(), xds = w_->xds.ptr();
     int blocks = n_values / 32;
     void* args[] = {&x, &xq, &xds, &blocks};
     launch(model_.kernels().get(name, "quantize_q8_1"), {ceil_div(uint64_t(blocks) * 8, threads)},

@@ -155,16 +155,23 @@ void GpuSession::record_layer(int l, int T) {
     post_norm(model_.spec_post_prenorm(parts), product(parts), g.post_attention_norm, 0, g.ffn_norm,
               T, "post_attention_norm+ffn_norm");
 
-    // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x).
-    parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", true);
+    // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x); on a MoE layer the
+    // FFN output is the dense MLP's and the experts' normed sum instead.
+    CUdeviceptr ffn_out = w.moe_y1.ptr();
+    if (g.moe) {
+        record_moe_ffn(l, T);
+        parts = 1;
+    } else {
+        parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", true);
+        ffn_out = product(parts);
+    }
     if (!cfg_.has_ple()) {
-        post_norm(model_.spec_post_scale_prenorm(parts), product(parts), g.post_ffw_norm,
-                  g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm");
+        post_norm(model_.spec_post_scale_prenorm(parts), ffn_out, g.post_ffw_norm, g.output_scale,
+                  next_norm, T, "post_ffw_norm*scale+next_norm");
         return;
     }
     // The updated stream is the PLE gate's input (quantized by the same launch).
-    post_norm(model_.spec_post_quant(parts), product(parts), g.post_ffw_norm, 0, 0, T,
-              "post_ffw_norm");
+    post_norm(model_.spec_post_quant(parts), ffn_out, g.post_ffw_norm, 0, 0, T, "post_ffw_norm");
 
     // PLE: x = (x + post_norm(proj(gelu(inp_gate x) * ple[l]))) * layer_output_scale.
     matvec(g.inp_gate, nullptr, Input{w.x.ptr(), w.xq.ptr(), w.xds.ptr()}, w.ple_gate.ptr(), T,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/spec_util.h"
 
 namespace gj::gemma4 {
@@ -53,6 +54,12 @@ WorkLayout::WorkLayout(const GpuModel& m) {
         gemm_bf16_ffn = gemm_bf16_ffn || g.gate.gemm_bf16;
     }
     dequant_bytes = m.dequant_scratch_bytes();
+    if (c.is_moe()) {
+        moe_e = c.n_experts;
+        moe_k = c.n_experts_used;
+        moe_f = c.expert_ffn_dim;
+        moe_groups = moe_group_bound(rows, moe_k, moe_e, 1);  // one-slot groups: the most
+    }
     for (const GpuMatrix* mat : m.matrices()) {  // the largest split-K partial planes
         if (mat->spec_gemm.empty()) continue;
         const uint64_t s = uint64_t(spec_constant(m.kernels().spec(mat->spec_gemm), "SPLITS"));
@@ -70,7 +77,12 @@ uint64_t WorkLayout::bytes() const {
                             + uint64_t(logit_rows) * vocab   // logits of a decode batch
                             + part_o_floats + 2 * part_ml_pairs + (float_gate ? R * ffn_max : 0) +
                             gemm_split_floats;
-    return floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
+    const uint64_t RK = R * uint64_t(moe_k);
+    const uint64_t moe = moe_e == 0 ? 0
+                                    : (R * moe_e + 3 * RK + RK * moe_f + RK * d + R * d) * 4 +
+                                          uint64_t(moe_groups) * 16 + 16 + RK * moe_f +
+                                          RK * (moe_f / 32) * 8;
+    return moe + floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
            + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
            (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
            (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + state_bytes() + readout_bytes();
@@ -119,6 +131,20 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     }
     if (L.gemm_bf16_ffn) gbf = jit::DeviceBuffer(R * L.ffn_max * 2);
     if (L.dequant_bytes) wdeq = jit::DeviceBuffer(L.dequant_bytes);
+    if (L.moe_e) {
+        const uint64_t RK = R * uint64_t(L.moe_k);
+        moe_logits = zeroed(R * L.moe_e * 4);
+        moe_ids = zeroed(RK * 4);
+        moe_wts = zeroed(RK * 4);
+        moe_slots = zeroed(RK * 4);
+        moe_groups = zeroed(uint64_t(L.moe_groups) * 16);
+        moe_n_groups = zeroed(16);
+        moe_eh = zeroed(RK * L.moe_f * 4);
+        moe_ehq = zeroed(RK * L.moe_f);
+        moe_ehds = zeroed(RK * (L.moe_f / 32) * 8);
+        moe_ed = zeroed(RK * L.d * 4);
+        moe_y1 = zeroed(R * L.d * 4);
+    }
     state_host = PinnedHost(L.state_bytes());
     result_host = PinnedHost(L.result_bytes());
 }

@@ -35,6 +35,8 @@ struct WorkLayout {
     bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
     uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
     uint64_t dequant_bytes = 0;      // F16 copies of K-quant matrices for cuBLAS products
+    // MoE: experts E, K per token, expert width F; groups: the most a chunk can form.
+    int moe_e = 0, moe_k = 0, moe_f = 0, moe_groups = 0;
 
     explicit WorkLayout(const GpuModel& m);
 
@@ -52,6 +54,11 @@ struct GpuSession::Work {
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
         logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, xbf, fgate, gq, gds,
         gbf, gemm_split, wdeq;
+    // MoE: router logits [rows][E]; expert ids, weights and grouped slots [rows][K]; the group
+    // table (+ its count); expert GeGLU outputs [rows * K][F] (fp32 and Q8_1); expert outputs
+    // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d].
+    jit::DeviceBuffer moe_logits, moe_ids, moe_wts, moe_slots, moe_groups, moe_n_groups, moe_eh,
+        moe_ehq, moe_ehds, moe_ed, moe_y1;
     PinnedHost state_host, result_host;
 
     explicit Work(const GpuModel& m);

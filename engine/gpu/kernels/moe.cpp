@@ -1,0 +1,37 @@
+#include "engine/gpu/kernels/moe.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace gj::gemma4 {
+
+jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model) {
+    if (n_experts < 1 || n_experts > 1024 || n_used < 1 || n_used > std::min(n_experts, 32) ||
+        d_model <= 0 || d_model % 4 != 0)
+        throw std::invalid_argument(
+            fmt::format("moe: {} experts, {} per token, width {} (1..1024 experts, 1..32 per "
+                        "token, a width that is a positive multiple of 4)",
+                        n_experts, n_used, d_model));
+    jit::KernelSpec s;
+    s.family = "moe";
+    s.name = fmt::format("moe.e{}.k{}.d{}", n_experts, n_used, d_model);
+    // moe_group: one warp per expert up to 32 warps (each then takes several experts).
+    s.constants = {
+        {"E", n_experts}, {"K", n_used}, {"D", d_model}, {"THREADS", 32 * std::min(n_experts, 32)}};
+    s.entries = {"moe_route", "moe_group", "moe_combine"};
+    s.priority = 0;
+    return s;
+}
+
+jit::KernelSpec moe_spec(const Config& cfg) {
+    return moe_spec(cfg.n_experts, cfg.n_experts_used, cfg.d_model);
+}
+
+int moe_group_bound(int T, int n_used, int n_experts, int cols) {
+    const int slots = T * n_used;
+    return std::min(slots, (slots + cols - 1) / cols + n_experts);
+}
+
+}  // namespace gj::gemma4

@@ -1,0 +1,27 @@
+// moe family: the spec of kernel_templates/moe.cu, the routing (softmax, top-k, renormalized and
+// scaled weights), the grouping of expert slots by expert, and the weighted combine of a MoE
+// layer's expert outputs; the expert products themselves are the grouped matvecs
+// (matvec_moe_spec in kernels/matvec.h).
+//
+// Spec name: "moe.e<E>.k<K>.d<D>". Launch (from the spec constants):
+//   moe_route:   block 128, grid ceil(T / 4)
+//   moe_group:   block THREADS, grid 1
+//   moe_combine: block 256, grid (ceil(D / 1024), T)
+// moe_group_bound gives the most groups a batch can form (the grouped matvecs' grid).
+#pragma once
+
+#include "engine/model/gemma4_config.h"
+#include "jit/kernel_spec.h"
+
+namespace gj::gemma4 {
+
+// Routing, grouping and combining for E experts, K per token, model width D:
+// "moe.e<E>.k<K>.d<D>". Throws std::invalid_argument for impossible shapes.
+jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model);
+jit::KernelSpec moe_spec(const Config& cfg);
+
+// Groups of at most `cols` slots that T tokens with K experts each can form (every expert's last
+// group may be partial): min(T * K, ceil(T * K / cols) + E).
+int moe_group_bound(int T, int n_used, int n_experts, int cols);
+
+}  // namespace gj::gemma4

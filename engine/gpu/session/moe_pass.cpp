@@ -1,0 +1,95 @@
+// The FFN of a MoE layer (26B-A4B, reference/gemma4-spec.md section 2.5) over T rows, all on the
+// GPU with no host round trip: the router (weightless norm times scale / sqrt(d), logits, top-K
+// weights: moe_route), the dense MLP and its post-norm, the experts' pre-norm, the slots grouped
+// by expert (moe_group), the grouped gate|up GeGLU and down matvecs (each expert's weights read
+// once per group of up to kPrefillCols slots; one slot per group for a single token), the
+// weighted combine (moe_combine) and the experts' post-norm added to the dense branch.
+#include "engine/gpu/kernels/moe.h"
+#include "engine/gpu/session/session_internal.h"
+
+#include <algorithm>
+
+namespace gj::gemma4 {
+
+void GpuSession::experts(const GpuExperts& m, CUdeviceptr up, Input in, int in_div, CUdeviceptr y,
+                         int n_rows, int T, int cols, const char* what) {
+    const Work& w = *w_;
+    const int E = cfg_.n_experts, K = cfg_.n_experts_used;
+    const std::string& name = cols == 1 ? m.spec_one : m.spec_batch;
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const bool quant = m.all.quantized();
+    CUdeviceptr wt = m.all.ptr, x = quant ? in.q : in.f, xds = quant ? in.ds : 0,
+                groups = w.moe_groups.ptr(), n_groups = w.moe_n_groups.ptr(),
+                slots = w.moe_slots.ptr();
+    long long expert_bytes = (long long)m.expert_bytes;
+    const int bound = moe_group_bound(T, K, E, cols);
+    // Profiling: the experts a step can touch, each read once per group.
+    const uint64_t touched = uint64_t(std::min(E, T * K));
+    const LaunchCost cost{touched * m.expert_bytes * (up ? 2 : 1),
+                          2.0 * double(T) * K * n_rows * m.all.cols * (up ? 2 : 1), WorkKind::Gemm};
+    void* args[] = {&wt,       &up,    &expert_bytes, &x, &xds,   &groups,
+                    &n_groups, &slots, &in_div,       &y, &n_rows};
+    launch(model_.kernels().get(name, spec.family + (up ? "_moe_geglu" : "_moe")),
+           {ceil_div(n_rows, constant(spec, "ROWS")), unsigned(bound)}, {constant(spec, "THREADS")},
+           0, args, name + " experts " + what, cost);
+    ++paths_.moe_grouped;
+}
+
+void GpuSession::record_moe_ffn(int l, int T) {
+    const Work& w = *w_;
+    const GpuLayer& g = model_.layers()[l];
+    const int K = cfg_.n_experts_used, F = cfg_.expert_ffn_dim, d = cfg_.d_model;
+    const std::string& moe = model_.spec_moe();
+    const jit::KernelSpec& moe_k = model_.kernels().spec(moe);
+    CUdeviceptr x = w.x.ptr(), y1 = w.moe_y1.ptr(), logits = w.moe_logits.ptr(),
+                ids = w.moe_ids.ptr(), wts = w.moe_wts.ptr();
+
+    // Router on the post-attention residual: r = norm(x) * scale / sqrt(d) (in y1 until the
+    // dense branch's output replaces it), logits = W r, then the K weights per row.
+    norm(model_.spec_norm(), x, g.router_norm, 0, y1, 0, 0, T, "router_norm");
+    matvec(g.router, nullptr, Input{y1}, logits, T, "router");
+    {
+        CUdeviceptr scale = g.expert_scale;
+        void* args[] = {&logits, &scale, &ids, &wts, &T};
+        launch(model_.kernels().get(moe, "moe_route"), {ceil_div(T, 4)}, {128}, 0, args,
+               moe + " moe_route router");
+    }
+
+    // Dense MLP on h = ffn_norm(x) (made by the post-attention norm), then its post-norm.
+    matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down");
+    norm(model_.spec_norm(), w.tmp.ptr(), g.post_ffw_norm_1, 0, y1, 0, 0, T, "post_ffw_norm_1");
+
+    // Experts: z2 = pre_ffw_norm_2(x) in h (and Q8_1), the slots grouped by expert, gate|up
+    // GeGLU per slot, down per slot, the weighted sum per row.
+    const Input z2 = normed();
+    norm(g.gate_up.all.quantized() ? model_.spec_prenorm() : model_.spec_norm(), x,
+         g.pre_ffw_norm_2, 0, z2.f, z2.q, z2.ds, T, "pre_ffw_norm_2");
+    // Groups of one slot for a single token, else as many as both expert matvecs take.
+    int cols = T == 1 ? 1 : std::min(g.gate_up.batch_cols, g.down_exps.batch_cols);
+    {
+        CUdeviceptr n_groups = w.moe_n_groups.ptr(), groups = w.moe_groups.ptr(),
+                    slots = w.moe_slots.ptr();
+        void* args[] = {&ids, &T, &cols, &n_groups, &groups, &slots};
+        launch(model_.kernels().get(moe, "moe_group"), {1}, {constant(moe_k, "THREADS")}, 0, args,
+               moe + " moe_group experts");
+    }
+    experts(g.gate_up, g.up_ptr, z2, K, w.moe_eh.ptr(), F, T, cols, "gate|up");
+    Input eh{w.moe_eh.ptr()};
+    if (g.down_exps.all.quantized()) {
+        quantize(eh.f, T * K * F, w.moe_ehq.ptr(), w.moe_ehds.ptr());
+        eh.q = w.moe_ehq.ptr();
+        eh.ds = w.moe_ehds.ptr();
+    }
+    experts(g.down_exps, 0, eh, 1, w.moe_ed.ptr(), d, T, cols, "down");
+    {
+        CUdeviceptr ed = w.moe_ed.ptr(), sum = w.tmp.ptr();
+        void* args[] = {&ed, &wts, &sum, &T};
+        launch(model_.kernels().get(moe, "moe_combine"), {ceil_div(d, 1024), unsigned(T)}, {256}, 0,
+               args, moe + " moe_combine experts");
+    }
+    // y = y1 + post_ffw_norm_2(sum): the FFN output the layer's post_ffw_norm takes.
+    norm(model_.spec_norm_add(), w.tmp.ptr(), g.post_ffw_norm_2, y1, y1, 0, 0, T,
+         "post_ffw_norm_2+dense");
+}
+
+}  // namespace gj::gemma4
