@@ -307,6 +307,26 @@ void CpuSession::ffn_block(int l, std::vector<float>& x, int T) {
     add_in_place(x, y);
 }
 
+std::vector<std::pair<int, float>> route_token(const float* lg, int E, int K,
+                                               const float* expert_scale) {
+    const float mx = *std::max_element(lg, lg + E);
+    std::vector<float> p(E);
+    float sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(lg[e] - mx));
+    for (float& v : p) v /= sum;
+    std::vector<int> idx(E);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return p[a] > p[b]; });
+    float top_sum = 0;
+    for (int k = 0; k < K; ++k) top_sum += p[idx[k]];
+    std::vector<std::pair<int, float>> chosen;
+    for (int k = 0; k < K; ++k)
+        chosen.push_back({idx[k], p[idx[k]] / top_sum * expert_scale[idx[k]]});
+    // Experts are accumulated in ascending index order, independent of the batch.
+    std::sort(chosen.begin(), chosen.end());
+    return chosen;
+}
+
 // Routed experts of a MoE layer on the post-attention residual x; writes the normed expert sum.
 void CpuSession::moe_block(int l, const std::vector<float>& x, std::vector<float>& y, int T) {
     const LayerWeights& w = w_.layers[l];
@@ -324,23 +344,8 @@ void CpuSession::moe_block(int l, const std::vector<float>& x, std::vector<float
     }
     std::vector<float> logits = matmul(pool, w.router, r, T);
     std::vector<std::vector<std::pair<int, float>>> chosen(T);  // (expert, weight) per token
-    for (int t = 0; t < T; ++t) {
-        const float* lg = &logits[size_t(t) * E];
-        const float mx = *std::max_element(lg, lg + E);
-        std::vector<float> p(E);
-        float sum = 0;
-        for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(lg[e] - mx));
-        for (float& v : p) v /= sum;
-        std::vector<int> idx(E);
-        std::iota(idx.begin(), idx.end(), 0);
-        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return p[a] > p[b]; });
-        float top_sum = 0;
-        for (int k = 0; k < K; ++k) top_sum += p[idx[k]];
-        for (int k = 0; k < K; ++k)
-            chosen[t].push_back({idx[k], p[idx[k]] / top_sum * w.expert_scale[idx[k]]});
-        // Accumulate experts in ascending index order, independent of the batch.
-        std::sort(chosen[t].begin(), chosen[t].end());
-    }
+    for (int t = 0; t < T; ++t)
+        chosen[t] = route_token(&logits[size_t(t) * E], E, K, w.expert_scale.data());
 
     std::vector<float> z2(x.size());
     for (int t = 0; t < T; ++t)

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "engine/base/thread_pool.h"
@@ -50,6 +51,12 @@ class CpuModel {
     std::unique_ptr<Weights> weights_;
     std::unique_ptr<ThreadPool> pool_;
 };
+
+// The routing of one token in a MoE layer (reference/gemma4-spec.md section 2.5): softmax over
+// the E router logits, the K most probable experts (ties: the lower index), their probabilities
+// renormalized to sum 1 and times expert_scale[e]; (expert, weight) in ascending expert order.
+std::vector<std::pair<int, float>> route_token(const float* logits, int E, int K,
+                                               const float* expert_scale);
 
 // One sequence: a KV cache (all positions kept; sliding layers mask by position) and its length.
 class CpuSession {

@@ -20,6 +20,7 @@
 #include <random>
 #include <vector>
 
+#include "engine/cpu/cpu_forward.h"
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/spec_util.h"
@@ -40,32 +41,16 @@ namespace {
 constexpr float kTolQuant = 3e-2f;
 constexpr float kTolBlas = 2e-2f;
 
-// The CPU reference's routing (engine/cpu/cpu_forward.cpp): ids ascending, weights renormalized
-// over the top K, times the expert scale.
+// The CPU reference's routing of every token (gemma4::route_token), as ids and weights.
 void route_cpu(const std::vector<float>& logits, const std::vector<float>& scale, int T, int E,
                int K, std::vector<int>& ids, std::vector<float>& wts) {
-    ids.assign(size_t(T) * K, 0);
-    wts.assign(size_t(T) * K, 0);
-    for (int t = 0; t < T; ++t) {
-        const float* lg = &logits[size_t(t) * E];
-        const float mx = *std::max_element(lg, lg + E);
-        std::vector<float> p(E);
-        float sum = 0;
-        for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(lg[e] - mx));
-        for (float& v : p) v /= sum;
-        std::vector<int> idx(E);
-        std::iota(idx.begin(), idx.end(), 0);
-        std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return p[a] > p[b]; });
-        float top = 0;
-        for (int k = 0; k < K; ++k) top += p[idx[k]];
-        std::vector<std::pair<int, float>> chosen;
-        for (int k = 0; k < K; ++k) chosen.push_back({idx[k], p[idx[k]] / top * scale[idx[k]]});
-        std::sort(chosen.begin(), chosen.end());
-        for (int k = 0; k < K; ++k) {
-            ids[size_t(t) * K + k] = chosen[k].first;
-            wts[size_t(t) * K + k] = chosen[k].second;
+    ids.clear();
+    wts.clear();
+    for (int t = 0; t < T; ++t)
+        for (auto [e, w] : gj::gemma4::route_token(&logits[size_t(t) * E], E, K, scale.data())) {
+            ids.push_back(e);
+            wts.push_back(w);
         }
-    }
 }
 
 struct Grouping {
