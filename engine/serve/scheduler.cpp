@@ -204,15 +204,10 @@ void Scheduler::run() {
         const double dt =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::lock_guard lock(mu_);
-        bool generated = false;
-        for (Slot* s : active) {
-            stats_.prompt_tokens += s->prefilled;
-            stats_.generated_tokens += s->generated;
-            generated = generated || s->generated > 0;
-            s->prefilled = s->generated = 0;
-        }
+        for (Slot* s : active) count(*s);  // (a finished slot was counted before its done event)
         stats_.busy_seconds += dt;
-        if (generated) stats_.decode_seconds += dt;
+        if (round_generated_) stats_.decode_seconds += dt;
+        round_generated_ = false;
         stats_.slots_busy = 0;
         stats_.kv_tokens = 0;
         for (auto& s : slots_) {
@@ -320,6 +315,13 @@ void Scheduler::emit_token(Slot& s, int32_t token) {
     if (!d.empty()) s.job->push({std::move(d), false, Finish::Stop, {}, ""});
 }
 
+void Scheduler::count(Slot& s) {
+    stats_.prompt_tokens += s.prefilled;
+    stats_.generated_tokens += s.generated;
+    round_generated_ = round_generated_ || s.generated > 0;
+    s.prefilled = s.generated = 0;
+}
+
 void Scheduler::finish(Slot& s, Finish why, const std::string& error) {
     JobEvent last;
     if (why != Finish::Cancelled && why != Finish::Error) {
@@ -342,6 +344,11 @@ void Scheduler::finish(Slot& s, Finish why, const std::string& error) {
     last.finish = why;
     last.usage = s.usage;
     last.error = error;
+    {
+        // The stats include this job's tokens by the time its requester hears it is done.
+        std::lock_guard lock(mu_);
+        count(s);
+    }
     s.job->push(std::move(last));
     s.job.reset();
     s.sampler.reset();

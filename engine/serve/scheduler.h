@@ -135,6 +135,8 @@ class Scheduler {
     void after_step(Slot& slot, const gen::StepResult& result);
     void emit_token(Slot& slot, int32_t token);
     void finish(Slot& slot, Finish why, const std::string& error = "");
+    // Moves the slot's token counts of this round into the stats (mu_ held).
+    void count(Slot& slot);
 
     const tok::Tokenizer& tokenizer_;
     SchedulerOptions options_;
@@ -148,7 +150,8 @@ class Scheduler {
     std::condition_variable cv_;
     std::deque<std::shared_ptr<Job>> queue_;
     bool stopping_ = false;
-    SchedulerStats stats_;  // under mu_
+    SchedulerStats stats_;          // under mu_
+    bool round_generated_ = false;  // under mu_: this round produced a token
     std::thread thread_;
 };
 
