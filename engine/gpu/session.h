@@ -126,7 +126,7 @@ class GpuSession {
     const PathCounts& path_counts() const { return paths_; }
 
     // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured (one per
-    // batch size and readout list) and how many times one was launched.
+    // batch size and count of rows of each readout kind) and how many times one was launched.
     bool graphs_enabled() const { return graphs_; }
     uint64_t graph_captures() const { return graph_captures_; }
     uint64_t graph_launches() const { return graph_launches_; }

@@ -5,7 +5,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
+#include <numeric>
 #include <utility>
 
 namespace gj::gemma4 {
@@ -18,11 +20,18 @@ StepOutput GpuSession::decode(int32_t token, Readout readout, int seq) {
 std::vector<StepOutput> GpuSession::decode_batch(std::span<const BatchToken> batch) {
     if (batch.empty()) throw std::invalid_argument("a decode batch needs at least one token");
     const int B = int(batch.size());
+    // Rows ordered by readout kind (stable), so a graph is captured per batch size and count of
+    // each kind, not per order in which a server's slots happen to want them.
+    std::vector<int> order(static_cast<size_t>(B));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return batch[a].readout < batch[b].readout; });
     std::vector<int32_t> tokens;
     std::vector<int> positions, seqs;
     std::vector<Readout> readouts;
     std::vector<bool> seen(size_t(sequences()), false);
-    for (const BatchToken& b : batch) {
+    for (int i : order) {
+        const BatchToken& b = batch[size_t(i)];
         select(b.seq);
         if (seen[size_t(b.seq)])
             throw std::invalid_argument(
@@ -77,8 +86,10 @@ std::vector<StepOutput> GpuSession::decode_batch(std::span<const BatchToken> bat
                           "cuGraphLaunch(decode step)");
         ++graph_launches_;
     }
-    std::vector<StepOutput> out = read_results(readouts);
+    std::vector<StepOutput> rows = read_results(readouts);
     for (int s : seqs) ++pos_[size_t(s)];
+    std::vector<StepOutput> out(rows.size());
+    for (int r = 0; r < B; ++r) out[size_t(order[size_t(r)])] = std::move(rows[size_t(r)]);
     return out;
 }
 
