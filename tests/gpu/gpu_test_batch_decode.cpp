@@ -53,6 +53,17 @@ int32_t step_token(int seq, int step, int vocab) {
     return int32_t(3 + (seq * 7919 + step * 104729) % (vocab - 3));
 }
 
+// Sequences 0 .. n-1 of both sessions prefilled with the same prompt each: sequence i gets
+// len0 + step * i tokens (seed seed0 + i), so the rows of a batch sit at different positions.
+void prefill_both(GpuSession& a, GpuSession& b, int n, int len0, int step, uint32_t seed0) {
+    const int V = a.model().config().vocab_size;
+    for (int s = 0; s < n; ++s) {
+        const auto prompt = test_tokens(len0 + step * s, V, seed0 + uint32_t(s));
+        a.prefill(prompt, Readout::Argmax, {}, s);
+        b.prefill(prompt, Readout::Argmax, {}, s);
+    }
+}
+
 class BatchDecodeTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BatchDecodeTest, EachRowEqualsItsSequenceDecodedAlone) {
@@ -67,11 +78,7 @@ TEST_P(BatchDecodeTest, EachRowEqualsItsSequenceDecodedAlone) {
     GpuSession batched(*model), alone(*model);
     ASSERT_EQ(batched.sequences(), kSequences);
     // Sequence i starts from its own prompt of 3 + 2i tokens: every row sits at another position.
-    for (int s = 0; s < kSequences; ++s) {
-        const auto prompt = test_tokens(3 + 2 * s, V, 100 + s);
-        batched.prefill(prompt, Readout::Argmax, {}, s);
-        alone.prefill(prompt, Readout::Argmax, {}, s);
-    }
+    prefill_both(batched, alone, kSequences, 3, 2, 100);
     int step = 0, launches = 0;
     std::set<int> sizes;
     float worst = 0;
@@ -123,11 +130,7 @@ TEST(BatchDecode, GraphReplayIsBitIdenticalToEagerLaunches) {
     auto me = load_gpu(path, 128, 16, off, 5);
     GpuSession g(*mg), e(*me);
     const int V = mg->config().vocab_size;
-    for (int s = 0; s < 5; ++s) {
-        const auto prompt = test_tokens(4 + 3 * s, V, 7 + s);
-        g.prefill(prompt, Readout::Argmax, {}, s);
-        e.prefill(prompt, Readout::Argmax, {}, s);
-    }
+    prefill_both(g, e, 5, 4, 3, 7);
     for (int step = 0; step < 12; ++step) {
         std::vector<BatchToken> batch;
         for (int s = 0; s < 5; ++s) batch.push_back({s, step_token(s, step, V), Readout::Logits});
@@ -151,11 +154,7 @@ TEST(BatchDecode, MixedReadoutsInOneBatch) {
     auto model = load_gpu(path, 64, 8, f, 3);
     const int V = model->config().vocab_size;
     GpuSession a(*model), b(*model);
-    for (int s = 0; s < 3; ++s) {
-        const auto prompt = test_tokens(5 + s, V, 40 + s);
-        a.prefill(prompt, Readout::Argmax, {}, s);
-        b.prefill(prompt, Readout::Argmax, {}, s);
-    }
+    prefill_both(a, b, 3, 5, 1, 40);
     const std::vector<BatchToken> mixed = {
         {2, 11, Readout::TopK}, {0, 12, Readout::Argmax}, {1, 13, Readout::Logits}};
     const std::vector<BatchToken> logits = {
