@@ -214,6 +214,14 @@ const std::vector<FlagDef>& flag_table() {
                  "only), mma (int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact "
                  "path)",
          .choices = {"auto", "wgmma", "mma", "none"}},
+        {.name = "GEMMAJIT_MOE_GEMM",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::OutputChanging,
+         .default_value = "1",
+         .help = "0: a MoE layer's routed experts in prefill on the grouped dp4a matvecs (groups "
+                 "of 8 slots) instead of the grouped int8 tensor-core GEMM (Q8_0/Q4_0 experts, "
+                 "with GEMMAJIT_MMQ_VARIANT other than none)"},
         {.name = "GEMMAJIT_BLAS",
          .family = "path",
          .type = T::Bool,

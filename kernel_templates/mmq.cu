@@ -49,6 +49,17 @@
 //   mmq_geglu     y fp32 [T][n_rows] = gelu_tanh(X W^T) * (X W_up^T)      (yds unused)
 //   mmq_geglu_q8  the mmq_geglu product as Q8_1: y int8 [T][n_rows], yds float2 [T][n_rows / 32],
 //                 bit-identical to quantize_q8_1 over mmq_geglu's output; needs n_rows % 32 == 0
+//
+// With MOE = 1 the module holds the grouped expert forms instead (a MoE layer's routed experts in
+// prefill, every expert a split-layout matrix of its own, expert e at w + e * expert_bytes):
+//   mmq_moe, mmq_moe_geglu, mmq_moe_geglu_q8
+//     (w, w_up, expert_bytes, xq, xds, groups, n_groups, slots, in_div, y, yds, n_rows)
+//     block (row tile, g) multiplies expert groups[g].x by the groups[g].z <= BM slots of group g
+//     (moe_group in groups of BM): tile row i is slot s = slots[groups[g].y + i], which reads
+//     activation row s / in_div (the token of a slot for gate|up, the slot itself for down) and
+//     writes output row s. Blocks with g >= *n_groups exit (the grid is sized for the most
+//     groups a batch can form). Launch: grid (ceil(n_rows / BN), that bound), block THREADS,
+//     dynamic smem SMEM. No split K.
 #include "gj_ptx.cuh"
 #include "split_k_reduce.cuh"
 
@@ -61,6 +72,9 @@
 #ifndef SPLITS
 #define SPLITS 1
 #endif
+#ifndef MOE
+#define MOE 0
+#endif
 
 static_assert(K % 32 == 0 && K > 0, "mmq: K must be a positive multiple of 32");
 static_assert(WTYPE == 0 || WTYPE == 1, "mmq: WTYPE must be 0 (Q8_0) or 1 (Q4_0)");
@@ -72,6 +86,7 @@ static_assert(BN % (32 * WARPS_N) == 0,
 static_assert(KBS == 1 || KBS == 2 || KBS == 4 || KBS == 8, "mmq: KBS must be 1, 2, 4 or 8");
 static_assert(STAGES >= 2 && STAGES <= 8, "mmq: STAGES must be in [2, 8]");
 static_assert(SPLITS >= 1 && SPLITS <= 8, "mmq: SPLITS must be in [1, 8]");
+static_assert(MOE == 0 || SPLITS == 1, "mmq: the grouped expert entries do not split K");
 static_assert((GEGLU_PASSES == 1 || GEGLU_PASSES == 2) && BM % (16 * WARPS_M * GEGLU_PASSES) == 0,
               "mmq: GEGLU_PASSES must be 1 or 2, each pass whole m16 tiles per warp");
 
@@ -123,6 +138,12 @@ GJ_DEVICE uint32 mmq_swizzle_add(uint32 off, int dc) {
     return (off ^ (uint32)((dc & 7) * 16)) + (uint32)((dc & ~7) * 16);
 }
 
+// The activation row of tile row i (already clamped to the tile's live rows): i itself, or with
+// MOE the row the block's slot table gives it.
+GJ_DEVICE int mmq_in_row(const int* rows_in, int i) {
+    return MOE ? rows_in[i] : i;
+}
+
 // Asynchronous 8- and 4-byte copies (the activation scales; the weight scale rows of a stage).
 GJ_DEVICE void mmq_cp_async8(uint32 smem_dst, const void* gmem_src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_dst), "l"(gmem_src)
@@ -148,14 +169,14 @@ GJ_DEVICE void mmq_per_thread(F&& f) {
 // shared address `st`.
 template <int kMats>
 GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, const float2* xds,
-                              int m0, int n0, int T, int n_rows, int step) {
+                              const int* rows_in, int m0, int n0, int T, int n_rows, int step) {
     using L = MmqLayout<kMats>;
     const int kb0 = step * KBS;
     constexpr bool kWhole = kKb % KBS == 0;  // every step holds KBS blocks
     mmq_per_thread<L::kRows * kXCpr>([&](int i) {
         const int r = i / kXCpr, c = i % kXCpr;
         if (kWhole || kb0 + c / 2 < kKb) {
-            const int t = min(m0 + r, T - 1);
+            const int t = mmq_in_row(rows_in, min(m0 + r, T - 1));
             cp_async_cg16(st + mmq_swizzle(r, c, kXCpr), xq + (size_t)t * K + kb0 * 32 + c * 16);
         }
     });
@@ -175,7 +196,7 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
     mmq_per_thread<L::kRows * KBS>([&](int i) {
         const int kk = i / L::kRows, r = i % L::kRows;
         if (kWhole || kb0 + kk < kKb) {
-            const int t = min(m0 + r, T - 1);
+            const int t = mmq_in_row(rows_in, min(m0 + r, T - 1));
             mmq_cp_async8(st + L::kDx + (kk * L::kRows + r) * 8, xds + (size_t)t * kKb + kb0 + kk);
         }
     });
@@ -215,7 +236,8 @@ enum { mmq_epi_store = 0, mmq_epi_geglu = 1, mmq_epi_geglu_q8 = 2 };
 
 template <int kEpi>
 GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __restrict__ xq,
-                        const float2* __restrict__ xds, void* y, float2* yds, int T, int n_rows) {
+                        const float2* __restrict__ xds, void* y, float2* yds, int T, int n_rows,
+                        const int* rows_in = nullptr, const int* rows_out = nullptr) {
     constexpr int kMats = kEpi == mmq_epi_store ? 1 : 2;
     using L = MmqLayout<kMats>;
     constexpr int kMf = L::kMf, kWm = L::kWm;
@@ -256,7 +278,8 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
 
 #pragma unroll 1
     for (int pass = 0; pass < L::kPasses; ++pass) {
-        const int m0 = blockIdx.y * BM + pass * L::kRows;
+        // Tile rows: tokens blockIdx.y * BM.. of T, or with MOE the group's T slots from 0.
+        const int m0 = (MOE ? 0 : blockIdx.y * BM) + pass * L::kRows;
         if (m0 >= T) break;             // the second pass of a partial last tile
         if (pass > 0) __syncthreads();  // every warp is done with the stages of the first pass
 
@@ -275,7 +298,7 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) {
             if (s < n_steps)
-                mmq_load_stage<kMats>(base + s * L::kStage, w, xq, xds, m0, n0, T, n_rows,
+                mmq_load_stage<kMats>(base + s * L::kStage, w, xq, xds, rows_in, m0, n0, T, n_rows,
                                       s_begin + s);
             cp_async_commit();
         }
@@ -290,8 +313,8 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                 const int next = ls + STAGES - 1;
                 const int next_stage = stage == 0 ? STAGES - 1 : stage - 1;  // next % STAGES
                 if (next < n_steps)
-                    mmq_load_stage<kMats>(base + next_stage * L::kStage, w, xq, xds, m0, n0, T,
-                                          n_rows, s_begin + next);
+                    mmq_load_stage<kMats>(base + next_stage * L::kStage, w, xq, xds, rows_in, m0,
+                                          n0, T, n_rows, s_begin + next);
                 cp_async_commit();
             }
             const uint32 st = base + stage * L::kStage;
@@ -374,6 +397,7 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int t = m0 + wm * kWm + i * 16 + h * 8 + g;
+                const int t_out = MOE ? rows_out[min(t, T - 1)] : t;  // its output row
                 float v[kNf][2];
 #pragma unroll
                 for (int j = 0; j < kNf; ++j)
@@ -408,18 +432,18 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                         sum = warp_sum_i32<4>(sum);
                         const int nb = n0 + wn * kWn + q * 32;  // first row of the 32-row block
                         if (t < T && nb < n_rows) {
-                            int8* yq = (int8*)y + (size_t)t * n_rows + nb;
+                            int8* yq = (int8*)y + (size_t)t_out * n_rows + nb;
 #pragma unroll
                             for (int j = 0; j < 4; ++j)
                                 *(uint16*)(yq + j * 8 + 2 * tq) =
                                     (uint16)((qv[j][0] & 0xff) | ((qv[j][1] & 0xff) << 8));
                             if (tq == 0)
-                                yds[(size_t)t * (n_rows / 32) + nb / 32] =
+                                yds[(size_t)t_out * (n_rows / 32) + nb / 32] =
                                     make_float2(d, d * (float)sum);
                         }
                     }
                 } else if (t < T) {
-                    float* yr = (float*)y + (size_t)t * n_rows;
+                    float* yr = (float*)y + (size_t)t_out * n_rows;
 #pragma unroll
                     for (int j = 0; j < kNf; ++j) {
                         const int n = n0 + wn * kWn + j * 8 + 2 * tq;
@@ -441,8 +465,35 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
              float2* yds, int T, int n_rows) {                                            \
         mmq_body<EPI>(w, w_up, xq, xds, y, yds, T, n_rows);                               \
     }
-MMQ_ENTRY(mmq, mmq_epi_store)
 
+// The grouped expert entries: the group's slot table in shared memory, then the product of its
+// expert's matrices over those rows.
+#define MMQ_MOE_ENTRY(NAME, EPI)                                                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                            \
+        NAME(const void* w, const void* w_up, long long expert_bytes, const int8* xq,            \
+             const float2* xds, const int4* groups, const int* n_groups, const int* slots,       \
+             int in_div, void* y, float2* yds, int n_rows) {                                     \
+        __shared__ int rows_in[BM], rows_out[BM];                                                \
+        if ((int)blockIdx.y >= __ldg(n_groups)) return;                                          \
+        const int4 grp = __ldg(groups + blockIdx.y); /* {expert, first slot, count, 0} */        \
+        for (int i = threadIdx.x; i < BM; i += THREADS) {                                        \
+            const int s = __ldg(slots + grp.y + min(i, grp.z - 1));                              \
+            rows_in[i] = s / in_div;                                                             \
+            rows_out[i] = s;                                                                     \
+        }                                                                                        \
+        __syncthreads();                                                                         \
+        const size_t off = (size_t)grp.x * (size_t)expert_bytes;                                 \
+        mmq_body<EPI>((const uint8*)w + off, w_up ? (const uint8*)w_up + off : nullptr, xq, xds, \
+                      y, yds, grp.z, n_rows, rows_in, rows_out);                                 \
+    }
+
+#if MOE
+MMQ_MOE_ENTRY(mmq_moe, mmq_epi_store)
+MMQ_MOE_ENTRY(mmq_moe_geglu, mmq_epi_geglu)
+MMQ_MOE_ENTRY(mmq_moe_geglu_q8, mmq_epi_geglu_q8)
+#else
+MMQ_ENTRY(mmq, mmq_epi_store)
 GJ_SPLIT_K_REDUCE_ENTRY(mmq_reduce)
 MMQ_ENTRY(mmq_geglu, mmq_epi_geglu)
 MMQ_ENTRY(mmq_geglu_q8, mmq_epi_geglu_q8)
+#endif

@@ -15,8 +15,11 @@
 //     the slots s = t * K + k grouped by expert: slots[] lists expert 0's slots in ascending s,
 //     then expert 1's, ...; groups[] cuts each expert's list into pieces of at most `cols` slots,
 //     {expert, first index into slots[], count, 0}, experts in ascending order; *n_groups is how
-//     many (at most min(T * K, ceil(T * K / cols) + E)). One block: warp w takes experts w,
-//     w + warps, ... and compacts their slots with ballots, so the order is stable.
+//     many (at most min(T * K, ceil(T * K / cols) + E)). Up to 32 slots (decode): one warp.
+//     Else one block: shared-memory counts, then a
+//     stable placement of THREADS slots per round (peers within a warp by __match_any_sync,
+//     across warps by a per-round table of (THREADS / 32) x E counts: THREADS is at most
+//     32 * 8192 / E, see moe_spec).
 //     Launch: block THREADS, grid 1.
 //   moe_combine(ed [T * K][D], wts [T][K], y [T][D], T)
 //     y[t] = sum_k wts[t][k] * ed[t * K + k], k ascending. Launch: block 256, grid
@@ -101,48 +104,103 @@ extern "C" __global__ void __launch_bounds__(128)
     }
 }
 
+// moe_group for n <= 32 slots, by one warp: lane i holds slot i; its place in the grouped order
+// is the count of slots of lower experts plus its earlier peers (the same expert, lower slot).
+GJ_DEVICE void moe_group_warp(const int* __restrict__ ids, int n, int cols,
+                              int* __restrict__ n_groups, int4* __restrict__ groups,
+                              int* __restrict__ slots) {
+    const int lane = threadIdx.x % 32;
+    const bool live = lane < n;
+    const int e = live ? __ldg(ids + lane) : 0x7fffffff;  // dead lanes after every expert
+    const unsigned peers = __match_any_sync(GJ_FULL_MASK, e);
+    const int cnt = __popc(peers), j = __popc(peers & ((1u << lane) - 1u));
+    const int my_groups = j == 0 ? (cnt + cols - 1) / cols : 0;  // counted once per expert
+    int pos = j, groups_before = 0;
+#pragma unroll 4
+    for (int l = 0; l < 32; ++l) {
+        const int el = __shfl_sync(GJ_FULL_MASK, e, l);
+        const int gl = __shfl_sync(GJ_FULL_MASK, my_groups, l);
+        if (el < e) ++pos, groups_before += gl;
+    }
+    if (live) {
+        slots[pos] = lane;
+        if (j % cols == 0)
+            groups[groups_before + j / cols] = make_int4(e, pos, min(cols, cnt - j), 0);
+    }
+    const int total = warp_sum_i32<32>(live ? my_groups : 0);
+    if (lane == 0) *n_groups = total;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
     moe_group(const int* __restrict__ ids, int T, int cols, int* __restrict__ n_groups,
               int4* __restrict__ groups, int* __restrict__ slots) {
     constexpr int kWarps = THREADS / 32;
-    __shared__ int count[E], first[E + 1], gfirst[E + 1];
+    // count: slots per expert, then the slots placed by the current round; base: where expert
+    // e's next slot goes; wrank[w][e]: expert e's slots among warp w's 32 of the round, then
+    // their exclusive sum over the warps before w.
+    __shared__ int count[E], base[E], gfirst[E + 1];
+    __shared__ int wrank[kWarps][E];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int n = T * K;
-    // Pass 1: slots per expert.
-    for (int e = warp; e < E; e += kWarps) {
-        int c = 0;
-        for (int i0 = 0; i0 < n; i0 += 32) {
-            const int i = i0 + lane;
-            c += __popc(__ballot_sync(GJ_FULL_MASK, i < n && __ldg(ids + i) == e));
-        }
-        if (lane == 0) count[e] = c;
+    if (n <= 32) {  // a decode step's few slots: one warp, no shared memory
+        if (warp == 0) moe_group_warp(ids, n, cols, n_groups, groups, slots);
+        return;
     }
+    for (int e = threadIdx.x; e < E; e += THREADS) count[e] = 0;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    for (int i = threadIdx.x; i < n; i += THREADS) atomicAdd(&count[__ldg(ids + i)], 1);
+    __syncthreads();
+    if (warp == 0) {  // exclusive prefix sums of the slots and groups per expert
         int s = 0, g = 0;
-        for (int e = 0; e < E; ++e) {
-            first[e] = s, gfirst[e] = g;
-            s += count[e];
-            g += (count[e] + cols - 1) / cols;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            const int e = e0 + lane;
+            const int c = e < E ? count[e] : 0, gc = (c + cols - 1) / cols;
+            int cs = c, gs = gc;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const int a = __shfl_up_sync(GJ_FULL_MASK, cs, off);
+                const int b = __shfl_up_sync(GJ_FULL_MASK, gs, off);
+                if (lane >= off) cs += a, gs += b;
+            }
+            if (e < E) base[e] = s + cs - c, gfirst[e] = g + gs - gc;
+            s += __shfl_sync(GJ_FULL_MASK, cs, 31);
+            g += __shfl_sync(GJ_FULL_MASK, gs, 31);
         }
-        first[E] = s, gfirst[E] = g;
-        *n_groups = g;
+        if (lane == 0) gfirst[E] = g, *n_groups = g;
     }
     __syncthreads();
-    // Pass 2: each expert's slots in ascending order, and its groups.
-    for (int e = warp; e < E; e += kWarps) {
-        int at = first[e];
-        for (int i0 = 0; i0 < n; i0 += 32) {
-            const int i = i0 + lane;
-            const bool mine = i < n && __ldg(ids + i) == e;
-            const unsigned m = __ballot_sync(GJ_FULL_MASK, mine);
-            if (mine) slots[at + __popc(m & ((1u << lane) - 1u))] = i;
-            at += __popc(m);
-        }
+    // Groups: each expert's list cut into pieces of at most `cols` (count is still per expert).
+    for (int e = warp; e < E; e += kWarps)
         for (int g = gfirst[e] + lane; g < gfirst[e + 1]; g += 32) {
             const int j = (g - gfirst[e]) * cols;
-            groups[g] = make_int4(e, first[e] + j, min(cols, count[e] - j), 0);
+            groups[g] = make_int4(e, base[e] + j, min(cols, count[e] - j), 0);
         }
+    // Stable placement, THREADS slots per round in order: a slot's place in its expert's list is
+    // the expert's base, plus its slots in earlier warps of the round, plus its earlier peers in
+    // its own warp (__match_any_sync).
+    for (int r0 = 0; r0 < n; r0 += THREADS) {
+        for (int j = threadIdx.x; j < kWarps * E; j += THREADS) (&wrank[0][0])[j] = 0;
+        __syncthreads();  // (also: the groups above read count before it is reused)
+        const int i = r0 + (int)threadIdx.x;
+        const bool live = i < n;
+        const int e = live ? __ldg(ids + i) : -1;
+        const unsigned peers = __match_any_sync(GJ_FULL_MASK, e);
+        const int rank = __popc(peers & ((1u << lane) - 1u));
+        if (live && rank == 0) wrank[warp][e] = __popc(peers);
+        __syncthreads();
+        for (int x = threadIdx.x; x < E; x += THREADS) {
+            int sum = 0;
+            for (int w = 0; w < kWarps; ++w) {
+                const int c = wrank[w][x];
+                wrank[w][x] = sum;
+                sum += c;
+            }
+            count[x] = sum;
+        }
+        __syncthreads();
+        if (live) slots[base[e] + wrank[warp][e] + rank] = i;
+        __syncthreads();
+        for (int x = threadIdx.x; x < E; x += THREADS) base[x] += count[x];
     }
 }
 

@@ -237,12 +237,16 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         return g;
     };
 
-    // A stacked expert tensor [E][per][cols], read in place by the grouped matvecs (its GGUF
-    // layout: no repack), or dequantized to F16 when no matvec reads its type.
-    auto plan_experts = [&](const Matrix& first, int per) {
+    // A stacked expert tensor [E][per][cols] of matrices of `piece` rows (a fused gate|up expert
+    // holds two): Q8_0 / Q4_0 repacked per matrix to the split layout (GEMMAJIT_REPACK) for the
+    // split matvecs and the grouped tensor-core GEMM, other types read in place by the grouped
+    // matvecs (their GGUF layout), or dequantized to F16 when no matvec reads the type.
+    const bool moe_gemm = mmq && flags.get_bool("GEMMAJIT_MOE_GEMM");
+    auto plan_experts = [&](const Matrix& first, int per, int piece) {
         GpuExperts x;
         const gguf::TensorInfo& t = file_->tensor(first.name());
         x.per_expert = per;
+        x.piece_rows = piece;
         x.all.name = first.name();
         x.all.rows = c.n_experts * per;
         x.all.cols = int(first.cols());
@@ -256,9 +260,11 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         }
         x.all.bytes = type_bytes(x.all.type, x.all.rows, x.all.cols);
         x.expert_bytes = x.all.bytes / uint64_t(c.n_experts);
-        x.spec_one = kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, 1)).name;
+        if (repack && moe_experts_split(x.all.type, piece, x.all.cols))
+            x.all.layout = MatvecLayout::Split;
+        x.spec_one = kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, 1, x.all.layout)).name;
         const jit::KernelSpec& batch =
-            kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, kPrefillCols));
+            kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, kPrefillCols, x.all.layout));
         x.spec_batch = batch.name;
         x.batch_cols = int(spec_constant(batch, "NCOLS"));
         return x;
@@ -322,10 +328,18 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             account(g.router);
             const int F = c.expert_ffn_dim;
             const bool fused = lw.gate_exps.at(0).name() == lw.up_exps.at(0).name();
-            g.gate_up = plan_experts(lw.gate_exps.at(0), fused ? 2 * F : F);
-            if (!fused) g.up_exps = plan_experts(lw.up_exps.at(0), F);
-            g.down_exps = plan_experts(lw.down_exps.at(0), c.d_model);
-            if (!fused && (g.up_exps.all.type != g.gate_up.all.type))
+            g.gate_up = plan_experts(lw.gate_exps.at(0), fused ? 2 * F : F, F);
+            if (!fused) g.up_exps = plan_experts(lw.up_exps.at(0), F, F);
+            g.down_exps = plan_experts(lw.down_exps.at(0), c.d_model, c.d_model);
+            // The grouped GEMM takes both products or neither (gate|up writes the Q8_1 rows that
+            // down reads, both grouped alike).
+            if (moe_gemm && g.gate_up.all.layout == MatvecLayout::Split &&
+                g.down_exps.all.layout == MatvecLayout::Split)
+                for (GpuExperts* x : {&g.gate_up, &g.down_exps})
+                    x->spec_gemm =
+                        kernels_.add(mmq_moe_spec(x->all.type, x->all.cols, x->piece_rows)).name;
+            if (!fused && (g.up_exps.all.type != g.gate_up.all.type ||
+                           g.up_exps.all.layout != g.gate_up.all.layout))
                 throw GpuModelError(fmt::format(
                     "{}: layer {} stores its expert gate and up tensors as {} and {}; the fused "
                     "gate|up matvec needs one type",
@@ -564,6 +578,27 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         }
         progressed(g.bytes);
     };
+    // A stacked expert tensor: in the split layout each expert's matrices are repacked on their
+    // own (piece_rows rows each), so every expert reads like a dense split matrix.
+    auto upload_experts = [&](GpuExperts& x) {
+        GpuMatrix& g = x.all;
+        if (g.layout != MatvecLayout::Split) return upload_matrix(g);
+        const gguf::TensorInfo& t = file_->tensor(g.name);
+        g.ptr = alloc(g.bytes);
+        copy_to_gpu(staging.ptr(), t.data, t.n_bytes, g.name);
+        if (h2d) h2d->flush();  // the repacks below read the staging
+        const jit::Kernel& repack =
+            kernels_.get(x.spec_one, g.type == ggml::Type::Q8_0 ? "repack_q8_0" : "repack_q4_0");
+        const uint64_t piece_bytes = type_bytes(g.type, x.piece_rows, g.cols);
+        const uint64_t blocks = uint64_t(x.piece_rows) * (g.cols / 32);
+        int rows = x.piece_rows;
+        for (int p = 0; p < g.rows / x.piece_rows; ++p) {
+            CUdeviceptr src = staging.ptr() + p * piece_bytes, dst = g.ptr + p * piece_bytes;
+            void* args[] = {&src, &dst, &rows};
+            repack.launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
+        }
+        progressed(g.bytes);
+    };
     auto upload_table = [&](GpuTable& g, bool on_gpu) {
         const gguf::TensorInfo& t = file_->tensor(g.name);
         if (!on_gpu) {
@@ -609,7 +644,7 @@ void GpuModel::upload(const GpuModelOptions& opts) {
              {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj, &g.router})
             if (m->present()) upload_matrix(*m);
         for (GpuExperts* x : {&g.gate_up, &g.up_exps, &g.down_exps})
-            if (x->present()) upload_matrix(x->all);
+            if (x->present()) upload_experts(*x);
         if (g.moe) {  // each expert's up half: the second half of a fused expert, or its own
             const uint64_t row_bytes = g.gate_up.expert_bytes / uint64_t(g.gate_up.per_expert);
             g.up_ptr = g.up_exps.present()

@@ -101,11 +101,16 @@ struct GpuTable {
 };
 
 // One stacked expert tensor of a MoE layer, [E][per_expert rows][cols] in its GGUF layout (or
-// dequantized to F16), and the grouped matvecs that read it (matvec_*.moe).
+// dequantized to F16), or (Q8_0 / Q4_0, all.layout Split) with each expert's matrix repacked on
+// its own (a fused gate|up expert as its gate and up halves, each a split matrix of F rows), and
+// the grouped kernels that read it (matvec_*.moe, and mmq .moe in prefill).
 struct GpuExperts {
     GpuMatrix all;              // the whole tensor: rows = E * per_expert
     int per_expert = 0;         // rows of one expert (2F for a fused gate|up tensor)
+    int piece_rows = 0;         // rows of one matrix a kernel reads (F or d)
     uint64_t expert_bytes = 0;  // one expert's matrix
+    std::string spec_gemm;      // split layout: the grouped int8 tensor-core GEMM of prefill
+                                // (GEMMAJIT_MOE_GEMM); empty: the grouped matvecs
     std::string spec_one;       // groups of one slot (a single-token decode step)
     std::string spec_batch;     // groups of up to batch_cols slots (kPrefillCols, or fewer)
     int batch_cols = 1;

@@ -139,9 +139,21 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (cfg.is_moe()) {
         add(moe_spec(cfg));
         for (int ncols : col_counts) add(matvec_f_spec(ggml::Type::F32, d, ncols));
-        for (int k : {d, cfg.expert_ffn_dim})
+        // Q8_0 / Q4_0 experts in the split layout (each expert repacked on its own) also get
+        // the grouped int8 tensor-core GEMMs of prefill (gate|up: d -> F, down: F -> d).
+        const int F = cfg.expert_ffn_dim;
+        auto split = [&](int rows, int k) {
+            return types.layout == MatvecLayout::Split && moe_experts_split(types.matmul, rows, k);
+        };
+        for (auto [k, rows] : {std::pair{d, F}, std::pair{F, d}})
             if (fits(types.matmul, k))
-                for (int ncols : col_counts) add(matvec_moe_spec(types.matmul, k, ncols));
+                for (int ncols : col_counts)
+                    add(matvec_moe_spec(types.matmul, k, ncols,
+                                        split(rows, k) ? MatvecLayout::Split : MatvecLayout::Ggml));
+        if (types.mmq && split(F, d) && split(d, F)) {
+            add(mmq_moe_spec(types.matmul, d, F));
+            add(mmq_moe_spec(types.matmul, F, d));
+        }
     }
     add_matvec(types.token_embd, d);
     if (cfg.has_ple()) add_matvec(types.ple_model_proj, d);

@@ -122,6 +122,7 @@ class GpuSession {
         uint64_t dequant_ahead = 0;  // ... of them, layers copied on the dequantization stream
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
         uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
+        uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
     };
     const PathCounts& path_counts() const { return paths_; }
 
@@ -173,6 +174,11 @@ class GpuSession {
     // width n_rows.
     void experts(const GpuExperts& m, CUdeviceptr up, Input in, int in_div, CUdeviceptr y,
                  int n_rows, int T, int cols, const char* what);
+    // The grouped int8 tensor-core GEMM over `m` (spec_gemm; GeGLU with its up halves at `up`,
+    // written as Q8_1 rows y / yds, else fp32 rows y): slots grouped by moe_group in groups of the
+    // spec's BM, Q8_1 activation row slot / in_div.
+    void experts_gemm(const GpuExperts& m, CUdeviceptr up, CUdeviceptr xq, CUdeviceptr xds,
+                      int in_div, CUdeviceptr y, CUdeviceptr yds, int T, const char* what);
     // Whether a T-row product takes the chunk paths (tensor-core GEMMs, cuBLAS): prefill chunks
     // wider than kPrefillCols; never a decode step, whose rows are read by the batched matvecs.
     bool chunk_products(int T) const { return T > kPrefillCols && !decoding_; }

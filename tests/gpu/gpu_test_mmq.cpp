@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <set>
@@ -21,6 +22,7 @@
 
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/quantize_q8_1.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "tests/support/kernel_ref.h"
@@ -368,3 +370,185 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
         }
     }
 }
+
+// The grouped expert GEMM (MOE entries) of MoE prefill: E experts, each a split-layout matrix of
+// its own (gate|up: gate then up half of every expert, one stride apart), slots grouped by expert
+// in groups of BM (the grouping moe_group makes: gpu_test_moe checks it), activations gathered by
+// slot / in_div and results scattered to the slot's row. Against the exact CPU products per slot,
+// with experts that get no slot, more than one group, and a batch all in one expert;
+// mmq_moe_geglu_q8 bit-identical to the CPU quantizer over mmq_moe_geglu's output; no row outside
+// the slots written.
+namespace {
+
+struct MoeGemmCase {
+    ggml::Type type;
+    int d, F, E, K, T;
+    bool one_expert;  // every slot routed to expert E / 2
+};
+
+struct Stacked {
+    std::vector<uint8_t> bytes;         // E experts of `pieces` split matrices of rows x k
+    std::vector<std::vector<float>> w;  // [piece][E * rows * k] the exact weights
+    uint64_t expert_bytes = 0, piece_bytes = 0;
+};
+
+Stacked stacked_experts(ggml::Type type, int E, int pieces, int rows, int k, std::mt19937& rng) {
+    Stacked s;
+    s.w.resize(pieces);
+    std::vector<std::vector<uint8_t>> blocks(pieces);
+    for (int p = 0; p < pieces; ++p) blocks[p] = random_weights(type, E * rows, k, rng, s.w[p]);
+    const size_t piece_blocks = blocks[0].size() / E;
+    s.piece_bytes = piece_blocks;  // the split layout has as many bytes as the blocks
+    s.expert_bytes = piece_blocks * pieces;
+    for (int e = 0; e < E; ++e)
+        for (int p = 0; p < pieces; ++p) {
+            const std::vector<uint8_t> one(blocks[p].begin() + e * piece_blocks,
+                                           blocks[p].begin() + (e + 1) * piece_blocks);
+            const auto split = split_layout(type, one, rows, k);
+            s.bytes.insert(s.bytes.end(), split.begin(), split.end());
+        }
+    return s;
+}
+
+}  // namespace
+
+class MmqMoeTest : public ::testing::TestWithParam<MoeGemmCase> {};
+
+TEST_P(MmqMoeTest, GroupedExpertProductsMatchCpu) {
+    GJ_REQUIRE_GPU();
+    const MoeGemmCase c = GetParam();
+    const KernelSpec up_spec = gj::gemma4::mmq_moe_spec(c.type, c.d, c.F);
+    const KernelSpec down_spec = gj::gemma4::mmq_moe_spec(c.type, c.F, c.d);
+    SCOPED_TRACE(up_spec.name + " / " + down_spec.name + " T=" + std::to_string(c.T));
+    const int BM = int(spec_constant(up_spec, "BM"));
+    ASSERT_EQ(BM, int(spec_constant(down_spec, "BM")));
+    std::mt19937 rng(c.d + c.F * 3 + c.T * 7 + c.E);
+    const Stacked gu = stacked_experts(c.type, c.E, 2, c.F, c.d, rng);
+    const Stacked dn = stacked_experts(c.type, c.E, 1, c.d, c.F, rng);
+
+    // Routing: K distinct experts per token (or all slots to one expert), then the groups.
+    const int S = c.T * c.K;
+    std::vector<int> ids(S);
+    for (int t = 0; t < c.T; ++t) {
+        std::vector<int> e(c.E);
+        std::iota(e.begin(), e.end(), 0);
+        std::shuffle(e.begin(), e.begin() + c.E / 2, rng);  // the upper half never chosen
+        for (int k = 0; k < c.K; ++k) ids[t * c.K + k] = c.one_expert ? c.E / 2 : e[k];
+    }
+    std::vector<int> slots, groups;
+    for (int e = 0; e < c.E; ++e) {
+        const int first = int(slots.size());
+        for (int s = 0; s < S; ++s)
+            if (ids[s] == e) slots.push_back(s);
+        for (int j = first; j < int(slots.size()); j += BM)
+            groups.insert(groups.end(), {e, j, std::min(BM, int(slots.size()) - j), 0});
+    }
+    const int n_groups = int(groups.size() / 4);
+    const int bound = gj::gemma4::moe_group_bound(c.T, c.K, c.E, BM);
+    ASSERT_LE(n_groups, bound);
+    groups.resize(size_t(bound) * 4, -1);  // groups past n_groups must not be read
+
+    const auto x = random_normal(size_t(c.T) * c.d, 1.0f, rng);
+    const Q81 qx = quantize_q8_1(x.data(), x.size());
+    auto dgu = to_device(gu.bytes), ddn = to_device(dn.bytes), dxq = to_device(qx.q),
+         dxds = to_device(interleave(qx)), dslots = to_device(slots), dgroups = to_device(groups),
+         dn_groups = to_device(std::vector<int>{n_groups});
+    const size_t nh = size_t(S) * c.F, nd = size_t(S) * c.d;
+    DeviceBuffer h = sentinel_buffer(nh), hq = sentinel_buffer(nh / 4 + 1),
+                 hds = sentinel_buffer(nh / 32 * 2), y = sentinel_buffer(nd);
+    auto run = [&](const KernelSpec& spec, const std::string& entry, CUdeviceptr w,
+                   CUdeviceptr w_up, long long expert_bytes, CUdeviceptr xq, CUdeviceptr xds,
+                   int in_div, CUdeviceptr out, CUdeviceptr out_ds, int n_rows) {
+        gj::jit::Device::get().synchronize();
+        launch_smem_async(kernels_for(spec).get(spec.name, entry),
+                          {ceil_div(n_rows, unsigned(spec_constant(spec, "BN"))), unsigned(bound)},
+                          {unsigned(spec_constant(spec, "THREADS"))},
+                          unsigned(spec_constant(spec, "SMEM")), w, w_up, expert_bytes, xq, xds,
+                          dgroups.ptr(), dn_groups.ptr(), dslots.ptr(), in_div, out, out_ds,
+                          n_rows);
+        gj::jit::Device::get().synchronize();
+    };
+    const long long gu_stride = (long long)gu.expert_bytes, dn_stride = (long long)dn.expert_bytes;
+    run(up_spec, "mmq_moe_geglu", dgu.ptr(), dgu.ptr() + gu.piece_bytes, gu_stride, dxq.ptr(),
+        dxds.ptr(), c.K, h.ptr(), 0, c.F);
+    run(up_spec, "mmq_moe_geglu_q8", dgu.ptr(), dgu.ptr() + gu.piece_bytes, gu_stride, dxq.ptr(),
+        dxds.ptr(), c.K, hq.ptr(), hds.ptr(), c.F);
+    expect_guard_intact(h, nh * 4, "mmq_moe_geglu");
+    expect_guard_intact(hq, nh, "mmq_moe_geglu_q8 q");
+    expect_guard_intact(hds, nh / 32 * 8, "mmq_moe_geglu_q8 ds");
+    const auto got_h = from_device<float>(h, nh);
+    const Q81 want_hq = quantize_q8_1(got_h.data(), nh);
+    EXPECT_EQ(from_device<int8_t>(hq, nh), want_hq.q);
+    EXPECT_EQ(from_device<float>(hds, nh / 32 * 2), interleave(want_hq));
+    // down over the fused Q8_1 rows.
+    run(down_spec, "mmq_moe", ddn.ptr(), 0, dn_stride, hq.ptr(), hds.ptr(), 1, y.ptr(), 0, c.d);
+    expect_guard_intact(y, nd * 4, "mmq_moe");
+    const auto got_y = from_device<float>(y, nd);
+
+    // CPU: per slot, the expert's exact products (double), as the mmq test checks them; slots
+    // split over the host's cores.
+    std::vector<double> gate(nh), up(nh), down(nd);
+    const int threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (int id = 0; id < threads; ++id)
+        pool.emplace_back([&, id] {
+            for (int s = id; s < S; s += threads) {
+                const int e = ids[s], t = s / c.K;
+                for (int r = 0; r < c.F; ++r) {
+                    const size_t row = size_t(e) * c.F + r;
+                    gate[size_t(s) * c.F + r] =
+                        matvec_row_q81(&gu.w[0][row * c.d], qx, size_t(t) * c.d, c.d, nullptr);
+                    up[size_t(s) * c.F + r] =
+                        matvec_row_q81(&gu.w[1][row * c.d], qx, size_t(t) * c.d, c.d, nullptr);
+                }
+                for (int r = 0; r < c.d; ++r) {
+                    const size_t row = size_t(e) * c.d + r;
+                    down[size_t(s) * c.d + r] =
+                        matvec_row_q81(&dn.w[0][row * c.F], want_hq, size_t(s) * c.F, c.F, nullptr);
+                }
+            }
+        });
+    for (auto& th : pool) th.join();
+    auto max_of = [](const std::vector<double>& v) {
+        double m = 0;
+        for (double x : v) m = std::max(m, std::fabs(x));
+        return m;
+    };
+    const double gmax = max_of(gate), umax = max_of(up), ymax = max_of(down);
+    const double tol = 1e-5 * gmax, tol_up = 1e-5 * umax, tol_y = 1e-5 * ymax + 1e-30;
+    int failures = 0;
+    for (size_t i = 0; i < nh && failures < 10; ++i) {
+        const double g_out = gelu_tanh(float(gate[i])), want = g_out * up[i];
+        const double t = 1.13 * tol * std::fabs(up[i]) + tol_up * std::fabs(g_out) +
+                         1e-6 * std::fabs(want) + 1e-30;
+        if (!(std::fabs(got_h[i] - want) <= t)) {
+            ++failures;
+            ADD_FAILURE() << "gate|up slot " << i / c.F << " row " << i % c.F << ": " << got_h[i]
+                          << " want " << want;
+        }
+    }
+    for (size_t i = 0; i < nd && failures < 10; ++i)
+        if (!(std::fabs(got_y[i] - down[i]) <= tol_y)) {
+            ++failures;
+            ADD_FAILURE() << "down slot " << i / c.d << " row " << i % c.d << ": " << got_y[i]
+                          << " want " << down[i];
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MmqMoeTest,
+    ::testing::Values(
+        // tiny-moe (d 128, F 64, 16 experts, top 4): one token, a ragged group, a chunk.
+        MoeGemmCase{ggml::Type::Q8_0, 128, 64, 16, 4, 1, false},
+        MoeGemmCase{ggml::Type::Q4_0, 128, 64, 16, 4, 37, false},
+        MoeGemmCase{ggml::Type::Q8_0, 128, 64, 16, 4, 512, false},
+        MoeGemmCase{ggml::Type::Q4_0, 128, 64, 16, 4, 100, true},
+        // 26B-A4B (d 2816, F 704, 128 experts, top 8).
+        MoeGemmCase{ggml::Type::Q4_0, 2816, 704, 128, 8, 200, false},
+        MoeGemmCase{ggml::Type::Q8_0, 2816, 704, 128, 8, 67, false},
+        MoeGemmCase{ggml::Type::Q4_0, 2816, 704, 128, 8, 20, true}),
+    [](const ::testing::TestParamInfo<MoeGemmCase>& i) {
+        const MoeGemmCase& c = i.param;
+        return fmt::format("{}_d{}_F{}_E{}_K{}_T{}{}", ggml::type_name(c.type), c.d, c.F, c.E, c.K,
+                           c.T, c.one_expert ? "_one_expert" : "");
+    });

@@ -134,7 +134,8 @@ void expect_moe_agree(const std::vector<float>& ref, const std::vector<float>& g
 
 TEST(Moe, RoutingAndGroupingMatchPlainLoops) {
     GJ_REQUIRE_GPU();
-    for (auto [E, K] : {std::pair{16, 4}, std::pair{128, 8}}) {
+    // 512 experts: moe_group's table of warps x experts leaves it 16 warps.
+    for (auto [E, K] : {std::pair{16, 4}, std::pair{128, 8}, std::pair{512, 8}}) {
         const auto spec = gj::gemma4::moe_spec(E, K, 128);
         const auto& g = kernels_for(spec);
         std::mt19937 rng(E * 31 + K);
@@ -160,12 +161,12 @@ TEST(Moe, RoutingAndGroupingMatchPlainLoops) {
             EXPECT_EQ(got_ids, want_ids);
             for (size_t i = 0; i < got_wts.size(); ++i)
                 EXPECT_NEAR(got_wts[i], want_wts[i], 1e-6f * (1 + std::fabs(want_wts[i]))) << i;
-            for (int cols : {1, 8}) check_grouping(spec, got_ids, T, E, K, cols, "routed");
+            for (int cols : {1, 8, 64}) check_grouping(spec, got_ids, T, E, K, cols, "routed");
         }
         // Hand-made slot lists: every slot in one expert (most experts get none), and a few
         // experts only.
         for (int T : {1, 64, 512}) {
-            for (int cols : {1, 8}) {
+            for (int cols : {1, 8, 64}) {
                 check_grouping(spec, std::vector<int>(size_t(T) * K, E - 1), T, E, K, cols,
                                "one expert");
                 std::vector<int> few(size_t(T) * K);
@@ -201,7 +202,19 @@ TEST_P(MoeVsCpu, TinyMoeMatchesTheCpuReference) {
         expect_moe_agree(ref, s.prefill_logits(tokens), V, quant ? kTolQuant : kTolBlas,
                          "tiny-moe " + std::string(ggml::type_name(wtype)) + " chunks of " +
                              std::to_string(chunk));
-        EXPECT_GT(s.path_counts().moe_grouped, 0u) << "the grouped expert kernels did not run";
+        EXPECT_GT(s.path_counts().moe_grouped + s.path_counts().moe_gemm, 0u)
+            << "the grouped expert kernels did not run";
+        // Chunks wider than 8 tokens take the grouped tensor-core GEMM for Q8_0 / Q4_0 experts.
+        EXPECT_EQ(s.path_counts().moe_gemm > 0, quant && chunk > 8) << "chunks of " << chunk;
+    }
+    if (quant) {  // the kill switch: the grouped matvecs in chunks of 64
+        auto model = load_gpu(path, 1024, 64, flags({{"GEMMAJIT_MOE_GEMM", "0"}}));
+        GpuSession s(*model);
+        expect_moe_agree(ref, s.prefill_logits(tokens), V, kTolQuant,
+                         "tiny-moe " + std::string(ggml::type_name(wtype)) +
+                             " chunks of 64, GEMMAJIT_MOE_GEMM=0");
+        EXPECT_EQ(s.path_counts().moe_gemm, 0u);
+        EXPECT_GT(s.path_counts().moe_grouped, 0u);
     }
     auto model = load_gpu(path, 1024, 8, f);
     GpuSession s(*model);
@@ -253,6 +266,7 @@ TEST(Moe, ShapesOf26bA4bMatchTheCpuReference) {
     const auto ref = cpu_logits(path, tokens);
     GpuSession s(*model);
     expect_moe_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQuant, "26b-a4b prefill");
+    EXPECT_GT(s.path_counts().moe_gemm, 0u) << "the grouped expert GEMM did not run";
     s.reset();
     expect_moe_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQuant, "26b-a4b decode");
     EXPECT_GT(s.path_counts().moe_grouped, 0u);

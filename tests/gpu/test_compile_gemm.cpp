@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/gemm_wgmma.h"
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/gpu/kernels/spec_util.h"
@@ -87,31 +88,75 @@ TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
         EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, bad), std::invalid_argument);
 }
 
+// The grouped expert GEMM of MoE prefill: its specs, and the 26B-A4B plan holding them for
+// Q8_0 / Q4_0 experts (gate|up d -> F, down F -> d) and not for float ones.
+TEST(KernelPlan, MmqMoeSpecsAndThePlanOf26bA4b) {
+    using gj::gemma4::kMoeGemmSlots;
+    using gj::gemma4::mmq_moe_spec;
+    using gj::gemma4::MmqTile;
+    using gj::gemma4::spec_constant;
+    const auto up = mmq_moe_spec(ggml::Type::Q4_0, 2816, 704);
+    EXPECT_EQ(up.name, "mmq.q4_0.k2816.m32n64.w2x2.s4b4.o3p1.moe");
+    EXPECT_EQ(up.entries,
+              (std::vector<std::string>{"mmq_moe", "mmq_moe_geglu", "mmq_moe_geglu_q8"}));
+    EXPECT_EQ(spec_constant(up, "MOE"), 1);
+    EXPECT_EQ(spec_constant(up, "BM"), kMoeGemmSlots);
+    const auto down = mmq_moe_spec(ggml::Type::Q8_0, 704, 2816);
+    EXPECT_EQ(spec_constant(down, "BM"), kMoeGemmSlots);
+    EXPECT_EQ(spec_constant(down, "BN"), 128);
+    EXPECT_EQ(spec_constant(down, "SPLITS"), 1);
+    // The same tile's dense spec is another kernel.
+    EXPECT_NE(gj::gemma4::mmq_spec(ggml::Type::Q4_0, 2816, MmqTile{32, 64, 2, 2, 4, 4, 3, 1}).name,
+              up.name);
+    EXPECT_THROW(mmq_moe_spec(ggml::Type::Q8_0, 704, MmqTile{32, 128, 2, 4, 2, 3, 3, 1, 2}),
+                 std::invalid_argument);
+    EXPECT_THROW(mmq_moe_spec(ggml::Type::F16, 704, 2816), gj::gemma4::ConfigError);
+    const Config moe = Config::preset("26b-a4b");
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0, ggml::Type::F16}) {
+        std::set<std::string> names;
+        for (const auto& k : gj::gemma4::build_kernel_plan(moe, t)) names.insert(k.name);
+        const bool quant = t != ggml::Type::F16;
+        EXPECT_EQ(names.count(mmq_moe_spec(quant ? t : ggml::Type::Q8_0, 2816, 704).name),
+                  quant ? 1u : 0u)
+            << ggml::type_name(t);
+        EXPECT_EQ(names.count(mmq_moe_spec(quant ? t : ggml::Type::Q8_0, 704, 2816).name),
+                  quant ? 1u : 0u)
+            << ggml::type_name(t);
+    }
+}
+
 TEST(KernelTemplates, MmqSpecsCompileWithTheirInstructionsAndNoSpills) {
-    compile_and_check(all_specs_of({"mmq"}), [](const CompiledKernel& c,
-                                                const std::string& /*arch*/) {
-        const auto& s = c.spec;
-        if (s.family == "mmq") {
-            // int8 tensor cores fed by ldmatrix from a cp.async pipeline; the quantized
-            // GeGLU output rounds to int8 like quantize_q8_1.
-            for (const auto& e : s.entries) {
-                const auto body = entry_ptx(c.ptx, e);
-                if (e == "mmq_reduce") {  // the split-K sum: plain loads, no tensor cores
-                    EXPECT_NE(body.find("ld.global"), std::string::npos) << e;
-                    EXPECT_EQ(body.find("mma.sync"), std::string::npos) << e;
-                    continue;
+    compile_and_check(
+        all_specs_of({"mmq"}), [](const CompiledKernel& c, const std::string& /*arch*/) {
+            const auto& s = c.spec;
+            if (s.family == "mmq") {
+                // int8 tensor cores fed by ldmatrix from a cp.async pipeline; the quantized
+                // GeGLU output rounds to int8 like quantize_q8_1.
+                for (const auto& e : s.entries) {
+                    const auto body = entry_ptx(c.ptx, e);
+                    if (e == "mmq_reduce") {  // the split-K sum: plain loads, no tensor cores
+                        EXPECT_NE(body.find("ld.global"), std::string::npos) << e;
+                        EXPECT_EQ(body.find("mma.sync"), std::string::npos) << e;
+                        continue;
+                    }
+                    for (const char* want :
+                         {"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
+                          "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
+                          "cp.async.wait_group", "bar.sync"})
+                        EXPECT_NE(body.find(want), std::string::npos) << e << " lacks " << want;
+                    EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
+                    EXPECT_EQ(body.find("cvt.rni.sat.s8.f32") != std::string::npos,
+                              e.ends_with("geglu_q8"))
+                        << e;
+                    // The grouped expert entries (".moe" specs) read their group as one 16-byte
+                    // load.
+                    EXPECT_EQ(e.starts_with("mmq_moe"), s.name.ends_with(".moe")) << e;
+                    if (e.starts_with("mmq_moe")) {
+                        EXPECT_NE(body.find("ld.global.nc.v4.s32"), std::string::npos) << e;
+                    }
                 }
-                for (const char* want :
-                     {"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32",
-                      "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "cp.async.cg.shared.global",
-                      "cp.async.wait_group", "bar.sync"})
-                    EXPECT_NE(body.find(want), std::string::npos) << e << " lacks " << want;
-                EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
-                EXPECT_EQ(body.find("cvt.rni.sat.s8.f32") != std::string::npos, e == "mmq_geglu_q8")
-                    << e;
             }
-        }
-    });
+        });
 }
 
 // The wgmma GEMM (sm_90a only) at the E4B and 31B shapes and every tile the plan or the GPU test

@@ -29,6 +29,7 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
             if (moe) {
                 ASSERT_EQ(spec_constant(s, "MOE"), 1) << s.name;
                 for (const auto& e : s.entries) {
+                    if (e.starts_with("repack_")) continue;  // the split layout's load-time repack
                     const auto body = entry_ptx(c.ptx, e);
                     EXPECT_NE(body.find("ld.global.nc.v4.s32"), std::string::npos)
                         << e << ": the group {expert, first, count} is one 16-byte load";

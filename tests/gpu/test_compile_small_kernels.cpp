@@ -70,13 +70,15 @@ TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
                 EXPECT_NE(topk.find("atom.shared.add.u32"), std::string::npos);
             } else if (s.family == "moe") {
                 // Routing: a warp per token (max and sum by shuffles), the accurate expf and
-                // IEEE divisions of the CPU reference; grouping: ballot compaction; no local
-                // memory anywhere (the top-K lists live in registers).
+                // IEEE divisions of the CPU reference; grouping: shared-memory counts and a
+                // stable placement by warp peers; no local memory anywhere (the top-K lists live
+                // in registers).
                 const auto route = entry_ptx(c.ptx, "moe_route");
                 EXPECT_NE(route.find("shfl.sync.bfly"), std::string::npos);
                 EXPECT_NE(route.find("div.rn.f32"), std::string::npos);
                 const auto group = entry_ptx(c.ptx, "moe_group");
-                EXPECT_NE(group.find("vote.sync.ballot.b32"), std::string::npos);
+                EXPECT_NE(group.find("atom.shared.add"), std::string::npos);
+                EXPECT_NE(group.find("match.any.sync.b32"), std::string::npos);
                 EXPECT_NE(group.find("popc.b32"), std::string::npos);
                 EXPECT_NE(entry_ptx(c.ptx, "moe_combine").find("fma.rn.f32"), std::string::npos);
                 EXPECT_EQ(c.ptx.find(".local"), std::string::npos) << "moe uses local memory";

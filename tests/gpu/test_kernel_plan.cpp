@@ -93,11 +93,17 @@ TEST(KernelPlan, PerVariantWidths) {
     EXPECT_FALSE(moe.count("rmsnorm.n2816.w0"));     // no weightless norm of the stream
     EXPECT_TRUE(moe.count("moe.e128.k8.d2816"));     // routing, grouping, combine
     EXPECT_TRUE(moe.count("matvec_f.f32.k2816"));    // the router (kept f32)
-    // The grouped expert matvecs in the GGUF layout: gate|up (input d) and down (input 704), one
-    // slot per group for a single token and 8 for batches.
-    for (const char* want : {"matvec_q8_0.k2816.moe", "matvec_q8_0.k2816.b8.moe",
-                             "matvec_q8_0.k704.moe", "matvec_q8_0.k704.b8.moe"})
+    // The grouped expert matvecs over experts repacked one by one to the split layout: gate|up
+    // (input d) and down (input 704), one slot per group for a single token and 8 for batches;
+    // and the grouped tensor-core GEMMs of prefill.
+    for (const char* want :
+         {"matvec_q8_0.k2816.split.moe", "matvec_q8_0.k2816.b8.split.moe",
+          "matvec_q8_0.k704.split.moe", "matvec_q8_0.k704.b8.split.moe",
+          "mmq.q8_0.k2816.m32n64.w2x2.s4b4.o2p1.moe", "mmq.q8_0.k704.m32n128.w2x4.s3b2.o2p1.moe"})
         EXPECT_TRUE(moe.count(want)) << want;
+    // Types without a split layout read the stacked experts in their GGUF blocks.
+    auto moe_bf16 = names_of(build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::BF16));
+    EXPECT_TRUE(moe_bf16.count("matvec_f.bf16.k2816.b4.moe"));
     EXPECT_FALSE(moe.count("matvec_q8_0.k256.split"));  // no PLE
     EXPECT_FALSE(moe.count("gelu_mul.p256"));
 

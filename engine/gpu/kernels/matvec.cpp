@@ -97,6 +97,13 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
             unroll = 2;
         }
     }
+    // Short Q8_0 / Q4_0 rows (one unit per thread or fewer: split Q4_0 k <= 1024, the 26B's
+    // 704-wide expert down and the PLE projections) take 4 rows per block in single-column decode:
+    // with one row a 32-thread block had one 16-byte load in flight per thread (the 26B's expert
+    // down matvec read 483 GB/s on the H200).
+    if (!is_kquant(weight_type) && !spec_util::is_q32_fallback(weight_type) && ncols == 1 &&
+        units <= threads)
+        rows = 4;
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
@@ -149,16 +156,19 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
 
 namespace gj::gemma4 {
 
-jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols) {
+jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
     // A group's column map takes 2 * ncols registers more than the dense matvec: float weights
     // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /
     // bf16 k 2816, GeGLU).
     if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
-    jit::KernelSpec s = matvec_spec(weight_type, k, ncols, MatvecLayout::Ggml);
+    jit::KernelSpec s = matvec_spec(weight_type, k, ncols, layout);
     s.name += ".moe";
     s.constants.push_back({"MOE", 1});
     const std::string base = s.family;  // matvec_<tag> or matvec_f
     s.entries = {base + "_moe", base + "_moe_geglu"};
+    // The split layout's upload repacks each expert's matrices with the module's repack entry.
+    if (layout == MatvecLayout::Split)
+        s.entries.push_back("repack_" + base.substr(std::string("matvec_").size()));
     return s;
 }
 

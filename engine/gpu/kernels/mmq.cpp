@@ -39,7 +39,9 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {
     return mmq_spec(weight_type, k, mmq_tile(weight_type, k, n_rows));
 }
 
-jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
+namespace {
+
+jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, bool moe) {
     const char* tag = spec_util::quant_type_tag(weight_type);
     if (!spec_util::has_gemm(weight_type))
         throw ConfigError(
@@ -70,8 +72,13 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
                mats * t.bn * t.kbs * 2;
     };
     const int64_t smem = t.stages * std::max(stage(t.bm, 1), stage(t.bm / t.geglu_passes, 2));
-    // 227 KiB per block; the SM's 228 KiB also hold 1 KiB per resident block.
-    if (smem > 227 * 1024 || t.min_blocks * (smem + 1024) > 228 * 1024)
+    // 227 KiB per block; the SM's 228 KiB also hold 1 KiB per resident block. The grouped expert
+    // entries keep their slot table (two ints per tile row) in static shared memory.
+    const int64_t fixed = moe ? int64_t(t.bm) * 8 : 0;
+    if (moe && t.splits != 1)
+        throw std::invalid_argument(
+            fmt::format("mmq: the grouped expert GEMM does not split K (tile {})", tile));
+    if (smem + fixed > 227 * 1024 || t.min_blocks * (smem + fixed + 1024) > 228 * 1024)
         throw std::invalid_argument(
             fmt::format("mmq: tile {} needs {} bytes of shared memory per block (at most 227 KiB, "
                         "228 KiB per SM for all resident blocks)",
@@ -93,8 +100,41 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& t) {
                    {"THREADS", 32 * warps},
                    {"SMEM", smem}};
     s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce"};
+    if (moe) {
+        s.name += ".moe";
+        s.constants.push_back({"MOE", 1});
+        s.entries = {"mmq_moe", "mmq_moe_geglu", "mmq_moe_geglu_q8"};
+    }
     s.priority = 1;
     return s;
+}
+
+}  // namespace
+
+jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile) {
+    return mmq_spec_of(weight_type, k, tile, false);
+}
+
+MmqTile mmq_moe_tile(ggml::Type weight_type, int k, int n_rows) {
+    // A 512-token chunk of 26B-A4B gives each of its 128 experts 32 slots on average, so tiles
+    // take 32 slots of one expert (pp512 on the H200: 19520 tokens/s against 18177 with 64-slot
+    // tiles, half of whose rows were padding). The gate|up pair (n 704, two matrices) runs on
+    // 32 x 64 tiles of 4 warps, the down product (n 2816 over k 704) on 32 x 128 tiles of 8
+    // warps; gate|up three blocks per SM (Q8_0's larger stages: two), down two (three leave the
+    // module's GeGLU entries 85 registers: they spill).
+    const bool q8 = weight_type == ggml::Type::Q8_0;
+    if (n_rows <= 1024) return MmqTile{kMoeGemmSlots, 64, 2, 2, 4, 4, q8 ? 2 : 3, 1};
+    return MmqTile{kMoeGemmSlots, 128, 2, 4, k >= 1024 ? 4 : 2, 3, 2, 1};
+}
+
+jit::KernelSpec mmq_moe_spec(ggml::Type weight_type, int k, int n_rows) {
+    if (n_rows < 1)
+        throw std::invalid_argument(fmt::format("mmq: {} weight rows (at least 1)", n_rows));
+    return mmq_moe_spec(weight_type, k, mmq_moe_tile(weight_type, k, n_rows));
+}
+
+jit::KernelSpec mmq_moe_spec(ggml::Type weight_type, int k, const MmqTile& tile) {
+    return mmq_spec_of(weight_type, k, tile, true);
 }
 
 }  // namespace gj::gemma4

@@ -4,7 +4,8 @@
 //
 // Spec name: "mmq.<type>.k<k>.<tile>", type q8_0 or q4_0, tile
 //   "m<BM>n<BN>.w<WARPS_M>x<WARPS_N>.s<STAGES>b<KBS>.o<MIN_BLOCKS>p<GEGLU_PASSES>[.k<SPLITS>]".
-// Entries mmq, mmq_geglu, mmq_geglu_q8 and mmq_reduce (the sum of the split-K partial planes).
+// Entries mmq, mmq_geglu, mmq_geglu_q8 and mmq_reduce (the sum of the split-K partial planes);
+// the ".moe" specs hold the grouped expert entries instead (see mmq_moe_spec).
 // Launch (from the spec constants): grid (ceil(n_rows / BN), ceil(T / BM)), block THREADS,
 // dynamic smem SMEM.
 #pragma once
@@ -31,5 +32,14 @@ MmqTile mmq_tile(ggml::Type weight_type, int k, int n_rows);
 // warps; KBS 1, 2, 4, 8; 2..8 stages; shared memory within 227 KiB per block and 228 KiB per SM).
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows);
 jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile);
+
+// The grouped expert GEMM of a MoE layer's prefill (the MOE entries mmq_moe, mmq_moe_geglu,
+// mmq_moe_geglu_q8): "mmq.<type>.k<k>.<tile>.moe". Every tile takes kMoeGemmSlots slots of one
+// expert (the grouping, moe_group, is shared by the gate|up and down products); the tile's weight
+// rows follow the matrix (n_rows: one expert's rows of one matrix, F for gate|up, d for down).
+constexpr int kMoeGemmSlots = 32;
+MmqTile mmq_moe_tile(ggml::Type weight_type, int k, int n_rows);
+jit::KernelSpec mmq_moe_spec(ggml::Type weight_type, int k, int n_rows);
+jit::KernelSpec mmq_moe_spec(ggml::Type weight_type, int k, const MmqTile& tile);
 
 }  // namespace gj::gemma4

@@ -17,9 +17,12 @@ jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model) {
     jit::KernelSpec s;
     s.family = "moe";
     s.name = fmt::format("moe.e{}.k{}.d{}", n_experts, n_used, d_model);
-    // moe_group: one warp per expert up to 32 warps (each then takes several experts).
-    s.constants = {
-        {"E", n_experts}, {"K", n_used}, {"D", d_model}, {"THREADS", 32 * std::min(n_experts, 32)}};
+    // moe_group: 32 warps, fewer where its per-round table of warps x E counts would pass 32 KiB
+    // of shared memory (more than 256 experts).
+    s.constants = {{"E", n_experts},
+                   {"K", n_used},
+                   {"D", d_model},
+                   {"THREADS", 32 * std::clamp(8192 / n_experts, 1, 32)}};
     s.entries = {"moe_route", "moe_group", "moe_combine"};
     s.priority = 0;
     return s;
@@ -27,6 +30,11 @@ jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model) {
 
 jit::KernelSpec moe_spec(const Config& cfg) {
     return moe_spec(cfg.n_experts, cfg.n_experts_used, cfg.d_model);
+}
+
+bool moe_experts_split(ggml::Type t, int rows, int k) {
+    return (t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0) && rows > 0 && k > 0 && k % 32 == 0 &&
+           (int64_t(rows) * (k / 32)) % 8 == 0;
 }
 
 int moe_group_bound(int T, int n_used, int n_experts, int cols) {

@@ -10,6 +10,7 @@
 // moe_group_bound gives the most groups a batch can form (the grouped matvecs' grid).
 #pragma once
 
+#include "engine/gguf/ggml_types.h"
 #include "engine/model/gemma4_config.h"
 #include "jit/kernel_spec.h"
 
@@ -23,5 +24,11 @@ jit::KernelSpec moe_spec(const Config& cfg);
 // Groups of at most `cols` slots that T tokens with K experts each can form (every expert's last
 // group may be partial): min(T * K, ceil(T * K / cols) + E).
 int moe_group_bound(int T, int n_used, int n_experts, int cols);
+
+// Whether experts of `rows` x k weights of type t are repacked to the split layout (each expert's
+// matrix on its own, as the grouped GEMM and the split matvecs read it): Q8_0 / Q4_0, k a
+// multiple of 32, and every expert's planes starting 16-byte aligned (rows * k / 32 a multiple
+// of 8, so that the stacked matrices keep the alignment).
+bool moe_experts_split(ggml::Type t, int rows, int k);
 
 }  // namespace gj::gemma4

@@ -1,8 +1,10 @@
 // The FFN of a MoE layer (26B-A4B, reference/gemma4-spec.md section 2.5) over T rows, all on the
 // GPU with no host round trip: the router (weightless norm times scale / sqrt(d), logits, top-K
 // weights: moe_route), the dense MLP and its post-norm, the experts' pre-norm, the slots grouped
-// by expert (moe_group), the grouped gate|up GeGLU and down matvecs (each expert's weights read
-// once per group of up to kPrefillCols slots; one slot per group for a single token), the
+// by expert (moe_group), the grouped gate|up GeGLU and down products (each expert's weights read
+// once per group: the grouped int8 tensor-core GEMM over groups of BM slots in prefill chunks of
+// Q8_0 / Q4_0 experts, else the grouped matvecs over groups of up to kPrefillCols slots, one slot
+// per group for a single token), the
 // weighted combine (moe_combine) and the experts' post-norm added to the dense branch.
 #include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/session/session_internal.h"
@@ -35,6 +37,28 @@ void GpuSession::experts(const GpuExperts& m, CUdeviceptr up, Input in, int in_d
     ++paths_.moe_grouped;
 }
 
+void GpuSession::experts_gemm(const GpuExperts& m, CUdeviceptr up, CUdeviceptr xq, CUdeviceptr xds,
+                              int in_div, CUdeviceptr y, CUdeviceptr yds, int T, const char* what) {
+    const Work& w = *w_;
+    const int E = cfg_.n_experts, K = cfg_.n_experts_used;
+    const jit::KernelSpec& spec = model_.kernels().spec(m.spec_gemm);
+    CUdeviceptr wt = m.all.ptr, groups = w.moe_groups.ptr(), n_groups = w.moe_n_groups.ptr(),
+                slots = w.moe_slots.ptr();
+    long long expert_bytes = (long long)m.expert_bytes;
+    int n_rows = m.piece_rows;
+    const int bound = moe_group_bound(T, K, E, constant(spec, "BM"));
+    const uint64_t touched = uint64_t(std::min(E, T * K));
+    const LaunchCost cost{touched * m.expert_bytes * (up ? 2 : 1),
+                          2.0 * double(T) * K * n_rows * m.all.cols * (up ? 2 : 1), WorkKind::Gemm};
+    const char* entry = up ? "mmq_moe_geglu_q8" : "mmq_moe";
+    void* args[] = {&wt,       &up,    &expert_bytes, &xq, &xds, &groups,
+                    &n_groups, &slots, &in_div,       &y,  &yds, &n_rows};
+    launch(model_.kernels().get(m.spec_gemm, entry),
+           {ceil_div(n_rows, constant(spec, "BN")), unsigned(bound)}, {constant(spec, "THREADS")},
+           constant(spec, "SMEM"), args, m.spec_gemm + " " + entry + " experts " + what, cost);
+    ++paths_.moe_gemm;
+}
+
 void GpuSession::record_moe_ffn(int l, int T) {
     const Work& w = *w_;
     const GpuLayer& g = model_.layers()[l];
@@ -64,8 +88,13 @@ void GpuSession::record_moe_ffn(int l, int T) {
     const Input z2 = normed();
     norm(g.gate_up.all.quantized() ? model_.spec_prenorm() : model_.spec_norm(), x,
          g.pre_ffw_norm_2, 0, z2.f, z2.q, z2.ds, T, "pre_ffw_norm_2");
-    // Groups of one slot for a single token, else as many as both expert matvecs take.
-    int cols = T == 1 ? 1 : std::min(g.gate_up.batch_cols, g.down_exps.batch_cols);
+    // Prefill chunks of Q8_0 / Q4_0 experts: the grouped tensor-core GEMMs, one tile of BM slots
+    // of one expert per block. Else groups of one slot for a single token, or as many as both
+    // expert matvecs take.
+    const bool gemm = !g.gate_up.spec_gemm.empty() && chunk_products(T);
+    int cols = gemm     ? constant(model_.kernels().spec(g.gate_up.spec_gemm), "BM")
+               : T == 1 ? 1
+                        : std::min(g.gate_up.batch_cols, g.down_exps.batch_cols);
     {
         CUdeviceptr n_groups = w.moe_n_groups.ptr(), groups = w.moe_groups.ptr(),
                     slots = w.moe_slots.ptr();
@@ -73,14 +102,22 @@ void GpuSession::record_moe_ffn(int l, int T) {
         launch(model_.kernels().get(moe, "moe_group"), {1}, {constant(moe_k, "THREADS")}, 0, args,
                moe + " moe_group experts");
     }
-    experts(g.gate_up, g.up_ptr, z2, K, w.moe_eh.ptr(), F, T, cols, "gate|up");
-    Input eh{w.moe_eh.ptr()};
-    if (g.down_exps.all.quantized()) {
-        quantize(eh.f, T * K * F, w.moe_ehq.ptr(), w.moe_ehds.ptr());
-        eh.q = w.moe_ehq.ptr();
-        eh.ds = w.moe_ehds.ptr();
+    if (gemm) {
+        // gate|up writes each slot's GeGLU row as Q8_1, the input of down.
+        experts_gemm(g.gate_up, g.up_ptr, z2.q, z2.ds, K, w.moe_ehq.ptr(), w.moe_ehds.ptr(), T,
+                     "gate|up");
+        experts_gemm(g.down_exps, 0, w.moe_ehq.ptr(), w.moe_ehds.ptr(), 1, w.moe_ed.ptr(), 0, T,
+                     "down");
+    } else {
+        experts(g.gate_up, g.up_ptr, z2, K, w.moe_eh.ptr(), F, T, cols, "gate|up");
+        Input eh{w.moe_eh.ptr()};
+        if (g.down_exps.all.quantized()) {
+            quantize(eh.f, T * K * F, w.moe_ehq.ptr(), w.moe_ehds.ptr());
+            eh.q = w.moe_ehq.ptr();
+            eh.ds = w.moe_ehds.ptr();
+        }
+        experts(g.down_exps, 0, eh, 1, w.moe_ed.ptr(), d, T, cols, "down");
     }
-    experts(g.down_exps, 0, eh, 1, w.moe_ed.ptr(), d, T, cols, "down");
     {
         CUdeviceptr ed = w.moe_ed.ptr(), sum = w.tmp.ptr();
         void* args[] = {&ed, &wts, &sum, &T};
