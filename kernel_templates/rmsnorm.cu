@@ -24,10 +24,16 @@
 //   PARTS   x is the sum of PARTS planes [rows][N] (plane z at x + z * rows * N), added in order
 //           z = 0, 1, ... like mmq_reduce: the split-K partial products of the int8 GEMM reduced
 //           here instead of in a pass of their own (needs ADD)
+//   MOE_NORMS  1: besides y2, two more norms of the updated residual y with their own weights:
+//           y3 = norm(y) * w3 (a MoE layer's router input) and y4 = norm(y) * w4 with its Q8_1
+//           form yq4 / yds4 (the experts' pre-norm), so a MoE layer's four norms of the post-
+//           attention residual take one launch (needs NORM2 and QUANT)
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
 // Entries (rows contiguous, stride N):
 //   SCALE = NORM2 = 0: rmsnorm(x, w, residual, y, yq, yds, rows, eps)
 //   otherwise:         rmsnorm_ext(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps)
+//   MOE_NORMS = 1:     rmsnorm_moe(x, w, residual, y, w2, y2, yq, yds, w3, y3, w4, y4, yq4,
+//                                  yds4, rows, eps)
 // y (and y2) may be null when only the quantized output is wanted; y may alias x or residual
 // (every element is read and written by the same thread; hence no __restrict__ on them).
 #include "gj_ptx.cuh"
@@ -56,6 +62,9 @@
 #ifndef PARTS
 #define PARTS 1
 #endif
+#ifndef MOE_NORMS
+#define MOE_NORMS 0
+#endif
 
 static_assert(N % 4 == 0, "rmsnorm: N must be a multiple of 4 (float4 rows)");
 static_assert((TPR <= 32 && (32 % TPR) == 0) || (TPR % 32 == 0 && TPR <= 1024),
@@ -66,6 +75,8 @@ static_assert(PARTS >= 1 && PARTS <= 8 && (PARTS == 1 || ADD),
               "rmsnorm: PARTS must be 1..8, and more than 1 only for a residual update (ADD)");
 static_assert(!QUANT || (N % 32 == 0 && TPR % 8 == 0),
               "rmsnorm: QUANT needs N % 32 == 0 and TPR % 8 == 0 (8 lanes per 32-block)");
+static_assert(!MOE_NORMS || (NORM2 && QUANT && !SCALE),
+              "rmsnorm: MOE_NORMS extends the chained, quantized second norm (NORM2, QUANT)");
 static_assert(ADD || !(SCALE || NORM2),
               "rmsnorm: SCALE and NORM2 apply to a residual update (ADD)");
 
@@ -104,7 +115,10 @@ GJ_DEVICE void gj_quantize_store(float4 o, bool store, int r, int i, uint32* __r
 GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const float* residual,
                           float* y, const float* __restrict__ out_scale,
                           const float* __restrict__ w2, float* y2, uint32* __restrict__ yq,
-                          float2* __restrict__ yds, int rows, float eps) {
+                          float2* __restrict__ yds, int rows, float eps,
+                          const float* __restrict__ w3 = nullptr, float* __restrict__ y3 = nullptr,
+                          const float* __restrict__ w4 = nullptr, float* __restrict__ y4 = nullptr,
+                          uint32* __restrict__ yq4 = nullptr, float2* __restrict__ yds4 = nullptr) {
     __shared__ float partial[2][WARPS_PER_ROW];
     const int tr = threadIdx.x % TPR;  // thread within its row
     const int row = blockIdx.x * RPB + threadIdx.x / TPR;
@@ -175,8 +189,9 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     for (int k = 0; k < VPT; ++k) {
         const int i = k * TPR + tr;
         const bool in_row = VEC % TPR == 0 || i < VEC;
-        float4 o = v[k];
-        o = make_float4(o.x * scale2, o.y * scale2, o.z * scale2, o.w * scale2);
+        const float4 n = make_float4(v[k].x * scale2, v[k].y * scale2, v[k].z * scale2,
+                                     v[k].w * scale2);
+        float4 o = n;
         if (in_row) {
             const float4 g = __ldg((const float4*)w2 + i);
             o.x *= g.x, o.y *= g.y, o.z *= g.z, o.w *= g.w;
@@ -185,11 +200,28 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
 #if QUANT
         gj_quantize_store(o, in_row && live, r, i, yq, yds);
 #endif
+#if MOE_NORMS
+        if (in_row && live) {
+            const float4 g3 = __ldg((const float4*)w3 + i);
+            ((float4*)(y3 + (size_t)r * N))[i] =
+                make_float4(n.x * g3.x, n.y * g3.y, n.z * g3.z, n.w * g3.w);
+        }
+        float4 o4 = n;
+        if (in_row) {
+            const float4 g4 = __ldg((const float4*)w4 + i);
+            o4.x *= g4.x, o4.y *= g4.y, o4.z *= g4.z, o4.w *= g4.w;
+        }
+        if (in_row && live) ((float4*)(y4 + (size_t)r * N))[i] = o4;
+        gj_quantize_store(o4, in_row && live, r, i, yq4, yds4);
+#endif
     }
 #else
     (void)ss2;
     (void)w2;
     (void)y2;
+#endif
+#if !MOE_NORMS
+    (void)w3, (void)y3, (void)w4, (void)y4, (void)yq4, (void)yds4;
 #endif
 #if !QUANT
     (void)yq;
@@ -200,7 +232,18 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
 // No __launch_bounds__: with it, ptxas (CUDA 13, sm_90) settles on 40 registers and spills 8
 // bytes for some widths (2816, 5376 with SCALE); without it the same code takes 38 and spills
 // nothing (the implied cap of 64 registers is far above what the kernel needs).
-#if SCALE || NORM2
+#if MOE_NORMS
+extern "C" __global__ void rmsnorm_moe(const float* x, const float* __restrict__ w,
+                                       const float* residual, float* y,
+                                       const float* __restrict__ w2, float* y2,
+                                       uint32* __restrict__ yq, float2* __restrict__ yds,
+                                       const float* __restrict__ w3, float* __restrict__ y3,
+                                       const float* __restrict__ w4, float* __restrict__ y4,
+                                       uint32* __restrict__ yq4, float2* __restrict__ yds4,
+                                       int rows, float eps) {
+    gj_rmsnorm(x, w, residual, y, nullptr, w2, y2, yq, yds, rows, eps, w3, y3, w4, y4, yq4, yds4);
+}
+#elif SCALE || NORM2
 extern "C" __global__ void rmsnorm_ext(const float* x, const float* __restrict__ w,
                                        const float* residual, float* y,
                                        const float* __restrict__ scale,

@@ -393,11 +393,16 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         const int p = kMmqSplits;
         spec_parts_[0] = kernels_.add(rmsnorm_spec(d, true, true, true, false, true, p)).name;
         spec_parts_[1] = kernels_.add(rmsnorm_spec(d, true, true, true, true, true, p)).name;
+        if (c.is_moe())
+            spec_moe_norms_[1] =
+                kernels_.add(rmsnorm_spec(d, true, true, true, false, true, p, true)).name;
         if (c.has_ple())
             spec_parts_[2] = kernels_.add(rmsnorm_spec(d, true, true, true, false, false, p)).name;
     }
     if (c.is_moe()) {
         spec_moe_ = kernels_.add(moe_spec(c)).name;
+        spec_moe_norms_[0] =
+            kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, true)).name;
         spec_norm_ = kernels_.add(rmsnorm_spec(d, true)).name;
         spec_norm_add_ = kernels_.add(rmsnorm_spec(d, true, false, true)).name;
     }

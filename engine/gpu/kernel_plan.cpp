@@ -98,16 +98,20 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // output_norm) quantize their output for int8 matrices. Post-norms add into the stream
     // (post_attention_norm, post_ffw_norm, PLE post_norm); the layer's last one also applies
     // layer_output_scale; each may chain the next pre-norm (.n2). With PLE, the stream after the
-    // FFN is itself the PLE gate's input (quantized for int8 matrices). The MoE block also has
-    // plain weighted norms (the router's input with its scale, post_ffw_norm_1) and the experts'
-    // post-norm added to the dense branch (post_ffw_norm_2).
+    // FFN is itself the PLE gate's input (quantized for int8 matrices). The MoE block's
+    // post_attention_norm also writes the router's input (with its scale) and the experts'
+    // pre-norm (.moe); it has a plain weighted norm (post_ffw_norm_1) and the experts' post-norm
+    // added to the dense branch (post_ffw_norm_2).
     add(rmsnorm_spec(d, true, q_mat, false));
     add(rmsnorm_spec(d, true, false, true));
     add(rmsnorm_spec(d, true, false, true, true));
     add(rmsnorm_spec(d, true, q_mat, true, false, true));
     add(rmsnorm_spec(d, true, q_mat, true, true, true));
     if (cfg.has_ple() && q_mat) add(rmsnorm_spec(d, true, true, true));
-    if (cfg.is_moe()) add(rmsnorm_spec(d, true));
+    if (cfg.is_moe()) {
+        add(rmsnorm_spec(d, true));
+        add(rmsnorm_spec(d, true, true, true, false, true, 1, true));
+    }
     // Per-head norms: Q/K norm (weighted, shared across heads) on every layer, V-norm
     // (weightless) on layers that own their KV.
     for (const auto& l : cfg.layers) {
@@ -164,6 +168,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (types.mmq && types.layout == MatvecLayout::Split && has_gemm(types.matmul)) {
         add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits));
         add(rmsnorm_spec(d, true, true, true, true, true, kMmqSplits));
+        if (cfg.is_moe()) add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits, true));
         if (cfg.has_ple()) add(rmsnorm_spec(d, true, true, true, false, false, kMmqSplits));
     }
     if (types.mmq && types.layout == MatvecLayout::Split) {

@@ -169,6 +169,10 @@ class GpuSession {
     // and their combine; leaves y1 + post_ffw_norm_2(experts) in the moe_y1 buffer, the input of
     // the layer's post_ffw_norm like a dense layer's FFN output.
     void record_moe_ffn(int l, int T);
+    // A MoE layer's norms after attention in one launch: x += post_attention_norm(u) (u: `parts`
+    // split-K planes), then from the updated x the dense MLP's ffn_norm (h and Q8_1), the
+    // router's input (moe_y1) and the experts' pre_ffw_norm_2 (moe_z and Q8_1).
+    void moe_post_attention_norms(int l, CUdeviceptr u, int parts, int T);
     // The grouped expert matvec over `m` (GeGLU with its up halves at `up`): slots grouped by
     // moe_group in groups of at most `cols`, activation row slot / in_div, output row slot of
     // width n_rows.

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <tuple>
 
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/quantize_q8_1.h"
@@ -490,6 +491,69 @@ TEST(RmsNormParts, SumsThePlanesLikeTheReduce) {
             ASSERT_EQ(a.size(), b.size());
             EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
         }
+}
+
+// rmsnorm_moe (a MoE layer's four norms after attention in one launch) gives bitwise what the
+// separate launches give: rmsnorm_ext for the residual update and ffn_norm (with its Q8_1), the
+// plain weighted norm of the updated residual for the router input, and the quantizing pre-norm
+// for the experts' input; also over split-K partial planes.
+TEST(RmsNormMoe, EqualsTheSeparateNorms) {
+    GJ_REQUIRE_GPU();
+    for (const auto& [n, rows, parts] :
+         {std::tuple{2816, 5, 1}, std::tuple{2816, 37, 3}, std::tuple{128, 9, 1}}) {
+        const KernelSpec moe = gj::gemma4::rmsnorm_spec(n, true, true, true, false, true, parts, true);
+        const KernelSpec ext = gj::gemma4::rmsnorm_spec(n, true, true, true, false, true, parts);
+        const KernelSpec plain = gj::gemma4::rmsnorm_spec(n, true);
+        const KernelSpec pre = gj::gemma4::rmsnorm_spec(n, true, true);
+        SCOPED_TRACE(moe.name + " rows=" + std::to_string(rows));
+        ASSERT_EQ(moe.entries, std::vector<std::string>{"rmsnorm_moe"});
+        GpuKernels g({moe, ext, plain, pre});
+        std::mt19937 rng(n + rows * 5 + parts);
+        const size_t total = size_t(n) * rows;
+        const auto u = random_normal(parts * total, 2.0f, rng);
+        const auto res = random_normal(total, 5.0f, rng);
+        std::vector<std::vector<float>> w;
+        for (int i = 0; i < 4; ++i) w.push_back(random_normal(n, 1.0f, rng));
+        auto du = to_device(u), dw = to_device(w[0]), dw2 = to_device(w[1]),
+             dw3 = to_device(w[2]), dw4 = to_device(w[3]);
+        auto launch_dims = [](const KernelSpec& spec, int rows) {
+            const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+            const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+            return std::pair{ceil_div(rows, rpb), tpr * rpb};
+        };
+        // The fused launch.
+        auto x = to_device(res);
+        DeviceBuffer y2(total * 4), yq(total), yds(total / 32 * 8), y3(total * 4), y4(total * 4),
+            yq4(total), yds4(total / 32 * 8);
+        auto [gm, bm] = launch_dims(moe, rows);
+        launch(g.get(moe.name, "rmsnorm_moe"), {gm}, {bm}, du.ptr(), dw.ptr(), x.ptr(), x.ptr(),
+               dw2.ptr(), y2.ptr(), yq.ptr(), yds.ptr(), dw3.ptr(), y3.ptr(), dw4.ptr(), y4.ptr(),
+               yq4.ptr(), yds4.ptr(), rows, 1e-6f);
+        // The separate launches.
+        auto xr = to_device(res);
+        DeviceBuffer r2(total * 4), rq(total), rds(total / 32 * 8), r3(total * 4), r4(total * 4),
+            rq4(total), rds4(total / 32 * 8);
+        const CUdeviceptr none = 0;
+        auto [ge, be] = launch_dims(ext, rows);
+        launch(g.get(ext.name, "rmsnorm_ext"), {ge}, {be}, du.ptr(), dw.ptr(), xr.ptr(), xr.ptr(),
+               none, dw2.ptr(), r2.ptr(), rq.ptr(), rds.ptr(), rows, 1e-6f);
+        auto [gp, bp] = launch_dims(plain, rows);
+        launch(g.get(plain.name, "rmsnorm"), {gp}, {bp}, xr.ptr(), dw3.ptr(), none, r3.ptr(), none,
+               none, rows, 1e-6f);
+        auto [gq, bq] = launch_dims(pre, rows);
+        launch(g.get(pre.name, "rmsnorm"), {gq}, {bq}, xr.ptr(), dw4.ptr(), none, r4.ptr(),
+               rq4.ptr(), rds4.ptr(), rows, 1e-6f);
+        const auto got_x = from_device<float>(x, total);
+        ASSERT_TRUE(all_finite(got_x));
+        EXPECT_EQ(got_x, from_device<float>(xr, total));
+        EXPECT_EQ(from_device<float>(y2, total), from_device<float>(r2, total));
+        EXPECT_EQ(from_device<int8_t>(yq, total), from_device<int8_t>(rq, total));
+        EXPECT_EQ(from_device<float>(yds, total / 16), from_device<float>(rds, total / 16));
+        EXPECT_EQ(from_device<float>(y3, total), from_device<float>(r3, total));
+        EXPECT_EQ(from_device<float>(y4, total), from_device<float>(r4, total));
+        EXPECT_EQ(from_device<int8_t>(yq4, total), from_device<int8_t>(rq4, total));
+        EXPECT_EQ(from_device<float>(yds4, total / 16), from_device<float>(rds4, total / 16));
+    }
 }
 
 // Decode bandwidth for the E4B FFN shapes (gate/up: 10240 x 2560, down: 2560 x 10240) over a

@@ -14,7 +14,11 @@ using spec_util::next_pow2;
 using spec_util::round_up;
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
-                             int parts) {
+                             int parts, bool moe_norms) {
+    if (moe_norms && !(norm2 && quant && !scale))
+        throw std::invalid_argument(
+            "rmsnorm: the MoE norms extend the chained, quantized second norm (norm2, quant, no "
+            "scale)");
     if (parts < 1 || parts > 8 || (parts > 1 && !add))
         throw std::invalid_argument(fmt::format(
             "rmsnorm: {} input planes (1..8, more than 1 only with the residual add)", parts));
@@ -43,9 +47,10 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     }
     jit::KernelSpec s;
     s.family = "rmsnorm";
-    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
+    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
                          scale ? ".scale" : "", norm2 ? ".n2" : "", quant ? ".q8" : "",
-                         parts > 1 ? fmt::format(".p{}", parts) : std::string());
+                         parts > 1 ? fmt::format(".p{}", parts) : std::string(),
+                         moe_norms ? ".moe" : "");
     s.constants = {{"N", n},
                    {"TPR", tpr},
                    {"RPB", rpb},
@@ -54,8 +59,9 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
                    {"ADD", add ? 1 : 0},
                    {"SCALE", scale ? 1 : 0},
                    {"NORM2", norm2 ? 1 : 0},
-                   {"PARTS", parts}};
-    s.entries = {scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
+                   {"PARTS", parts},
+                   {"MOE_NORMS", moe_norms ? 1 : 0}};
+    s.entries = {moe_norms ? "rmsnorm_moe" : scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
     s.priority = 0;
     return s;
 }

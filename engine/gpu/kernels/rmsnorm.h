@@ -16,9 +16,12 @@ namespace gj::gemma4 {
 //   norm2:  also y2 = norm(y) * w2                     (the next pre-norm; needs add)
 //   parts:  x is the sum of that many [rows][n] planes (split-K partials of the int8 GEMM;
 //           needs add)
-// Entry "rmsnorm" without scale and norm2, else "rmsnorm_ext" (see kernel_templates/rmsnorm.cu).
-// Throws std::invalid_argument for an impossible combination.
+//   moe_norms: also y3 = norm(y) * w3 and y4 = norm(y) * w4 with its Q8_1 form (a MoE layer's
+//           router input and experts' pre-norm; needs norm2 and quant, not scale): ".moe"
+// Entry "rmsnorm" without scale and norm2, "rmsnorm_moe" with moe_norms, else "rmsnorm_ext" (see
+// kernel_templates/rmsnorm.cu). Throws std::invalid_argument for an impossible combination.
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
-                             bool scale = false, bool norm2 = false, int parts = 1);
+                             bool scale = false, bool norm2 = false, int parts = 1,
+                             bool moe_norms = false);
 
 }  // namespace gj::gemma4

@@ -152,8 +152,11 @@ void GpuSession::record_layer(int l, int T) {
     record_attention(l, T);
     // Split-K products leave their partial planes for the post-norm to sum.
     int parts = matvec(g.o, nullptr, Input{w.attn.ptr()}, w.tmp.ptr(), T, "attn_output", true);
-    post_norm(model_.spec_post_prenorm(parts), product(parts), g.post_attention_norm, 0, g.ffn_norm,
-              T, "post_attention_norm+ffn_norm");
+    if (g.moe)  // also the router's input and the experts' pre-norm
+        moe_post_attention_norms(l, product(parts), parts, T);
+    else
+        post_norm(model_.spec_post_prenorm(parts), product(parts), g.post_attention_norm, 0,
+                  g.ffn_norm, T, "post_attention_norm+ffn_norm");
 
     // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x); on a MoE layer the
     // FFN output is the dense MLP's and the experts' normed sum instead.

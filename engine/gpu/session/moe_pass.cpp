@@ -59,18 +59,38 @@ void GpuSession::experts_gemm(const GpuExperts& m, CUdeviceptr up, CUdeviceptr x
     ++paths_.moe_gemm;
 }
 
+void GpuSession::moe_post_attention_norms(int l, CUdeviceptr u, int parts, int T) {
+    const Work& w = *w_;
+    const GpuLayer& g = model_.layers()[l];
+    const std::string& name = model_.spec_moe_norms(parts);
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
+    // x += post_attention_norm(u); h = ffn_norm(x) (and Q8_1) for the dense MLP, y1 =
+    // norm(x) * router scale / sqrt(d) for the router, z = pre_ffw_norm_2(x) (and Q8_1) for
+    // the experts.
+    CUdeviceptr x = w.x.ptr(), wn = g.post_attention_norm, w2 = g.ffn_norm, y2 = w.h.ptr(),
+                yq = w.xq.ptr(), yds = w.xds.ptr(), w3 = g.router_norm, y3 = w.moe_y1.ptr(),
+                w4 = g.pre_ffw_norm_2, y4 = w.moe_z.ptr(), yq4 = w.moe_zq.ptr(),
+                yds4 = w.moe_zds.ptr();
+    float eps = cfg_.rms_eps;
+    void* args[] = {&u,  &wn, &x,  &x,  &w2,  &y2,   &yq, &yds,
+                    &w3, &y3, &w4, &y4, &yq4, &yds4, &T,  &eps};
+    launch(model_.kernels().get(name, "rmsnorm_moe"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
+           name + " post_attention_norm+ffn_norm+router_norm+pre_ffw_norm_2");
+}
+
 void GpuSession::record_moe_ffn(int l, int T) {
     const Work& w = *w_;
     const GpuLayer& g = model_.layers()[l];
     const int K = cfg_.n_experts_used, F = cfg_.expert_ffn_dim, d = cfg_.d_model;
     const std::string& moe = model_.spec_moe();
     const jit::KernelSpec& moe_k = model_.kernels().spec(moe);
-    CUdeviceptr x = w.x.ptr(), y1 = w.moe_y1.ptr(), logits = w.moe_logits.ptr(),
+    CUdeviceptr y1 = w.moe_y1.ptr(), logits = w.moe_logits.ptr(),
                 ids = w.moe_ids.ptr(), wts = w.moe_wts.ptr();
 
-    // Router on the post-attention residual: r = norm(x) * scale / sqrt(d) (in y1 until the
-    // dense branch's output replaces it), logits = W r, then the K weights per row.
-    norm(model_.spec_norm(), x, g.router_norm, 0, y1, 0, 0, T, "router_norm");
+    // Router on the post-attention residual: r = norm(x) * scale / sqrt(d) (made by
+    // moe_post_attention_norms in y1, until the dense branch's output replaces it), logits = W r,
+    // then the K weights per row.
     matvec(g.router, nullptr, Input{y1}, logits, T, "router");
     {
         CUdeviceptr scale = g.expert_scale;
@@ -83,11 +103,9 @@ void GpuSession::record_moe_ffn(int l, int T) {
     matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down");
     norm(model_.spec_norm(), w.tmp.ptr(), g.post_ffw_norm_1, 0, y1, 0, 0, T, "post_ffw_norm_1");
 
-    // Experts: z2 = pre_ffw_norm_2(x) in h (and Q8_1), the slots grouped by expert, gate|up
-    // GeGLU per slot, down per slot, the weighted sum per row.
-    const Input z2 = normed();
-    norm(g.gate_up.all.quantized() ? model_.spec_prenorm() : model_.spec_norm(), x,
-         g.pre_ffw_norm_2, 0, z2.f, z2.q, z2.ds, T, "pre_ffw_norm_2");
+    // Experts: z2 = pre_ffw_norm_2(x) (and Q8_1, from moe_post_attention_norms), the slots
+    // grouped by expert, gate|up GeGLU per slot, down per slot, the weighted sum per row.
+    const Input z2{w.moe_z.ptr(), w.moe_zq.ptr(), w.moe_zds.ptr()};
     // Prefill chunks of Q8_0 / Q4_0 experts: the grouped tensor-core GEMMs, one tile of BM slots
     // of one expert per block. Else groups of one slot for a single token, or as many as both
     // expert matvecs take.

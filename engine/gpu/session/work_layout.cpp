@@ -79,9 +79,9 @@ uint64_t WorkLayout::bytes() const {
                             gemm_split_floats;
     const uint64_t RK = R * uint64_t(moe_k);
     const uint64_t moe = moe_e == 0 ? 0
-                                    : (R * moe_e + 3 * RK + RK * moe_f + RK * d + R * d) * 4 +
+                                    : (R * moe_e + 3 * RK + RK * moe_f + RK * d + 2 * R * d) * 4 +
                                           uint64_t(moe_groups) * 16 + 16 + RK * moe_f +
-                                          RK * (moe_f / 32) * 8;
+                                          RK * (moe_f / 32) * 8 + R * d + R * (d / 32) * 8;
     return moe + floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
            + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
            (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
@@ -144,6 +144,9 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
         moe_ehds = zeroed(RK * (L.moe_f / 32) * 8);
         moe_ed = zeroed(RK * L.d * 4);
         moe_y1 = zeroed(R * L.d * 4);
+        moe_z = zeroed(R * L.d * 4);
+        moe_zq = zeroed(R * L.d);
+        moe_zds = zeroed(R * (L.d / 32) * 8);
     }
     state_host = PinnedHost(L.state_bytes());
     result_host = PinnedHost(L.result_bytes());

@@ -56,9 +56,10 @@ struct GpuSession::Work {
         gbf, gemm_split, wdeq;
     // MoE: router logits [rows][E]; expert ids, weights and grouped slots [rows][K]; the group
     // table (+ its count); expert GeGLU outputs [rows * K][F] (fp32 and Q8_1); expert outputs
-    // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d].
+    // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d]; the
+    // experts' pre-normed input [rows][d] (fp32 and Q8_1).
     jit::DeviceBuffer moe_logits, moe_ids, moe_wts, moe_slots, moe_groups, moe_n_groups, moe_eh,
-        moe_ehq, moe_ehds, moe_ed, moe_y1;
+        moe_ehq, moe_ehds, moe_ed, moe_y1, moe_z, moe_zq, moe_zds;
     PinnedHost state_host, result_host;
 
     explicit Work(const GpuModel& m);
