@@ -21,9 +21,11 @@
 //     across warps by a per-round table of (THREADS / 32) x E counts: THREADS is at most
 //     32 * 8192 / E, see moe_spec).
 //     Launch: block THREADS, grid 1.
-//   moe_combine(ed [T * K][D], wts [T][K], y [T][D], T)
-//     y[t] = sum_k wts[t][k] * ed[t * K + k], k ascending. Launch: block 256, grid
-//     (ceil(D / 4 / 256), T).
+//   moe_ffn_out(dense [T][D], ed [T * K][D], wts [T][K], w1 [D], w2 [D], y [T][D], T, eps)
+//     the FFN output of the layer: y[t] = norm(dense[t]) * w1 + norm(e) * w2 with
+//     e = sum_k wts[t][k] * ed[t * K + k] (k ascending), norm(v) = v / sqrt(mean(v^2) + eps):
+//     the dense MLP's post_ffw_norm_1, the experts' weighted combine and their post_ffw_norm_2
+//     in one pass. Launch: block 256, grid T.
 #include "gj_ptx.cuh"
 
 static_assert(E >= 1 && E <= 1024, "moe: E must be in [1, 1024]");
@@ -204,21 +206,58 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     }
 }
 
+#define FFN_OUT_VPT ((D / 4 + 255) / 256)  // float4 per thread of moe_ffn_out
+
 extern "C" __global__ void __launch_bounds__(256)
-    moe_combine(const float* __restrict__ ed, const float* __restrict__ wts, float* __restrict__ y,
-                int T) {
-    const int t = blockIdx.y;
-    const int i = (blockIdx.x * 256 + threadIdx.x) * 4;
-    if (t >= T || i >= D) return;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    moe_ffn_out(const float* __restrict__ dense, const float* __restrict__ ed,
+                const float* __restrict__ wts, const float* __restrict__ w1,
+                const float* __restrict__ w2, float* __restrict__ y, int T, float eps) {
+    __shared__ float partial[8][2];
+    const int t = blockIdx.x;
+    if (t >= T) return;  // (uniform per block)
+    const float4* dr = (const float4*)(dense + (size_t)t * D);
+    float wk[K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const float w = wts[(size_t)t * K + k];
-        const float4 v = *(const float4*)(ed + ((size_t)t * K + k) * D + i);
-        acc.x = fmaf(w, v.x, acc.x);
-        acc.y = fmaf(w, v.y, acc.y);
-        acc.z = fmaf(w, v.z, acc.z);
-        acc.w = fmaf(w, v.w, acc.w);
+    for (int k = 0; k < K; ++k) wk[k] = __ldg(wts + (size_t)t * K + k);
+    float4 a[FFN_OUT_VPT], b[FFN_OUT_VPT];
+    float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int j = 0; j < FFN_OUT_VPT; ++j) {
+        const int i = j * 256 + (int)threadIdx.x;
+        a[j] = b[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < D / 4) {
+            a[j] = dr[i];
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+                const float4 v = *((const float4*)(ed + ((size_t)t * K + k) * D) + i);
+                b[j].x = fmaf(wk[k], v.x, b[j].x);
+                b[j].y = fmaf(wk[k], v.y, b[j].y);
+                b[j].z = fmaf(wk[k], v.z, b[j].z);
+                b[j].w = fmaf(wk[k], v.w, b[j].w);
+            }
+        }
+        sa += a[j].x * a[j].x + a[j].y * a[j].y + a[j].z * a[j].z + a[j].w * a[j].w;
+        sb += b[j].x * b[j].x + b[j].y * b[j].y + b[j].z * b[j].z + b[j].w * b[j].w;
     }
-    *(float4*)(y + (size_t)t * D + i) = acc;
+    sa = warp_sum(sa);
+    sb = warp_sum(sb);
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32][0] = sa, partial[threadIdx.x / 32][1] = sb;
+    __syncthreads();
+    sa = sb = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) sa += partial[w][0], sb += partial[w][1];
+    const float ra = rsqrt_refined(sa * (1.0f / D) + eps),
+                rb = rsqrt_refined(sb * (1.0f / D) + eps);
+#pragma unroll
+    for (int j = 0; j < FFN_OUT_VPT; ++j) {
+        const int i = j * 256 + (int)threadIdx.x;
+        if (i >= D / 4) continue;
+        const float4 g1 = __ldg((const float4*)w1 + i), g2 = __ldg((const float4*)w2 + i);
+        float4 o;
+        o.x = fmaf(b[j].x * rb, g2.x, a[j].x * ra * g1.x);
+        o.y = fmaf(b[j].y * rb, g2.y, a[j].y * ra * g1.y);
+        o.z = fmaf(b[j].z * rb, g2.z, a[j].z * ra * g1.z);
+        o.w = fmaf(b[j].w * rb, g2.w, a[j].w * ra * g1.w);
+        ((float4*)(y + (size_t)t * D))[i] = o;
+    }
 }

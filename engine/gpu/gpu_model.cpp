@@ -403,8 +403,6 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         spec_moe_ = kernels_.add(moe_spec(c)).name;
         spec_moe_norms_[0] =
             kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, true)).name;
-        spec_norm_ = kernels_.add(rmsnorm_spec(d, true)).name;
-        spec_norm_add_ = kernels_.add(rmsnorm_spec(d, true, false, true)).name;
     }
     spec_quantize_ = kernels_.add(quantize_spec()).name;
     if (blas_half || gemm_bf16) spec_convert_ = kernels_.add(convert_f32_spec()).name;

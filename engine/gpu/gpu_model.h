@@ -208,16 +208,13 @@ class GpuModel {
     const std::string& spec_ple_finish() const { return spec_ple_finish_; }
     const std::string& spec_gelu_mul() const { return spec_gelu_mul_; }
     const std::string& spec_logits() const { return spec_logits_; }  // softcap, argmax, top-k
-    // MoE: routing/grouping/combining, and the weighted norms without quantization (router input,
-    // post_ffw_norm_1) and with a residual add (y1 + post_ffw_norm_2(expert sum)).
+    // MoE: routing, grouping, and the FFN output (the dense and expert post-norms, summed).
     const std::string& spec_moe() const { return spec_moe_; }
     // A MoE layer's post_attention_norm with its three norms of the residual (ffn_norm, router
     // input, experts' pre-norm) in one launch; parts as spec_post_prenorm.
     const std::string& spec_moe_norms(int parts = 1) const {
         return spec_moe_norms_[parts > 1 ? 1 : 0];
     }
-    const std::string& spec_norm() const { return spec_norm_; }
-    const std::string& spec_norm_add() const { return spec_norm_add_; }
     // fp32 -> f16/bf16 activations for cuBLAS (when some matrix with blas is F16/BF16).
     const std::string& spec_convert() const { return spec_convert_; }
 
@@ -262,7 +259,7 @@ class GpuModel {
     CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
         spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_, spec_moe_,
-        spec_norm_, spec_norm_add_, spec_moe_norms_[2];
+        spec_moe_norms_[2];
     std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;

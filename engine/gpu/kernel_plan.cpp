@@ -100,18 +100,14 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // layer_output_scale; each may chain the next pre-norm (.n2). With PLE, the stream after the
     // FFN is itself the PLE gate's input (quantized for int8 matrices). The MoE block's
     // post_attention_norm also writes the router's input (with its scale) and the experts'
-    // pre-norm (.moe); it has a plain weighted norm (post_ffw_norm_1) and the experts' post-norm
-    // added to the dense branch (post_ffw_norm_2).
+    // pre-norm (.moe); its FFN output norms are moe_ffn_out (the moe family).
     add(rmsnorm_spec(d, true, q_mat, false));
     add(rmsnorm_spec(d, true, false, true));
     add(rmsnorm_spec(d, true, false, true, true));
     add(rmsnorm_spec(d, true, q_mat, true, false, true));
     add(rmsnorm_spec(d, true, q_mat, true, true, true));
     if (cfg.has_ple() && q_mat) add(rmsnorm_spec(d, true, true, true));
-    if (cfg.is_moe()) {
-        add(rmsnorm_spec(d, true));
-        add(rmsnorm_spec(d, true, true, true, false, true, 1, true));
-    }
+    if (cfg.is_moe()) add(rmsnorm_spec(d, true, true, true, false, true, 1, true));
     // Per-head norms: Q/K norm (weighted, shared across heads) on every layer, V-norm
     // (weightless) on layers that own their KV.
     for (const auto& l : cfg.layers) {

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "engine/cpu/cpu_forward.h"
@@ -172,6 +173,50 @@ TEST(Moe, RoutingAndGroupingMatchPlainLoops) {
                 std::vector<int> few(size_t(T) * K);
                 for (size_t i = 0; i < few.size(); ++i) few[i] = int((i * 7) % 3) * 2;
                 check_grouping(spec, few, T, E, K, cols, "three experts");
+            }
+        }
+    }
+}
+
+// moe_ffn_out: y = norm(dense) * w1 + norm(sum_k w_k expert_k) * w2 per row, against double.
+TEST(Moe, FfnOutputMatchesThePlainNormsAndSum) {
+    GJ_REQUIRE_GPU();
+    for (auto [E, K, D] : {std::tuple{16, 4, 128}, std::tuple{128, 8, 2816}}) {
+        const auto spec = gj::gemma4::moe_spec(E, K, D);
+        for (int T : {1, 5, 64}) {
+            SCOPED_TRACE("D " + std::to_string(D) + " T " + std::to_string(T));
+            std::mt19937 rng(D + T);
+            std::normal_distribution<float> normal(0.0f, 1.5f);
+            auto fill = [&](size_t n) {
+                std::vector<float> v(n);
+                for (float& x : v) x = normal(rng);
+                return v;
+            };
+            const auto dense = fill(size_t(T) * D), ed = fill(size_t(T) * K * D),
+                       wts = fill(size_t(T) * K), w1 = fill(D), w2 = fill(D);
+            const float eps = 1e-6f;
+            auto dd = to_device(dense), ded = to_device(ed), dw = to_device(wts),
+                 dw1 = to_device(w1), dw2 = to_device(w2);
+            DeviceBuffer y(size_t(T) * D * 4);
+            launch(kernels_for(spec).get(spec.name, "moe_ffn_out"), {unsigned(T)}, {256}, dd.ptr(),
+                   ded.ptr(), dw.ptr(), dw1.ptr(), dw2.ptr(), y.ptr(), T, eps);
+            const auto got = from_device<float>(y, size_t(T) * D);
+            for (int t = 0; t < T; ++t) {
+                std::vector<double> e(D, 0.0);
+                double sa = 0, sb = 0;
+                for (int i = 0; i < D; ++i) {
+                    for (int k = 0; k < K; ++k)
+                        e[i] += double(wts[t * K + k]) * ed[(size_t(t) * K + k) * D + i];
+                    sa += double(dense[size_t(t) * D + i]) * dense[size_t(t) * D + i];
+                    sb += e[i] * e[i];
+                }
+                const double ra = 1.0 / std::sqrt(sa / D + eps), rb = 1.0 / std::sqrt(sb / D + eps);
+                for (int i = 0; i < D; ++i) {
+                    const double a = dense[size_t(t) * D + i] * ra * w1[i], b = e[i] * rb * w2[i];
+                    ASSERT_NEAR(got[size_t(t) * D + i], a + b,
+                                1e-5 * (std::fabs(a) + std::fabs(b)) + 1e-6)
+                        << "row " << t << " element " << i;
+                }
             }
         }
     }

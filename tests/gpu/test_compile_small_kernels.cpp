@@ -80,7 +80,7 @@ TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
                 EXPECT_NE(group.find("atom.shared.add"), std::string::npos);
                 EXPECT_NE(group.find("match.any.sync.b32"), std::string::npos);
                 EXPECT_NE(group.find("popc.b32"), std::string::npos);
-                EXPECT_NE(entry_ptx(c.ptx, "moe_combine").find("fma.rn.f32"), std::string::npos);
+                EXPECT_NE(entry_ptx(c.ptx, "moe_ffn_out").find("fma.rn.f32"), std::string::npos);
                 EXPECT_EQ(c.ptx.find(".local"), std::string::npos) << "moe uses local memory";
             } else if (s.family == "quantize_q8_1") {
                 EXPECT_NE(c.ptx.find("cvt.rni.sat.s8.f32"), std::string::npos);

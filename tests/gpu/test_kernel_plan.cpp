@@ -88,11 +88,11 @@ TEST(KernelPlan, PerVariantWidths) {
 
     auto moe = names_of(build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q8_0));
     EXPECT_TRUE(moe.count("matvec_q8_0.k2112.split"));  // dense MLP down: not a multiple of 256
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1"));      // router input (scale folded), post_ffw_norm_1
-    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1.add"));  // y1 + post_ffw_norm_2(experts)
-    EXPECT_FALSE(moe.count("rmsnorm.n2816.w0"));     // no weightless norm of the stream
-    EXPECT_TRUE(moe.count("moe.e128.k8.d2816"));     // routing, grouping, combine
-    EXPECT_TRUE(moe.count("matvec_f.f32.k2816"));    // the router (kept f32)
+    // post_attention_norm with ffn_norm, the router's input and the experts' pre-norm
+    EXPECT_TRUE(moe.count("rmsnorm.n2816.w1.add.n2.q8.moe"));
+    EXPECT_FALSE(moe.count("rmsnorm.n2816.w0"));   // no weightless norm of the stream
+    EXPECT_TRUE(moe.count("moe.e128.k8.d2816"));   // routing, grouping, combine
+    EXPECT_TRUE(moe.count("matvec_f.f32.k2816"));  // the router (kept f32)
     // The grouped expert matvecs over experts repacked one by one to the split layout: gate|up
     // (input d) and down (input 704), one slot per group for a single token and 8 for batches;
     // and the grouped tensor-core GEMMs of prefill.

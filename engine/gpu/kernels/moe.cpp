@@ -23,7 +23,7 @@ jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model) {
                    {"K", n_used},
                    {"D", d_model},
                    {"THREADS", 32 * std::clamp(8192 / n_experts, 1, 32)}};
-    s.entries = {"moe_route", "moe_group", "moe_combine"};
+    s.entries = {"moe_route", "moe_group", "moe_ffn_out"};
     s.priority = 0;
     return s;
 }

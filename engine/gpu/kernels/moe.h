@@ -1,12 +1,12 @@
 // moe family: the spec of kernel_templates/moe.cu, the routing (softmax, top-k, renormalized and
-// scaled weights), the grouping of expert slots by expert, and the weighted combine of a MoE
-// layer's expert outputs; the expert products themselves are the grouped matvecs
-// (matvec_moe_spec in kernels/matvec.h).
+// scaled weights), the grouping of expert slots by expert, and the FFN output of a MoE layer (the
+// dense MLP's and the weighted experts' post-norms, summed); the expert products themselves are
+// the grouped matvecs (matvec_moe_spec in kernels/matvec.h) and GEMMs (mmq_moe_spec).
 //
 // Spec name: "moe.e<E>.k<K>.d<D>". Launch (from the spec constants):
 //   moe_route:   block 128, grid ceil(T / 4)
 //   moe_group:   block THREADS, grid 1
-//   moe_combine: block 256, grid (ceil(D / 1024), T)
+//   moe_ffn_out: block 256, grid T
 // moe_group_bound gives the most groups a batch can form (the grouped matvecs' grid).
 #pragma once
 

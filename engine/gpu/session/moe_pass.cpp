@@ -1,11 +1,12 @@
 // The FFN of a MoE layer (26B-A4B, reference/gemma4-spec.md section 2.5) over T rows, all on the
-// GPU with no host round trip: the router (weightless norm times scale / sqrt(d), logits, top-K
-// weights: moe_route), the dense MLP and its post-norm, the experts' pre-norm, the slots grouped
-// by expert (moe_group), the grouped gate|up GeGLU and down products (each expert's weights read
-// once per group: the grouped int8 tensor-core GEMM over groups of BM slots in prefill chunks of
-// Q8_0 / Q4_0 experts, else the grouped matvecs over groups of up to kPrefillCols slots, one slot
-// per group for a single token), the
-// weighted combine (moe_combine) and the experts' post-norm added to the dense branch.
+// GPU with no host round trip: the norms of the post-attention residual in one launch (the dense
+// MLP's, the router's input: weightless norm times scale / sqrt(d), the experts' pre-norm), the
+// router (logits, top-K weights: moe_route), the dense MLP, the slots grouped by expert
+// (moe_group), the grouped gate|up GeGLU and down products (each expert's weights read once per
+// group: the grouped int8 tensor-core GEMM over groups of BM slots in prefill chunks of Q8_0 /
+// Q4_0 experts, else the grouped matvecs over groups of up to kPrefillCols slots, one slot per
+// group for a single token), then in one pass the dense output's post-norm plus the experts'
+// weighted combine and post-norm (moe_ffn_out).
 #include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/session/session_internal.h"
 
@@ -85,8 +86,8 @@ void GpuSession::record_moe_ffn(int l, int T) {
     const int K = cfg_.n_experts_used, F = cfg_.expert_ffn_dim, d = cfg_.d_model;
     const std::string& moe = model_.spec_moe();
     const jit::KernelSpec& moe_k = model_.kernels().spec(moe);
-    CUdeviceptr y1 = w.moe_y1.ptr(), logits = w.moe_logits.ptr(),
-                ids = w.moe_ids.ptr(), wts = w.moe_wts.ptr();
+    CUdeviceptr y1 = w.moe_y1.ptr(), logits = w.moe_logits.ptr(), ids = w.moe_ids.ptr(),
+                wts = w.moe_wts.ptr();
 
     // Router on the post-attention residual: r = norm(x) * scale / sqrt(d) (made by
     // moe_post_attention_norms in y1, until the dense branch's output replaces it), logits = W r,
@@ -99,9 +100,8 @@ void GpuSession::record_moe_ffn(int l, int T) {
                moe + " moe_route router");
     }
 
-    // Dense MLP on h = ffn_norm(x) (made by the post-attention norm), then its post-norm.
+    // Dense MLP on h = ffn_norm(x) (made by the post-attention norms), its output in tmp.
     matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down");
-    norm(model_.spec_norm(), w.tmp.ptr(), g.post_ffw_norm_1, 0, y1, 0, 0, T, "post_ffw_norm_1");
 
     // Experts: z2 = pre_ffw_norm_2(x) (and Q8_1, from moe_post_attention_norms), the slots
     // grouped by expert, gate|up GeGLU per slot, down per slot, the weighted sum per row.
@@ -136,15 +136,16 @@ void GpuSession::record_moe_ffn(int l, int T) {
         }
         experts(g.down_exps, 0, eh, 1, w.moe_ed.ptr(), d, T, cols, "down");
     }
+    // y1 = post_ffw_norm_1(dense) + post_ffw_norm_2(sum_k w_k expert_k): the FFN output the
+    // layer's post_ffw_norm takes.
     {
-        CUdeviceptr ed = w.moe_ed.ptr(), sum = w.tmp.ptr();
-        void* args[] = {&ed, &wts, &sum, &T};
-        launch(model_.kernels().get(moe, "moe_combine"), {ceil_div(d, 1024), unsigned(T)}, {256}, 0,
-               args, moe + " moe_combine experts");
+        CUdeviceptr dense = w.tmp.ptr(), ed = w.moe_ed.ptr(), w1 = g.post_ffw_norm_1,
+                    w2 = g.post_ffw_norm_2;
+        float eps = cfg_.rms_eps;
+        void* args[] = {&dense, &ed, &wts, &w1, &w2, &y1, &T, &eps};
+        launch(model_.kernels().get(moe, "moe_ffn_out"), {unsigned(T)}, {256}, 0, args,
+               moe + " moe_ffn_out post_ffw_norm_1+experts+post_ffw_norm_2");
     }
-    // y = y1 + post_ffw_norm_2(sum): the FFN output the layer's post_ffw_norm takes.
-    norm(model_.spec_norm_add(), w.tmp.ptr(), g.post_ffw_norm_2, y1, y1, 0, 0, T,
-         "post_ffw_norm_2+dense");
 }
 
 }  // namespace gj::gemma4
