@@ -77,7 +77,7 @@ void GpuSession::moe_post_attention_norms(int l, CUdeviceptr u, int parts, int T
     void* args[] = {&u,  &wn, &x,  &x,  &w2,  &y2,   &yq, &yds,
                     &w3, &y3, &w4, &y4, &yq4, &yds4, &T,  &eps};
     launch(model_.kernels().get(name, "rmsnorm_moe"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
-           name + " post_attention_norm+ffn_norm+router_norm+pre_ffw_norm_2");
+           name + " post_attention_norm+ffn_norm+pre_ffw_norm_2+gate_inp_norm");
 }
 
 void GpuSession::record_moe_ffn(int l, int T) {
