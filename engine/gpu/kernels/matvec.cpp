@@ -97,13 +97,19 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
             unroll = 2;
         }
     }
-    // Short Q8_0 / Q4_0 rows (one unit per thread or fewer: split Q4_0 k <= 1024, the 26B's
-    // 704-wide expert down and the PLE projections) take 4 rows per block in single-column decode:
-    // with one row a 32-thread block had one 16-byte load in flight per thread (the 26B's expert
-    // down matvec read 483 GB/s on the H200).
-    if (!is_kquant(weight_type) && !spec_util::is_q32_fallback(weight_type) && ncols == 1 &&
-        units <= threads)
-        rows = 4;
+    // Short Q8_0 / Q4_0 rows in single-column decode take several rows per block, so every
+    // thread keeps more 16-byte loads in flight: 4 rows for one unit per thread or fewer (split
+    // Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row blocks read 483 GB/s
+    // on the H200), 2 rows for up to 4 units per thread (split Q4_0 k 1536..4096 and 8192: E2B's,
+    // E4B's, 12B's and the 26B's d_model-wide matrices, not 31B's 5376). H200 tg128: E4B Q4_0 359.2
+    // -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4, E4B Q8_0 unchanged (316.2 with 2 rows up to 8 units,
+    // 315.9 without: 5 units stay at one row).
+    if (!is_kquant(weight_type) && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
+        if (units <= threads)
+            rows = 4;
+        else if (units <= 4 * threads)
+            rows = 2;
+    }
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
