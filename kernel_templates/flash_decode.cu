@@ -50,7 +50,7 @@
 //   COMBINE_THREADS  flash_combine block size (a multiple of 128)
 // Launch flash_decode:  grid (max_splits, N_KV_HEADS, max_T), block THREADS, SMEM dynamic bytes
 //                       (opt in above 48 KiB: ModuleSet::set_max_dynamic_smem).
-// Launch flash_combine: grid (GROUP * N_KV_HEADS * HEAD_DIM / 16, max_T), block COMBINE_THREADS.
+// Launch flash_combine: grid (GROUP * N_KV_HEADS * HEAD_DIM / 32, max_T), block COMBINE_THREADS.
 // Blocks with blockIdx.z (decode) / blockIdx.y (combine) >= T exit.
 // Entries:
 //   flash_decode(q [T][H][HEAD_DIM], kv, seqs [T], positions [T], T, slots, max_splits,
@@ -58,7 +58,10 @@
 //   kv: the layer's cache planes of every sequence, [n_seqs][2] addresses (K, V); query t reads
 //   the planes of sequence seqs[t] (seqs null: sequence 0), so one launch serves queries of
 //   several sequences (batched decode of a server's slots) at their own positions.
-//   flash_combine(part_o, part_ml, out [T][H][HEAD_DIM], T, max_splits)
+//   flash_combine(part_o, part_ml, out [T][H][HEAD_DIM], outq, outds, T, max_splits)
+//   outq / outds (both or neither may be null): the output's Q8_1 form as well, int8 [T][H *
+//   HEAD_DIM] and float2 {d, d * sum} per 32 values (bit-identical to quantize_q8_1 over out),
+//   the int8 input of the attention output projection (no quantize pass of its own).
 // The caller keeps slots >= WINDOW + T - 1 on ring layers and slots > every position on global
 // layers, so every visible key is still in the cache.
 #include "attn_kv.cuh"
@@ -700,22 +703,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 }
 
 // ---------------------------------------------------------------------------------------------
-// One block per (token, head, 16-dim slice): thread (j, d) with d = tid % 4 (float4 of the
-// slice) and j = tid / 4 folds splits j, j + COMBINE_THREADS / 4, ... with the online-softmax
-// merge; the partial states are then merged across j (shuffles within a warp, shared memory
-// across warps). Skips empty splits (l == 0), whose partial outputs were never written.
-#define COMBINE_LANES (COMBINE_THREADS / 4)  // split lanes per block
-#define SLICES (HEAD_DIM / 16)
+// One block per (token, head, 32-dim slice: one Q8_1 block): thread (j, d) with d = tid % 8
+// (float4 of the slice) and j = tid / 8 folds splits j, j + COMBINE_THREADS / 8, ... with the
+// online-softmax merge; the partial states are then merged across j (shuffles within a warp,
+// shared memory across warps). Skips empty splits (l == 0), whose partial outputs were never
+// written.
+#define COMBINE_LANES (COMBINE_THREADS / 8)  // split lanes per block
+#define SLICES (HEAD_DIM / 32)
 
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
     flash_combine(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
-                  float* __restrict__ out, int T, int max_splits) {
+                  float* __restrict__ out, uint32* __restrict__ outq, float2* __restrict__ outds,
+                  int T, int max_splits) {
     const int t = blockIdx.y;
     if (t >= T) return;
     const int head = blockIdx.x / SLICES, slice = blockIdx.x % SLICES;
-    const int d = threadIdx.x % 4, j = threadIdx.x / 4;
+    const int d = threadIdx.x % 8, j = threadIdx.x / 8;
     const size_t row0 = ((size_t)t * N_HEADS_TOTAL + head) * max_splits;
-    const int dim = slice * 16 + 4 * d;
+    const int dim = slice * 32 + 4 * d;
 
     float m = neg_inf(), l = 0.0f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -743,7 +748,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
         m = mn;
     };
 #pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
+    for (int off = 8; off < 32; off <<= 1) {
         const float m2 = __shfl_xor_sync(GJ_FULL_MASK, m, off);
         const float l2 = __shfl_xor_sync(GJ_FULL_MASK, l, off);
         float4 o2;
@@ -754,18 +759,31 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
         merge(m2, l2, o2);
     }
     constexpr int kWarps = COMBINE_THREADS / 32;
-    __shared__ float4 so[kWarps][4];
-    __shared__ float2 sml[kWarps][4];
+    __shared__ float4 so[kWarps][8];
+    __shared__ float2 sml[kWarps][8];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane < 4) {
+    if (lane < 8) {
         so[warp][lane] = o;
         sml[warp][lane] = make_float2(m, l);
     }
     __syncthreads();
-    if (threadIdx.x >= 4) return;
+    if (warp != 0) return;
+    // Warp 0: lanes 0..7 hold the slice (the other lanes only keep the group shuffles of the
+    // quantization uniform).
+    const bool mine = lane < 8;
+    if (mine)
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) merge(sml[w][d].x, sml[w][d].y, so[w][d]);
-    const float inv = 1.0f / l;
-    *(float4*)(out + ((size_t)t * N_HEADS_TOTAL + head) * HEAD_DIM + dim) =
-        make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        for (int w = 1; w < kWarps; ++w) merge(sml[w][d].x, sml[w][d].y, so[w][d]);
+    const float inv = mine ? 1.0f / l : 0.0f;
+    const float4 r = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    const size_t at = ((size_t)t * N_HEADS_TOTAL + head) * HEAD_DIM + dim;  // a multiple of 4
+    if (mine) *(float4*)(out + at) = r;
+    if (outq != nullptr) {
+        float2 ds;
+        const uint32 packed = quantize_q8_1_group8(r, &ds);
+        if (mine) {
+            outq[at / 4] = packed;
+            if (lane == 0) outds[at / 32] = ds;
+        }
+    }
 }

@@ -123,6 +123,7 @@ class GpuSession {
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
         uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
         uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
+        uint64_t attn_q8 = 0;        // attention outputs quantized by flash_combine (no quantize)
     };
     const PathCounts& path_counts() const { return paths_; }
 
@@ -164,7 +165,9 @@ class GpuSession {
     void record_forward(int T, bool decode);
     void record_embedding(int T);
     void record_layer(int l, int T);
-    void record_attention(int l, int T);
+    // Returns whether it also wrote the output's Q8_1 form into xq / xds (the split-K decode
+    // path, when the output projection is int8).
+    bool record_attention(int l, int T);
     // A MoE layer's FFN (engine/gpu/session/moe_pass.cpp): router, dense MLP, routed experts
     // and their combine; leaves y1 + post_ffw_norm_2(experts) in the moe_y1 buffer, the input of
     // the layer's post_ffw_norm like a dense layer's FFN output.

@@ -412,8 +412,8 @@ void bench_e4b_layer(int hd, int window, int slots, bool mma, int splits = 0) {
                           part_ml.ptr());
     };
     auto run_combine = [&] {
-        launch_smem_async(kcomb, {unsigned(H * hd / 16), 1u}, {128u}, 0u, part_o.ptr(),
-                          part_ml.ptr(), out.ptr(), T, max_splits);
+        launch_smem_async(kcomb, {unsigned(H * hd / 32), 1u}, {128u}, 0u, part_o.ptr(),
+                          part_ml.ptr(), out.ptr(), CUdeviceptr(0), CUdeviceptr(0), T, max_splits);
     };
     GraphTimer timer;
     const double t_decode = timer.time_us(

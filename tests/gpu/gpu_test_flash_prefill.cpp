@@ -118,9 +118,9 @@ std::vector<float> run_decode(const KernelSpec& spec, const DeviceBuffer& q, con
         g.get(spec.name, "flash_decode"), {unsigned(splits), unsigned(kvh), unsigned(T)},
         {unsigned(spec_constant(spec, "THREADS"))}, unsigned(spec_constant(spec, "SMEM")), q.ptr(),
         table.ptr(), seqs, pos.ptr(), T, slots, splits, part_o.ptr(), part_ml.ptr());
-    launch(g.get(spec.name, "flash_combine"), {unsigned(H * hd / 16), unsigned(T)},
+    launch(g.get(spec.name, "flash_combine"), {unsigned(H * hd / 32), unsigned(T)},
            {unsigned(spec_constant(spec, "COMBINE_THREADS"))}, part_o.ptr(), part_ml.ptr(),
-           out.ptr(), T, splits);
+           out.ptr(), CUdeviceptr(0), CUdeviceptr(0), T, splits);
     return from_device<float>(out, size_t(T) * H * hd);
 }
 

@@ -108,6 +108,8 @@ TEST_P(GpuVsCpu, LogitsMatchTheCpuReferencePastTheWindow) {
     s.reset();
     expect_agree(ref, decode_logits(s, tokens), cfg.vocab_size, tol, "decode steps vs CPU");
     EXPECT_EQ(s.graph_launches(), uint64_t(T - 1));
+    // Decode attention hands the int8 output projection its Q8_1 input from flash_combine.
+    EXPECT_EQ(s.path_counts().attn_q8 > 0, quant);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,5 +1,7 @@
 #include "tests/support/attention_gpu.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -80,11 +82,32 @@ FlashRun run_flash(const KernelSpec& spec, const std::vector<float>& q, const De
         g.get(spec.name, "flash_decode"), {unsigned(max_splits), unsigned(kvh), unsigned(T + 1)},
         {unsigned(spec_constant(spec, "THREADS"))}, unsigned(spec_constant(spec, "SMEM")), dq.ptr(),
         planes, rows, dpos.ptr(), T, slots, max_splits, part_o.ptr(), part_ml.ptr());
-    launch(g.get(spec.name, "flash_combine"), {unsigned(H * hd / 16), unsigned(T + 1)},
+    // The combine's Q8_1 output too (the output projection's int8 input), which must be exactly
+    // quantize_q8_1 of its fp32 output.
+    const size_t n_out = size_t(T) * H * hd;
+    DeviceBuffer outq(n_out + 16), outds(n_out / 32 * 8 + 16);
+    launch(g.get(spec.name, "flash_combine"), {unsigned(H * hd / 32), unsigned(T + 1)},
            {unsigned(spec_constant(spec, "COMBINE_THREADS"))}, part_o.ptr(), part_ml.ptr(),
-           out.ptr(), T, max_splits);
+           out.ptr(), outq.ptr(), outds.ptr(), T, max_splits);
     FlashRun r;
-    r.out = from_device<float>(out, size_t(T) * H * hd);
+    r.out = from_device<float>(out, n_out);
+    // Blocks holding a non-finite output (the tests of poisoned caches, where the fp32 output is
+    // what must show the NaN) are left out.
+    const Q81 want = quantize_q8_1(r.out.data(), n_out);
+    const auto got_q = from_device<int8_t>(outq, n_out);
+    const auto ds = from_device<float>(outds, n_out / 16);
+    int bad = 0;
+    for (size_t b = 0; b < n_out / 32 && bad < 5; ++b) {
+        if (!std::all_of(r.out.begin() + b * 32, r.out.begin() + (b + 1) * 32,
+                         [](float v) { return std::isfinite(v); }))
+            continue;
+        const bool same = std::equal(got_q.begin() + b * 32, got_q.begin() + (b + 1) * 32,
+                                     want.q.begin() + b * 32) &&
+                          ds[2 * b] == want.d[b] && ds[2 * b + 1] == want.s[b];
+        if (!same) ++bad;
+        EXPECT_TRUE(same) << "flash_combine's Q8_1 block " << b
+                          << " differs from quantize_q8_1 of its output";
+    }
     r.part_ml = from_device<float>(part_ml, parts * 2);
     r.max_splits = max_splits;
     return r;

@@ -47,7 +47,7 @@ double GpuSession::attention_flops(int l, int row0, int T) const {
     return 4.0 * lc.head_dim * cfg_.n_heads * pairs;  // Q K^T and P V
 }
 
-void GpuSession::record_attention(int l, int T) {
+bool GpuSession::record_attention(int l, int T) {
     const Work& w = *w_;
     const LayerConfig& lc = cfg_.layers[l];
     const GpuLayer& gl = model_.layers()[l];
@@ -69,7 +69,7 @@ void GpuSession::record_attention(int l, int T) {
                {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, gl.flash_prefill_spec,
                LaunchCost{0, attention_flops(l, 0, T), WorkKind::Attention});
         ++paths_.flash_prefill;
-        return;
+        return false;
     }
     const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_spec);
     // A decode graph's split count is fixed for the whole context (any count is correct; the
@@ -85,7 +85,9 @@ void GpuSession::record_attention(int l, int T) {
     const unsigned threads = constant(spec, "THREADS"), smem = constant(spec, "SMEM");
     const unsigned combine_threads = constant(spec, "COMBINE_THREADS");
     const unsigned combine_blocks =
-        constant(spec, "GROUP") * constant(spec, "N_KV_HEADS") * constant(spec, "HEAD_DIM") / 16;
+        constant(spec, "GROUP") * constant(spec, "N_KV_HEADS") * constant(spec, "HEAD_DIM") / 32;
+    // An int8 output projection reads the output's Q8_1 form, made by the combine.
+    const bool quantized = gl.o.quantized();
     CUdeviceptr table = kv_.table(l), part_o = w.part_o.ptr(), part_ml = w.part_ml.ptr();
     int slots = kv_.layer(l).slots;
     for (int t0 = 0; t0 < T; t0 += batch) {
@@ -97,10 +99,14 @@ void GpuSession::record_attention(int l, int T) {
         void* fargs[] = {&q, &table, &seqs, &positions, &n, &slots, &splits, &part_o, &part_ml};
         launch(flash, {unsigned(splits), unsigned(lc.n_kv_heads), unsigned(n)}, {threads}, smem,
                fargs, gl.flash_spec + " flash_decode", cost);
-        void* cargs[] = {&part_o, &part_ml, &out, &n, &splits};
+        CUdeviceptr outq = quantized ? w.xq.ptr() + t0 * q_dim : 0,
+                    outds = quantized ? w.xds.ptr() + t0 * (q_dim / 32) * 8 : 0;
+        void* cargs[] = {&part_o, &part_ml, &out, &outq, &outds, &n, &splits};
         launch(combine, {combine_blocks, unsigned(n)}, {combine_threads}, 0, cargs,
                gl.flash_spec + " flash_combine", LaunchCost{0, 0, WorkKind::Attention});
     }
+    if (quantized) ++paths_.attn_q8;
+    return quantized;
 }
 
 void GpuSession::record_layer(int l, int T) {
@@ -149,9 +155,11 @@ void GpuSession::record_layer(int l, int T) {
         launch(model_.kernels().get(g.attn_prep_spec, "attn_prep"),
                {ceil_div(rows, warps), unsigned(T)}, {32 * warps}, 0, args, g.attn_prep_spec);
     }
-    record_attention(l, T);
+    const bool attn_q8 = record_attention(l, T);
     // Split-K products leave their partial planes for the post-norm to sum.
-    int parts = matvec(g.o, nullptr, Input{w.attn.ptr()}, w.tmp.ptr(), T, "attn_output", true);
+    const Input attn_out =
+        attn_q8 ? Input{w.attn.ptr(), w.xq.ptr(), w.xds.ptr()} : Input{w.attn.ptr()};
+    int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", true);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, product(parts), parts, T);
     else
