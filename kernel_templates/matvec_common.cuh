@@ -29,7 +29,8 @@
 //   <name>_add    y = residual + W x
 //   <name>_geglu  y = gelu_tanh(W x) * (W_up x)   (the FFN gate|up pair in one pass)
 // With MOE = 1 the module holds the grouped expert forms instead (a MoE layer's routed experts,
-// stacked [E][n_rows][K] in LAYOUT 0):
+// stacked [E][n_rows][K]: in LAYOUT 0 the GGUF tensor as it is, in LAYOUT 1 each expert's matrix
+// repacked on its own, so expert e is a whole split matrix at w + e * expert_bytes):
 //   <name>_moe(w, w_up, expert_bytes, x, xds, groups, n_groups, slots, in_div, y, n_rows)
 //   <name>_moe_geglu(...)                          the same signature
 //     block (row block, g) multiplies expert e = groups[g].x (matrix at w + e * expert_bytes;

@@ -26,7 +26,8 @@
 //           here instead of in a pass of their own (needs ADD)
 //   MOE_NORMS  1: besides y2, two more norms of the updated residual y with their own weights:
 //           y3 = norm(y) * w3 (a MoE layer's router input) and y4 = norm(y) * w4 with its Q8_1
-//           form yq4 / yds4 (the experts' pre-norm), so a MoE layer's four norms of the post-
+//           form yq4 / yds4 (the experts' pre-norm; y4, or yq4 and yds4, may be null: float
+//           experts read y4, int8 ones the Q8_1 form), so a MoE layer's four norms of the post-
 //           attention residual take one launch (needs NORM2 and QUANT)
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
 // Entries (rows contiguous, stride N):
@@ -189,8 +190,8 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     for (int k = 0; k < VPT; ++k) {
         const int i = k * TPR + tr;
         const bool in_row = VEC % TPR == 0 || i < VEC;
-        const float4 n = make_float4(v[k].x * scale2, v[k].y * scale2, v[k].z * scale2,
-                                     v[k].w * scale2);
+        const float4 n =
+            make_float4(v[k].x * scale2, v[k].y * scale2, v[k].z * scale2, v[k].w * scale2);
         float4 o = n;
         if (in_row) {
             const float4 g = __ldg((const float4*)w2 + i);
@@ -211,8 +212,8 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
             const float4 g4 = __ldg((const float4*)w4 + i);
             o4.x *= g4.x, o4.y *= g4.y, o4.z *= g4.z, o4.w *= g4.w;
         }
-        if (in_row && live) ((float4*)(y4 + (size_t)r * N))[i] = o4;
-        gj_quantize_store(o4, in_row && live, r, i, yq4, yds4);
+        if (in_row && live && y4 != nullptr) ((float4*)(y4 + (size_t)r * N))[i] = o4;
+        gj_quantize_store(o4, in_row && live && yq4 != nullptr, r, i, yq4, yds4);
 #endif
     }
 #else

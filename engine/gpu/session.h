@@ -174,7 +174,8 @@ class GpuSession {
     void record_moe_ffn(int l, int T);
     // A MoE layer's norms after attention in one launch: x += post_attention_norm(u) (u: `parts`
     // split-K planes), then from the updated x the dense MLP's ffn_norm (h and Q8_1), the
-    // router's input (moe_y1) and the experts' pre_ffw_norm_2 (moe_z and Q8_1).
+    // router's input (moe_y1) and the experts' pre_ffw_norm_2 (moe_z for float experts, its Q8_1
+    // form for int8 ones).
     void moe_post_attention_norms(int l, CUdeviceptr u, int parts, int T);
     // The grouped expert matvec over `m` (GeGLU with its up halves at `up`): slots grouped by
     // moe_group in groups of at most `cols`, activation row slot / in_div, output row slot of
@@ -207,10 +208,6 @@ class GpuSession {
     void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
                    CUdeviceptr w2, int T, const char* what);
     void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what);
-    // rmsnorm entry of spec `name` (no scale, no second norm): y = [residual +] norm(x) * w, and
-    // its Q8_1 form into yq / yds when the spec quantizes.
-    void norm(const std::string& name, CUdeviceptr x, CUdeviceptr w, CUdeviceptr residual,
-              CUdeviceptr y, CUdeviceptr yq, CUdeviceptr yds, int T, const char* what);
     // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
     // Returns 1, or with `partials_ok` the number of split-K partial planes left in the
     // workspace (product(parts)) instead of y.

@@ -158,10 +158,6 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     return s;
 }
 
-}  // namespace gj::gemma4
-
-namespace gj::gemma4 {
-
 jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
     // A group's column map takes 2 * ncols registers more than the dense matvec: float weights
     // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /

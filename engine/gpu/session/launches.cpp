@@ -22,7 +22,14 @@ GpuSession::Input GpuSession::normed(int row) const {
 }
 
 void GpuSession::pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what) {
-    norm(model_.spec_prenorm(), x, w, 0, w_->h.ptr(), w_->xq.ptr(), w_->xds.ptr(), T, what);
+    const std::string& name = model_.spec_prenorm();
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
+    CUdeviceptr residual = 0, y = w_->h.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
+    float eps = cfg_.rms_eps;
+    void* args[] = {&x, &w, &residual, &y, &yq, &yds, &T, &eps};
+    launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
+           name + " " + what);
 }
 
 void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w, CUdeviceptr scale,
@@ -40,16 +47,6 @@ void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w
     CUdeviceptr y2 = w_->h.ptr();
     void* args[] = {&u, &w, &x, &x, &scale, &w2, &y2, &yq, &yds, &T, &eps};
     launch(model_.kernels().get(name, "rmsnorm_ext"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
-           name + " " + what);
-}
-
-void GpuSession::norm(const std::string& name, CUdeviceptr x, CUdeviceptr w, CUdeviceptr residual,
-                      CUdeviceptr y, CUdeviceptr yq, CUdeviceptr yds, int T, const char* what) {
-    const jit::KernelSpec& spec = model_.kernels().spec(name);
-    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
-    float eps = cfg_.rms_eps;
-    void* args[] = {&x, &w, &residual, &y, &yq, &yds, &T, &eps};
-    launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
            name + " " + what);
 }
 

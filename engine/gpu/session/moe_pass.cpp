@@ -14,6 +14,18 @@
 
 namespace gj::gemma4 {
 
+namespace {
+
+// Profiling cost of a grouped expert product over T tokens: the experts a step can touch, each
+// read once per group, and the multiply-adds of its T * K slots.
+LaunchCost expert_cost(const GpuExperts& m, bool geglu, int T, int K, int E, int n_rows) {
+    const uint64_t touched = uint64_t(std::min(E, T * K));
+    return LaunchCost{touched * m.expert_bytes * (geglu ? 2 : 1),
+                      2.0 * double(T) * K * n_rows * m.all.cols * (geglu ? 2 : 1), WorkKind::Gemm};
+}
+
+}  // namespace
+
 void GpuSession::experts(const GpuExperts& m, CUdeviceptr up, Input in, int in_div, CUdeviceptr y,
                          int n_rows, int T, int cols, const char* what) {
     const Work& w = *w_;
@@ -26,10 +38,7 @@ void GpuSession::experts(const GpuExperts& m, CUdeviceptr up, Input in, int in_d
                 slots = w.moe_slots.ptr();
     long long expert_bytes = (long long)m.expert_bytes;
     const int bound = moe_group_bound(T, K, E, cols);
-    // Profiling: the experts a step can touch, each read once per group.
-    const uint64_t touched = uint64_t(std::min(E, T * K));
-    const LaunchCost cost{touched * m.expert_bytes * (up ? 2 : 1),
-                          2.0 * double(T) * K * n_rows * m.all.cols * (up ? 2 : 1), WorkKind::Gemm};
+    const LaunchCost cost = expert_cost(m, up != 0, T, K, E, n_rows);
     void* args[] = {&wt,       &up,    &expert_bytes, &x, &xds,   &groups,
                     &n_groups, &slots, &in_div,       &y, &n_rows};
     launch(model_.kernels().get(name, spec.family + (up ? "_moe_geglu" : "_moe")),
@@ -48,9 +57,7 @@ void GpuSession::experts_gemm(const GpuExperts& m, CUdeviceptr up, CUdeviceptr x
     long long expert_bytes = (long long)m.expert_bytes;
     int n_rows = m.piece_rows;
     const int bound = moe_group_bound(T, K, E, constant(spec, "BM"));
-    const uint64_t touched = uint64_t(std::min(E, T * K));
-    const LaunchCost cost{touched * m.expert_bytes * (up ? 2 : 1),
-                          2.0 * double(T) * K * n_rows * m.all.cols * (up ? 2 : 1), WorkKind::Gemm};
+    const LaunchCost cost = expert_cost(m, up != 0, T, K, E, n_rows);
     const char* entry = up ? "mmq_moe_geglu_q8" : "mmq_moe";
     void* args[] = {&wt,       &up,    &expert_bytes, &xq, &xds, &groups,
                     &n_groups, &slots, &in_div,       &y,  &yds, &n_rows};
@@ -69,10 +76,12 @@ void GpuSession::moe_post_attention_norms(int l, CUdeviceptr u, int parts, int T
     // x += post_attention_norm(u); h = ffn_norm(x) (and Q8_1) for the dense MLP, y1 =
     // norm(x) * router scale / sqrt(d) for the router, z = pre_ffw_norm_2(x) (and Q8_1) for
     // the experts.
+    // The experts read z as fp32 (float weights) or as Q8_1 (int8 weights), not both.
+    const bool quant = g.gate_up.all.quantized();
     CUdeviceptr x = w.x.ptr(), wn = g.post_attention_norm, w2 = g.ffn_norm, y2 = w.h.ptr(),
                 yq = w.xq.ptr(), yds = w.xds.ptr(), w3 = g.router_norm, y3 = w.moe_y1.ptr(),
-                w4 = g.pre_ffw_norm_2, y4 = w.moe_z.ptr(), yq4 = w.moe_zq.ptr(),
-                yds4 = w.moe_zds.ptr();
+                w4 = g.pre_ffw_norm_2, y4 = quant ? 0 : w.moe_z.ptr(),
+                yq4 = quant ? w.moe_zq.ptr() : 0, yds4 = quant ? w.moe_zds.ptr() : 0;
     float eps = cfg_.rms_eps;
     void* args[] = {&u,  &wn, &x,  &x,  &w2,  &y2,   &yq, &yds,
                     &w3, &y3, &w4, &y4, &yq4, &yds4, &T,  &eps};
