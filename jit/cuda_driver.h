@@ -55,6 +55,7 @@ namespace gj::jit {
     X(cuFuncGetAttribute, 2020) \
     X(cuFuncSetAttribute, 9000) \
     X(cuLaunchKernel, 4000) \
+    X(cuLaunchKernelEx, 11060) \
     X(cuStreamBeginCapture, 10010) \
     X(cuStreamEndCapture, 10000) \
     X(cuGraphInstantiateWithFlags, 11040) \

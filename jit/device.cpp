@@ -6,6 +6,7 @@
 
 #include "jit/cuda_driver.h"
 #include "jit/env_flags.h"
+#include "jit/grid_dependency.h"
 
 namespace gj::jit {
 
@@ -209,7 +210,7 @@ int Kernel::attribute(CUfunction_attribute attr) const {
 }
 
 void Kernel::launch(LaunchDims grid, LaunchDims block, unsigned dyn_smem, CUstream stream,
-                    void** args) const {
+                    void** args, bool dependent) const {
     if (!fn_) throw DeviceError("launch of an unloaded kernel");
     if (dyn_smem > static_cast<unsigned>(max_dyn_smem_))
         throw DeviceError(
@@ -217,8 +218,27 @@ void Kernel::launch(LaunchDims grid, LaunchDims block, unsigned dyn_smem, CUstre
                         "memory but only {} were opted into (set_max_dynamic_smem "
                         "before capture)",
                         name_, dyn_smem, max_dyn_smem_));
-    CUresult r = driver().cuLaunchKernel(fn_, grid.x, grid.y, grid.z, block.x, block.y, block.z,
-                                         dyn_smem, stream, args, nullptr);
+    CUresult r;
+    if (dependent && waits_on_grid_) {
+        CUlaunchAttribute attr{};
+        attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        CUlaunchConfig cfg{};
+        cfg.gridDimX = grid.x;
+        cfg.gridDimY = grid.y;
+        cfg.gridDimZ = grid.z;
+        cfg.blockDimX = block.x;
+        cfg.blockDimY = block.y;
+        cfg.blockDimZ = block.z;
+        cfg.sharedMemBytes = dyn_smem;
+        cfg.hStream = stream;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        r = driver().cuLaunchKernelEx(&cfg, fn_, args, nullptr);
+    } else {
+        r = driver().cuLaunchKernel(fn_, grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                    dyn_smem, stream, args, nullptr);
+    }
     if (r != CUDA_SUCCESS)
         throw DeviceError(
             fmt::format("launching kernel {} (grid {}x{}x{}, block {}x{}x{}, {} B "
@@ -251,7 +271,9 @@ void ModuleSet::load(const CompiledKernel& k) {
             throw ModuleRejected(fmt::format("the cubin of {} has no entry {}: {}", k.spec.name,
                                              entry, driver_error_text(r)));
         }
-        found.emplace_back(k.spec.name + "/" + entry, Kernel(fn, k.spec.name + "/" + entry));
+        found.emplace_back(
+            k.spec.name + "/" + entry,
+            Kernel(fn, k.spec.name + "/" + entry, ptx_entry_waits_on_grid(k.ptx, entry)));
     }
     modules_.push_back(mod);
     for (size_t i = 0; i < found.size(); ++i) {

@@ -88,21 +88,29 @@ struct LaunchDims {
 class Kernel {
   public:
     Kernel() = default;
-    Kernel(CUfunction fn, std::string name) : fn_(fn), name_(std::move(name)) {}
+    Kernel(CUfunction fn, std::string name, bool waits_on_grid = false)
+        : fn_(fn), name_(std::move(name)), waits_on_grid_(waits_on_grid) {}
     CUfunction handle() const { return fn_; }
+    // Whether the entry's code waits on its grid dependency (jit/grid_dependency.h), so that it
+    // may be launched as a programmatic dependent.
+    bool waits_on_grid() const { return waits_on_grid_; }
     const std::string& name() const { return name_; }
     // Must be called before any graph capture that launches with more than 48 KiB dynamic smem.
     // Throws DeviceError naming the kernel when the device cannot give that much.
     void set_max_dynamic_smem(int bytes);
     int max_dynamic_smem() const { return max_dyn_smem_; }
     int attribute(CUfunction_attribute attr) const;
-    void launch(LaunchDims grid, LaunchDims block, unsigned dyn_smem, CUstream stream,
-                void** args) const;
+    // dependent: launch as a programmatic dependent of the stream's previous kernel
+    // (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) when the kernel waits on its grid
+    // dependency; its blocks may then start while that kernel finishes. Ignored otherwise.
+    void launch(LaunchDims grid, LaunchDims block, unsigned dyn_smem, CUstream stream, void** args,
+                bool dependent = false) const;
 
   private:
     CUfunction fn_ = nullptr;
     std::string name_;
     int max_dyn_smem_ = 48 * 1024;  // the default every kernel gets without opting in
+    bool waits_on_grid_ = false;
 };
 
 // Modules loaded from compiled kernels; one module per spec. A cubin the driver rejects is

@@ -136,6 +136,14 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::Neutral,
          .default_value = "1",
          .help = "0: launch the decode step eagerly instead of as a CUDA graph"},
+        {.name = "GEMMAJIT_PDL",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: launch every kernel only after the one before it has finished, instead of "
+                 "as a programmatic dependent (sm_90+: its blocks start and load their first "
+                 "weights while the kernel before finishes)"},
         {.name = "GEMMAJIT_KV_TYPE",
          .family = "tuning",
          .type = T::Enum,

@@ -100,6 +100,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
               const float* __restrict__ k_norm_w, const unsigned long long* __restrict__ kv,
               const int* __restrict__ seqs, const int* __restrict__ positions, int T, int slots,
               float rope_base, float eps) {
+    gj_grid_sync();
     const int t = blockIdx.y;
     if (t >= T) return;
 

@@ -14,6 +14,7 @@
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     f32_to_f16(const float4* __restrict__ x, uint2* __restrict__ y, int n) {
+    gj_grid_sync();
     const int i = blockIdx.x * THREADS + threadIdx.x;
     if (i >= n / 4) return;
     const float4 v = __ldg(x + i);
@@ -22,6 +23,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     f32_to_bf16(const float4* __restrict__ x, uint2* __restrict__ y, int n) {
+    gj_grid_sync();
     const int i = blockIdx.x * THREADS + threadIdx.x;
     if (i >= n / 4) return;
     const float4 v = __ldg(x + i);

@@ -32,6 +32,7 @@ static_assert(THREADS % 32 == 0 && THREADS <= 1024,
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     dequant_f16(const uint8* __restrict__ src, uint4* __restrict__ dst, int n_rows) {
+    gj_grid_sync();
     const size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;  // group of 8 elements
     if (i >= (size_t)n_rows * (K / 8)) return;
     float f[8];

@@ -79,6 +79,7 @@ GJ_DEVICE float4 gj_embed_group(const uint8* table, size_t id, int g) {
 extern "C" __global__ void __launch_bounds__(THREADS)
     embed_rows(const int* __restrict__ rows, int T, const void* __restrict__ table,
                float* __restrict__ out, float scale) {
+    gj_grid_sync();
     const int t = blockIdx.y;
     const int g = blockIdx.x * THREADS + threadIdx.x;
     if (t >= T || g >= N / 4) return;

@@ -682,6 +682,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     flash_decode(const float* __restrict__ q, const unsigned long long* __restrict__ kv,
                  const int* __restrict__ seqs, const int* __restrict__ positions, int T, int slots,
                  int max_splits, float* __restrict__ part_o, float2* __restrict__ part_ml) {
+    gj_grid_sync();
     extern __shared__ __align__(16) uint8 smem[];
     const int split = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
     if (t >= T) return;
@@ -715,6 +716,7 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
     flash_combine(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
                   float* __restrict__ out, uint32* __restrict__ outq, float2* __restrict__ outds,
                   int T, int max_splits) {
+    gj_grid_sync();
     const int t = blockIdx.y;
     if (t >= T) return;
     const int head = blockIdx.x / SLICES, slice = blockIdx.x % SLICES;

@@ -334,6 +334,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
     flash_prefill(const float* __restrict__ q, const void* __restrict__ k_cache,
                   const void* __restrict__ v_cache, const int* __restrict__ positions, int T,
                   int slots, float* __restrict__ out) {
+    gj_grid_sync();
     extern __shared__ __align__(16) uint8 smem[];
     const int total_rows = T * GROUP;
     // Cluster rank (the split) and row block, last tokens first. A whole cluster shares row0, so

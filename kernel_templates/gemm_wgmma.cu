@@ -469,6 +469,7 @@ GJ_DEVICE void gemm_wgmma_body(const void* w_gate, const void* w_up, const uint1
 #define GEMM_WGMMA_ENTRY(NAME, EPI)                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS, 1)                                 \
         NAME(const void* w, const void* w_up, const uint16* x, void* y, int T, int n_rows) { \
+        gj_grid_sync();                                                                      \
         gemm_wgmma_body<EPI>(w, w_up, x, y, T, n_rows);                                      \
     }
 GEMM_WGMMA_ENTRY(gemm_wgmma, wg_epi_store)

@@ -5,7 +5,8 @@
 // conversions, half2 arithmetic, int8/f16 tensor-core fragments, ldmatrix, cp.async, warp
 // reductions, fast transcendental approximations and loads for the 2-byte-aligned fields of ggml
 // quant blocks. Each helper is one or a few instructions; the GPU numerics test
-// (tests/jit/gpu_test_ptx_helpers.cpp via kernel_templates/ptx_selftest.cu) checks every one of them.
+// (tests/jit/gpu_test_ptx_helpers.cpp via kernel_templates/ptx_selftest.cu) checks every one of
+// them.
 //
 // Targets: sm_80 and newer (cp.async, cvt.rn.bf16.f32 and cvt.rn.f16x2.f32 need sm_80).
 //
@@ -231,6 +232,35 @@ GJ_DEVICE void cp_async_commit() {
 template <int kPending>
 GJ_DEVICE void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90+). The engine launches a kernel as a programmatic
+// dependent of the kernel before it on the stream when the kernel's code waits on that grid
+// (jit/device.cpp finds gj_grid_wait's instruction in each entry's PTX): the kernel's blocks may
+// then start while the previous kernel still runs, so the launch latency and whatever a block
+// does before gj_grid_wait (loading weights, which no kernel writes) overlap its tail.
+//
+// The rule every entry point follows: nothing before gj_grid_wait() reads memory an earlier
+// kernel writes or writes memory an earlier kernel reads. gj_grid_sync() is the usual first
+// statement: wait, then let the next kernel launch. Triggering only after the wait keeps at most
+// two grids in flight (a kernel that triggered before waiting would let the whole rest of the
+// step launch and fill the SMs with waiting blocks).
+//
+// Where the kernel was launched normally (or on sm_80) both are no-ops.
+GJ_DEVICE void gj_grid_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+GJ_DEVICE void gj_grid_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+GJ_DEVICE void gj_grid_sync() {
+    gj_grid_wait();
+    gj_grid_launch_dependents();
 }
 
 // ------------------------------------------------------------------------------------------------

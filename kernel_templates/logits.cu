@@ -119,6 +119,7 @@ GJ_DEVICE void gj_load_candidates4(const float* logits, int g, float cap, uint64
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     softcap_argmax(const float* __restrict__ logits, float cap, void* work, int* token) {
+    gj_grid_sync();
     __shared__ uint64 scratch[GJ_WARPS];
     gj_logits_work* ws = (gj_logits_work*)work;
     uint64 best = 0;
@@ -258,6 +259,7 @@ GJ_DEVICE void gj_select_topk(const uint64 (&e)[GJ_TOPK_PER], gj_select_smem& sm
 
 extern "C" __global__ void __launch_bounds__(THREADS)
     softcap_topk(const float* __restrict__ logits, float cap, void* work, int* ids, float* values) {
+    gj_grid_sync();
     __shared__ gj_select_smem sm;
     gj_logits_work* ws = (gj_logits_work*)work;
     uint64 e[GJ_TOPK_PER];
@@ -290,6 +292,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS) softcap(float* x, float cap, int n) {
+    gj_grid_sync();
     const int i = blockIdx.x * THREADS + threadIdx.x;
     if (i < n) x[i] = gj_softcap(x[i], cap);
 }

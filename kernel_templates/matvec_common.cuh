@@ -151,24 +151,44 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
 
     // Batches of UNROLL iterations: all loads of a batch are issued before any of its math, so
     // each thread keeps UNROLL * kVr units of weights in flight (the kernel is bound by memory
-    // latency x bytes in flight).
+    // latency x bytes in flight). Single-column matvecs (decode) load a batch's weights at the
+    // end of the batch before it, and the first batch's before the grid dependency wait:
+    // launched as a programmatic dependent, the block streams its first weights while the kernel
+    // before it finishes. (Multi-column ones keep the loads together: carrying the next weights
+    // across the loop would spill their larger register sets.)
     constexpr int kBatch = UNROLL < kIters ? UNROLL : kIters;
+    constexpr bool kEarlyWeights = NCOLS == 1;
+    // Lanes past the row end (last iteration only, or a batch overhanging kIters) reread unit 0
+    // and add nothing; they still join any warp shuffle in F::scale.
+    auto unit = [](int it, bool& live) {
+        const int u_raw = it * THREADS + (int)threadIdx.x;
+        live = (kUnits % THREADS == 0 && kIters % kBatch == 0) || u_raw < kUnits;
+        return live ? u_raw : 0;
+    };
+    typename F::WFrag wf[kBatch][kVr];
+    auto load_weights = [&](int it0) {
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+            bool live;
+            const int u = unit(it0 + b, live);
+#pragma unroll
+            for (int v = 0; v < kVr; ++v) wf[b][v] = F::load_w(rows[v], u);
+        }
+    };
+    if (kEarlyWeights) load_weights(0);
+    gj_grid_sync();
 #pragma unroll 1
     for (int it0 = 0; it0 < kIters; it0 += kBatch) {
         typename F::XFrag xf[kBatch][NCOLS];
-        typename F::WFrag wf[kBatch][kVr];
         bool live[kBatch];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-            const int u_raw = (it0 + b) * THREADS + (int)threadIdx.x;
-            // Lanes past the row end (last iteration only, or a batch overhanging kIters) reread
-            // unit 0 and add nothing; they still join any warp shuffle in F::scale.
-            live[b] = (kUnits % THREADS == 0 && kIters % kBatch == 0) || u_raw < kUnits;
-            const int u = live[b] ? u_raw : 0;
+            const int u = unit(it0 + b, live[b]);
 #pragma unroll
             for (int c = 0; c < NCOLS; ++c) xf[b][c] = F::load_x(x, xds, cols.in(c), u);
+            if (!kEarlyWeights)
 #pragma unroll
-            for (int v = 0; v < kVr; ++v) wf[b][v] = F::load_w(rows[v], u);
+                for (int v = 0; v < kVr; ++v) wf[b][v] = F::load_w(rows[v], u);
         }
 #pragma unroll
         for (int b = 0; b < kBatch; ++b)
@@ -181,6 +201,7 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
                     acc[v][c] = live[b] ? fmaf(dw, part, acc[v][c]) : acc[v][c];
                 }
             }
+        if (kEarlyWeights && it0 + kBatch < kIters) load_weights(it0 + kBatch);
     }
 
     // Block reduction: warp shuffles, then one partial per warp through shared memory.
@@ -235,6 +256,7 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
         NAME(const void* w, const void* w_up, long long expert_bytes, const XT* x,                \
              const float2* xds, const int4* groups, const int* n_groups, const int* slots,        \
              int in_div, float* y, int n_rows) {                                                  \
+        gj_grid_sync();                                                                           \
         gj_cols_gather cols;                                                                      \
         int e;                                                                                    \
         if (!gj_moe_group(groups, n_groups, slots, in_div, cols, e)) return;                      \

@@ -79,6 +79,7 @@ struct gj_q8_0 {
 // ggml blocks [n_rows][K / 32] -> split planes (dst must not overlap src). One thread per block;
 // any grid covering n_rows * K / 32 threads. Run once at load.
 extern "C" __global__ void repack_q8_0(const void* src, void* dst, int n_rows) {
+    gj_grid_sync();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const size_t n_blocks = (size_t)n_rows * (K / 32);
     if (i >= n_blocks) return;

@@ -463,6 +463,7 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)                     \
         NAME(const void* w, const void* w_up, const int8* xq, const float2* xds, void* y, \
              float2* yds, int T, int n_rows) {                                            \
+        gj_grid_sync();                                                                   \
         mmq_body<EPI>(w, w_up, xq, xds, y, yds, T, n_rows);                               \
     }
 
@@ -474,6 +475,7 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
              const float2* xds, const int4* groups, const int* n_groups, const int* slots,       \
              int in_div, void* y, float2* yds, int n_rows) {                                     \
         __shared__ int rows_in[BM], rows_out[BM];                                                \
+        gj_grid_sync();                                                                          \
         if ((int)blockIdx.y >= __ldg(n_groups)) return;                                          \
         const int4 grp = __ldg(groups + blockIdx.y); /* {expert, first slot, count, 0} */        \
         for (int i = threadIdx.x; i < BM; i += THREADS) {                                        \

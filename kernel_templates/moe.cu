@@ -42,6 +42,7 @@ GJ_DEVICE float moe_neg_inf() {
 extern "C" __global__ void __launch_bounds__(128)
     moe_route(const float* __restrict__ logits, const float* __restrict__ expert_scale,
               int* __restrict__ ids, float* __restrict__ wts, int T) {
+    gj_grid_sync();
     const int t = blockIdx.x * 4 + threadIdx.x / 32;
     if (t >= T) return;
     const int lane = threadIdx.x % 32;
@@ -136,6 +137,7 @@ GJ_DEVICE void moe_group_warp(const int* __restrict__ ids, int n, int cols,
 extern "C" __global__ void __launch_bounds__(THREADS)
     moe_group(const int* __restrict__ ids, int T, int cols, int* __restrict__ n_groups,
               int4* __restrict__ groups, int* __restrict__ slots) {
+    gj_grid_sync();
     constexpr int kWarps = THREADS / 32;
     // count: slots per expert, then the slots placed by the current round; base: where expert
     // e's next slot goes; wrank[w][e]: expert e's slots among warp w's 32 of the round, then
@@ -212,6 +214,7 @@ extern "C" __global__ void __launch_bounds__(256)
     moe_ffn_out(const float* __restrict__ dense, const float* __restrict__ ed,
                 const float* __restrict__ wts, const float* __restrict__ w1,
                 const float* __restrict__ w2, float* __restrict__ y, int T, float eps) {
+    gj_grid_sync();
     __shared__ float partial[8][2];
     const int t = blockIdx.x;
     if (t >= T) return;  // (uniform per block)

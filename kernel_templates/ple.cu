@@ -38,6 +38,7 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     ple_finish(const float* ctx, const float* __restrict__ tok,
                const float* __restrict__ proj_norm_w, float* ple_out, int T, float inv_sqrt_d,
                float eps) {
+    gj_grid_sync();
     constexpr int kPerLane = P / 32;
     const int slice = blockIdx.x * (GJ_PLE_THREADS / 32) + threadIdx.x / 32;  // t * L + l
     const int lane = threadIdx.x % 32;
@@ -64,6 +65,7 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
 extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     gelu_mul(const float* __restrict__ gate, const float* __restrict__ other, int other_stride,
              float* __restrict__ out, int T) {
+    gj_grid_sync();
     const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;
     if (i >= T * P) return;
     const int t = i / P, j = i % P;
@@ -73,6 +75,7 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
 extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     gelu_mul_q8(const float* __restrict__ gate, const float* __restrict__ other, int other_stride,
                 uint32* __restrict__ yq, float2* __restrict__ yds, int T) {
+    gj_grid_sync();
     const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;  // group of 4 values
     // Groups of 8 lanes are whole 32-blocks of one token (P % 32 == 0), so liveness is uniform
     // within each group and the group shuffles of quantize_q8_1_group8 stay within their block.
@@ -94,6 +97,7 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
 
 extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     gelu_mul_inplace(const float* __restrict__ gate, float* y, int T) {
+    gj_grid_sync();
     const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;
     if (i >= T * P) return;
     y[i] = gelu_tanh(gate[i]) * y[i];

@@ -18,6 +18,7 @@ static_assert(THREADS % 32 == 0 && THREADS <= 1024,
 extern "C" __global__ void __launch_bounds__(THREADS)
     quantize_q8_1(const float* __restrict__ x, uint32* __restrict__ xq, float2* __restrict__ xds,
                   int n_blocks) {
+    gj_grid_sync();
     const int i = blockIdx.x * THREADS + threadIdx.x;  // index of 4 consecutive values
     // Groups of 8 lanes are whole 32-blocks, so liveness is uniform within each group and the
     // group shuffles inside quantize_q8_1_group8 see only their own block.

@@ -242,6 +242,7 @@ extern "C" __global__ void rmsnorm_moe(const float* x, const float* __restrict__
                                        const float* __restrict__ w4, float* __restrict__ y4,
                                        uint32* __restrict__ yq4, float2* __restrict__ yds4,
                                        int rows, float eps) {
+    gj_grid_sync();
     gj_rmsnorm(x, w, residual, y, nullptr, w2, y2, yq, yds, rows, eps, w3, y3, w4, y4, yq4, yds4);
 }
 #elif SCALE || NORM2
@@ -251,12 +252,14 @@ extern "C" __global__ void rmsnorm_ext(const float* x, const float* __restrict__
                                        const float* __restrict__ w2, float* y2,
                                        uint32* __restrict__ yq, float2* __restrict__ yds, int rows,
                                        float eps) {
+    gj_grid_sync();
     gj_rmsnorm(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps);
 }
 #else
 extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w,
                                    const float* residual, float* y, uint32* __restrict__ yq,
                                    float2* __restrict__ yds, int rows, float eps) {
+    gj_grid_sync();
     gj_rmsnorm(x, w, residual, y, nullptr, nullptr, nullptr, yq, yds, rows, eps);
 }
 #endif

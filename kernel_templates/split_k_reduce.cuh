@@ -10,6 +10,7 @@
 #define GJ_SPLIT_K_REDUCE_ENTRY(NAME)                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                    \
         NAME(const float* __restrict__ part, float* __restrict__ y, int n) {             \
+        gj_grid_sync();                                                                  \
         const int i = blockIdx.x * 256 + threadIdx.x;                                    \
         if (i >= n) return;                                                              \
         float s = part[i];                                                               \

@@ -124,6 +124,8 @@ class GpuSession {
         uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
         uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
         uint64_t attn_q8 = 0;        // attention outputs quantized by flash_combine (no quantize)
+        uint64_t dependent = 0;      // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
+        uint64_t launches = 0;       // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
 
@@ -272,6 +274,7 @@ class GpuSession {
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
+    bool pdl_ = true;  // GEMMAJIT_PDL: kernels launched as programmatic dependents
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
     PathCounts paths_;
 };

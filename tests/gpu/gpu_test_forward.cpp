@@ -323,6 +323,43 @@ TEST(GpuForward, GraphReplayIsBitIdenticalToEagerLaunches) {
     EXPECT_EQ(g.graph_captures(), 2u);
 }
 
+// Programmatic dependent launches (GEMMAJIT_PDL, the default) change when kernels start, never
+// what they compute: prefill in 32-token chunks (the tensor-core GEMMs and attention) and 48
+// decode steps past the window, with graphs and eagerly, give logits bitwise equal to serial
+// launches. On sm_90 every launch of the engine's own kernels must have been a dependent one.
+TEST(GpuForward, DependentLaunchesAreBitIdenticalToSerialLaunches) {
+    GJ_REQUIRE_GPU();
+    gj::test::ScratchDir dir("gpu-pdl");
+    for (const char* graphs : {"1", "0"}) {
+        SCOPED_TRACE(std::string("GEMMAJIT_GRAPHS=") + graphs);
+        const auto path = synth(dir, "tiny-e2b", ggml::Type::Q4_0);
+        auto mp = load_gpu(path, 256, 32, flags({{"GEMMAJIT_GRAPHS", graphs}}));
+        auto ms =
+            load_gpu(path, 256, 32, flags({{"GEMMAJIT_GRAPHS", graphs}, {"GEMMAJIT_PDL", "0"}}));
+        GpuSession p(*mp), s(*ms);
+        const auto prompt = test_tokens(40, mp->config().vocab_size);
+        const auto lp = p.prefill_logits(prompt), ls = s.prefill_logits(prompt);
+        ASSERT_EQ(lp.size(), ls.size());
+        ASSERT_EQ(0, std::memcmp(lp.data(), ls.data(), lp.size() * 4)) << "prefill logits differ";
+        int32_t tok =
+            argmax(lp.data() + lp.size() - mp->config().vocab_size, mp->config().vocab_size);
+        for (int i = 0; i < 48; ++i) {
+            auto a = p.decode(tok, Readout::Logits), b = s.decode(tok, Readout::Logits);
+            ASSERT_EQ(0, std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4))
+                << "decode logits differ at step " << i;
+            tok = argmax(a.logits.data(), int(a.logits.size()));
+        }
+        EXPECT_EQ(s.path_counts().dependent, 0u);
+        if (sm90()) {
+            EXPECT_GT(p.path_counts().launches, 0u);
+            EXPECT_EQ(p.path_counts().dependent, p.path_counts().launches)
+                << "a kernel was launched without waiting on its grid dependency";
+        } else {
+            EXPECT_EQ(p.path_counts().dependent, 0u);  // griddepcontrol needs sm_90
+        }
+    }
+}
+
 // GEMMAJIT_REPACK=0 keeps the GGUF block layout (the split layout must really be used by default),
 // with logits within the int8 tolerance of each other (the summation order differs).
 TEST(GpuForward, RepackKillSwitchAgrees) {

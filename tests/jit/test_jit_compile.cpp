@@ -8,6 +8,7 @@
 #include "cache/store.h"
 #include "jit/cache_key.h"
 #include "jit/env_flags.h"
+#include "jit/grid_dependency.h"
 #include "jit/jit.h"
 #include "jit/nvrtc_compiler.h"
 #include "jit/render.h"
@@ -345,4 +346,21 @@ TEST(JitPlan, CompilesInParallelInOrderWithDedupeAndProgress) {
     auto again = warm.compile_plan(plan, "sm_90", 2);
     for (const auto& k : again) EXPECT_TRUE(k.cache_hit);
     EXPECT_EQ(quiet.count("compiling"), 0u);
+}
+
+// The scan behind programmatic dependent launches: only an entry whose own body holds the wait
+// may be launched as a dependent.
+TEST(GridDependency, FindsTheWaitInTheNamedEntryOnly) {
+    const std::string ptx =
+        ".version 8.8\n.target sm_90\n"
+        ".visible .entry matvec(\n.param .u64 a\n)\n{\n\tgriddepcontrol.wait;\n\tret;\n}\n"
+        ".visible .entry matvec_add(\n.param .u64 a\n)\n{\n\tret;\n}\n"
+        ".func helper()\n{\n\tgriddepcontrol.wait;\n\tret;\n}\n"
+        ".visible .entry matvec_geglu(\n)\n{\n\tcall helper;\n\tret;\n}\n";
+    EXPECT_TRUE(ptx_entry_waits_on_grid(ptx, "matvec"));
+    EXPECT_FALSE(ptx_entry_waits_on_grid(ptx, "matvec_add"));    // no wait of its own
+    EXPECT_FALSE(ptx_entry_waits_on_grid(ptx, "matvec_geglu"));  // only through a .func
+    EXPECT_FALSE(ptx_entry_waits_on_grid(ptx, "matv"));          // a prefix is not an entry
+    EXPECT_FALSE(ptx_entry_waits_on_grid(ptx, "softcap"));       // absent
+    EXPECT_FALSE(ptx_entry_waits_on_grid("", "matvec"));
 }

@@ -14,6 +14,7 @@
 #include "engine/model/gemma4_config.h"
 #include "engine/model/quant_mix.h"
 #include "jit/env_flags.h"
+#include "jit/grid_dependency.h"
 
 namespace gj::test {
 
@@ -237,6 +238,13 @@ void compile_and_check(
                     EXPECT_EQ(c.resources_per_entry[i].spill_load_bytes, 0) << s.entries[i];
                     EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << s.entries[i];
                 }
+            }
+            // Every model kernel may be launched as a programmatic dependent on sm_90 (it waits
+            // on its grid dependency first); on sm_80 the wait compiles to nothing.
+            if (s.family != "ptx_selftest" && s.family != "jit_selftest") {
+                for (const auto& e : s.entries)
+                    EXPECT_EQ(jit::ptx_entry_waits_on_grid(c.ptx, e), arch == "sm_90")
+                        << "entry " << e;
             }
             check(c, arch);
         }

@@ -12,7 +12,11 @@ namespace gj::gemma4 {
 
 void GpuSession::launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchDims block,
                         unsigned smem, void** args, const std::string& label, LaunchCost cost) {
-    profiled(label, cost, [&] { k.launch(grid, block, smem, stream_, args); });
+    // Not under the profiler: its events around every launch time each kernel alone.
+    const bool dependent = pdl_ && !profiler_;
+    profiled(label, cost, [&] { k.launch(grid, block, smem, stream_, args, dependent); });
+    ++paths_.launches;
+    if (dependent && k.waits_on_grid()) ++paths_.dependent;
 }
 
 GpuSession::Input GpuSession::normed(int row) const {

@@ -18,7 +18,8 @@ GpuSession::GpuSession(GpuModel& model)
       w_(std::make_unique<Work>(model)),
       pos_(size_t(model.kv_geometry().sequences), 0),
       graphs_(model.flags().get_bool("GEMMAJIT_GRAPHS")),
-      streams_(model.flags().get_bool("GEMMAJIT_STREAMS")) {
+      streams_(model.flags().get_bool("GEMMAJIT_STREAMS")),
+      pdl_(model.flags().get_bool("GEMMAJIT_PDL")) {
     jit::Device& dev = jit::Device::get();
     dev.make_current();
     const jit::DriverApi& api = jit::driver();
