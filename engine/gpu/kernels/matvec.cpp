@@ -42,9 +42,10 @@ void check_matvec_shape(const std::string& what, int k, int ncols) {
         throw std::invalid_argument(fmt::format("{}: {} columns (1..8 supported)", what, ncols));
 }
 
-}  // namespace
-
-jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
+// The spec of matvec_spec; moe: for the grouped expert entries (matvec_moe_spec), which keep
+// the launch shapes they were measured with.
+jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout,
+                                 bool moe) {
     if (is_float_type(weight_type)) {
         if (layout != MatvecLayout::Ggml)
             throw std::invalid_argument(fmt::format("matvec: {} weights have no split layout",
@@ -110,6 +111,26 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
         else if (units <= 4 * threads)
             rows = 2;
     }
+    // Single-column split Q8_0 / Q4_0 rows of the dense layers, from an H100 sweep
+    // (MatvecBench.DISABLED_E4bFfnShapes, then tg128 with each candidate in the whole model):
+    // rows of at least 8192 take 64 threads over 2 rows, 2 units per batch for Q8_0 (E4B ffn_down
+    // k 10240: 2280 -> 2410 GB/s) and 32 threads over 1 row, 2 per batch for Q4_0 (1391 -> 1790);
+    // shorter rows longer than 32 units take 128 threads over 2 rows (E4B Q8_0
+    // k 2560 plain 1754 -> 2462 GB/s, GeGLU unchanged). tg128 on the H100, whole model: E4B Q8_0
+    // 289.5 -> 308.4, E4B Q4_0 364.1 -> 381.3; 31B Q4_0 123.9 -> 127.8 with 64 x 2 for its long
+    // rows (alone 32 x 1 gave 124.4 there and 378.1 on E4B Q4_0, 64 x 2 122.4 and 375.7).
+    if (!moe && layout == MatvecLayout::Split && ncols == 1) {
+        if (k >= 8192) {
+            const bool q8 = weight_type == ggml::Type::Q8_0;
+            threads_used = q8 ? 64 : 32;
+            rows = q8 ? 2 : 1;
+            unroll = 2;
+        } else if (units > 32) {
+            threads_used = 128;
+            rows = 2;
+            unroll = 2;  // (the measured rows took at most 2 iterations; 4 spills from 3 up)
+        }
+    }
     jit::KernelSpec s;
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
@@ -125,6 +146,12 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
     if (layout == MatvecLayout::Split) s.entries.push_back(fmt::format("repack_{}", tag));
     s.priority = 0;
     return s;
+}
+
+}  // namespace
+
+jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
+    return make_matvec_spec(weight_type, k, ncols, layout, false);
 }
 
 jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
@@ -163,7 +190,7 @@ jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, Matvec
     // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /
     // bf16 k 2816, GeGLU).
     if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
-    jit::KernelSpec s = matvec_spec(weight_type, k, ncols, layout);
+    jit::KernelSpec s = make_matvec_spec(weight_type, k, ncols, layout, true);
     s.name += ".moe";
     s.constants.push_back({"MOE", 1});
     const std::string base = s.family;  // matvec_<tag> or matvec_f
