@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "engine/serve/api_error.h"
 #include "engine/serve/scheduler.h"
@@ -26,7 +28,10 @@ constexpr int kVocab = 1024;
 // synthetic vocabulary): never a stop token, never a marker.
 class FakeForward : public gj::gen::Forward {
   public:
-    explicit FakeForward(std::atomic<int>* prefilled = nullptr) : prefilled_(prefilled) {}
+    // gate: when given, every decode waits until it is open.
+    explicit FakeForward(std::atomic<int>* prefilled = nullptr,
+                         const std::atomic<bool>* gate = nullptr)
+        : prefilled_(prefilled), gate_(gate) {}
     int vocab_size() const override { return kVocab; }
     int context_length() const override { return 64; }
     int position() const override { return static_cast<int>(seq_.size()); }
@@ -36,6 +41,7 @@ class FakeForward : public gj::gen::Forward {
         return logits();
     }
     std::vector<float> decode(int32_t token) override {
+        while (gate_ && !gate_->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         if (fails_next())
             throw std::runtime_error("fake forward failed at position " +
                                      std::to_string(position()));
@@ -62,6 +68,7 @@ class FakeForward : public gj::gen::Forward {
     }
     std::vector<int32_t> seq_;
     std::atomic<int>* prefilled_;
+    const std::atomic<bool>* gate_;
 };
 
 // A batch decoder like the GPU's: all entries in one call or, when one of them would fail,
@@ -86,9 +93,10 @@ const gj::tok::Tokenizer& tokenizer() {
     return t;
 }
 
-std::vector<std::unique_ptr<gj::gen::Forward>> fakes(int n, std::atomic<int>* prefilled = nullptr) {
+std::vector<std::unique_ptr<gj::gen::Forward>> fakes(int n, std::atomic<int>* prefilled = nullptr,
+                                                     const std::atomic<bool>* gate = nullptr) {
     std::vector<std::unique_ptr<gj::gen::Forward>> v;
-    for (int i = 0; i < n; ++i) v.push_back(std::make_unique<FakeForward>(prefilled));
+    for (int i = 0; i < n; ++i) v.push_back(std::make_unique<FakeForward>(prefilled, gate));
     return v;
 }
 
@@ -196,13 +204,26 @@ TEST(Scheduler, ContextLimitsAndStopStrings) {
     EXPECT_EQ(stopped.text, full.text.substr(0, full.text.find(g.stop[0])));
 }
 
+// Decoding waits behind a gate that opens only once stop() has begun (new work is then refused),
+// so both jobs are still running or queued when it arrives, however fast the fake forward is
+// (ungated, a slow test thread could see them finish by length first).
 TEST(Scheduler, StopCancelsEverything) {
-    auto s = std::make_unique<Scheduler>(tokenizer(), fakes(1));
-    auto a = s->submit(greedy({2, 3}, -1));
-    auto b = s->submit(greedy({2, 4}, -1));
-    s->stop();
-    EXPECT_EQ(drain(*a).done.finish, Finish::Cancelled);
-    EXPECT_EQ(drain(*b).done.finish, Finish::Cancelled);
+    std::atomic<bool> open{false};
+    auto s = std::make_unique<Scheduler>(tokenizer(), fakes(1, nullptr, &open));
+    std::vector<std::shared_ptr<Job>> jobs = {s->submit(greedy({2, 3}, -1)),
+                                              s->submit(greedy({2, 4}, -1))};
+    std::thread stopper([&] { s->stop(); });
+    for (;;) {  // until stop() refuses work; what got in before must be cancelled as well
+        try {
+            jobs.push_back(s->submit(greedy({2, 5}, -1)));
+        } catch (const gj::serve::ApiError&) {
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    open = true;
+    stopper.join();
+    for (auto& j : jobs) EXPECT_EQ(drain(*j).done.finish, Finish::Cancelled);
     EXPECT_THROW(s->submit(greedy({2, 3}, 1)), gj::serve::ApiError);
 }
 
