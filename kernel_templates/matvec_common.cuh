@@ -256,7 +256,7 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
         NAME(const void* w, const void* w_up, long long expert_bytes, const XT* x,                \
              const float2* xds, const int4* groups, const int* n_groups, const int* slots,        \
              int in_div, float* y, int n_rows) {                                                  \
-        gj_grid_sync();                                                                           \
+        gj_grid_sync(); /* the groups come from moe_group (gj_matvec's wait then passes) */       \
         gj_cols_gather cols;                                                                      \
         int e;                                                                                    \
         if (!gj_moe_group(groups, n_groups, slots, in_div, cols, e)) return;                      \

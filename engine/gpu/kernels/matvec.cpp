@@ -98,37 +98,36 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             unroll = 2;
         }
     }
-    // Short Q8_0 / Q4_0 rows in single-column decode take several rows per block, so every
-    // thread keeps more 16-byte loads in flight: 4 rows for one unit per thread or fewer (split
-    // Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row blocks read 483 GB/s
-    // on the H200), 2 rows for up to 4 units per thread (split Q4_0 k 1536..4096 and 8192: E2B's,
-    // E4B's, 12B's and the 26B's d_model-wide matrices, not 31B's 5376). H200 tg128: E4B Q4_0 359.2
-    // -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4, E4B Q8_0 unchanged (316.2 with 2 rows up to 8 units,
-    // 315.9 without: 5 units stay at one row).
+    // Single-column Q8_0 / Q4_0 decode shapes.
+    //  * Split rows of the dense layers, from an H100 sweep (MatvecBench.DISABLED_E4bFfnShapes,
+    //    then tg128 with each candidate in the whole model): rows of at least 8192 take 64
+    //    threads over 2 rows for Q8_0 (E4B ffn_down k 10240: 2280 -> 2410 GB/s) and 32 threads
+    //    over 1 row for Q4_0 (1391 -> 1790), 2 units per batch; shorter rows of more than 32
+    //    units take 128 threads over 2 rows (E4B Q8_0 k 2560 plain 1754 -> 2462 GB/s, GeGLU
+    //    unchanged; at most 2 iterations there, and 4-unit batches spill from 3 up). tg128 on the
+    //    H100, whole model: E4B Q8_0 289.5 -> 308.4, E4B Q4_0 364.1 -> 381.3; 31B Q4_0 123.9 ->
+    //    127.8 with 64 x 2 for its long rows (alone 32 x 1 gave 124.4 there and 378.1 on E4B
+    //    Q4_0, 64 x 2 122.4 and 375.7).
+    //  * Otherwise (the MoE experts, the GGUF layout, rows of at most 32 units) several rows per
+    //    block, so every thread keeps more 16-byte loads in flight: 4 for one unit per thread or
+    //    fewer (split Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row
+    //    blocks read 483 GB/s on the H200), 2 for up to 4 units per thread (H200 tg128, before the
+    //    rule above: E4B Q4_0 359.2 -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4).
     if (!is_kquant(weight_type) && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
-        if (units <= threads)
-            rows = 4;
-        else if (units <= 4 * threads)
-            rows = 2;
-    }
-    // Single-column split Q8_0 / Q4_0 rows of the dense layers, from an H100 sweep
-    // (MatvecBench.DISABLED_E4bFfnShapes, then tg128 with each candidate in the whole model):
-    // rows of at least 8192 take 64 threads over 2 rows, 2 units per batch for Q8_0 (E4B ffn_down
-    // k 10240: 2280 -> 2410 GB/s) and 32 threads over 1 row, 2 per batch for Q4_0 (1391 -> 1790);
-    // shorter rows longer than 32 units take 128 threads over 2 rows (E4B Q8_0
-    // k 2560 plain 1754 -> 2462 GB/s, GeGLU unchanged). tg128 on the H100, whole model: E4B Q8_0
-    // 289.5 -> 308.4, E4B Q4_0 364.1 -> 381.3; 31B Q4_0 123.9 -> 127.8 with 64 x 2 for its long
-    // rows (alone 32 x 1 gave 124.4 there and 378.1 on E4B Q4_0, 64 x 2 122.4 and 375.7).
-    if (!moe && layout == MatvecLayout::Split && ncols == 1) {
-        if (k >= 8192) {
+        const bool dense_split = !moe && layout == MatvecLayout::Split;
+        if (dense_split && k >= 8192) {
             const bool q8 = weight_type == ggml::Type::Q8_0;
             threads_used = q8 ? 64 : 32;
             rows = q8 ? 2 : 1;
             unroll = 2;
-        } else if (units > 32) {
+        } else if (dense_split && units > 32) {
             threads_used = 128;
             rows = 2;
-            unroll = 2;  // (the measured rows took at most 2 iterations; 4 spills from 3 up)
+            unroll = 2;
+        } else if (units <= threads) {
+            rows = 4;
+        } else if (units <= 4 * threads) {
+            rows = 2;
         }
     }
     jit::KernelSpec s;
