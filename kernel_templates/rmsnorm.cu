@@ -128,12 +128,36 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     const int r = live ? row : 0;
     const float4* xr = (const float4*)(x + (size_t)r * N);
 
+    // Everything this thread reads is requested before the first reduction, so the launch pays
+    // one memory latency instead of one per input: the norm weights (and the layer scale), which
+    // no kernel writes, even before the grid dependency wait (launched as a programmatic
+    // dependent, while the kernel before still runs); x and the residual right after it.
+    float4 g1[VPT], g2[VPT], res[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int i = k * TPR + tr;
+        const bool in_row = VEC % TPR == 0 || i < VEC;
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        g1[k] = WEIGHT && in_row ? __ldg((const float4*)w + i) : zero;
+        g2[k] = NORM2 && in_row ? __ldg((const float4*)w2 + i) : zero;
+    }
+#if SCALE
+    const float s_out = __ldg(out_scale);
+#endif
+    gj_grid_sync();
     float4 v[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+        const int i = k * TPR + tr;
+        const bool in_row = VEC % TPR == 0 || i < VEC;
+        v[k] = in_row ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        res[k] = ADD && in_row && live ? ((const float4*)(residual + (size_t)r * N))[i]
+                                       : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int i = k * TPR + tr;
-        v[k] = (VEC % TPR == 0 || i < VEC) ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int z = 1; z < PARTS; ++z)
             if (VEC % TPR == 0 || i < VEC) {
@@ -148,9 +172,6 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     ss = gj_row_sum(ss, partial[0]);
     // About 1 ulp (rsqrt_refined), like the CPU's double computation rounded to float.
     const float scale = rsqrt_refined(ss * (1.0f / N) + eps);
-#if SCALE
-    const float s_out = __ldg(out_scale);
-#endif
 
     // o: this thread's part of y (zero outside the row, so NORM2's sum needs no mask). Without
     // NORM2 the quantization of y happens in the same pass (fewer values live at once).
@@ -162,16 +183,12 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         float4& o = v[k];
         o = make_float4(o.x * scale, o.y * scale, o.z * scale, o.w * scale);
 #if WEIGHT
-        if (in_row) {
-            const float4 g = __ldg((const float4*)w + i);
-            o.x *= g.x, o.y *= g.y, o.z *= g.z, o.w *= g.w;
-        }
+        // Rounded before the residual add (no FMA contraction): the products the CPU makes.
+        o = make_float4(__fmul_rn(o.x, g1[k].x), __fmul_rn(o.y, g1[k].y), __fmul_rn(o.z, g1[k].z),
+                        __fmul_rn(o.w, g1[k].w));
 #endif
 #if ADD
-        if (in_row && live) {
-            const float4 res = ((const float4*)(residual + (size_t)r * N))[i];
-            o.x += res.x, o.y += res.y, o.z += res.z, o.w += res.w;
-        }
+        o.x += res[k].x, o.y += res[k].y, o.z += res[k].z, o.w += res[k].w;
 #endif
 #if SCALE
         o.x *= s_out, o.y *= s_out, o.z *= s_out, o.w *= s_out;
@@ -193,10 +210,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         const float4 n =
             make_float4(v[k].x * scale2, v[k].y * scale2, v[k].z * scale2, v[k].w * scale2);
         float4 o = n;
-        if (in_row) {
-            const float4 g = __ldg((const float4*)w2 + i);
-            o.x *= g.x, o.y *= g.y, o.z *= g.z, o.w *= g.w;
-        }
+        o.x *= g2[k].x, o.y *= g2[k].y, o.z *= g2[k].z, o.w *= g2[k].w;
         if (in_row && live && y2 != nullptr) ((float4*)(y2 + (size_t)r * N))[i] = o;
 #if QUANT
         gj_quantize_store(o, in_row && live, r, i, yq, yds);
@@ -242,7 +256,6 @@ extern "C" __global__ void rmsnorm_moe(const float* x, const float* __restrict__
                                        const float* __restrict__ w4, float* __restrict__ y4,
                                        uint32* __restrict__ yq4, float2* __restrict__ yds4,
                                        int rows, float eps) {
-    gj_grid_sync();
     gj_rmsnorm(x, w, residual, y, nullptr, w2, y2, yq, yds, rows, eps, w3, y3, w4, y4, yq4, yds4);
 }
 #elif SCALE || NORM2
@@ -252,14 +265,12 @@ extern "C" __global__ void rmsnorm_ext(const float* x, const float* __restrict__
                                        const float* __restrict__ w2, float* y2,
                                        uint32* __restrict__ yq, float2* __restrict__ yds, int rows,
                                        float eps) {
-    gj_grid_sync();
     gj_rmsnorm(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps);
 }
 #else
 extern "C" __global__ void rmsnorm(const float* x, const float* __restrict__ w,
                                    const float* residual, float* y, uint32* __restrict__ yq,
                                    float2* __restrict__ yds, int rows, float eps) {
-    gj_grid_sync();
     gj_rmsnorm(x, w, residual, y, nullptr, nullptr, nullptr, yq, yds, rows, eps);
 }
 #endif

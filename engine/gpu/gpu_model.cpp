@@ -167,7 +167,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         if (is_block_quant(t) && g.cols % 32 == 0) {
             g.type = t;
             g.layout = repack ? MatvecLayout::Split : MatvecLayout::Ggml;
-            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout)).name;
+            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             if (mmq && g.layout == MatvecLayout::Split) {
                 g.spec_gemm = kernels_
@@ -182,7 +182,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             // K-quants and Q4_1/Q5_0/Q5_1: read in place by the decode matvecs; prefill chunks
             // multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
-            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1)).name;
+            g.spec_decode =
+                kernels_.add(matvec_spec(t, g.cols, 1, MatvecLayout::Ggml, g.rows)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols)).name;
             if (blas && prefill_gemm) {
                 g.blas = true;
@@ -197,7 +198,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                 d.first += 1;
                 d.second += type_bytes(t, g.rows, g.cols);
             }
-            g.spec_decode = kernels_.add(matvec_f_spec(g.type, g.cols, 1)).name;
+            g.spec_decode = kernels_.add(matvec_f_spec(g.type, g.cols, 1, g.rows)).name;
             g.spec_prefill = kernels_.add(matvec_f_spec(g.type, g.cols, kPrefillCols)).name;
             g.blas = blas;
             wants_blas_ = wants_blas_ || blas;

@@ -83,10 +83,12 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     auto fits = [](ggml::Type t, int k) { return !is_kquant(t) || k % 256 == 0; };
     // Only Q8_0 / Q4_0 have the split layout; every other type is read in its GGUF blocks.
     auto has_split = [](ggml::Type t) { return has_gemm(t); };
-    auto add_matvec = [&](ggml::Type t, int k) {
+    // n: the matrix's rows (single-column shapes of some types depend on them).
+    auto add_matvec = [&](ggml::Type t, int k, int n) {
         if (!fits(t, k)) return;
         for (int ncols : col_counts)
-            add(matvec_spec(t, k, ncols, has_split(t) ? types.layout : MatvecLayout::Ggml));
+            add(matvec_spec(t, k, ncols, has_split(t) ? types.layout : MatvecLayout::Ggml,
+                            ncols == 1 ? n : 0));
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide).
@@ -128,17 +130,31 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // the MoE model's dense MLP included) and P (PLE proj). Then the tied LM head and the PLE
     // context projection (both d wide) in their own types.
     std::set<int> widths = {d};
+    std::set<std::pair<int, int>> shapes;  // (input width, rows) of every layer matrix
     for (size_t i = 0; i < cfg.layers.size(); ++i) {
-        widths.insert(cfg.q_dim(static_cast<int>(i)));
-        if (cfg.layers[i].ffn_dim > 0) widths.insert(cfg.layers[i].ffn_dim);
+        const int l = static_cast<int>(i), ffn = cfg.layers[i].ffn_dim;
+        widths.insert(cfg.q_dim(l));
+        shapes.insert({d, cfg.q_dim(l)});
+        shapes.insert({cfg.q_dim(l), d});
+        if (cfg.layers[i].has_kv) shapes.insert({d, cfg.kv_dim(l)});
+        if (ffn > 0) {
+            widths.insert(ffn);
+            shapes.insert({d, ffn});
+            shapes.insert({ffn, d});
+        }
     }
-    if (cfg.has_ple()) widths.insert(cfg.ple_dim);
-    for (int k : widths) add_matvec(types.matmul, k);
+    if (cfg.has_ple()) {
+        widths.insert(cfg.ple_dim);
+        shapes.insert({d, cfg.ple_dim});
+        shapes.insert({cfg.ple_dim, d});
+    }
+    for (auto [k, n] : shapes) add_matvec(types.matmul, k, n);
     // MoE: the router (a float matrix: quantizers keep it unquantized; f32 in our files) and the
     // grouped expert matvecs of gate|up (input d) and down (input F), with the routing kernels.
     if (cfg.is_moe()) {
         add(moe_spec(cfg));
-        for (int ncols : col_counts) add(matvec_f_spec(ggml::Type::F32, d, ncols));
+        for (int ncols : col_counts)
+            add(matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0));
         // Q8_0 / Q4_0 experts in the split layout (each expert repacked on its own) also get
         // the grouped int8 tensor-core GEMMs of prefill (gate|up: d -> F, down: F -> d).
         const int F = cfg.expert_ffn_dim;
@@ -155,8 +171,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             add(mmq_moe_spec(types.matmul, F, d));
         }
     }
-    add_matvec(types.token_embd, d);
-    if (cfg.has_ple()) add_matvec(types.ple_model_proj, d);
+    add_matvec(types.token_embd, d, cfg.vocab_size);
+    if (cfg.has_ple()) add_matvec(types.ple_model_proj, d, cfg.n_layers * cfg.ple_dim);
 
     // Prefill products of the quantized matrices on the int8 tensor-core GEMM (split layout
     // only), one specialization per (input width, output rows) tile choice; the post-norms after

@@ -501,7 +501,8 @@ TEST(RmsNormMoe, EqualsTheSeparateNorms) {
     GJ_REQUIRE_GPU();
     for (const auto& [n, rows, parts] :
          {std::tuple{2816, 5, 1}, std::tuple{2816, 37, 3}, std::tuple{128, 9, 1}}) {
-        const KernelSpec moe = gj::gemma4::rmsnorm_spec(n, true, true, true, false, true, parts, true);
+        const KernelSpec moe =
+            gj::gemma4::rmsnorm_spec(n, true, true, true, false, true, parts, true);
         const KernelSpec ext = gj::gemma4::rmsnorm_spec(n, true, true, true, false, true, parts);
         const KernelSpec plain = gj::gemma4::rmsnorm_spec(n, true);
         const KernelSpec pre = gj::gemma4::rmsnorm_spec(n, true, true);
@@ -514,8 +515,8 @@ TEST(RmsNormMoe, EqualsTheSeparateNorms) {
         const auto res = random_normal(total, 5.0f, rng);
         std::vector<std::vector<float>> w;
         for (int i = 0; i < 4; ++i) w.push_back(random_normal(n, 1.0f, rng));
-        auto du = to_device(u), dw = to_device(w[0]), dw2 = to_device(w[1]),
-             dw3 = to_device(w[2]), dw4 = to_device(w[3]);
+        auto du = to_device(u), dw = to_device(w[0]), dw2 = to_device(w[1]), dw3 = to_device(w[2]),
+             dw4 = to_device(w[3]);
         auto launch_dims = [](const KernelSpec& spec, int rows) {
             const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
             const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
@@ -558,20 +559,31 @@ TEST(RmsNormMoe, EqualsTheSeparateNorms) {
 
 // Decode bandwidth for the E4B FFN shapes (gate/up: 10240 x 2560, down: 2560 x 10240) over a
 // grid of launch constants, plain and GeGLU entries. Weights rotate over enough copies to defeat
-// the L2 cache. GJ_BENCH_TYPES picks the weight types (default q8_0,q4_0; K-quants: ggml layout).
+// the L2 cache. GJ_BENCH_TYPES picks the weight types (default q8_0,q4_0; K-quants and float
+// types: ggml layout), GJ_BENCH_SHAPES the matrices ("NxK,...", default the E4B FFN pair).
 TEST(MatvecBench, DISABLED_E4bFfnShapes) {
     GJ_REQUIRE_GPU();
     struct Cfg {
         int threads, rows, unroll;
     };
-    const std::vector<Cfg> cfgs = {{32, 1, 4},  {64, 1, 4},  {128, 1, 4}, {256, 1, 4},
-                                   {128, 2, 4}, {64, 2, 4},  {128, 1, 8}, {256, 1, 8},
-                                   {128, 1, 2}, {128, 4, 2}, {256, 2, 8}, {32, 2, 2},
-                                   {32, 4, 1},  {64, 2, 2},  {64, 4, 1},  {32, 1, 2}};
+    const std::vector<Cfg> cfgs = {{32, 1, 4},  {64, 1, 4},  {128, 1, 4}, {256, 1, 4}, {128, 2, 4},
+                                   {64, 2, 4},  {128, 1, 8}, {256, 1, 8}, {128, 1, 2}, {128, 4, 2},
+                                   {256, 2, 8}, {32, 2, 2},  {32, 4, 1},  {64, 2, 2},  {64, 4, 1},
+                                   {32, 1, 2},  {256, 1, 2}, {512, 1, 1}, {32, 8, 1},  {64, 8, 1}};
     struct Shape {
         int n, k;
     };
-    const std::vector<Shape> shapes = {{10240, 2560}, {2560, 10240}};
+    // GJ_BENCH_SHAPES: "NxK,NxK,..." (rows x input width), default the E4B FFN pair.
+    std::vector<Shape> shapes;
+    const char* shapes_env = std::getenv("GJ_BENCH_SHAPES");
+    const std::string shape_list = shapes_env ? shapes_env : "10240x2560,2560x10240";
+    for (size_t p = 0; p < shape_list.size();) {
+        const size_t e = std::min(shape_list.find(',', p), shape_list.size());
+        Shape sh{};
+        if (std::sscanf(shape_list.substr(p, e - p).c_str(), "%dx%d", &sh.n, &sh.k) == 2)
+            shapes.push_back(sh);
+        p = e + 1;
+    }
     const char* env = std::getenv("GJ_BENCH_TYPES");
     std::vector<ggml::Type> types;
     std::string list = env ? env : "q8_0,q4_0";
@@ -580,34 +592,44 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         if (auto t = ggml::type_from_name(list.substr(p, e - p))) types.push_back(*t);
         p = e + 1;
     }
-    std::vector<KernelSpec> specs;
+    namespace su = gj::gemma4::spec_util;
+    std::vector<std::pair<KernelSpec, int>> specs;  // spec, rows of its matrix
     for (auto t : types)
         for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split}) {
-            if (gj::gemma4::spec_util::is_kquant(t) && layout == MatvecLayout::Split) continue;
+            if ((su::is_kquant(t) || su::is_float_type(t)) && layout == MatvecLayout::Split)
+                continue;
             for (const auto& sh : shapes) {
                 for (const auto& c : cfgs)
                     specs.push_back(
-                        matvec_variant(t, sh.k, 1, layout, c.threads, c.rows, c.unroll));
-                specs.push_back(gj::gemma4::matvec_spec(t, sh.k, 1, layout));  // the plan's
+                        {matvec_variant(t, sh.k, 1, layout, c.threads, c.rows, c.unroll), sh.n});
+                KernelSpec plan = gj::gemma4::matvec_spec(t, sh.k, 1, layout);  // the plan's
+                plan.name += fmt::format(".n{}", sh.n);
+                specs.push_back({plan, sh.n});
             }
         }
     const auto t0 = std::chrono::steady_clock::now();
-    GpuKernels g(specs);
-    std::printf("compiled %zu bench specs in %.1f s\n", specs.size(),
+    std::vector<KernelSpec> unique;
+    for (const auto& [spec, n] : specs)
+        if (std::none_of(unique.begin(), unique.end(),
+                         [&](const KernelSpec& u) { return u.name == spec.name; }))
+            unique.push_back(spec);
+    GpuKernels g(unique);
+    std::printf("compiled %zu bench specs in %.1f s\n", unique.size(),
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::printf("%-44s %6s %6s %6s %9s %8s\n", "spec", "entry", "N", "K", "us", "GB/s");
     std::mt19937 rng(99);
     auto& dev = gj::jit::Device::get();
-    std::map<std::pair<int, int>, std::vector<uint8_t>> matrices;  // (type, k) -> blocks
-    for (const auto& spec : specs) {
+    std::map<std::tuple<int, int, int>, std::vector<uint8_t>> matrices;  // (type, n, k) -> blocks
+    for (const auto& [spec, n] : specs) {
         const int k = int(gj::gemma4::spec_constant(spec, "K"));
-        const int n = k == 2560 ? 10240 : 2560;
-        const auto t = *ggml::type_from_name(spec.family.substr(7));
+        const bool is_f = spec.family == "matvec_f";
+        const auto t = is_f ? ggml::Type(gj::gemma4::spec_constant(spec, "WTYPE"))
+                            : *ggml::type_from_name(spec.family.substr(7));
         const size_t bytes = *ggml::row_bytes(t, k) * n;
         const int copies = int(std::max<size_t>(8, (400u << 20) / bytes));
         // Random bytes are fine for timing except the fp16 scales, which must not be NaN/inf:
         // all copies share one valid matrix's bytes.
-        auto& blocks = matrices[{int(t), k}];
+        auto& blocks = matrices[{int(t), n, k}];
         if (blocks.empty()) {
             std::vector<float> unused;
             blocks = random_weights(t, n, k, rng, unused);
@@ -618,6 +640,7 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         const Q81 q = quantize_q8_1(x.data(), x.size());
         auto dxq = to_device(q.q);
         auto dxds = to_device(interleave(q));
+        auto dxf = to_device(x);
         DeviceBuffer y(size_t(n) * 4);
         const unsigned threads = unsigned(gj::gemma4::spec_constant(spec, "THREADS"));
         const unsigned rows = unsigned(gj::gemma4::spec_constant(spec, "ROWS"));
@@ -625,10 +648,15 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         for (int geglu = 0; geglu < 2; ++geglu) {
             const auto& kern = g.get(spec.name, spec.entries[geglu ? 2 : 0]);
             auto round = [&] {
-                for (int i = 0; i < copies; i += 1 + geglu)
-                    launch_async(kern, {ceil_div(n, rows)}, {threads}, w[i].ptr(),
-                                 geglu ? w[(i + 1) % copies].ptr() : none, dxq.ptr(), dxds.ptr(),
-                                 none, y.ptr(), n);
+                for (int i = 0; i < copies; i += 1 + geglu) {
+                    const CUdeviceptr wu = geglu ? w[(i + 1) % copies].ptr() : none;
+                    if (is_f)
+                        launch_async(kern, {ceil_div(n, rows)}, {threads}, w[i].ptr(), wu,
+                                     dxf.ptr(), none, y.ptr(), n);
+                    else
+                        launch_async(kern, {ceil_div(n, rows)}, {threads}, w[i].ptr(), wu,
+                                     dxq.ptr(), dxds.ptr(), none, y.ptr(), n);
+                }
             };
             round();
             dev.synchronize();

@@ -20,6 +20,7 @@
 #include "engine/gpu/kernels/ple.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
+#include "engine/model/quant_mix.h"
 #include "tests/support/kernel_specs.h"
 
 using gj::gemma4::build_kernel_plan;
@@ -90,9 +91,9 @@ TEST(KernelPlan, PerVariantWidths) {
     EXPECT_TRUE(moe.count("matvec_q8_0.k2112.split"));  // dense MLP down: not a multiple of 256
     // post_attention_norm with ffn_norm, the router's input and the experts' pre-norm
     EXPECT_TRUE(moe.count("rmsnorm.n2816.w1.add.n2.q8.moe"));
-    EXPECT_FALSE(moe.count("rmsnorm.n2816.w0"));   // no weightless norm of the stream
-    EXPECT_TRUE(moe.count("moe.e128.k8.d2816"));   // routing, grouping, combine
-    EXPECT_TRUE(moe.count("matvec_f.f32.k2816"));  // the router (kept f32)
+    EXPECT_FALSE(moe.count("rmsnorm.n2816.w0"));       // no weightless norm of the stream
+    EXPECT_TRUE(moe.count("moe.e128.k8.d2816"));       // routing, grouping, combine
+    EXPECT_TRUE(moe.count("matvec_f.f32.k2816.few"));  // the router (kept f32; 128 rows)
     // The grouped expert matvecs over experts repacked one by one to the split layout: gate|up
     // (input d) and down (input 704), one slot per group for a single token and 8 for batches;
     // and the grouped tensor-core GEMMs of prefill.
@@ -123,6 +124,45 @@ TEST(KernelPlan, PerVariantWidths) {
         EXPECT_TRUE(bf.count(want)) << want;
     EXPECT_FALSE(bf.count("quantize_q8_1"));
     EXPECT_FALSE(bf.count("rmsnorm.n2560.w1.q8"));
+}
+
+// Single-column shapes that depend on the matrix's rows get their own specialization (".wide",
+// ".few") only where the rows change the launch constants; the plans list them for the
+// matrices that have them.
+TEST(KernelPlan, RowDependentMatvecShapes) {
+    using gj::gemma4::matvec_f_spec;
+    using gj::gemma4::matvec_spec;
+    using gj::gemma4::spec_constant;
+    // A vocabulary-sized Q6_K LM head: 4 rows per block; a 512-row Q6_K matrix of the same width
+    // keeps the generic spec.
+    const auto head = matvec_spec(ggml::Type::Q6_K, 2560, 1, MatvecLayout::Ggml, 262144);
+    const auto generic = matvec_spec(ggml::Type::Q6_K, 2560, 1, MatvecLayout::Ggml);
+    EXPECT_EQ(head.name, "matvec_q6_k.k2560.wide");
+    EXPECT_EQ(spec_constant(head, "ROWS"), 4);
+    EXPECT_EQ(spec_constant(generic, "ROWS"), 1);
+    EXPECT_EQ(matvec_spec(ggml::Type::Q6_K, 2560, 1, MatvecLayout::Ggml, 512).name, generic.name);
+    // Rows change nothing for the other types' LM heads, or for batches.
+    EXPECT_EQ(matvec_spec(ggml::Type::Q8_0, 2560, 1, MatvecLayout::Split, 262144).name,
+              "matvec_q8_0.k2560.split");
+    EXPECT_EQ(matvec_spec(ggml::Type::Q6_K, 2560, 8, MatvecLayout::Ggml, 262144).name,
+              "matvec_q6_k.k2560.b8");
+    // Float matrices of few rows (the PLE gate: 256 x 2560) split each row over 256 threads;
+    // short rows (the PLE projection, k 256) take 4 rows per block whatever their count.
+    const auto gate = matvec_f_spec(ggml::Type::F32, 2560, 1, 256);
+    EXPECT_EQ(gate.name, "matvec_f.f32.k2560.few");
+    EXPECT_EQ(spec_constant(gate, "THREADS"), 256);
+    EXPECT_EQ(matvec_f_spec(ggml::Type::F32, 2560, 1, 10240).name, "matvec_f.f32.k2560");
+    const auto proj = matvec_f_spec(ggml::Type::F32, 256, 1, 2560);
+    EXPECT_EQ(proj.name, "matvec_f.f32.k256");
+    EXPECT_EQ(spec_constant(proj, "ROWS"), 4);
+    // The plans: E4B's F32 PLE gate and the Q4_K_M file's Q6_K LM head.
+    const auto f32 = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::F32));
+    EXPECT_TRUE(f32.count("matvec_f.f32.k2560.few"));
+    gj::gemma4::PlanTypes base{ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0,
+                               ggml::Type::Q8_0};
+    const auto km = names_of(
+        build_kernel_plan(Config::preset("e4b"), *gj::gemma4::quant_mix_from_name("q4_k_m"), base));
+    EXPECT_TRUE(km.count("matvec_q6_k.k2560.wide"));
 }
 
 TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
@@ -167,7 +207,7 @@ TEST(KernelPlan, MixedWeightTypes) {
     types.token_embd = ggml::Type::Q6_K;
     const auto q6 = names_of(build_kernel_plan(Config::preset("e4b"), types));
     EXPECT_TRUE(q6.count("embed_rows.q6_k.n2560.v262144"));
-    EXPECT_TRUE(q6.count("matvec_q6_k.k2560"));
+    EXPECT_TRUE(q6.count("matvec_q6_k.k2560.wide"));  // the LM head, 4 rows per block
     types.token_embd = ggml::Type::IQ4_NL;
     try {
         build_kernel_plan(Config::preset("e4b"), types);

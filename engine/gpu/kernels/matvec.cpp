@@ -42,15 +42,35 @@ void check_matvec_shape(const std::string& what, int k, int ncols) {
         throw std::invalid_argument(fmt::format("{}: {} columns (1..8 supported)", what, ncols));
 }
 
+// Output-row classes that change a single-column launch shape (the spec name's suffix).
+enum class Rows { Any, Few, Wide };
+Rows row_class(int n_rows) {
+    return n_rows >= 65536 ? Rows::Wide : n_rows > 0 && n_rows < 1024 ? Rows::Few : Rows::Any;
+}
+const char* row_suffix(Rows r) {
+    return r == Rows::Wide ? ".wide" : r == Rows::Few ? ".few" : "";
+}
+
+// `s` built for row class `rows`: the class's suffix on its name when its constants differ from
+// those of the same spec built for any row count (`any`), else `any` itself, so matrices whose
+// row count changes nothing share one specialization.
+jit::KernelSpec with_row_class(jit::KernelSpec s, jit::KernelSpec any, Rows rows) {
+    if (rows == Rows::Any || s.constants == any.constants) return any;
+    s.name += row_suffix(rows);
+    return s;
+}
+
+jit::KernelSpec make_matvec_f_spec(ggml::Type weight_type, int k, int ncols, Rows row_class);
+
 // The spec of matvec_spec; moe: for the grouped expert entries (matvec_moe_spec), which keep
 // the launch shapes they were measured with.
 jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout,
-                                 bool moe) {
+                                 bool moe, Rows row_class) {
     if (is_float_type(weight_type)) {
         if (layout != MatvecLayout::Ggml)
             throw std::invalid_argument(fmt::format("matvec: {} weights have no split layout",
                                                     ggml::type_name(weight_type)));
-        return matvec_f_spec(weight_type, k, ncols);
+        return make_matvec_f_spec(weight_type, k, ncols, moe ? Rows::Any : row_class);
     }
     const char* tag = quant_type_tag(weight_type);
     if (!tag)
@@ -96,6 +116,15 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
         } else {
             threads_used = 32;
             unroll = 2;
+        }
+        // Q6_K, H200 sweep (MatvecBench, GB/s): a vocabulary-sized LM head (262144 x 2560) and
+        // long rows (2560 x 10240) take 64 threads over 4 rows, one unit per batch: 1725 ->
+        // 2216 and 1475 -> 1597 (the LM head of every Q4_K_M / Q5_K_M file is Q6_K). Short rows
+        // of few rows keep the shape above (512 x 2560: 4.4 us with it, 3.9 with 4 rows).
+        if (weight_type == ggml::Type::Q6_K && !moe && (row_class == Rows::Wide || k > 4096)) {
+            threads_used = 64;
+            rows = 4;
+            unroll = 1;
         }
     }
     // Single-column Q8_0 / Q4_0 decode shapes.
@@ -147,13 +176,7 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     return s;
 }
 
-}  // namespace
-
-jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
-    return make_matvec_spec(weight_type, k, ncols, layout, false);
-}
-
-jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
+jit::KernelSpec make_matvec_f_spec(ggml::Type weight_type, int k, int ncols, Rows row_class) {
     if (!is_float_type(weight_type))
         throw ConfigError(fmt::format("matvec_f: weight type {} is not f32, f16 or bf16",
                                       ggml::type_name(weight_type)));
@@ -165,11 +188,26 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     // ~3.35-3.4 TB/s, GeGLU ~3.8-3.9; 2560 x 10240 (128 threads, 2 rows) ~3.3-3.5; the
     // previous quarter-of-the-units rule gave 2.7-3.2 on the same shapes.
     const int units = matvec_units(weight_type, k, MatvecLayout::Ggml);
-    const int threads = std::clamp(next_pow2(units / 10), 32, 128);
-    const int rows = threads >= 128 ? 2 : 1;
+    int threads = std::clamp(next_pow2(units / 10), 32, 128);
+    int rows = threads >= 128 ? 2 : 1;
     // Each column keeps a unit's 4 or 8 fp32 activations per batch step in registers: fewer
     // batched iterations for wide batches keep the kernel free of spills.
-    const int unroll = ncols <= 2 ? 4 : ncols <= 4 ? 2 : 1;
+    int unroll = ncols <= 2 ? 4 : ncols <= 4 ? 2 : 1;
+    // Single-column shapes of the small matrices (the PLE gate and projection, the MoE router),
+    // H200 sweep (MatvecBench, f32, us per launch back to back): rows of at most 64 units take
+    // 4 rows per block (2560 x 256: 4.88 -> 3.93 with 32 threads; 3.46 with 64, but 32 keeps
+    // each thread's units and their order those of the batched spec, so a sequence decoded
+    // alone and in a batch sums alike); matrices of few rows (< 1024) split each row over 256
+    // threads in 8-unit batches (256 x 2560: 4.43 -> 3.50), where the rule above, measured on
+    // rows of thousands, leaves most SMs idle.
+    if (ncols == 1 && units <= 64) {
+        rows = 4;
+        unroll = 1;
+    } else if (ncols == 1 && row_class == Rows::Few && units >= 256) {
+        threads = 256;
+        rows = 1;
+        unroll = 8;
+    }
     jit::KernelSpec s;
     s.family = "matvec_f";
     s.name = fmt::format("matvec_f.{}.k{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "");
@@ -184,12 +222,27 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols) {
     return s;
 }
 
+}  // namespace
+
+jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout,
+                            int n_rows) {
+    const Rows rows = row_class(n_rows);
+    return with_row_class(make_matvec_spec(weight_type, k, ncols, layout, false, rows),
+                          make_matvec_spec(weight_type, k, ncols, layout, false, Rows::Any), rows);
+}
+
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols, int n_rows) {
+    const Rows rows = row_class(n_rows);
+    return with_row_class(make_matvec_f_spec(weight_type, k, ncols, rows),
+                          make_matvec_f_spec(weight_type, k, ncols, Rows::Any), rows);
+}
+
 jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {
     // A group's column map takes 2 * ncols registers more than the dense matvec: float weights
     // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /
     // bf16 k 2816, GeGLU).
     if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
-    jit::KernelSpec s = make_matvec_spec(weight_type, k, ncols, layout, true);
+    jit::KernelSpec s = make_matvec_spec(weight_type, k, ncols, layout, true, Rows::Any);
     s.name += ".moe";
     s.constants.push_back({"MOE", 1});
     const std::string base = s.family;  // matvec_<tag> or matvec_f

@@ -26,12 +26,15 @@ enum class MatvecLayout {
 // F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for another
 // weight type, std::invalid_argument for k % 32 != 0 (% 256 for K-quants), a split K-quant or
 // ncols outside 1..8.
+// n_rows (0: not known) is the matrix's output rows: single-column launch shapes depend on it
+// for a few types (a vocabulary-sized LM head, float matrices of few rows), and a spec whose
+// shape it changed carries ".wide" (>= 65536 rows) or ".few" (< 1024) in its name.
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
-                            MatvecLayout layout = MatvecLayout::Ggml);
+                            MatvecLayout layout = MatvecLayout::Ggml, int n_rows = 0);
 
 // matvec for float weights (f32, f16, bf16) against fp32 activations:
-// "matvec_f.<type>.k<k>[.b<ncols>]". Throws like matvec_spec.
-jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1);
+// "matvec_f.<type>.k<k>[.b<ncols>][.few]". Throws like matvec_spec.
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1, int n_rows = 0);
 
 // The grouped expert matvecs of a MoE layer (entries <base>_moe, <base>_moe_geglu; see
 // matvec_common.cuh) over stacked experts, in their GGUF layout or (Q8_0 / Q4_0, `layout` Split)
