@@ -125,29 +125,27 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (q_mat || quant_type_tag(types.token_embd) || quant_type_tag(types.ple_model_proj))
         add(quantize_spec());
 
-    // One matvec per distinct input width: d (q/k/v, gate/up, PLE inp_gate), the attention
-    // output width per layer type (o-proj), each FFN width (down; E2B's double-wide layers and
-    // the MoE model's dense MLP included) and P (PLE proj). Then the tied LM head and the PLE
-    // context projection (both d wide) in their own types.
-    std::set<int> widths = {d};
+    // One matvec per distinct input width (and row count, where it changes the shape): d (q/k/v,
+    // gate/up, PLE inp_gate), the attention output width per layer type (o-proj), each FFN width
+    // (down; E2B's double-wide layers and the MoE model's dense MLP included) and P (PLE proj).
+    // Then the tied LM head and the PLE context projection (both d wide) in their own types.
     std::set<std::pair<int, int>> shapes;  // (input width, rows) of every layer matrix
     for (size_t i = 0; i < cfg.layers.size(); ++i) {
         const int l = static_cast<int>(i), ffn = cfg.layers[i].ffn_dim;
-        widths.insert(cfg.q_dim(l));
         shapes.insert({d, cfg.q_dim(l)});
         shapes.insert({cfg.q_dim(l), d});
         if (cfg.layers[i].has_kv) shapes.insert({d, cfg.kv_dim(l)});
         if (ffn > 0) {
-            widths.insert(ffn);
             shapes.insert({d, ffn});
             shapes.insert({ffn, d});
         }
     }
     if (cfg.has_ple()) {
-        widths.insert(cfg.ple_dim);
         shapes.insert({d, cfg.ple_dim});
         shapes.insert({cfg.ple_dim, d});
     }
+    std::set<int> widths;  // the input widths alone (the prefill dequantization specs)
+    for (auto [k, n] : shapes) widths.insert(k);
     for (auto [k, n] : shapes) add_matvec(types.matmul, k, n);
     // MoE: the router (a float matrix: quantizers keep it unquantized; f32 in our files) and the
     // grouped expert matvecs of gate|up (input d) and down (input F), with the routing kernels.
