@@ -8,8 +8,10 @@
 //   WTYPE    ggml type id: 12 Q4_K, 13 Q5_K, 14 Q6_K, or 3 Q4_1, 6 Q5_0, 7 Q5_1
 //   ELEMS    elements per thread: 8 (consecutive lanes write consecutive 16-byte runs)
 //   THREADS  threads per block (multiple of 32)
+//   LAYOUT   0: src holds the GGUF blocks; 1 (Q4_K, Q6_K): the split planes (kquant.cuh)
 // Launch: block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
-// Entry: dequant_f16(src /*GGUF blocks [n_rows][K / 256]*/, dst /*fp16 [n_rows][K]*/, n_rows).
+// Entry: dequant_f16(src /*GGUF blocks [n_rows][K / 256], or split planes*/,
+//                    dst /*fp16 [n_rows][K]*/, n_rows).
 // Values are the CPU's dequantized floats (engine/gguf/dequant.cpp: the same products in the same
 // order, unfused), rounded to fp16 as the CPU's F16 upload rounds them. Each thread makes 8
 // consecutive halves (one 16-byte store, so a warp writes 512 contiguous bytes) from the 8 quant
@@ -20,7 +22,12 @@
 #ifndef THREADS
 #define THREADS 256
 #endif
+#ifndef LAYOUT
+#define LAYOUT 0
+#endif
 #define GJ_Q32_TYPE (WTYPE == 3 || WTYPE == 6 || WTYPE == 7)
+static_assert(LAYOUT == 0 || (LAYOUT == 1 && (WTYPE == 12 || WTYPE == 14)),
+              "dequant_f16: the split layout (LAYOUT 1) exists for Q4_K and Q6_K only");
 static_assert(K % (GJ_Q32_TYPE ? 32 : 256) == 0 && K > 0,
               "dequant_f16: K must be a positive multiple of the block size");
 static_assert(WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || GJ_Q32_TYPE,
@@ -42,11 +49,18 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const float4 a = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4)),
                  c = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4) + 1);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = c.x, f[5] = c.y, f[6] = c.z, f[7] = c.w;
-#else
+#elif LAYOUT == 0
     const size_t b = i / 32;          // super-blocks are contiguous across rows
     const int e = 8 * (int)(i % 32);  // first element in the block
 #endif
 #if GJ_Q32_TYPE
+#elif LAYOUT == 1
+    // Split Q4_K / Q6_K (kquant.cuh): the 8 elements are elements p .. p+7 of one unit.
+    const size_t units = (size_t)n_rows * (K / 32), unit = i / 4;
+    const int p = 8 * (int)(i % 4);
+    const float4 a = gj_kq_split_dequant4<WTYPE>(src, units, unit, p),
+                 c = gj_kq_split_dequant4<WTYPE>(src, units, unit, p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = c.x, f[5] = c.y, f[6] = c.z, f[7] = c.w;
 #elif WTYPE == 12 || WTYPE == 13
     constexpr int kBytes = WTYPE == 12 ? GJ_Q4_K_BYTES : GJ_Q5_K_BYTES;
     constexpr int kQs = WTYPE == 12 ? 16 : 48;

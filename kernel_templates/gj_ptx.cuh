@@ -333,6 +333,14 @@ GJ_DEVICE uint4 ld_stream_u32x4(const void* p) {
                  : "l"(p));
     return r;
 }
+// Streaming read-only 8-byte load. p 8-byte aligned.
+GJ_DEVICE uint2 ld_stream_u32x2(const void* p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                 : "=r"(r.x), "=r"(r.y)
+                 : "l"(p));
+    return r;
+}
 // Streaming read-only 4-byte load. p 4-byte aligned.
 GJ_DEVICE uint32 ld_stream_u32(const void* p) {
     uint32 r;

@@ -15,6 +15,21 @@
 // Q4_K and Q5_K blocks are multiples of 16 bytes, so a row of whole blocks keeps the 16-byte
 // alignment of its base; a Q6_K block is 2 mod 4 bytes, so every other block (and row) starts 2
 // bytes past a word: gj_ld_u32x4_align2 reads those.
+//
+// Split layouts (Q4_K, Q6_K), made once at load by repack_q4_k / repack_q6_k (matvec_q4_k.cu,
+// matvec_q6_k.cu) for aligned, coalesced matvec loads. A unit is 32 consecutive elements of a row
+// (units are numbered row by row: unit r * K / 32 + u); the planes follow one another, each over
+// the whole matrix (`units` = n_rows * K / 32 of them):
+//   Q4_K (148 bytes per 256):  nibbles [units][16] | d|dmin [units / 8] u32 | sc|m [units] u16
+//   Q6_K (210 bytes, as the file): low nibbles [units][16] | high bits [units][8] |
+//                              scales [units][2] int8 | d [units / 8] fp16
+// The nibble bytes are in the Q4_0 order: byte b's low nibble is element b of the unit, its high
+// nibble element 16 + b (so word t holds elements 4t.. and 16 + 4t..). Q4_K's sc|m are the
+// sub-block's 6-bit scale and min, one byte each. Q6_K's high bits: word w (w = 0, 1) of the
+// unit's 8 bytes, byte i, holds the top 2 bits of elements 8w + i (bits 0-1), 16 + 8w + i (2-3),
+// 8w + 4 + i (4-5) and 16 + 8w + 4 + i (6-7): for nibble word t the bits under its low nibbles
+// sit at 4 (t % 2) and those under its high nibbles at 4 (t % 2) + 2. Its two scales are those of
+// elements 0..15 and 16..31.
 #ifndef GJ_KQUANT_CUH
 #define GJ_KQUANT_CUH
 
@@ -95,6 +110,53 @@ GJ_DEVICE float4 gj_kq_dequant4(const uint8* blk, int g) {
         q = ((lo >> (gg & 2 ? 4 : 0)) & 0x0f0f0f0fu) | (((h >> (2 * gg)) & 0x03030303u) << 4);
         const int sc = (int)(int8)blk[192 + 8 * n + l / 16 + 2 * gg];
         const float ds = __fmul_rn(f16_to_f32(*(const uint16*)(blk + 208)), (float)sc);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            f[k] = __fmul_rn(ds, (float)((int)((q >> (8 * k)) & 0xffu) - 32));
+    }
+    return make_float4(f[0], f[1], f[2], f[3]);
+}
+
+// Offsets of the split planes after the nibbles, for a matrix of `units` 32-element units.
+GJ_DEVICE size_t gj_q4_k_dm_plane(size_t units) {
+    return units * 16;
+}
+GJ_DEVICE size_t gj_q4_k_scm_plane(size_t units) {
+    return units * 16 + units / 2;
+}
+GJ_DEVICE size_t gj_q6_k_qh_plane(size_t units) {
+    return units * 16;
+}
+GJ_DEVICE size_t gj_q6_k_sc_plane(size_t units) {
+    return units * 24;
+}
+GJ_DEVICE size_t gj_q6_k_d_plane(size_t units) {
+    return units * 26;
+}
+
+// Elements p .. p+3 (p a multiple of 4 below 32) of unit `unit` of a split matrix at w, with the
+// CPU's products (as gj_kq_dequant4: equal bit for bit). kType: 12 Q4_K, 14 Q6_K.
+template <int kType>
+GJ_DEVICE float4 gj_kq_split_dequant4(const uint8* w, size_t units, size_t unit, int p) {
+    const int t = (p & 15) / 4, hi = p >= 16;
+    const uint32 ql = __ldg((const uint32*)(w + unit * 16) + t);
+    float f[4];
+    if (kType == 12) {
+        const uint32 dm = __ldg((const uint32*)(w + gj_q4_k_dm_plane(units)) + unit / 8);
+        const uint32 scm = __ldg((const uint16*)(w + gj_q4_k_scm_plane(units)) + unit);
+        const float d = __fmul_rn(f16_to_f32((uint16)(dm & 0xffffu)), (float)(scm & 0xffu));
+        const float mn = __fmul_rn(f16_to_f32((uint16)(dm >> 16)), (float)(scm >> 8));
+        const uint32 q = (ql >> (4 * hi)) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            f[k] = __fsub_rn(__fmul_rn(d, (float)((q >> (8 * k)) & 0xffu)), mn);
+    } else {
+        const uint32 h = __ldg((const uint32*)(w + gj_q6_k_qh_plane(units) + unit * 8) + t / 2);
+        const uint32 q =
+            ((ql >> (4 * hi)) & 0x0f0f0f0fu) | (((h >> (4 * (t & 1) + 2 * hi)) & 0x03030303u) << 4);
+        const int sc = (int)(int8)__ldg(w + gj_q6_k_sc_plane(units) + unit * 2 + hi);
+        const uint16 dbits = __ldg((const uint16*)(w + gj_q6_k_d_plane(units)) + unit / 8);
+        const float ds = __fmul_rn(f16_to_f32(dbits), (float)sc);
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             f[k] = __fmul_rn(ds, (float)((int)((q >> (8 * k)) & 0xffu) - 32));

@@ -11,7 +11,8 @@
 //   LAYOUT   0: ggml blocks exactly as in the GGUF (base 4-byte aligned);
 //            1: "split" planes made once at load by the template's repack entry (base 16-byte
 //               aligned): all rows' payload bytes [n_rows][payload bytes per row], then all rows'
-//               fp16 scales [n_rows][K / 32]. Every payload load is a coalesced 16-byte vector.
+//               fp16 scales [n_rows][K / 32] (Q4_K: its own scale planes, see matvec_q4_k.cu).
+//               Every payload load is a coalesced 16-byte vector.
 //   THREADS  threads per block (multiple of 32); they split K between them
 //   ROWS     output rows per block
 //   NCOLS    activation vectors per launch (1 for single-sequence decode); the weights are read
@@ -104,6 +105,29 @@ GJ_DEVICE void gj_load_ggml_unit(const uint8* blk, int part8, uint32& q0, uint32
     q1 = __funnelshift_r(w1, w2, mis * 8);
     dbits = mis ? (w0 & 0xffffu) : (w2 >> 16);
 }
+
+// 8 nibble bytes of a 32-element block whose low nibbles are elements 0..15 and high nibbles
+// elements 16..31 (Q4_0, and the split Q4_K): q0, q1 = bytes 8p..8p+7 (or 4p'..4p'+7 of a 16-byte
+// unit), times the activations under their low (lo0, lo1) and high (hi0, hi1) nibbles.
+GJ_DEVICE int32 gj_q4_dot8(uint32 q0, uint32 q1, int32 lo0, int32 lo1, int32 hi0, int32 hi1,
+                           int32 acc) {
+    const uint32 m = 0x0f0f0f0fu;
+    acc = dp4a_s8((int32)(q0 & m), lo0, acc);
+    acc = dp4a_s8((int32)(q1 & m), lo1, acc);
+    acc = dp4a_s8((int32)((q0 >> 4) & m), hi0, acc);
+    return dp4a_s8((int32)((q1 >> 4) & m), hi1, acc);
+}
+
+// The Q8_1 activations of the 32-element block u of column c, the unit of the split layouts
+// (Q4_0, Q4_K, Q6_K): its 32 int8 values in two 16-byte loads and its {d, d * sum(q)}.
+struct gj_x32 {
+    int4 lo, hi;  // activations 0..15 and 16..31
+    float2 ds;
+    static GJ_DEVICE gj_x32 load(const void* x, const float2* xds, int c, int u) {
+        const int4* x4 = (const int4*)((const int8*)x + (size_t)c * K) + 2 * u;
+        return gj_x32{__ldg(x4), __ldg(x4 + 1), __ldg(&xds[(size_t)c * (K / 32) + u])};
+    }
+};
 
 // Which activation row each of the NCOLS columns reads and which output row it writes.
 struct gj_cols_dense {  // column c: row c of x and of y

@@ -10,17 +10,6 @@
 // and a lane covering a fraction f of a block subtracts f * 8 * s (the fractions add up to 1).
 #include "matvec_common.cuh"
 
-// 16 nibble bytes (q0..q3 = bytes 0..15 of a block) or 8 (q0, q1 = bytes 8p..8p+7) times the
-// activations under their low (lo) and high (hi) nibbles.
-GJ_DEVICE int32 gj_q4_dot8(uint32 q0, uint32 q1, int32 lo0, int32 lo1, int32 hi0, int32 hi1,
-                           int32 acc) {
-    const uint32 m = 0x0f0f0f0fu;
-    acc = dp4a_s8((int32)(q0 & m), lo0, acc);
-    acc = dp4a_s8((int32)(q1 & m), lo1, acc);
-    acc = dp4a_s8((int32)((q0 >> 4) & m), hi0, acc);
-    return dp4a_s8((int32)((q1 >> 4) & m), hi1, acc);
-}
-
 #if LAYOUT == 0
 // GGUF blocks: two lanes per block, 16 weights (8 payload bytes) per lane.
 struct gj_q4_0 {
@@ -70,10 +59,7 @@ struct gj_q4_0 {
         uint4 q;
         uint16 dbits;
     };
-    struct XFrag {
-        int4 lo, hi;  // the block's activations 0..15 and 16..31
-        float2 ds;
-    };
+    using XFrag = gj_x32;
     static GJ_DEVICE Row row(const uint8* w, int n_rows, int r) {
         return Row{w + (size_t)r * (K / 2),
                    (const uint16*)(w + (size_t)n_rows * (K / 2)) + (size_t)r * (K / 32)};
@@ -83,8 +69,7 @@ struct gj_q4_0 {
     }
     static GJ_DEVICE float scale(const WFrag& f, int) { return f16_to_f32(f.dbits); }
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
-        const int4* x4 = (const int4*)((const int8*)x + c * K) + 2 * u;
-        return XFrag{__ldg(x4), __ldg(x4 + 1), __ldg(&xds[c * (K / 32) + u])};
+        return gj_x32::load(x, xds, c, u);
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         int32 s = gj_q4_dot8(f.q.x, f.q.y, x.lo.x, x.lo.y, x.hi.x, x.hi.y, 0);

@@ -53,6 +53,10 @@ bool is_block_quant(ggml::Type t) {
 uint64_t type_bytes(ggml::Type t, uint64_t rows, uint64_t cols) {
     return rows * *ggml::row_bytes(t, cols);
 }
+// The load-time repack entry of a split matrix's matvec spec; one thread per 32 elements.
+std::string repack_entry(ggml::Type t) {
+    return std::string("repack_") + spec_util::quant_type_tag(t);
+}
 
 }  // namespace
 
@@ -179,15 +183,16 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             }
         } else if (spec_util::has_dequant_f16(t) &&
                    g.cols % spec_util::matvec_block_elems(t) == 0) {
-            // K-quants and Q4_1/Q5_0/Q5_1: read in place by the decode matvecs; prefill chunks
+            // K-quants and Q4_1/Q5_0/Q5_1: read by the decode matvecs in their GGUF blocks, or
+            // (Q4_K, Q6_K: GEMMAJIT_REPACK) repacked at load to the split layout; prefill chunks
             // multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
-            g.spec_decode =
-                kernels_.add(matvec_spec(t, g.cols, 1, MatvecLayout::Ggml, g.rows)).name;
-            g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols)).name;
+            if (repack && spec_util::has_split(t)) g.layout = MatvecLayout::Split;
+            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows)).name;
+            g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             if (blas && prefill_gemm) {
                 g.blas = true;
-                g.spec_dequant = kernels_.add(dequant_f16_spec(t, g.cols)).name;
+                g.spec_dequant = kernels_.add(dequant_f16_spec(t, g.cols, g.layout)).name;
                 wants_blas_ = true;
                 blas_half = true;
             }
@@ -204,7 +209,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             wants_blas_ = wants_blas_ || blas;
             blas_half = blas_half || (blas && g.type != ggml::Type::F32);
         }
-        g.bytes = type_bytes(g.type, g.rows, g.cols);
+        g.bytes = matrix_bytes(g.type, g.layout, g.rows, g.cols);
         return g;
     };
     // The scratch range of the F16 copy of a K-quant matrix within its layer's slot: every
@@ -217,7 +222,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         dequant_slot_ = std::max(dequant_slot_, end);
         return end;
     };
-    auto plan_table = [&](const Matrix& m) {
+    // `split`: a Q4_K / Q6_K table in the split layout (the tied LM head's, which shares it).
+    auto plan_table = [&](const Matrix& m, bool split = false) {
         GpuTable g;
         g.name = m.name();
         g.rows = int(m.rows());
@@ -233,8 +239,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             d.first += 1;
             d.second += type_bytes(t, g.rows, g.cols);
         }
-        g.bytes = type_bytes(g.type, g.rows, g.cols);
-        g.spec = kernels_.add(embed_rows_spec(g.cols, g.type, g.rows)).name;
+        if (split && g.type == t && spec_util::is_kquant_split(t)) g.layout = MatvecLayout::Split;
+        g.bytes = matrix_bytes(g.type, g.layout, g.rows, g.cols);
+        g.spec = kernels_.add(embed_rows_spec(g.cols, g.type, g.rows, g.layout)).name;
         return g;
     };
 
@@ -277,15 +284,17 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         if (g.layout == MatvecLayout::Split) staging = std::max(staging, g.bytes);
     };
 
-    token_embd_ = plan_table(w.token_embd);
-    weights += token_embd_.bytes;
-    // The tied LM head reads token_embd: the gather copy serves it directly unless the matvec
-    // wants the split layout, which then gets its own copy.
+    // The tied LM head reads token_embd: the gather's table serves it directly when both are in
+    // one layout (a K-quant table takes the LM head's split layout: the gather reads it too);
+    // a split Q8_0 / Q4_0 LM head gets its own copy.
+    const bool tied = w.output.name() == w.token_embd.name();
     lm_head_ = plan_matrix(w.output, false);
-    const bool lm_head_shares = w.output.name() == w.token_embd.name() &&
-                                lm_head_.layout == MatvecLayout::Ggml &&
-                                lm_head_.type == token_embd_.type;
-    if (!lm_head_shares) account(lm_head_);
+    token_embd_ = plan_table(w.token_embd, tied && lm_head_.layout == MatvecLayout::Split);
+    weights += token_embd_.bytes;
+    if (token_embd_.layout == MatvecLayout::Split) staging = std::max(staging, token_embd_.bytes);
+    lm_head_shares_ =
+        tied && lm_head_.layout == token_embd_.layout && lm_head_.type == token_embd_.type;
+    if (!lm_head_shares_) account(lm_head_);
 
     layers_.resize(c.n_layers);
     for (int l = 0; l < c.n_layers; ++l) {
@@ -562,21 +571,25 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         buffers_.emplace_back(bytes);
         return buffers_.back().ptr();
     };
+    // A tensor's GGUF bytes through the staging buffer into the split layout at dst, by the
+    // repack entry of matvec spec `spec` (one thread per 32 elements).
+    auto repack_on_gpu = [&](const gguf::TensorInfo& t, const std::string& spec, ggml::Type type,
+                             int n_rows, int cols, CUdeviceptr dst) {
+        copy_to_gpu(staging.ptr(), t.data, t.n_bytes, t.name);
+        if (h2d) h2d->flush();  // the repack below reads the staging
+        const jit::Kernel& repack = kernels_.get(spec, repack_entry(type));
+        CUdeviceptr src = staging.ptr();
+        void* args[] = {&src, &dst, &n_rows};
+        const uint64_t blocks = uint64_t(n_rows) * (cols / 32);
+        repack.launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
+    };
     auto upload_matrix = [&](GpuMatrix& g) {
         const gguf::TensorInfo& t = file_->tensor(g.name);
         g.ptr = alloc(g.bytes);
         if (g.type != t.type) {
             upload_dequantized(t, g.ptr, g.rows, g.cols);
         } else if (g.layout == MatvecLayout::Split) {
-            copy_to_gpu(staging.ptr(), t.data, t.n_bytes, g.name);
-            if (h2d) h2d->flush();  // the repack below reads the staging
-            const jit::Kernel& repack = kernels_.get(
-                g.spec_decode, g.type == ggml::Type::Q8_0 ? "repack_q8_0" : "repack_q4_0");
-            CUdeviceptr src = staging.ptr(), dst = g.ptr;
-            int rows = g.rows;
-            void* args[] = {&src, &dst, &rows};
-            const uint64_t blocks = uint64_t(g.rows) * (g.cols / 32);
-            repack.launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
+            repack_on_gpu(t, g.spec_decode, g.type, g.rows, g.cols, g.ptr);
         } else {
             copy_to_gpu(g.ptr, t.data, t.n_bytes, g.name);
         }
@@ -591,8 +604,7 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         g.ptr = alloc(g.bytes);
         copy_to_gpu(staging.ptr(), t.data, t.n_bytes, g.name);
         if (h2d) h2d->flush();  // the repacks below read the staging
-        const jit::Kernel& repack =
-            kernels_.get(x.spec_one, g.type == ggml::Type::Q8_0 ? "repack_q8_0" : "repack_q4_0");
+        const jit::Kernel& repack = kernels_.get(x.spec_one, repack_entry(g.type));
         const uint64_t piece_bytes = type_bytes(g.type, x.piece_rows, g.cols);
         const uint64_t blocks = uint64_t(x.piece_rows) * (g.cols / 32);
         int rows = x.piece_rows;
@@ -629,16 +641,18 @@ void GpuModel::upload(const GpuModelOptions& opts) {
             return;
         }
         g.ptr = alloc(g.bytes);
-        if (g.type != t.type)
+        if (g.type != t.type) {
             upload_dequantized(t, g.ptr, uint64_t(g.rows), uint64_t(g.cols));
-        else
+        } else if (g.layout == MatvecLayout::Split) {  // repacked by the tied LM head's spec
+            repack_on_gpu(t, lm_head_.spec_decode, g.type, g.rows, g.cols, g.ptr);
+        } else {
             copy_to_gpu(g.ptr, t.data, t.n_bytes, g.name);
+        }
         progressed(g.bytes);
     };
 
     upload_table(token_embd_, true);
-    if (w.output.name() == w.token_embd.name() && lm_head_.layout == MatvecLayout::Ggml &&
-        lm_head_.type == token_embd_.type)
+    if (lm_head_shares_)
         lm_head_.ptr = token_embd_.ptr;
     else
         upload_matrix(lm_head_);

@@ -1,7 +1,7 @@
 // A Gemma 4 model on the GPU: the GGUF's weights uploaded once, in their own quantization
-// (Q8_0/Q4_0 repacked on the GPU into the split layout the matvecs read fastest; the K-quants
-// Q4_K/Q5_K/Q6_K and F32/F16/BF16 as they are; any other type dequantized to F16 on upload with a
-// one-line notice), the per-layer
+// (Q8_0/Q4_0 and the Q4_K layer matrices repacked on the GPU into the split layout the matvecs
+// read fastest; the other K-quants Q5_K/Q6_K and F32/F16/BF16 as they are; any other type
+// dequantized to F16 on upload with a one-line notice), the per-layer
 // embedding table on the GPU when it fits (else in pinned host memory the kernels read directly),
 // and the model's kernel set compiled and loaded. Placement is planned before anything is
 // allocated: a model that cannot fit fails with the memory it needs and what is free.
@@ -93,6 +93,7 @@ struct GpuMatrix {
 struct GpuTable {
     std::string name;
     ggml::Type type = ggml::Type::F32;
+    MatvecLayout layout = MatvecLayout::Ggml;  // Split: a K-quant table shared with the LM head
     int rows = 0, cols = 0;
     CUdeviceptr ptr = 0;  // device memory, or a pinned host pointer when !on_gpu
     uint64_t bytes = 0;
@@ -256,6 +257,7 @@ class GpuModel {
     std::vector<GpuLayer> layers_;
     GpuTable token_embd_, ple_table_;
     GpuMatrix lm_head_, ple_model_proj_;
+    bool lm_head_shares_ = false;  // the tied LM head reads token_embd_'s buffer
     CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
         spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_, spec_moe_,

@@ -81,18 +81,24 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // A K-quant file stores rows that are not whole super-blocks in a 32-block fallback type
     // (planned with that type), so K-quant kernels exist only for widths of whole super-blocks.
     auto fits = [](ggml::Type t, int k) { return !is_kquant(t) || k % 256 == 0; };
-    // Only Q8_0 / Q4_0 have the split layout; every other type is read in its GGUF blocks.
-    auto has_split = [](ggml::Type t) { return has_gemm(t); };
+    // Q8_0, Q4_0, Q4_K and Q6_K matrices take the plan's layout; every other type is read in its
+    // GGUF blocks.
+    auto layout_of = [&](ggml::Type t) {
+        return spec_util::has_split(t) ? types.layout : MatvecLayout::Ggml;
+    };
     // n: the matrix's rows (single-column shapes of some types depend on them).
     auto add_matvec = [&](ggml::Type t, int k, int n) {
         if (!fits(t, k)) return;
         for (int ncols : col_counts)
-            add(matvec_spec(t, k, ncols, has_split(t) ? types.layout : MatvecLayout::Ggml,
-                            ncols == 1 ? n : 0));
+            add(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0));
     };
 
-    // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide).
-    add(embed_rows_spec(d, types.token_embd, cfg.vocab_size));
+    // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A Q4_K / Q6_K
+    // token_embd takes the split layout of the tied LM head, whose buffer it is (GpuModel).
+    add(embed_rows_spec(d, types.token_embd, cfg.vocab_size,
+                        spec_util::is_kquant_split(types.token_embd) && fits(types.token_embd, d)
+                            ? types.layout
+                            : MatvecLayout::Ggml));
     if (cfg.has_ple())
         add(embed_rows_spec(cfg.n_layers * cfg.ple_dim, types.ple_token_embd, cfg.vocab_size));
 
@@ -226,9 +232,10 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
                 if (l.ffn_dim > 0) add(gelu_mul_spec(l.ffn_dim));
         if (spec_util::has_dequant_f16(types.matmul))
             for (int k : widths)
-                if (fits(types.matmul, k)) add(dequant_f16_spec(types.matmul, k));
+                if (fits(types.matmul, k))
+                    add(dequant_f16_spec(types.matmul, k, layout_of(types.matmul)));
         if (cfg.has_ple() && spec_util::has_dequant_f16(types.ple_model_proj))
-            add(dequant_f16_spec(types.ple_model_proj, d));
+            add(dequant_f16_spec(types.ple_model_proj, d, layout_of(types.ple_model_proj)));
     }
 
     // Attention per layer: the fused Q/K/V prep (Q only on KV-shared layers) and split-K decode

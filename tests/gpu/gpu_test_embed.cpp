@@ -3,8 +3,9 @@
 // is what llama.cpp's Q4_K_M files store embeddings in) at the token-embedding widths of the tiny
 // presets and the real models and at the PLE table widths (L * P), single tokens and batches with
 // repeated ids. The GPU computes the same two fp32 products as the CPU, so the comparison is bit
-// for bit. Also: ids outside the table give NaN rows, and a grid sized for a larger batch leaves
-// the rows past T untouched.
+// for bit. Q4_K and Q6_K tables also in their split layout (the tied LM head's; the planes made
+// on the CPU by kref::split_layout). Also: ids outside the table give NaN rows, and a grid sized
+// for a larger batch leaves the rows past T untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "tests/support/test_env.h"
 
 using namespace gj::test::kref;
+using gj::gemma4::MatvecLayout;
 using gj::jit::DeviceBuffer;
 using gj::jit::KernelSpec;
 namespace ggml = gj::ggml;
@@ -29,10 +31,12 @@ struct Case {
     ggml::Type type;
     int n;      // row width
     int vocab;  // table rows
+    MatvecLayout layout = MatvecLayout::Ggml;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-    return ggml::type_name(info.param.type) + "_n" + std::to_string(info.param.n);
+    return ggml::type_name(info.param.type) + "_n" + std::to_string(info.param.n) +
+           (info.param.layout == MatvecLayout::Split ? "_split" : "");
 }
 
 // Random table rows quantized to the type (values ~ N(0, 1), like real embeddings' scale).
@@ -59,12 +63,13 @@ class EmbedTest : public ::testing::TestWithParam<Case> {};
 TEST_P(EmbedTest, MatchesCpuBitForBit) {
     GJ_REQUIRE_GPU();
     const Case c = GetParam();
-    const KernelSpec spec = gj::gemma4::embed_rows_spec(c.n, c.type, c.vocab);
+    const KernelSpec spec = gj::gemma4::embed_rows_spec(c.n, c.type, c.vocab, c.layout);
     SCOPED_TRACE(spec.name);
     GpuKernels g({spec});
     std::mt19937 rng(c.n + int(c.type));
     const auto table = random_table(c.type, c.vocab, c.n, rng);
-    auto dtable = to_device(table);
+    auto dtable = to_device(
+        c.layout == MatvecLayout::Split ? split_layout(c.type, table, c.vocab, c.n) : table);
     const unsigned threads = unsigned(gj::gemma4::spec_constant(spec, "THREADS"));
     const auto& kern = g.get(spec.name, "embed_rows");
     const float scale = std::sqrt(float(c.n));  // like sqrtf(d)
@@ -114,6 +119,12 @@ INSTANTIATE_TEST_SUITE_P(
         Case{ggml::Type::Q6_K, 2560, 300}, Case{ggml::Type::Q4_K, 2560, 300},
         Case{ggml::Type::Q5_K, 5376, 200}, Case{ggml::Type::Q6_K, 10752, 200},
         Case{ggml::Type::Q4_K, 10752, 200},
+        // Split tables (a tied LM head's): one super-block, E4B and 31B widths.
+        Case{ggml::Type::Q6_K, 256, 513, MatvecLayout::Split},
+        Case{ggml::Type::Q4_K, 256, 300, MatvecLayout::Split},
+        Case{ggml::Type::Q6_K, 2560, 300, MatvecLayout::Split},
+        Case{ggml::Type::Q4_K, 2560, 300, MatvecLayout::Split},
+        Case{ggml::Type::Q6_K, 5376, 200, MatvecLayout::Split},
         // The 32-block fallbacks (Q5_0: 22-byte blocks, rows of 96 start 2 bytes past a word
         // every other row).
         Case{ggml::Type::Q4_1, 128, 300}, Case{ggml::Type::Q5_0, 96, 301},

@@ -26,6 +26,7 @@
 using gj::gemma4::GpuModel;
 using gj::gemma4::GpuModelOptions;
 using gj::gemma4::GpuSession;
+using gj::gemma4::MatvecLayout;
 namespace ggml = gj::ggml;
 using namespace gj::test;  // synth, load_gpu, cpu_logits, expect_agree, ...
 
@@ -71,8 +72,15 @@ void expect_kquants_in_place(const GpuModel& m, const std::filesystem::path& pat
         ++kquant;
         EXPECT_TRUE(g->spec_decode.starts_with("matvec_" + ggml::type_name(g->type) + ".k"))
             << g->name << ": " << g->spec_decode;
+        // Q4_K and Q6_K matrices are repacked to the split layout (GEMMAJIT_REPACK, on by
+        // default), the tied LM head with the embedding table it shares.
+        const bool split = g->type == ggml::Type::Q4_K || g->type == ggml::Type::Q6_K;
+        EXPECT_EQ(g->layout, split ? MatvecLayout::Split : MatvecLayout::Ggml) << g->name;
+        EXPECT_EQ(g->spec_decode.find(".split") != std::string::npos, split) << g->spec_decode;
     }
     EXPECT_GE(kquant, 7 * m.config().n_layers) << "layer matrices kept as K-quants";
+    EXPECT_EQ(m.token_embd().layout, MatvecLayout::Split) << "the tied LM head's table";
+    EXPECT_EQ(m.lm_head().ptr, m.token_embd().ptr) << "the LM head reads the gather's table";
     EXPECT_EQ(m.layers()[0].q.type, matrices);
     const double on_gpu = double(m.memory().weights + m.memory().ple_table);
     const double in_file = double(file_tensor_bytes(path));
@@ -199,6 +207,48 @@ TEST(GpuKQuant, E4bShapedQ4KMMatchesTheCpuReference) {
                  "e4b q4_k_m one-chunk prefill vs CPU");
     EXPECT_GT(b.path_counts().dequant, 0u);
     EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(big->config().n_layers));
+}
+
+// The split Q4_K / Q6_K layouts against the same file read in its GGUF blocks
+// (GEMMAJIT_REPACK=0), on tiny-256 in Q4_K_M (the tied LM head and embedding table Q6_K, split
+// too) and in pure Q6_K: one-chunk prefills (the split dequant_f16 copies hold the same F16
+// values, so only the LM head's summation order differs: 1e-4), decode steps within the int8
+// tolerance, and against the CPU reference.
+TEST(GpuKQuant, SplitLayoutsAgreeWithTheGgufBlocks) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-kquant-split");
+    for (const char* mix : {"q4_k_m", "q6_k"}) {
+        SCOPED_TRACE(mix);
+        const auto path = synth_mix(dir, "tiny-256", mix);
+        const auto on = flags(), off = flags({{"GEMMAJIT_REPACK", "0"}});
+        auto split = load_gpu(path, 256, 64, on);
+        auto plain = load_gpu(path, 256, 64, off);
+        const auto& gate = split->layers()[0].gate;
+        EXPECT_EQ(gate.layout, MatvecLayout::Split);
+        EXPECT_NE(gate.spec_dequant.find(".split"), std::string::npos) << gate.spec_dequant;
+        EXPECT_EQ(split->lm_head().layout, MatvecLayout::Split);
+        EXPECT_EQ(split->token_embd().layout, MatvecLayout::Split);
+        EXPECT_NE(split->token_embd().spec.find(".split"), std::string::npos);
+        EXPECT_EQ(plain->layers()[0].gate.layout, MatvecLayout::Ggml);
+        EXPECT_EQ(plain->token_embd().layout, MatvecLayout::Ggml);
+        // Q4_K: 148 bytes per 256 elements instead of 144; Q6_K: the file's 210.
+        const uint64_t file_bytes = plain->layers()[0].gate.bytes;
+        EXPECT_EQ(gate.bytes, gate.type == ggml::Type::Q4_K ? file_bytes / 144 * 148 : file_bytes);
+        const int V = split->config().vocab_size;
+        const auto tokens = test_tokens(3 * split->config().sliding_window, V, 4242);
+        GpuSession a(*split), b(*plain);
+        const auto pa = a.prefill_logits(tokens);
+        EXPECT_GT(a.path_counts().dequant, 0u);
+        expect_agree(b.prefill_logits(tokens), pa, V, 1e-4f,
+                     std::string(mix) + " split vs GGUF one-chunk prefill");
+        a.reset();
+        b.reset();
+        const auto da = decode_logits(a, tokens);
+        expect_agree(decode_logits(b, tokens), da, V, kTolQuant,
+                     std::string(mix) + " split vs GGUF decode");
+        expect_agree(cpu_logits(path, tokens), da, V, kTolQuant,
+                     std::string(mix) + " split decode vs CPU");
+    }
 }
 
 // The 32-block fallback types of K-quant files (Q4_1, Q5_0, Q5_1) read in place: every matrix

@@ -3,7 +3,8 @@
 // scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
 // the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
 // counts that do not fill the last block), and the K-quant (Q4_K, Q5_K, Q6_K) and Q4_1 / Q5_0 /
-// Q5_1 matvecs in their GGUF blocks the same ways.
+// Q5_1 matvecs in their GGUF blocks the same ways (Q4_K and Q6_K also in their split layouts, the
+// GPU repack checked byte for byte against the CPU's).
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -67,11 +68,12 @@ DeviceBuffer weights_on_device(const GpuKernels& g, const KernelSpec& spec, ggml
                                MatvecLayout layout) {
     DeviceBuffer src = to_device(blocks);
     if (layout == MatvecLayout::Ggml) return src;
-    DeviceBuffer dst(blocks.size() + 16);
-    const size_t n_blocks = size_t(n) * (k / 32);
-    const std::string entry = t == ggml::Type::Q8_0 ? "repack_q8_0" : "repack_q4_0";
+    const size_t bytes = gj::gemma4::matrix_bytes(t, layout, n, k);
+    DeviceBuffer dst(bytes + 16);
+    const size_t n_blocks = size_t(n) * (k / 32);  // one repack thread per 32 elements
+    const std::string entry = "repack_" + ggml::type_name(t);
     launch(g.get(spec.name, entry), {ceil_div(n_blocks, 256)}, {256}, src.ptr(), dst.ptr(), n);
-    EXPECT_EQ(from_device<uint8_t>(dst, blocks.size()), split_layout(t, blocks, n, k))
+    EXPECT_EQ(from_device<uint8_t>(dst, bytes), split_layout(t, blocks, n, k))
         << spec.name << ": GPU repack differs from the CPU split layout";
     return dst;
 }
@@ -325,6 +327,16 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Ggml, 10240, 301, 64, 2, 2},
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Ggml, 5376, 130, 64, 1, 8},
+        // Split Q4_K: one super-block per row, E4B / 31B widths, partial coverage (80 units over
+        // 128 threads), several rows per block over a ragged row count, 2 and 8 columns.
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 2560, 1000, 128, 2, 1},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 10240, 301, 32, 3, 2},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 2560, 1000, 128, 2, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 10240, 301, 32, 3, 2},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 768, 131, 32, 1, 8},
@@ -361,7 +373,10 @@ TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
         {{ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1}, {MatvecLayout::Ggml}, q32_widths},
         {{ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K},
          {MatvecLayout::Ggml},
-         {2560, 10240, 2048, 1536, 512, 256}}};
+         {2560, 10240, 2048, 1536, 512, 256}},
+        {{ggml::Type::Q4_K, ggml::Type::Q6_K},
+         {MatvecLayout::Split},
+         {2560, 10240, 5376, 21504, 2048, 256}}};
     for (const Family& f : families)
         for (auto t : f.types)
             for (auto layout : f.layouts)
@@ -596,8 +611,7 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
     std::vector<std::pair<KernelSpec, int>> specs;  // spec, rows of its matrix
     for (auto t : types)
         for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split}) {
-            if ((su::is_kquant(t) || su::is_float_type(t)) && layout == MatvecLayout::Split)
-                continue;
+            if (!su::has_split(t) && layout == MatvecLayout::Split) continue;
             for (const auto& sh : shapes) {
                 for (const auto& c : cfgs)
                     specs.push_back(
@@ -625,14 +639,18 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         const bool is_f = spec.family == "matvec_f";
         const auto t = is_f ? ggml::Type(gj::gemma4::spec_constant(spec, "WTYPE"))
                             : *ggml::type_from_name(spec.family.substr(7));
-        const size_t bytes = *ggml::row_bytes(t, k) * n;
+        const auto layout = !is_f && gj::gemma4::spec_constant(spec, "LAYOUT") == 1
+                                ? MatvecLayout::Split
+                                : MatvecLayout::Ggml;
+        const size_t bytes = gj::gemma4::matrix_bytes(t, layout, n, k);
         const int copies = int(std::max<size_t>(8, (400u << 20) / bytes));
         // Random bytes are fine for timing except the fp16 scales, which must not be NaN/inf:
         // all copies share one valid matrix's bytes.
-        auto& blocks = matrices[{int(t), n, k}];
+        auto& blocks = matrices[{int(t) + 1000 * int(layout), n, k}];
         if (blocks.empty()) {
             std::vector<float> unused;
             blocks = random_weights(t, n, k, rng, unused);
+            if (layout == MatvecLayout::Split) blocks = split_layout(t, blocks, n, k);
         }
         std::vector<DeviceBuffer> w;
         for (int i = 0; i < copies; ++i) w.push_back(to_device(blocks));

@@ -1,7 +1,7 @@
 // The weight upload through the pinned staging ring (GEMMAJIT_PARALLEL_UPLOAD, the default) puts
 // exactly the bytes on the GPU that one pageable copy per tensor puts there: every matrix (the
 // repacked split layouts included), the embedding tables and the fp32 norm vectors, bit for bit,
-// on the tiny presets in several weight types and on an E4B-shaped model.
+// on the tiny presets in several weight types and K-quant mixes, and on an E4B-shaped model.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -50,11 +50,14 @@ std::vector<std::pair<std::string, std::vector<uint8_t>>> snapshot(const GpuMode
     return out;
 }
 
-void expect_same_upload(const std::string& variant, ggml::Type wtype, int layers) {
+// `mix`: a quant mix name (q4_k_m, ...) that decides the tensor types instead of wtype.
+void expect_same_upload(const std::string& variant, ggml::Type wtype, int layers,
+                        const std::string& mix = "") {
     gj::test::ScratchDir dir("upload");
     gj::synth::Options o;
     o.variant = variant;
     o.wtype = wtype;
+    o.mix = mix;
     o.layers = layers;
     const auto path = dir.path() / "model.gguf";
     gj::synth::write_model(o, path);
@@ -86,6 +89,14 @@ TEST(ParallelUpload, BitIdenticalToPlainCopiesOnTinyPresets) {
     for (const char* variant : {"tiny", "tiny-e2b", "tiny-keqv"})
         for (ggml::Type t : {ggml::Type::Q8_0, ggml::Type::Q4_0, ggml::Type::BF16})
             expect_same_upload(variant, t, 0);
+}
+
+// K-quant mixes: Q4_K / Q6_K matrices and the tied Q6_K embedding table repacked to their split
+// layouts through the staging buffer, the Q6_K PLE table copied as it is.
+TEST(ParallelUpload, BitIdenticalToPlainCopiesOnKQuantMixes) {
+    GJ_REQUIRE_GPU();
+    for (const char* mix : {"q4_k_m", "q5_k_m"})
+        expect_same_upload("tiny-256", ggml::Type::Q8_0, 0, mix);
 }
 
 // Matrices of tens of MiB span several staging slots; the PLE table and the LM head are large.

@@ -155,14 +155,71 @@ TEST(KernelPlan, RowDependentMatvecShapes) {
     const auto proj = matvec_f_spec(ggml::Type::F32, 256, 1, 2560);
     EXPECT_EQ(proj.name, "matvec_f.f32.k256");
     EXPECT_EQ(spec_constant(proj, "ROWS"), 4);
-    // The plans: E4B's F32 PLE gate and the Q4_K_M file's Q6_K LM head.
+    // The plans: E4B's F32 PLE gate and the Q4_K_M file's Q6_K LM head in its GGUF blocks
+    // (GEMMAJIT_REPACK=0; split, it takes the split shapes).
     const auto f32 = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::F32));
     EXPECT_TRUE(f32.count("matvec_f.f32.k2560.few"));
     gj::gemma4::PlanTypes base{ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0,
                                ggml::Type::Q8_0};
+    base.layout = MatvecLayout::Ggml;
     const auto km = names_of(
         build_kernel_plan(Config::preset("e4b"), *gj::gemma4::quant_mix_from_name("q4_k_m"), base));
     EXPECT_TRUE(km.count("matvec_q6_k.k2560.wide"));
+}
+
+// Q4_K and Q6_K matrices take the split layout (matvecs, batched matvecs and the prefill
+// dequantization all read it; Q4_K 148 bytes per 256 elements, Q6_K the file's 210), and so does
+// a tied K-quant embedding table with its LM head; the plan keeps the GGUF blocks with
+// GEMMAJIT_REPACK=0. Q5_K and the PLE table stay in their GGUF blocks.
+TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
+    using gj::gemma4::matrix_bytes;
+    using gj::gemma4::matvec_spec;
+    using gj::gemma4::spec_constant;
+    gj::gemma4::PlanTypes base{ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0,
+                               ggml::Type::Q8_0};
+    const auto mix = *gj::gemma4::quant_mix_from_name("q4_k_m");
+    const auto split = names_of(build_kernel_plan(Config::preset("e4b"), mix, base));
+    for (const char* name :
+         {"matvec_q4_k.k2560.split", "matvec_q4_k.k10240.split", "matvec_q4_k.k2048.split",
+          "matvec_q4_k.k2560.b8.split", "dequant_f16.q4_k.k2560.split",
+          "dequant_f16.q4_k.k10240.split", "matvec_q6_k.k10240.split", "matvec_q6_k.k2560.split",
+          "dequant_f16.q6_k.k10240.split", "embed_rows.q6_k.n2560.v262144.split",
+          "embed_rows.q6_k.n10752.v262144"})
+        EXPECT_TRUE(split.count(name)) << name;
+    for (const char* name : {"matvec_q4_k.k2560", "dequant_f16.q4_k.k2560",
+                             "matvec_q6_k.k2560.wide", "embed_rows.q6_k.n2560.v262144"})
+        EXPECT_FALSE(split.count(name)) << name;
+    base.layout = MatvecLayout::Ggml;
+    const auto blocks = names_of(build_kernel_plan(Config::preset("e4b"), mix, base));
+    for (const char* name : {"matvec_q4_k.k2560", "dequant_f16.q4_k.k2560",
+                             "matvec_q6_k.k2560.wide", "embed_rows.q6_k.n2560.v262144"})
+        EXPECT_TRUE(blocks.count(name)) << name;
+    for (const auto& n : blocks) EXPECT_EQ(n.find(".split"), std::string::npos) << n;
+    // Q5_K_M: Q5_K in its blocks, its Q6_K tensors split.
+    base.layout = MatvecLayout::Split;
+    const auto q5 = names_of(
+        build_kernel_plan(Config::preset("e4b"), *gj::gemma4::quant_mix_from_name("q5_k_m"), base));
+    EXPECT_TRUE(q5.count("matvec_q5_k.k2560"));
+    EXPECT_TRUE(q5.count("matvec_q6_k.k10240.split"));
+    // A split K-quant spec holds its repack entry and the split Q4_0 shapes.
+    const auto q4_0 = matvec_spec(ggml::Type::Q4_0, 2560, 1, MatvecLayout::Split);
+    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q6_K}) {
+        const auto s = matvec_spec(t, 2560, 1, MatvecLayout::Split, 262144);
+        EXPECT_EQ(s.name, "matvec_" + ggml::type_name(t) + ".k2560.split");
+        EXPECT_EQ(spec_constant(s, "LAYOUT"), 1);
+        EXPECT_EQ(s.entries.back(), "repack_" + ggml::type_name(t));
+        for (const char* c : {"THREADS", "ROWS", "UNROLL"})
+            EXPECT_EQ(spec_constant(s, c), spec_constant(q4_0, c)) << c;
+    }
+    EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Split, 10240, 2560), 10240u * 10 * 148);
+    EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Ggml, 10240, 2560), 10240u * 10 * 144);
+    EXPECT_EQ(matrix_bytes(ggml::Type::Q6_K, MatvecLayout::Split, 10240, 2560), 10240u * 10 * 210);
+    EXPECT_THROW(matvec_spec(ggml::Type::Q5_K, 2560, 1, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q5_K, 2560, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q8_0, 100, MatvecLayout::Split),
+                 std::invalid_argument);
 }
 
 TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
@@ -290,7 +347,7 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
                  std::invalid_argument);
     EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q4_1, 100), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q4_K, 2112), std::invalid_argument);  // % 256 != 0
-    EXPECT_THROW(matvec_spec(ggml::Type::Q6_K, 2560, 1, MatvecLayout::Split),
+    EXPECT_THROW(matvec_spec(ggml::Type::Q5_K, 2560, 1, MatvecLayout::Split),
                  std::invalid_argument);
     EXPECT_NO_THROW(matvec_spec(ggml::Type::Q6_K, 2560));
     EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);

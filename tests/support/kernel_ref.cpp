@@ -8,6 +8,7 @@
 #include "engine/gguf/dequant.h"
 #include "engine/gguf/half.h"
 #include "engine/gguf/quantize.h"
+#include "engine/gguf/quantize_blocks.h"
 
 namespace gj::test::kref {
 
@@ -71,8 +72,80 @@ std::vector<uint8_t> random_weights(ggml::Type type, int rows, int k, std::mt199
     return blocks;
 }
 
+namespace {
+
+// Q4_K super-blocks -> the split planes of kernel_templates/matvec_q4_k.cu, element by element:
+// element e of a block is nibble (e % 64 >= 32) of qs[32 (e / 64) + e % 32], and sub-block s's
+// 16 bytes hold its elements b (low nibble) and 16 + b (high nibble) in byte b.
+std::vector<uint8_t> split_layout_q4_k(const std::vector<uint8_t>& blocks, int rows, int k) {
+    const size_t n_super = size_t(rows) * (k / 256), units = n_super * 8;
+    std::vector<uint8_t> out(n_super * 148);
+    uint8_t* dm = &out[units * 16];
+    uint8_t* sm = dm + n_super * 4;
+    for (size_t b = 0; b < n_super; ++b) {
+        const uint8_t* blk = &blocks[b * 144];
+        const uint8_t* qs = blk + 16;
+        auto nibble = [&](int e) {
+            return (qs[32 * (e / 64) + e % 32] >> (e % 64 >= 32 ? 4 : 0)) & 15;
+        };
+        for (int s = 0; s < 8; ++s) {
+            uint8_t* unit = &out[(b * 8 + s) * 16];
+            for (int i = 0; i < 16; ++i)
+                unit[i] = uint8_t(nibble(32 * s + i) | (nibble(32 * s + 16 + i) << 4));
+            uint8_t sc, m;
+            ggml::detail::scale_min_k4(s, blk + 4, &sc, &m);
+            sm[2 * (b * 8 + s)] = sc;
+            sm[2 * (b * 8 + s) + 1] = m;
+        }
+        std::copy(blk, blk + 4, dm + 4 * b);
+    }
+    return out;
+}
+
+// Q6_K super-blocks -> the split planes of kernel_templates/kquant.cuh, element by element:
+// element e = 128 n + 32 g + l (l < 32) of a block has low bits nibble (g >= 2) of
+// ql[64 n + 32 (g % 2) + l], top bits 2g, 2g+1 of qh[32 n + l], scale scales[8 n + 2 g + l / 16].
+std::vector<uint8_t> split_layout_q6_k(const std::vector<uint8_t>& blocks, int rows, int k) {
+    const size_t n_super = size_t(rows) * (k / 256), units = n_super * 8;
+    std::vector<uint8_t> out(n_super * 210);
+    uint8_t* qh_plane = &out[units * 16];
+    uint8_t* sc_plane = &out[units * 24];
+    uint8_t* d_plane = &out[units * 26];
+    for (size_t b = 0; b < n_super; ++b) {
+        const uint8_t* blk = &blocks[b * 210];
+        auto low = [&](int e) {
+            const int n = e / 128, g = (e % 128) / 32, l = e % 32;
+            return (blk[64 * n + 32 * (g % 2) + l] >> (g >= 2 ? 4 : 0)) & 15;
+        };
+        auto top = [&](int e) {
+            const int n = e / 128, g = (e % 128) / 32, l = e % 32;
+            return (blk[128 + 32 * n + l] >> (2 * g)) & 3;
+        };
+        for (int s = 0; s < 8; ++s) {
+            const size_t unit = b * 8 + s;
+            const int e0 = 32 * s;
+            for (int i = 0; i < 16; ++i)
+                out[unit * 16 + i] = uint8_t(low(e0 + i) | (low(e0 + 16 + i) << 4));
+            // Word w, byte i: elements 8w+i, 16+8w+i, 8w+4+i, 16+8w+4+i, two bits each.
+            for (int w = 0; w < 2; ++w)
+                for (int i = 0; i < 4; ++i)
+                    qh_plane[unit * 8 + 4 * w + i] = uint8_t(
+                        top(e0 + 8 * w + i) | (top(e0 + 16 + 8 * w + i) << 2) |
+                        (top(e0 + 8 * w + 4 + i) << 4) | (top(e0 + 16 + 8 * w + 4 + i) << 6));
+            sc_plane[2 * unit] = blk[192 + e0 / 16];
+            sc_plane[2 * unit + 1] = blk[192 + e0 / 16 + 1];
+        }
+        std::copy(blk + 208, blk + 210, d_plane + 2 * b);
+    }
+    return out;
+}
+
+}  // namespace
+
 std::vector<uint8_t> split_layout(ggml::Type type, const std::vector<uint8_t>& blocks, int rows,
                                   int k) {
+    if (type == ggml::Type::Q4_K) return split_layout_q4_k(blocks, rows, k);
+    if (type == ggml::Type::Q6_K) return split_layout_q6_k(blocks, rows, k);
     const auto& info = ggml::type_info(type);
     const size_t n_blocks = static_cast<size_t>(rows) * (k / 32);
     const size_t payload = info.block_bytes - 2;

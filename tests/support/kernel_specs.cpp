@@ -100,6 +100,11 @@ std::vector<KernelSpec> all_specs() {
             for (const auto& s :
                  build_kernel_plan(Config::preset(v), *gemma4::quant_mix_from_name(mix), base))
                 add(s);
+            // GEMMAJIT_REPACK=0: the Q4_K matrices in their GGUF blocks.
+            base.layout = MatvecLayout::Ggml;
+            for (const auto& s :
+                 build_kernel_plan(Config::preset(v), *gemma4::quant_mix_from_name(mix), base))
+                add(s);
         }
     for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K}) {
         add(gemma4::matvec_spec(t, 2560, 2));

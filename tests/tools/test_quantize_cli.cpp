@@ -93,17 +93,19 @@ TEST(QuantizeCli, BadInputsFailClearly) {
 }
 
 TEST(QuantizeCli, KernelsPlanOfAMix) {
-    // The e4b q4_k_m plan reads its K-quants in place (Q4_K matrices, Q6_K for some V / FFN down
-    // and the tied embedding / LM head), takes prefill products through dequant_f16 copies, and
-    // keeps the F32 PLE projection float. The 26B's q5_k_m: its 2816-wide matrices are Q5_K, the
-    // 2112-wide ffn_down falls back to Q8_0 (Q6_K rows) or Q5_1, which has no kernel (F16).
+    // The e4b q4_k_m plan reads its K-quants in their split layouts (Q4_K matrices, Q6_K for some
+    // V / FFN down and the tied embedding / LM head; the PLE table gathered from its GGUF blocks),
+    // takes prefill products through dequant_f16 copies, and keeps the F32 PLE projection float.
+    // The 26B's q5_k_m: its 2816-wide matrices are Q5_K, the 2112-wide ffn_down falls back to Q8_0
+    // (Q6_K rows) or Q5_1, which has no kernel (F16).
     auto r = run_command(gemmajit_exe() + " kernels --variant e4b --wtype q4_k_m --arch sm_90");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("e4b (q4_k_m)"), std::string::npos) << r.out;
     for (const char* want :
-         {"matvec_q4_k.k2560 ", "matvec_q4_k.k10240 ", "matvec_q4_k.k2560.b8", "matvec_q6_k.k2560 ",
-          "matvec_q6_k.k10240 ", "embed_rows.q6_k.n2560.v262144", "embed_rows.q6_k.n10752.v262144",
-          "dequant_f16.q4_k.k2560", "dequant_f16.q6_k.k10240", "matvec_f.f32.k2560"})
+         {"matvec_q4_k.k2560.split ", "matvec_q4_k.k10240.split ", "matvec_q4_k.k2560.b8.split",
+          "matvec_q6_k.k2560.split ", "matvec_q6_k.k10240.split ",
+          "embed_rows.q6_k.n2560.v262144.split", "embed_rows.q6_k.n10752.v262144 ",
+          "dequant_f16.q4_k.k2560.split", "dequant_f16.q6_k.k10240.split", "matvec_f.f32.k2560"})
         EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
     EXPECT_EQ(r.out.find("matvec_f.f16"), std::string::npos) << r.out;
     r = run_command(gemmajit_exe() + " kernels --variant 26b-a4b --wtype q5_k_m --arch sm_90");

@@ -9,7 +9,7 @@
 
 namespace gj::gemma4 {
 
-jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k) {
+jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k, MatvecLayout layout) {
     if (!spec_util::has_dequant_f16(weight_type))
         throw ConfigError(
             fmt::format("dequant_f16: weight type {} is not q4_k, q5_k, q6_k, q4_1, q5_0 or q5_1",
@@ -18,11 +18,17 @@ jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k) {
     if (k <= 0 || k % block != 0)
         throw std::invalid_argument(
             fmt::format("dequant_f16: row width {} is not a positive multiple of {}", k, block));
+    const bool split = layout == MatvecLayout::Split;
+    if (split && !spec_util::is_kquant_split(weight_type))
+        throw std::invalid_argument(fmt::format("dequant_f16: {} has no split layout (Q4_K, Q6_K)",
+                                                ggml::type_name(weight_type)));
     jit::KernelSpec s;
     s.family = "dequant_f16";
-    s.name = fmt::format("dequant_f16.{}.k{}", ggml::type_name(weight_type), k);
+    s.name =
+        fmt::format("dequant_f16.{}.k{}{}", ggml::type_name(weight_type), k, split ? ".split" : "");
     s.constants = {
         {"K", k}, {"WTYPE", static_cast<int64_t>(weight_type)}, {"ELEMS", 8}, {"THREADS", 256}};
+    if (split) s.constants.push_back({"LAYOUT", 1});
     s.entries = {"dequant_f16"};
     s.priority = 1;
     return s;

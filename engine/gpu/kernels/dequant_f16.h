@@ -2,18 +2,22 @@
 // session scratch buffer, so that a prefill chunk multiplies a K-quant matrix with cuBLAS on
 // tensor cores (the decode matvecs read the K-quant blocks in place).
 //
-// Spec name: "dequant_f16.<type>.k<k>".
+// Spec name: "dequant_f16.<type>.k<k>[.split]" (.split: a split-layout Q4_K / Q6_K matrix, see
+// kernel_templates/kquant.cuh).
 // Launch (from the spec constants): block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
 #pragma once
 
 #include "engine/gguf/ggml_types.h"
+#include "engine/gpu/kernels/matvec.h"
 #include "jit/kernel_spec.h"
 
 namespace gj::gemma4 {
 
 // Dequantization of rows k wide stored as Q4_K / Q5_K / Q6_K (or Q4_1 / Q5_0 / Q5_1):
-// "dequant_f16.<type>.k<k>". Throws ConfigError for another type, std::invalid_argument for k not
-// a positive multiple of the type's block (256, or 32).
-jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k);
+// "dequant_f16.<type>.k<k>[.split]", reading the matrix in `layout` (Split: Q4_K, Q6_K). Throws
+// ConfigError for another type, std::invalid_argument for k not a positive multiple of the
+// type's block (256, or 32) or a split layout the type does not have.
+jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k,
+                                 MatvecLayout layout = MatvecLayout::Ggml);
 
 }  // namespace gj::gemma4

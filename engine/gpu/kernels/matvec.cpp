@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -21,9 +22,9 @@ namespace {
 
 // Units (the per-thread work items of matvec_common.cuh) per row.
 int matvec_units(ggml::Type t, int k, MatvecLayout layout) {
-    if (is_float_type(t)) return k / (t == ggml::Type::F32 ? 4 : 8);  // 16 bytes each
-    if (t == ggml::Type::Q6_K) return k / 64;                         // 48 payload bytes each
-    if (is_kquant(t)) return k / 32;                                  // 16 nibble bytes each
+    if (is_float_type(t)) return k / (t == ggml::Type::F32 ? 4 : 8);           // 16 bytes each
+    if (t == ggml::Type::Q6_K && layout == MatvecLayout::Ggml) return k / 64;  // 48 bytes each
+    if (is_kquant(t)) return k / 32;  // 16 nibble bytes each (split Q6_K: 24 bytes)
     if (layout == MatvecLayout::Split) return t == ggml::Type::Q8_0 ? k / 16 : k / 32;
     return k / (t == ggml::Type::Q8_0 ? 8 : 16);
 }
@@ -82,11 +83,15 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             throw std::invalid_argument(fmt::format(
                 "matvec_{}: input width {} is not a multiple of 256 (whole super-blocks)", tag, k));
     }
-    if ((is_kquant(weight_type) || spec_util::is_q32_fallback(weight_type)) &&
-        layout != MatvecLayout::Ggml)
+    if (!spec_util::has_split(weight_type) && layout != MatvecLayout::Ggml)
         throw std::invalid_argument(
             fmt::format("matvec_{}: {} is read in its GGUF blocks (no split layout)", tag,
                         ggml::type_name(weight_type)));
+    // The K-quant rules below are those of the GGUF super-blocks; a split Q4_K or Q6_K unit is
+    // a split Q4_0 unit (16 nibble bytes, 32 activations; Q6_K 8 bytes of top bits more) and
+    // takes the split Q4_0 shapes.
+    const bool kq_blocks = is_kquant(weight_type) && layout == MatvecLayout::Ggml;
+    const bool q4_split = layout == MatvecLayout::Split && weight_type != ggml::Type::Q8_0;
     const int units = matvec_units(weight_type, k, layout);
     const int threads = matvec_threads(units);
     // Batches of 4 iterations, unless a row takes 5..7 iterations: then one batch of all of them,
@@ -97,12 +102,18 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     // A K-quant unit holds 32 (Q4_K/Q5_K) or 64 (Q6_K) activations per column in registers:
     // fewer batched iterations for them, and fewer again for wide batches, keep the kernels free
     // of spills.
-    if (is_kquant(weight_type)) {
+    if (kq_blocks) {
         const int budget = weight_type == ggml::Type::Q6_K ? 2 : 4;
         unroll = std::max(1, std::min(std::min(unroll, budget), budget * 2 / (ncols + 1)));
     }
+    // A split K-quant unit carries more scale words and plane pointers per row than Q4_0's:
+    // batches of several columns take 2 iterations per batch, Q6_K (8 bytes of top bits more)
+    // one (3 spilled 192 bytes in the 8-column Q4_K GeGLU at k 2560 .. 21504, Q6_K with 2 spilled
+    // 4-16 bytes on sm_80 at k 4096 .. 16384).
+    if (layout == MatvecLayout::Split && is_kquant(weight_type) && ncols > 1)
+        unroll = std::min(unroll, weight_type == ggml::Type::Q6_K ? 1 : 2);
     int threads_used = threads, rows = 1;
-    if (is_kquant(weight_type) && ncols == 1) {
+    if (kq_blocks && ncols == 1) {
         // Single-column K-quant decode, from an H100 sweep at the E4B shapes (GB/s of plain /
         // GeGLU, 10240 x 2560 and 2560 x 10240): short rows run more, smaller blocks (Q4_K
         // k 2560: 64 threads over 2 rows 1528 / 1845 against 32 threads over 1 row 1409 / 1726;
@@ -142,12 +153,11 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    fewer (split Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row
     //    blocks read 483 GB/s on the H200), 2 for up to 4 units per thread (H200 tg128, before the
     //    rule above: E4B Q4_0 359.2 -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4).
-    if (!is_kquant(weight_type) && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
+    if (!kq_blocks && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
         const bool dense_split = !moe && layout == MatvecLayout::Split;
         if (dense_split && k >= 8192) {
-            const bool q8 = weight_type == ggml::Type::Q8_0;
-            threads_used = q8 ? 64 : 32;
-            rows = q8 ? 2 : 1;
+            threads_used = q4_split ? 32 : 64;
+            rows = q4_split ? 1 : 2;
             unroll = 2;
         } else if (dense_split && units > 32) {
             threads_used = 128;
@@ -223,6 +233,16 @@ jit::KernelSpec make_matvec_f_spec(ggml::Type weight_type, int k, int ncols, Row
 }
 
 }  // namespace
+
+uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint64_t k) {
+    if (layout == MatvecLayout::Split && type == ggml::Type::Q4_K)
+        return rows * (k / 256) * 148;  // nibbles 128 + d|dmin 4 + eight sc|m pairs 16
+    const std::optional<uint64_t> row = ggml::row_bytes(type, k);
+    if (!row)
+        throw std::invalid_argument(
+            fmt::format("{} rows of {} elements are not whole blocks", ggml::type_name(type), k));
+    return rows * *row;
+}
 
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout,
                             int n_rows) {
