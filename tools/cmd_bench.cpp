@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -49,6 +50,22 @@ Stats stats(std::vector<double> v) {
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
+}
+
+// The weight type a row is labelled with: the one holding most of the layer matrices' bytes (the
+// routed experts included), so a Q4_K_M file reads as q4_k rather than as its Q6_K LM head.
+std::string main_weight_type(const gemma4::GpuModel& m) {
+    std::map<ggml::Type, uint64_t> bytes;
+    for (const gemma4::GpuMatrix* g : m.matrices())
+        if (g != &m.lm_head()) bytes[g->type] += g->bytes;
+    for (const gemma4::GpuLayer& l : m.layers())
+        for (const gemma4::GpuExperts* x : {&l.gate_up, &l.up_exps, &l.down_exps})
+            if (x->present()) bytes[x->all.type] += x->all.bytes;
+    if (bytes.empty()) return ggml::type_name(m.lm_head().type);
+    return ggml::type_name(
+        std::max_element(bytes.begin(), bytes.end(), [](const auto& a, const auto& b) {
+            return a.second < b.second;
+        })->first);
 }
 
 // Device-to-device copy bandwidth in bytes/s (read + written), median of 10 copies of 1 GiB.
@@ -188,8 +205,7 @@ void run_bench(const BenchArgs& a) {
     fmt::print("| {:<28} | {:>14} | {:<38} | {:>9} | {:>7} |\n", "model", "test",
                "t/s (median (min..max))", "GB/s", "% copy");
     fmt::print("|{:-<30}|{:->16}|{:-<40}|{:->11}|{:->9}|\n", "", "", "", "", "");
-    const std::string label =
-        fmt::format("{} {}", cfg.name, ggml::type_name(model->lm_head().type));
+    const std::string label = fmt::format("{} {}", cfg.name, main_weight_type(*model));
 
     std::mt19937_64 rng(a.seed);
     auto go_to_depth = [&](int d, int sequences = 1) {
