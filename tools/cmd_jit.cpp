@@ -34,6 +34,7 @@ struct PlanSource {
     std::string variant;
     std::string model;
     std::string wtype;
+    int tp = 1;  // GPUs of a tensor-parallel split (engine/gpu/shard_plan.h)
 };
 
 void add_plan_options(CLI::App* sub, PlanSource& src) {
@@ -45,11 +46,16 @@ void add_plan_options(CLI::App* sub, PlanSource& src) {
     sub->add_option("--wtype", src.wtype,
                     "weight type of the preset's matrices (q8_0, q4_0, f16, ..., or a mix: q4_k_m, "
                     "q5_k_m, ...; default q8_0)");
+    sub->add_option("--tp", src.tp,
+                    "GPUs of a tensor-parallel split: the union of every rank's kernels, each "
+                    "specialized for its slice of the heads, FFN and vocabulary (--variant only)")
+        ->check(CLI::Range(1, gemma4::kMaxTensorParallel));
 }
 
 struct Plan {
     std::string label;
     std::vector<jit::KernelSpec> specs;
+    std::string shards;  // --tp > 1: what each rank holds
 };
 
 // The process's flags with the target arch set to `arch` (empty: unchanged): a plan depends on its
@@ -68,6 +74,10 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
         if (!src.wtype.empty())
             throw std::invalid_argument(
                 "--wtype applies to --variant; with --model the file's tensor types decide");
+        if (src.tp > 1)
+            throw std::invalid_argument(
+                "--tp applies to --variant: a tensor-parallel load of a file is not built yet, so "
+                "no file has a shard plan to list");
         plan.label = src.model;
         gemma4::GpuModelOptions opts;
         opts.flags = &flags;
@@ -91,6 +101,20 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
     gemma4::PlanTypes types{wtype, wtype, wtype, wtype};
     types.wgmma = gemma4::wgmma_gemm_selected(flags, jit::default_target_arch(flags));
     const gemma4::Config cfg = gemma4::Config::preset(variant);
+    if (src.tp > 1) {
+        const std::vector<gemma4::PlanTypes> type_sets =
+            use_mix ? gemma4::mix_plan_types(cfg, *mix, types)
+                    : std::vector<gemma4::PlanTypes>{types};
+        // FFN slices in whole blocks of the widest block any matrix type has.
+        int block = 32;
+        for (const auto& p : type_sets)
+            if (gemma4::spec_util::is_kquant(p.matmul)) block = 256;
+        const gemma4::ShardPlan shards = gemma4::plan_shards(cfg, src.tp, block);
+        plan.label += fmt::format(", tensor parallel over {} GPUs", src.tp);
+        plan.shards = shards.describe();
+        plan.specs = gemma4::build_kernel_plan(shards, type_sets);
+        return plan;
+    }
     plan.specs = use_mix ? gemma4::build_kernel_plan(cfg, *mix, types)
                          : gemma4::build_kernel_plan(cfg, types);
     return plan;
@@ -155,7 +179,7 @@ void cmd_kernels(const PlanSource& src, std::string arch, bool status) {
     jit::Jit jit;
     if (arch.empty()) arch = jit.default_arch();
     Plan plan = load_plan(src, arch);
-    fmt::print("{} kernels for {} on {}\n", plan.specs.size(), plan.label, arch);
+    fmt::print("{} kernels for {} on {}\n{}", plan.specs.size(), plan.label, arch, plan.shards);
     size_t width = 4;
     for (const auto& s : plan.specs) width = std::max(width, s.name.size());
     fmt::print("{:<4} {:<{}} {:<16} {}{}\n", "PRIO", "SPEC", width, "FAMILY",

@@ -69,6 +69,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         throw std::invalid_argument(
             fmt::format("kernel plan: batches of {} columns (1..8 supported)", types.max_cols));
 
+    if (types.lm_head_rows < 0 || types.lm_head_rows > cfg.vocab_size)
+        throw std::invalid_argument(fmt::format("kernel plan: an LM head of {} rows ({} tokens)",
+                                                types.lm_head_rows, cfg.vocab_size));
+    const int lm_rows = types.lm_head_rows > 0 ? types.lm_head_rows : cfg.vocab_size;
+
     std::vector<jit::KernelSpec> plan;
     std::set<std::string> names;
     auto add = [&](jit::KernelSpec s) {
@@ -175,7 +180,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             add(mmq_moe_spec(types.matmul, F, d));
         }
     }
-    add_matvec(types.token_embd, d, cfg.vocab_size);
+    add_matvec(types.token_embd, d, lm_rows);
     if (cfg.has_ple()) add_matvec(types.ple_model_proj, d, cfg.n_layers * cfg.ple_dim);
 
     // Prefill products of the quantized matrices on the int8 tensor-core GEMM (split layout
@@ -207,7 +212,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
                 add_gemm(types.matmul, cfg.ple_dim, d);
             }
         }
-        add_gemm(types.token_embd, d, cfg.vocab_size);
+        add_gemm(types.token_embd, d, lm_rows);
         if (cfg.has_ple()) add_gemm(types.ple_model_proj, d, cfg.n_layers * cfg.ple_dim);
     }
 
@@ -216,7 +221,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         add(ple_finish_spec(cfg.n_layers, cfg.ple_dim));
         add(gelu_mul_spec(cfg.ple_dim));
     }
-    add(logits_spec(cfg.vocab_size));
+    add(logits_spec(lm_rows));
 
     // Prefill products of float matrices through cuBLAS: activations converted to F16/BF16, and
     // the GeGLU joining the separate gate and up products. K-quant matrices (not the LM head)
@@ -252,8 +257,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 
 namespace gj::gemma4 {
 
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
-                                               PlanTypes base) {
+std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, PlanTypes base) {
     const std::vector<TensorSpec> specs = expected_tensors(cfg);
     std::vector<MixTensor> in;
     for (const TensorSpec& t : specs) in.push_back({t.name, t.dims, ggml::Type::F32});
@@ -273,13 +277,34 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix
                  specs[i].role == TensorRole::PleLayerProj)
             matrix_types.insert(t);
     }
-    std::vector<jit::KernelSpec> plan;
-    std::set<std::string> names;
+    std::vector<PlanTypes> out;
     for (ggml::Type t : matrix_types) {
         p.matmul = t;
+        out.push_back(p);
+    }
+    return out;
+}
+
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
+                                               PlanTypes base) {
+    std::vector<jit::KernelSpec> plan;
+    std::set<std::string> names;
+    for (const PlanTypes& p : mix_plan_types(cfg, mix, base))
         for (auto& s : build_kernel_plan(cfg, p))
             if (names.insert(s.name).second) plan.push_back(std::move(s));
-    }
+    return plan;
+}
+
+std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
+                                               const std::vector<PlanTypes>& types) {
+    std::vector<jit::KernelSpec> plan;
+    std::set<std::string> names;
+    for (const RankShard& rank : shards.shards)
+        for (PlanTypes p : types) {
+            p.lm_head_rows = rank.vocab.count;
+            for (auto& s : build_kernel_plan(rank.config, p))
+                if (names.insert(s.name).second) plan.push_back(std::move(s));
+        }
     return plan;
 }
 

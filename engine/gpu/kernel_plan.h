@@ -9,6 +9,7 @@
 #include "engine/gguf/ggml_types.h"
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kv_type.h"
+#include "engine/gpu/shard_plan.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/quant_mix.h"
 #include "jit/env_flags.h"
@@ -39,6 +40,8 @@ struct PlanTypes {
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
     bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
     bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
+    int lm_head_rows = 0;       // LM head rows (0: the vocabulary; a tensor-parallel rank: its
+                                // vocabulary slice, engine/gpu/shard_plan.h)
 };
 // Whether GEMMAJIT_MMQ_VARIANT selects the wgmma GEMM for a plan targeting `arch` (sm_90 or
 // sm_90a: "wgmma" or "auto"; else never). Throws ConfigError for "wgmma" with another target.
@@ -51,5 +54,14 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 // matrix types that occur (one when all matrices upload alike). `base` gives the other settings.
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
                                                PlanTypes base);
+// The PlanTypes that plan builds on, one per matrix type of the mix (each with the embedding and
+// PLE types the mix gives them).
+std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, PlanTypes base);
+
+// The union of the plans of every rank of a tensor-parallel split (engine/gpu/shard_plan.h): each
+// rank's shard shape planned with each of `types` and its vocabulary slice as the LM head's rows
+// (ranks of one shape share their specializations).
+std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
+                                               const std::vector<PlanTypes>& types);
 
 }  // namespace gj::gemma4

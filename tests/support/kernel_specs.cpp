@@ -11,6 +11,7 @@
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/shard_plan.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/quant_mix.h"
 #include "jit/env_flags.h"
@@ -121,6 +122,13 @@ std::vector<KernelSpec> all_specs() {
         for (const auto& s : build_kernel_plan(
                  Config::preset("tiny-e2b"), *gemma4::quant_mix_from_name(mix),
                  {ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0}))
+            add(s);
+    // Tensor-parallel shard plans (`kernels --tp 2`): the 31B in Q4_0 and the 12B in Q8_0 over 2
+    // GPUs (half the heads, FFN and vocabulary per rank; the 12B's single global KV head
+    // replicated).
+    for (auto [v, t] : {std::pair{"31b", ggml::Type::Q4_0}, std::pair{"12b", ggml::Type::Q8_0}})
+        for (const auto& s : build_kernel_plan(gemma4::plan_shards(Config::preset(v), 2),
+                                               std::vector<gemma4::PlanTypes>{{t, t, t, t}}))
             add(s);
     // The bf16 KV cache (GEMMAJIT_KV_TYPE=bf16), and the attention kernels of a tiny preset
     // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.

@@ -138,3 +138,31 @@ TEST(JitCli, TwoPrecompilesRacingOnOneEmptyCacheBothSucceed) {
     };
     EXPECT_EQ(misses(ra.out) + misses(rb.out), entries) << ra.out << rb.out;
 }
+
+// `kernels --tp N`: one line per rank (its query heads, KV heads, FFN slice, vocabulary rows) and
+// the union of the ranks' kernels at their shard shapes; the splits that cannot be made, and --tp
+// with a file, end in one clear error.
+TEST(JitCli, KernelsOfATensorParallelSplit) {
+    gj::test::ScratchDir tmp("jit-cli-tp");
+    auto r = run_command(cli(tmp.path(), "kernels --variant 31b --wtype q4_0 --tp 2 --arch sm_90"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("tensor parallel over 2 GPUs"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank 1: query heads 16..31, KV heads sliding 8..15 / global 2..3, FFN "
+                         "10752 columns, vocabulary rows 131072..262143"),
+              std::string::npos)
+        << r.out;
+    for (const char* want : {"matvec_q4_0.k10752.split ", "logits.v131072.k64 "})
+        EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+    EXPECT_EQ(r.out.find("matvec_q4_0.k21504"), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "kernels --variant 12b --tp 3"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("16 query heads do not split evenly"), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "kernels --variant 26b-a4b --tp 2"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("mixture-of-experts"), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "kernels --model none.gguf --tp 2"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("--tp applies to --variant"), std::string::npos) << r.out;
+    r = run_command(cli(tmp.path(), "kernels --variant 31b --tp 9"));
+    EXPECT_NE(r.exit_code, 0) << r.out;
+}
