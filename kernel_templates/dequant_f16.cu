@@ -49,11 +49,6 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const float4 a = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4)),
                  c = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4) + 1);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = c.x, f[5] = c.y, f[6] = c.z, f[7] = c.w;
-#elif LAYOUT == 0
-    const size_t b = i / 32;          // super-blocks are contiguous across rows
-    const int e = 8 * (int)(i % 32);  // first element in the block
-#endif
-#if GJ_Q32_TYPE
 #elif LAYOUT == 1
     // Split Q4_K / Q6_K (kquant.cuh): the 8 elements are elements p .. p+7 of one unit.
     const size_t units = (size_t)n_rows * (K / 32), unit = i / 4;
@@ -62,6 +57,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                  c = gj_kq_split_dequant4<WTYPE>(src, units, unit, p + 4);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = c.x, f[5] = c.y, f[6] = c.z, f[7] = c.w;
 #elif WTYPE == 12 || WTYPE == 13
+    const size_t b = i / 32;          // super-blocks are contiguous across rows
+    const int e = 8 * (int)(i % 32);  // first element in the block
     constexpr int kBytes = WTYPE == 12 ? GJ_Q4_K_BYTES : GJ_Q5_K_BYTES;
     constexpr int kQs = WTYPE == 12 ? 16 : 48;
     const uint8* blk = src + b * kBytes;  // 16-byte aligned: blocks are 16-byte multiples
@@ -84,6 +81,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         f[k + 4] = __fsub_rn(__fmul_rn(d1, (float)((v1 >> (8 * k)) & 0xffu)), m1);
     }
 #else
+    const size_t b = i / 32;
+    const int e = 8 * (int)(i % 32);
     const uint8* blk = src + b * GJ_Q6_K_BYTES;  // 2-byte aligned
     const int n = e / 128, g = (e % 128) / 32, l = e % 32;
     const uint2 ql = gj_ld_u32x2_align2(blk + 64 * n + 32 * (g & 1) + l);

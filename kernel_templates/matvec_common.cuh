@@ -11,7 +11,7 @@
 //   LAYOUT   0: ggml blocks exactly as in the GGUF (base 4-byte aligned);
 //            1: "split" planes made once at load by the template's repack entry (base 16-byte
 //               aligned): all rows' payload bytes [n_rows][payload bytes per row], then all rows'
-//               fp16 scales [n_rows][K / 32] (Q4_K: its own scale planes, see matvec_q4_k.cu).
+//               fp16 scales [n_rows][K / 32] (Q4_K, Q6_K: their own planes, kquant.cuh).
 //               Every payload load is a coalesced 16-byte vector.
 //   THREADS  threads per block (multiple of 32); they split K between them
 //   ROWS     output rows per block
@@ -40,9 +40,10 @@
 //     (the token of an expert slot for gate|up, the slot itself for down) and writing y row s.
 //     Blocks with g >= *n_groups exit (the grid is sized for the most groups a batch can form).
 //     x: Q8_1 int8 rows (xds their scales) for quantized weights, fp32 rows for matvec_f.
-// Each thread handles "units" (a fixed slice of one block: 8 payload bytes in the ggml layout, 16
-// in the split layout) of every row of the block, so a warp reads one contiguous stretch of each
-// row per iteration; a warp-shuffle + shared-memory reduction ends the block.
+// Each thread handles "units" (a fixed slice of one block, each template says which: e.g. 8
+// payload bytes of a GGUF Q8_0 block, one 32-element block of the split layouts) of every row of
+// the block, so a warp reads one contiguous stretch of each row per iteration; a warp-shuffle +
+// shared-memory reduction ends the block.
 #ifndef GJ_MATVEC_COMMON_CUH
 #define GJ_MATVEC_COMMON_CUH
 

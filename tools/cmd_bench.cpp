@@ -52,8 +52,9 @@ double now_s() {
         .count();
 }
 
-// The weight type a row is labelled with: the one holding most of the layer matrices' bytes (the
-// routed experts included), so a Q4_K_M file reads as q4_k rather than as its Q6_K LM head.
+// The weight type a row is labelled with: the one holding most of the bytes of the matrices
+// besides the LM head (the routed experts and the PLE projection included), so a Q4_K_M file
+// reads as q4_k rather than as its Q6_K LM head.
 std::string main_weight_type(const gemma4::GpuModel& m) {
     std::map<ggml::Type, uint64_t> bytes;
     for (const gemma4::GpuMatrix* g : m.matrices())

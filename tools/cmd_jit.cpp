@@ -105,10 +105,11 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
         const std::vector<gemma4::PlanTypes> type_sets =
             use_mix ? gemma4::mix_plan_types(cfg, *mix, types)
                     : std::vector<gemma4::PlanTypes>{types};
-        // FFN slices in whole blocks of the widest block any matrix type has.
+        // Slices in whole blocks of the largest block any matrix type has (at least the 32
+        // elements every matvec width is a multiple of).
         int block = 32;
         for (const auto& p : type_sets)
-            if (gemma4::spec_util::is_kquant(p.matmul)) block = 256;
+            block = std::max(block, gemma4::spec_util::matvec_block_elems(p.matmul));
         const gemma4::ShardPlan shards = gemma4::plan_shards(cfg, src.tp, block);
         plan.label += fmt::format(", tensor parallel over {} GPUs", src.tp);
         plan.shards = shards.describe();

@@ -53,10 +53,6 @@ bool is_block_quant(ggml::Type t) {
 uint64_t type_bytes(ggml::Type t, uint64_t rows, uint64_t cols) {
     return rows * *ggml::row_bytes(t, cols);
 }
-// The load-time repack entry of a split matrix's matvec spec; one thread per 32 elements.
-std::string repack_entry(ggml::Type t) {
-    return std::string("repack_") + spec_util::quant_type_tag(t);
-}
 
 }  // namespace
 
@@ -571,17 +567,19 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         buffers_.emplace_back(bytes);
         return buffers_.back().ptr();
     };
-    // A tensor's GGUF bytes through the staging buffer into the split layout at dst, by the
-    // repack entry of matvec spec `spec` (one thread per 32 elements).
-    auto repack_on_gpu = [&](const gguf::TensorInfo& t, const std::string& spec, ggml::Type type,
-                             int n_rows, int cols, CUdeviceptr dst) {
+    // A tensor's GGUF bytes into the staging buffer, for the repacks that read them.
+    auto stage = [&](const gguf::TensorInfo& t) {
         copy_to_gpu(staging.ptr(), t.data, t.n_bytes, t.name);
-        if (h2d) h2d->flush();  // the repack below reads the staging
-        const jit::Kernel& repack = kernels_.get(spec, repack_entry(type));
-        CUdeviceptr src = staging.ptr();
+        if (h2d) h2d->flush();  // the repacks read the staging
+    };
+    // n_rows rows of GGUF blocks at src repacked into the split layout at dst by the repack entry
+    // of matvec spec `spec` (one thread per 32 elements).
+    auto repack = [&](const std::string& spec, ggml::Type type, CUdeviceptr src, CUdeviceptr dst,
+                      int n_rows, int cols) {
         void* args[] = {&src, &dst, &n_rows};
         const uint64_t blocks = uint64_t(n_rows) * (cols / 32);
-        repack.launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
+        kernels_.get(spec, repack_entry(type))
+            .launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
     };
     auto upload_matrix = [&](GpuMatrix& g) {
         const gguf::TensorInfo& t = file_->tensor(g.name);
@@ -589,7 +587,8 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         if (g.type != t.type) {
             upload_dequantized(t, g.ptr, g.rows, g.cols);
         } else if (g.layout == MatvecLayout::Split) {
-            repack_on_gpu(t, g.spec_decode, g.type, g.rows, g.cols, g.ptr);
+            stage(t);
+            repack(g.spec_decode, g.type, staging.ptr(), g.ptr, g.rows, g.cols);
         } else {
             copy_to_gpu(g.ptr, t.data, t.n_bytes, g.name);
         }
@@ -602,17 +601,12 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         if (g.layout != MatvecLayout::Split) return upload_matrix(g);
         const gguf::TensorInfo& t = file_->tensor(g.name);
         g.ptr = alloc(g.bytes);
-        copy_to_gpu(staging.ptr(), t.data, t.n_bytes, g.name);
-        if (h2d) h2d->flush();  // the repacks below read the staging
-        const jit::Kernel& repack = kernels_.get(x.spec_one, repack_entry(g.type));
-        const uint64_t piece_bytes = type_bytes(g.type, x.piece_rows, g.cols);
-        const uint64_t blocks = uint64_t(x.piece_rows) * (g.cols / 32);
-        int rows = x.piece_rows;
-        for (int p = 0; p < g.rows / x.piece_rows; ++p) {
-            CUdeviceptr src = staging.ptr() + p * piece_bytes, dst = g.ptr + p * piece_bytes;
-            void* args[] = {&src, &dst, &rows};
-            repack.launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
-        }
+        stage(t);
+        const uint64_t src_bytes = type_bytes(g.type, x.piece_rows, g.cols),
+                       dst_bytes = matrix_bytes(g.type, g.layout, x.piece_rows, g.cols);
+        for (int p = 0; p < g.rows / x.piece_rows; ++p)
+            repack(x.spec_one, g.type, staging.ptr() + p * src_bytes, g.ptr + p * dst_bytes,
+                   x.piece_rows, g.cols);
         progressed(g.bytes);
     };
     auto upload_table = [&](GpuTable& g, bool on_gpu) {
@@ -644,7 +638,8 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         if (g.type != t.type) {
             upload_dequantized(t, g.ptr, uint64_t(g.rows), uint64_t(g.cols));
         } else if (g.layout == MatvecLayout::Split) {  // repacked by the tied LM head's spec
-            repack_on_gpu(t, lm_head_.spec_decode, g.type, g.rows, g.cols, g.ptr);
+            stage(t);
+            repack(lm_head_.spec_decode, g.type, staging.ptr(), g.ptr, g.rows, g.cols);
         } else {
             copy_to_gpu(g.ptr, t.data, t.n_bytes, g.name);
         }

@@ -99,7 +99,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A Q4_K / Q6_K
-    // token_embd takes the split layout of the tied LM head, whose buffer it is (GpuModel).
+    // token_embd takes the split layout of the tied LM head, whose buffer it is (GpuModel splits
+    // it only when tied, as every Gemma 4 file is: `kernels --model` plans an untied one right).
     add(embed_rows_spec(d, types.token_embd, cfg.vocab_size,
                         spec_util::is_kquant_split(types.token_embd) && fits(types.token_embd, d)
                             ? types.layout

@@ -6,8 +6,9 @@ namespace gj::gemma4 {
 
 namespace {
 
-// Part r of n of [0, total) in whole units of `unit`: the first total / unit % n parts get one
-// unit more, so the parts differ by at most one unit.
+// Part r of n of [0, total) in whole units of `unit`: [floor(r U / n), floor((r+1) U / n)) of the
+// U = total / unit units, so the parts differ by at most one unit and the larger ones are spread
+// (84 blocks over 8 ranks: 10, 11, 10, 11, ...).
 Range part_of(int total, int unit, int r, int n) {
     const int units = total / unit;
     const int first = int(int64_t(units) * r / n), end = int(int64_t(units) * (r + 1) / n);
@@ -58,6 +59,12 @@ ShardPlan plan_shards(const Config& cfg, int ranks, int block) {
                     "evenly (a head would be cut)",
                     l, kv));
             }
+            // The output projection reads this rank's heads: whole blocks of them.
+            if (hq * lc.head_dim % block != 0)
+                fail(
+                    fmt::format("layer {}'s {} query heads of {} per GPU are not whole "
+                                "{}-element blocks of the output projection's input",
+                                l, hq, lc.head_dim, block));
             if (lc.ffn_dim % block != 0 || lc.ffn_dim / block < ranks)
                 fail(
                     fmt::format("layer {}'s FFN width {} is not {} or more whole {}-element "

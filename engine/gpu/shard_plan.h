@@ -17,7 +17,8 @@
 //     rank's kernels for its own width;
 //   * a slice of the vocabulary for the LM head [r V / N, (r + 1) V / N): each rank picks its own
 //     top candidates and only those are gathered. The embedding gather reads the whole table (one
-//     row per token; a tied table is held whole by every rank beside its LM head slice).
+//     row per token): a tied table is held whole by every rank beside its LM head slice (a second
+//     copy of 1/N of it; a row slice of a split-layout table is no sub-buffer of it).
 // Replicated on every rank: norms, the embedding table, and the per-layer-embedding (PLE) parts
 // of E2B/E4B (a 256-wide gate and projection per layer, too small to split).
 // The mixture-of-experts model is not planned (its experts would split by expert, not by rows).
@@ -67,8 +68,9 @@ struct ShardPlan {
 // The plan of `cfg` over `ranks` GPUs with FFN slices in whole `block`-element weight blocks (32;
 // 256 for K-quant weights). Throws ConfigError naming the reason: ranks outside 1..8, a
 // mixture-of-experts model, query heads not divisible by the ranks, a layer whose KV heads and the
-// ranks do not divide one another (a head would be cut), an FFN width not a multiple of the block
-// or of fewer blocks than ranks.
+// ranks do not divide one another (a head would be cut), a rank's heads (the output
+// projection's input slice) not whole blocks, an FFN width not a multiple of the block or of
+// fewer blocks than ranks.
 ShardPlan plan_shards(const Config& cfg, int ranks, int block = 32);
 
 }  // namespace gj::gemma4

@@ -220,6 +220,12 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
                  std::invalid_argument);
     EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q8_0, 100, MatvecLayout::Split),
                  std::invalid_argument);
+    // Experts stay in their GGUF blocks (their upload sizes pieces in GGUF bytes); the repack
+    // entries exist for the split types only.
+    EXPECT_THROW(gj::gemma4::matvec_moe_spec(ggml::Type::Q4_K, 2816, 1, MatvecLayout::Split),
+                 std::invalid_argument);
+    EXPECT_EQ(gj::gemma4::repack_entry(ggml::Type::Q6_K), "repack_q6_k");
+    EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::Q5_K), std::invalid_argument);
 }
 
 TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {

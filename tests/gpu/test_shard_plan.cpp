@@ -100,7 +100,8 @@ TEST(ShardPlan, EveryDenseModelOver2To8GpusMatchesThePlainReference) {
                 bool splits = cfg.n_heads % n == 0;
                 for (const auto& l : cfg.layers)
                     splits = splits && l.ffn_dim % block == 0 && l.ffn_dim / block >= n &&
-                             (l.n_kv_heads % n == 0 || n % l.n_kv_heads == 0);
+                             (l.n_kv_heads % n == 0 || n % l.n_kv_heads == 0) &&
+                             cfg.n_heads / n * l.head_dim % block == 0;
                 if (!splits) {
                     EXPECT_THROW(plan_shards(cfg, n, block), ConfigError);
                     continue;
@@ -147,9 +148,19 @@ TEST(ShardPlan, WhatCannotBeSplitIsNamed) {
     EXPECT_NE(message("12b", 3).find("16 query heads"), std::string::npos);
     EXPECT_NE(message("31b", 0).find("1 to 8"), std::string::npos);
     EXPECT_NE(message("31b", 16).find("1 to 8"), std::string::npos);
-    // tiny-keqv: 4 sliding KV heads over 8 ranks would be replicated, but 8 query heads make 1
-    // per rank: fine; its FFN of 256 is one 256-block, not enough for 2 ranks.
-    EXPECT_NE(message("tiny-keqv", 2, 256).find("FFN width 256"), std::string::npos);
+    // tiny-keqv in 256-blocks: 4 query heads of 32 per rank (128 columns) cut a block of the
+    // output projection; 2 ranks of 8 heads and 512-wide global heads, or 32-blocks, would not.
+    EXPECT_NE(message("tiny-keqv", 2, 256).find("query heads of 32 per GPU"), std::string::npos);
+    // An FFN of fewer blocks than GPUs.
+    Config narrow = Config::preset("tiny-keqv");
+    narrow.layers[3].ffn_dim = 96;
+    try {
+        plan_shards(narrow, 4);
+        ADD_FAILURE() << "a 96-wide FFN split over 4 GPUs";
+    } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("layer 3's FFN width 96"), std::string::npos)
+            << e.what();
+    }
 }
 
 // `kernels --tp`: the union of the ranks' plans holds the shard shapes (31B over 2: the output

@@ -181,7 +181,7 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
                    {"UNROLL", unroll}};
     const std::string base = fmt::format("matvec_{}", tag);
     s.entries = {base, base + "_add", base + "_geglu"};
-    if (layout == MatvecLayout::Split) s.entries.push_back(fmt::format("repack_{}", tag));
+    if (layout == MatvecLayout::Split) s.entries.push_back(repack_entry(weight_type));
     s.priority = 0;
     return s;
 }
@@ -234,6 +234,14 @@ jit::KernelSpec make_matvec_f_spec(ggml::Type weight_type, int k, int ncols, Row
 
 }  // namespace
 
+std::string repack_entry(ggml::Type t) {
+    const char* tag = quant_type_tag(t);
+    if (!tag || !spec_util::has_split(t))
+        throw std::invalid_argument(
+            fmt::format("{} has no split layout to repack into", ggml::type_name(t)));
+    return std::string("repack_") + tag;
+}
+
 uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint64_t k) {
     if (layout == MatvecLayout::Split && type == ggml::Type::Q4_K)
         return rows * (k / 256) * 148;  // nibbles 128 + d|dmin 4 + eight sc|m pairs 16
@@ -262,14 +270,18 @@ jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, Matvec
     // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /
     // bf16 k 2816, GeGLU).
     if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
+    // Split experts are Q8_0 / Q4_0 (moe_experts_split): the expert upload sizes each expert's
+    // piece in GGUF bytes, which a split Q4_K is not.
+    if (layout == MatvecLayout::Split && is_kquant(weight_type))
+        throw std::invalid_argument(fmt::format(
+            "matvec .moe: {} experts are read in their GGUF blocks", ggml::type_name(weight_type)));
     jit::KernelSpec s = make_matvec_spec(weight_type, k, ncols, layout, true, Rows::Any);
     s.name += ".moe";
     s.constants.push_back({"MOE", 1});
     const std::string base = s.family;  // matvec_<tag> or matvec_f
     s.entries = {base + "_moe", base + "_moe_geglu"};
     // The split layout's upload repacks each expert's matrices with the module's repack entry.
-    if (layout == MatvecLayout::Split)
-        s.entries.push_back("repack_" + base.substr(std::string("matvec_").size()));
+    if (layout == MatvecLayout::Split) s.entries.push_back(repack_entry(weight_type));
     return s;
 }
 
