@@ -134,6 +134,12 @@ GJ_DEVICE size_t gj_q6_k_d_plane(size_t units) {
     return units * 26;
 }
 
+// The four unsigned 6-bit values (0..63, one per byte) under the low (hi 0) or high (hi 1)
+// nibbles of nibble word t of a split Q6_K unit, given that word and top-bit word t / 2.
+GJ_DEVICE uint32 gj_q6_k_split_q(uint32 ql, uint32 h, int t, int hi) {
+    return ((ql >> (4 * hi)) & 0x0f0f0f0fu) | (((h >> (4 * (t & 1) + 2 * hi)) & 0x03030303u) << 4);
+}
+
 // Elements p .. p+3 (p a multiple of 4 below 32) of unit `unit` of a split matrix at w, with the
 // CPU's products (as gj_kq_dequant4: equal bit for bit). kType: 12 Q4_K, 14 Q6_K.
 template <int kType>
@@ -152,8 +158,7 @@ GJ_DEVICE float4 gj_kq_split_dequant4(const uint8* w, size_t units, size_t unit,
             f[k] = __fsub_rn(__fmul_rn(d, (float)((q >> (8 * k)) & 0xffu)), mn);
     } else {
         const uint32 h = __ldg((const uint32*)(w + gj_q6_k_qh_plane(units) + unit * 8) + t / 2);
-        const uint32 q =
-            ((ql >> (4 * hi)) & 0x0f0f0f0fu) | (((h >> (4 * (t & 1) + 2 * hi)) & 0x03030303u) << 4);
+        const uint32 q = gj_q6_k_split_q(ql, h, t, hi);
         const int sc = (int)(int8)__ldg(w + gj_q6_k_sc_plane(units) + unit * 2 + hi);
         const uint16 dbits = __ldg((const uint16*)(w + gj_q6_k_d_plane(units)) + unit / 8);
         const float ds = __fmul_rn(f16_to_f32(dbits), (float)sc);

@@ -123,9 +123,7 @@ struct gj_q6_k {
     }
     // Nibble word t's signed 6-bit values (q - 32): its low nibbles (hi 0) or high nibbles (1).
     static GJ_DEVICE int32 word(uint32 ql, uint32 h, int t, int hi) {
-        const uint32 v =
-            ((ql >> (4 * hi)) & 0x0f0f0f0fu) | (((h >> (4 * (t & 1) + 2 * hi)) & 0x03030303u) << 4);
-        return (int32)__vsub4(v, 0x20202020u);
+        return (int32)__vsub4(gj_q6_k_split_q(ql, h, t, hi), 0x20202020u);
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         const uint32 ql[4] = {f.ql.x, f.ql.y, f.ql.z, f.ql.w};

@@ -52,16 +52,10 @@ double now_s() {
         .count();
 }
 
-// The weight type a row is labelled with: the one holding most of the bytes of the matrices
-// besides the LM head (the routed experts and the PLE projection included), so a Q4_K_M file
-// reads as q4_k rather than as its Q6_K LM head.
+// The weight type a row is labelled with: the one holding most of the layer matrices' bytes, so
+// a Q4_K_M file reads as q4_k rather than as its Q6_K LM head.
 std::string main_weight_type(const gemma4::GpuModel& m) {
-    std::map<ggml::Type, uint64_t> bytes;
-    for (const gemma4::GpuMatrix* g : m.matrices())
-        if (g != &m.lm_head()) bytes[g->type] += g->bytes;
-    for (const gemma4::GpuLayer& l : m.layers())
-        for (const gemma4::GpuExperts* x : {&l.gate_up, &l.up_exps, &l.down_exps})
-            if (x->present()) bytes[x->all.type] += x->all.bytes;
+    const std::map<ggml::Type, uint64_t> bytes = m.layer_bytes_by_type();
     if (bytes.empty()) return ggml::type_name(m.lm_head().type);
     return ggml::type_name(
         std::max_element(bytes.begin(), bytes.end(), [](const auto& a, const auto& b) {

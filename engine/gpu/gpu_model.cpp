@@ -164,9 +164,12 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         g.rows = int(m.rows());
         g.cols = int(m.cols());
         const ggml::Type t = m.type();
+        // Kept in its type, a matrix of a type with the split layout is repacked to it.
+        const MatvecLayout kept_layout =
+            repack && spec_util::has_split(t) ? MatvecLayout::Split : MatvecLayout::Ggml;
         if (is_block_quant(t) && g.cols % 32 == 0) {
             g.type = t;
-            g.layout = repack ? MatvecLayout::Split : MatvecLayout::Ggml;
+            g.layout = kept_layout;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             if (mmq && g.layout == MatvecLayout::Split) {
@@ -183,7 +186,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             // (Q4_K, Q6_K: GEMMAJIT_REPACK) repacked at load to the split layout; prefill chunks
             // multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
-            if (repack && spec_util::has_split(t)) g.layout = MatvecLayout::Split;
+            g.layout = kept_layout;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             if (blas && prefill_gemm) {
@@ -725,15 +728,22 @@ void GpuModel::upload(const GpuModelOptions& opts) {
                     s > 0 ? double(done) / s / 1e9 : 0.0, bound, mem_.describe()));
 }
 
-std::string GpuModel::summary() const {
-    std::map<std::string, uint64_t> by_type;
-    for (const auto& g : layers_)
+std::map<ggml::Type, uint64_t> GpuModel::layer_bytes_by_type() const {
+    std::map<ggml::Type, uint64_t> by_type;
+    for (const auto& g : layers_) {
         for (const GpuMatrix* m :
              {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
-            if (m->present()) by_type[ggml::type_name(m->type)] += m->bytes;
+            if (m->present()) by_type[m->type] += m->bytes;
+        for (const GpuExperts* x : {&g.gate_up, &g.up_exps, &g.down_exps})
+            if (x->present()) by_type[x->all.type] += x->all.bytes;
+    }
+    return by_type;
+}
+
+std::string GpuModel::summary() const {
     std::string types;
-    for (const auto& [t, b] : by_type)
-        types += fmt::format("{}{} {}", types.empty() ? "" : ", ", t, gib(b));
+    for (const auto& [t, b] : layer_bytes_by_type())
+        types += fmt::format("{}{} {}", types.empty() ? "" : ", ", ggml::type_name(t), gib(b));
     return fmt::format(
         "{} ({} layers, d {}, context {}{}, KV {}), layer matrices: {}; LM head {} {}; "
         "decode reads {} per token",

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -234,6 +235,9 @@ class GpuModel {
     // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
     // and the two gathered embedding rows): the numerator of the decode GB/s figure.
     uint64_t decode_weight_bytes() const { return decode_bytes_; }
+    // GPU bytes of the layer matrices (routed experts included; not the LM head or the PLE
+    // context projection) by weight type.
+    std::map<ggml::Type, uint64_t> layer_bytes_by_type() const;
     std::string summary() const;  // one line: name, types, placement, memory
 
   private:

@@ -286,27 +286,36 @@ std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, Pl
     return out;
 }
 
-std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
-                                               PlanTypes base) {
+namespace {
+
+// The union of several plans, each spec once, in the order first seen.
+struct PlanUnion {
     std::vector<jit::KernelSpec> plan;
     std::set<std::string> names;
-    for (const PlanTypes& p : mix_plan_types(cfg, mix, base))
-        for (auto& s : build_kernel_plan(cfg, p))
+    void add(std::vector<jit::KernelSpec> specs) {
+        for (auto& s : specs)
             if (names.insert(s.name).second) plan.push_back(std::move(s));
-    return plan;
+    }
+};
+
+}  // namespace
+
+std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
+                                               PlanTypes base) {
+    PlanUnion all;
+    for (const PlanTypes& p : mix_plan_types(cfg, mix, base)) all.add(build_kernel_plan(cfg, p));
+    return std::move(all.plan);
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
                                                const std::vector<PlanTypes>& types) {
-    std::vector<jit::KernelSpec> plan;
-    std::set<std::string> names;
+    PlanUnion all;
     for (const RankShard& rank : shards.shards)
         for (PlanTypes p : types) {
             p.lm_head_rows = rank.vocab.count;
-            for (auto& s : build_kernel_plan(rank.config, p))
-                if (names.insert(s.name).second) plan.push_back(std::move(s));
+            all.add(build_kernel_plan(rank.config, p));
         }
-    return plan;
+    return std::move(all.plan);
 }
 
 }  // namespace gj::gemma4
