@@ -41,6 +41,8 @@ namespace gj::jit {
     X(cuMemAllocHost, 3020) \
     X(cuMemFreeHost, 2000) \
     X(cuStreamCreate, 2000) \
+    X(cuStreamCreateWithPriority, 5050) \
+    X(cuCtxGetStreamPriorityRange, 5050) \
     X(cuStreamDestroy, 4000) \
     X(cuStreamSynchronize, 2000) \
     X(cuStreamWaitEvent, 3020) \

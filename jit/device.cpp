@@ -20,6 +20,7 @@ struct Device::Impl {
     int sm_count = 0;
     int smem_optin = 0;
     size_t total_mem = 0;
+    int low_priority = 0, high_priority = 0;  // stream priorities (numerically low is high)
 };
 
 Device::Device() : impl_(std::make_unique<Impl>()) {
@@ -52,7 +53,24 @@ Device::Device() : impl_(std::make_unique<Impl>()) {
     check_driver(api.cuDeviceTotalMem(&impl_->total_mem, impl_->dev), "cuDeviceTotalMem");
     check_driver(api.cuDevicePrimaryCtxRetain(&impl_->ctx, impl_->dev), "cuDevicePrimaryCtxRetain");
     check_driver(api.cuCtxSetCurrent(impl_->ctx), "cuCtxSetCurrent");
-    check_driver(api.cuStreamCreate(&impl_->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    // The compute stream takes the highest priority, so that background work (the prefill's
+    // weight dequantization, on a stream of the lowest) fills the SMs the compute kernels leave
+    // idle instead of taking them first.
+    check_driver(api.cuCtxGetStreamPriorityRange(&impl_->low_priority, &impl_->high_priority),
+                 "cuCtxGetStreamPriorityRange");
+    check_driver(api.cuStreamCreateWithPriority(&impl_->stream, CU_STREAM_NON_BLOCKING,
+                                                impl_->high_priority),
+                 "cuStreamCreateWithPriority");
+}
+
+CUstream Device::create_stream(bool background) const {
+    CUstream s = nullptr;
+    check_driver(
+        driver().cuStreamCreateWithPriority(
+            &s, CU_STREAM_NON_BLOCKING, background ? impl_->low_priority : impl_->high_priority),
+        background ? "cuStreamCreateWithPriority(background stream)"
+                   : "cuStreamCreateWithPriority(side stream)");
+    return s;
 }
 
 Device& Device::get() {

@@ -48,7 +48,11 @@ class Device {
     int driver_version() const;              // 13000
     size_t total_memory() const;
     size_t free_memory() const;
-    CUstream stream() const;    // the engine's compute stream (non-blocking)
+    CUstream stream() const;  // the engine's compute stream (non-blocking, highest priority)
+    // A new non-blocking stream (the caller destroys it): of the compute stream's priority, or
+    // with `background` of the lowest, whose blocks the SMs take only when no compute-stream
+    // block is waiting.
+    CUstream create_stream(bool background = false) const;
     void make_current() const;  // binds the primary context to the calling thread
     void synchronize() const;
 

@@ -157,9 +157,11 @@ const std::vector<FlagDef>& flag_table() {
          .family = "tuning",
          .type = T::Int,
          .cls = C::Neutral,
-         .default_value = "512",
-         .help = "prompt tokens per prefill chunk (each chunk runs layer by layer as one batch; "
-                 "sliding-window KV rings grow by chunk - 1 slots)",
+         .default_value = "2048",
+         .help = "prompt tokens per prefill chunk (each chunk runs layer by layer as one batch, "
+                 "making each layer's F16 weight copies once; sliding-window KV rings grow by "
+                 "chunk - 1 slots); when unset, a load short of memory halves it down to 512 "
+                 "before reducing the context",
          .min = 1,
          .max = 4096},
         {.name = "GEMMAJIT_STREAMS",
@@ -217,11 +219,12 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Enum,
          .cls = C::OutputChanging,
          .default_value = "auto",
-         .help = "prefill products of Q8_0/Q4_0 weights: auto (wgmma on sm_90, else mma), "
-                 "wgmma (bf16 warpgroup GEMM of weights dequantized in shared memory, sm_90 "
-                 "only), mma (int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact "
-                 "path)",
-         .choices = {"auto", "wgmma", "mma", "none"}},
+         .help = "prefill products of Q8_0/Q4_0 weights: auto (blas on sm_90, wgmma there "
+                 "without cuBLAS, else mma), blas (cuBLAS on F16 copies of each layer "
+                 "dequantized ahead, as for K-quants; needs cuBLAS and GEMMAJIT_BLAS=1), wgmma "
+                 "(bf16 warpgroup GEMM of weights dequantized in shared memory, sm_90 only), mma "
+                 "(int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact path)",
+         .choices = {"auto", "wgmma", "mma", "blas", "none"}},
         {.name = "GEMMAJIT_MOE_GEMM",
          .family = "path",
          .type = T::Bool,

@@ -2,13 +2,17 @@
 // K-quant matrices: a chunk of T > 8 tokens multiplies the dequantized copy with cuBLAS (tensor
 // cores, fp32 accumulation) instead of running T / 8 batched matvecs, each of which would read the
 // weights again. The copy lives in a per-session scratch buffer; the model keeps the K-quant bytes.
+// Split Q8_0 / Q4_0 matrices take the same path under GEMMAJIT_MMQ_VARIANT=blas.
 //
 // Constants (prologue #defines):
 //   K        row width in elements (a multiple of 256; of 32 for the 32-element block types)
-//   WTYPE    ggml type id: 12 Q4_K, 13 Q5_K, 14 Q6_K, or 3 Q4_1, 6 Q5_0, 7 Q5_1
+//   WTYPE    ggml type id: 12 Q4_K, 13 Q5_K, 14 Q6_K, 3 Q4_1, 6 Q5_0, 7 Q5_1, or (split layout
+//            only) 8 Q8_0, 2 Q4_0
 //   ELEMS    elements per thread: 8 (consecutive lanes write consecutive 16-byte runs)
 //   THREADS  threads per block (multiple of 32)
-//   LAYOUT   0: src holds the GGUF blocks; 1 (Q4_K, Q6_K): the split planes (kquant.cuh)
+//   LAYOUT   0: src holds the GGUF blocks; 1 (Q4_K, Q6_K): the split planes (kquant.cuh);
+//            1 (Q8_0, Q4_0): the split planes of matvec_common.cuh (quants [n_rows][K] int8 or
+//            [n_rows][K / 2] nibble bytes in the Q4_0 order, then fp16 scales [n_rows][K / 32])
 // Launch: block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
 // Entry: dequant_f16(src /*GGUF blocks [n_rows][K / 256], or split planes*/,
 //                    dst /*fp16 [n_rows][K]*/, n_rows).
@@ -26,13 +30,16 @@
 #define LAYOUT 0
 #endif
 #define GJ_Q32_TYPE (WTYPE == 3 || WTYPE == 6 || WTYPE == 7)
-static_assert(LAYOUT == 0 || (LAYOUT == 1 && (WTYPE == 12 || WTYPE == 14)),
-              "dequant_f16: the split layout (LAYOUT 1) exists for Q4_K and Q6_K only");
-static_assert(K % (GJ_Q32_TYPE ? 32 : 256) == 0 && K > 0,
+#define GJ_SPLIT32_TYPE (WTYPE == 8 || WTYPE == 2)
+static_assert(LAYOUT == 0 || (LAYOUT == 1 && (WTYPE == 12 || WTYPE == 14 || GJ_SPLIT32_TYPE)),
+              "dequant_f16: the split layout (LAYOUT 1) exists for Q4_K, Q6_K, Q8_0 and Q4_0 only");
+static_assert(!GJ_SPLIT32_TYPE || LAYOUT == 1,
+              "dequant_f16: Q8_0 / Q4_0 are read in their split layout (LAYOUT 1) only");
+static_assert(K % (GJ_Q32_TYPE || GJ_SPLIT32_TYPE ? 32 : 256) == 0 && K > 0,
               "dequant_f16: K must be a positive multiple of the block size");
-static_assert(WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || GJ_Q32_TYPE,
-              "dequant_f16: WTYPE must be 12 (q4_k), 13 (q5_k), 14 (q6_k), 3 (q4_1), 6 (q5_0) or "
-              "7 (q5_1)");
+static_assert(WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || GJ_Q32_TYPE || GJ_SPLIT32_TYPE,
+              "dequant_f16: WTYPE must be 12 (q4_k), 13 (q5_k), 14 (q6_k), 3 (q4_1), 6 (q5_0), "
+              "7 (q5_1), 8 (q8_0) or 2 (q4_0)");
 static_assert(ELEMS == 8, "dequant_f16: ELEMS must be 8");
 static_assert(THREADS % 32 == 0 && THREADS <= 1024,
               "dequant_f16: THREADS must be a multiple of 32");
@@ -49,6 +56,30 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const float4 a = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4)),
                  c = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4) + 1);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = c.x, f[5] = c.y, f[6] = c.z, f[7] = c.w;
+#elif GJ_SPLIT32_TYPE
+    // Split Q8_0 / Q4_0: the 8 elements are elements p .. p+7 of flat block b (rows are
+    // contiguous in both planes); x = d * q (Q4_0: d * (nibble - 8)), as the CPU computes it.
+    const size_t b = i / 4;
+    const int p = 8 * (int)(i % 4);
+    constexpr size_t kQBytes = WTYPE == 8 ? 32 : 16;  // quant bytes per block
+    const float d =
+        f16_to_f32(__ldg((const uint16*)(src + (size_t)n_rows * (K / 32) * kQBytes) + b));
+#if WTYPE == 8
+    const uint2 q = __ldg((const uint2*)(src + 32 * b + p));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        f[k] = __fmul_rn((float)(int8)((q.x >> (8 * k)) & 0xffu), d);
+        f[k + 4] = __fmul_rn((float)(int8)((q.y >> (8 * k)) & 0xffu), d);
+    }
+#else
+    const uint2 q = __ldg((const uint2*)(src + 16 * b + (p & 15)));
+    const int sh = p >= 16 ? 4 : 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        f[k] = __fmul_rn((float)((int)((q.x >> (8 * k + sh)) & 0xfu) - 8), d);
+        f[k + 4] = __fmul_rn((float)((int)((q.y >> (8 * k + sh)) & 0xfu) - 8), d);
+    }
+#endif
 #elif LAYOUT == 1
     // Split Q4_K / Q6_K (kquant.cuh): the 8 elements are elements p .. p+7 of one unit.
     const size_t units = (size_t)n_rows * (K / 32), unit = i / 4;

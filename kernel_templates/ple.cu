@@ -25,6 +25,9 @@
 //   gelu_mul_q8(gate, other, other_stride, yq, yds, T)
 //   gelu_mul_inplace(gate, y, T): y = gelu_tanh(gate) * y over [T][P]; the GeGLU of an FFN whose
 //     float gate and up products come from two cuBLAS calls (P is then the FFN width)
+//   gelu_mul_f16(gate, up, out, T): out = f16(gelu_tanh(gate) * up) over [T][P], 4 values per
+//     thread (grid ceil(T * P / 512)): that GeGLU written straight as the F16 input of the down
+//     projection's cuBLAS product, the value gelu_mul_inplace and f32_to_f16 would give
 #include "gj_ptx.cuh"
 
 static_assert(P % 32 == 0 && P > 0, "ple: P must be a positive multiple of 32");
@@ -101,5 +104,16 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;
     if (i >= T * P) return;
     y[i] = gelu_tanh(gate[i]) * y[i];
+}
+
+extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
+    gelu_mul_f16(const float4* __restrict__ gate, const float4* __restrict__ up,
+                 uint2* __restrict__ out, int T) {
+    gj_grid_sync();
+    const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;  // group of 4 values
+    if (i >= T * (P / 4)) return;
+    const float4 g = __ldg(gate + i), u = __ldg(up + i);
+    out[i] = make_uint2(pack_f16x2(gelu_tanh(g.x) * u.x, gelu_tanh(g.y) * u.y),
+                        pack_f16x2(gelu_tanh(g.z) * u.z, gelu_tanh(g.w) * u.w));
 }
 #endif

@@ -17,7 +17,8 @@
 //   RPB     rows per block (>1 only when TPR <= 32, so a row never spans warps partially)
 //   WEIGHT  1: multiply by w[N] (fp32, no +1 offset: Gemma 4 stores norm weights as-is)
 //   QUANT   1: also write yq/yds: the quantized y2 when NORM2=1, else y (needs N % 32 == 0 and
-//           TPR % 8 == 0)
+//           TPR % 8 == 0); 2: write that output as f16 into yq instead ([rows][N] halves, yds
+//           unused), the input of the F16 cuBLAS products of a prefill chunk
 //   ADD     1: y = residual + normed (residual may alias y)
 //   SCALE   1: y = (residual + normed) * (*scale), the scale read from device memory (needs ADD)
 //   NORM2   1: y2 = y / sqrt(mean(y^2) + eps) * w2 (needs ADD)
@@ -74,9 +75,10 @@ static_assert(RPB == 1 || TPR <= 32, "rmsnorm: several rows per block need TPR <
 static_assert(TPR * RPB <= 1024, "rmsnorm: block too large");
 static_assert(PARTS >= 1 && PARTS <= 8 && (PARTS == 1 || ADD),
               "rmsnorm: PARTS must be 1..8, and more than 1 only for a residual update (ADD)");
-static_assert(!QUANT || (N % 32 == 0 && TPR % 8 == 0),
+static_assert(QUANT >= 0 && QUANT <= 2, "rmsnorm: QUANT must be 0, 1 (Q8_1) or 2 (f16)");
+static_assert(QUANT != 1 || (N % 32 == 0 && TPR % 8 == 0),
               "rmsnorm: QUANT needs N % 32 == 0 and TPR % 8 == 0 (8 lanes per 32-block)");
-static_assert(!MOE_NORMS || (NORM2 && QUANT && !SCALE),
+static_assert(!MOE_NORMS || (NORM2 && QUANT == 1 && !SCALE),
               "rmsnorm: MOE_NORMS extends the chained, quantized second norm (NORM2, QUANT)");
 static_assert(ADD || !(SCALE || NORM2),
               "rmsnorm: SCALE and NORM2 apply to a residual update (ADD)");
@@ -105,6 +107,13 @@ GJ_DEVICE float gj_row_sum(float v, float* partial) {
 // the group shuffles stay uniform; every lane must call it.
 GJ_DEVICE void gj_quantize_store(float4 o, bool store, int r, int i, uint32* __restrict__ yq,
                                  float2* __restrict__ yds) {
+#if QUANT == 2
+    // f16 (round to nearest even, as f32_to_f16): 4 halves per float4.
+    if (store)
+        ((uint2*)yq)[(size_t)r * VEC + i] = make_uint2(pack_f16x2(o.x, o.y), pack_f16x2(o.z, o.w));
+    (void)yds;
+    return;
+#endif
     float2 ds;
     const uint32 packed = quantize_q8_1_group8(o, &ds);
     if (store) {

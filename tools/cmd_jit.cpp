@@ -99,7 +99,7 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
     plan.label = variant + " (" + (use_mix ? mix->name : ggml::type_name(wtype)) + ")";
     // The prefill GEMM variant as a load would pick it (GEMMAJIT_MMQ_VARIANT, the target arch).
     gemma4::PlanTypes types{wtype, wtype, wtype, wtype};
-    types.wgmma = gemma4::wgmma_gemm_selected(flags, jit::default_target_arch(flags));
+    gemma4::apply_prefill_flags(types, flags, jit::default_target_arch(flags));
     const gemma4::Config cfg = gemma4::Config::preset(variant);
     if (src.tp > 1) {
         const std::vector<gemma4::PlanTypes> type_sets =

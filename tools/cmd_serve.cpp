@@ -14,6 +14,7 @@
 #include "engine/generate/backend.h"
 #include "engine/model/model_file.h"
 #include "engine/serve/scheduler.h"
+#include "jit/env_flags.h"
 #include "tools/commands.h"
 #include "tools/http_server.h"
 
@@ -90,14 +91,26 @@ void run_serve(ServeArgs a) {
         bo.prefill_progress = nullptr;  // many prompts at once: no progress line on the terminal
         bo.default_sequence = false;
         bo.sequences = a.parallel;
+        // On the GPU the scheduler feeds a prompt in chunks of this many tokens and the session
+        // is sized for exactly them: a longer session chunk would only grow every slot's
+        // sliding-window rings. Shorter chunks than run's also bound how long one prompt's
+        // chunk holds up the other slots' decode steps.
+        const jit::Flags& env = jit::Flags::process();
+        const int gpu_chunk = a.prefill_chunk > 0 ? a.prefill_chunk
+                              : env.is_set("GEMMAJIT_PREFILL_CHUNK")
+                                  ? int(env.get_int("GEMMAJIT_PREFILL_CHUNK"))
+                                  : 512;
+        bo.prefill_chunk = gpu_chunk;
         backend = gen::Backend::open(file, bo);
         std::vector<std::unique_ptr<gen::Forward>> sequences;
         for (int i = 0; i < a.parallel; ++i) sequences.push_back(backend->new_sequence());
         serve::SchedulerOptions so;
         so.context = a.context;
         // The CPU reference runs a chunk in time proportional to its length, so short chunks keep
-        // other streams flowing; the GPU session chunks internally and wants whole prompts.
-        so.prefill_chunk = a.prefill_chunk > 0 ? a.prefill_chunk : backend->on_gpu() ? 512 : 32;
+        // other streams flowing.
+        so.prefill_chunk = backend->on_gpu()     ? gpu_chunk
+                           : a.prefill_chunk > 0 ? a.prefill_chunk
+                                                 : 32;
         sched = std::make_unique<serve::Scheduler>(file->tokenizer(), std::move(sequences), so,
                                                    &backend->batch_decoder());
         scheduler = sched.get();
@@ -136,7 +149,8 @@ void add_serve_command(CLI::App& app) {
     cmd->add_option("--alias", a->http.model_name,
                     "model name in /v1/models (default: the file's stem)");
     cmd->add_option("--prefill-chunk", a->prefill_chunk,
-                    "prompt tokens per prefill step of a slot (0: 32 on the CPU, 512 on the GPU)");
+                    "prompt tokens per prefill step of a slot (0: 32 on the CPU; on the GPU "
+                    "GEMMAJIT_PREFILL_CHUNK when set, else 512)");
     add_sampling_options(cmd, a->http.sampling);
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
     cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");

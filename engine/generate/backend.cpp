@@ -28,6 +28,7 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
     }
     gemma4::GpuModelOptions mo;
     mo.context = opts.context;
+    mo.prefill_chunk = opts.prefill_chunk;
     mo.progress = opts.status;
     mo.sequences = opts.sequences;
     b->gpu_model_ = gemma4::GpuModel::load(b->file_, mo);

@@ -22,6 +22,8 @@ struct BackendOptions {
     bool cpu = false;  // force the CPU reference forward
     int threads = 0;   // CPU worker threads
     int context = 0;   // GPU context; 0: the model's (reduced to what fits, with a notice)
+    // GPU tokens per prefill chunk; 0: GEMMAJIT_PREFILL_CHUNK (its default shrinks to fit).
+    int prefill_chunk = 0;
     // One-line notices: why there is no GPU, loading and compiling progress, the loaded model's
     // summary. Null: silent.
     std::function<void(const std::string&)> status;

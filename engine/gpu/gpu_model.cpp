@@ -136,6 +136,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                                         kv_geo_.context, c.context_length, c.name));
     kv_geo_.max_chunk =
         opts.prefill_chunk > 0 ? opts.prefill_chunk : int(flags.get_int("GEMMAJIT_PREFILL_CHUNK"));
+    chunk_default_ = opts.prefill_chunk <= 0 && !flags.is_set("GEMMAJIT_PREFILL_CHUNK");
     kv_geo_.max_chunk = std::min(kv_geo_.max_chunk, kv_geo_.context);
     kv_geo_.type = kv_type_from_flags(flags);
     if (opts.sequences < 1 || opts.sequences > kMaxSequences)
@@ -144,13 +145,20 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     kv_geo_.sequences = opts.sequences;
     const bool repack = flags.get_bool("GEMMAJIT_REPACK");
     const bool blas = flags.get_bool("GEMMAJIT_BLAS");
-    // Prefill GEMMs of Q8_0/Q4_0 matrices (split layout only): "wgmma" (sm_90 only) and "mma"
-    // (int8 mma.sync, sm_80+) kernels; "auto" takes wgmma where the target is sm_90; "none" keeps
-    // the batched matvecs.
-    const bool mmq = flags.get_string("GEMMAJIT_MMQ_VARIANT") != "none";
-    const bool wgmma =
-        mmq && wgmma_gemm_selected(flags, opts.target_arch.empty() ? jit::default_target_arch(flags)
-                                                                   : opts.target_arch);
+    // Prefill products of Q8_0/Q4_0 matrices (split layout only), GEMMAJIT_MMQ_VARIANT: cuBLAS
+    // on F16 copies dequantized per layer as for K-quants (MoE experts keep the int8 GEMM), the
+    // wgmma GEMM (sm_90 only), the int8 mma.sync GEMM, or the batched matvecs. A load asks
+    // whether cuBLAS loads where the choice depends on it; planning alone (kernel_specs, no
+    // target) takes it to load.
+    const std::string arch =
+        opts.target_arch.empty() ? jit::default_target_arch(flags) : opts.target_arch;
+    const bool blas_loads = opts.target_arch.empty() || !blas ||
+                            flags.get_string("GEMMAJIT_MMQ_VARIANT") == "none" ||
+                            jit::Blas::get() != nullptr;
+    const QuantPrefill quant_prefill = quant_prefill_choice(flags, arch, blas_loads);
+    const bool mmq = quant_prefill != QuantPrefill::Matvec;
+    const bool quant_blas = quant_prefill == QuantPrefill::Blas;
+    const bool wgmma = quant_prefill == QuantPrefill::Wgmma;
     bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
     bool gemm_bf16 = false;  // some prefill GEMM takes bf16 activations (gemm_wgmma)
 
@@ -172,7 +180,12 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.layout = kept_layout;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
-            if (mmq && g.layout == MatvecLayout::Split) {
+            if (quant_blas && prefill_gemm && g.layout == MatvecLayout::Split) {
+                g.blas = true;
+                g.spec_dequant = kernels_.add(dequant_f16_spec(t, g.cols, g.layout)).name;
+                wants_blas_ = true;
+                blas_half = true;
+            } else if (mmq && g.layout == MatvecLayout::Split) {
                 g.spec_gemm = kernels_
                                   .add(wgmma ? gemm_wgmma_spec(t, g.cols, g.rows)
                                              : mmq_spec(t, g.cols, g.rows))
@@ -392,6 +405,21 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     spec_post_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, false, true)).name;
     spec_post_scale_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, true, true)).name;
     if (c.has_ple()) spec_post_quant_ = kernels_.add(rmsnorm_spec(d, true, true, true)).name;
+    // Prefill chunks whose next products are all F16 cuBLAS ones take these norms' output in f16
+    // (no conversion pass): the norms feeding attention and the FFN.
+    bool f16_products = false;
+    for (const GpuLayer& g : layers_)
+        for (const GpuMatrix* m : {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down})
+            f16_products = f16_products ||
+                           (m->blas && (!m->spec_dequant.empty() || m->type == ggml::Type::F16));
+    if (f16_products) {
+        spec_h16_[0] =
+            kernels_.add(rmsnorm_spec(d, true, true, false, false, false, 1, false, true)).name;
+        spec_h16_[1] =
+            kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, false, true)).name;
+        spec_h16_[2] =
+            kernels_.add(rmsnorm_spec(d, true, true, true, true, true, 1, false, true)).name;
+    }
     bool split_gemms = false;  // some attention-output / FFN-down GEMM splits K
     for (const GpuLayer& g : layers_)
         for (const GpuMatrix* m : {&g.o, &g.down})
@@ -471,6 +499,18 @@ void GpuModel::plan_memory(const GpuModelOptions& opts) {
         return mem_.needed() <= mem_.free;
     };
     bool fits = place();
+    // A default chunk shrinks first (a longer chunk amortizes each layer's F16 copies and fills
+    // the GEMMs, but grows every sliding-window ring and the work buffers), then the context.
+    const int wanted_chunk = kv_geo_.max_chunk;
+    while (!fits && chunk_default_ && kv_geo_.max_chunk > kMinAutoChunk) {
+        kv_geo_.max_chunk = std::max(kMinAutoChunk, kv_geo_.max_chunk / 2);
+        fits = place();
+    }
+    if (kv_geo_.max_chunk != wanted_chunk)
+        notices_.push_back(fmt::format(
+            "prefill chunk reduced from {} to {} tokens so the KV cache and work buffers fit in "
+            "GPU memory (GEMMAJIT_PREFILL_CHUNK sets it)",
+            wanted_chunk, kv_geo_.max_chunk));
     const int wanted = kv_geo_.context;
     while (!fits && opts.context == 0 && kv_geo_.context > 4096) {
         kv_geo_.context = std::max(4096, kv_geo_.context / 2);

@@ -42,8 +42,10 @@ struct GpuModelError : std::runtime_error {
 };
 
 struct GpuModelOptions {
-    int context = 0;        // positions a session may hold; 0: the model's context length
-    int prefill_chunk = 0;  // tokens per prefill chunk; 0: GEMMAJIT_PREFILL_CHUNK
+    int context = 0;  // positions a session may hold; 0: the model's context length
+    // Tokens per prefill chunk; 0: GEMMAJIT_PREFILL_CHUNK (when that is unset, its default is
+    // halved down to kMinAutoChunk before the context is reduced, if memory is short).
+    int prefill_chunk = 0;
     // Sequences a session holds (a server's slots), each with its own KV cache of `context`
     // positions; the memory plan counts them all.
     int sequences = 1;
@@ -59,6 +61,9 @@ struct GpuModelOptions {
 // Activation columns of the batched (prefill) matvecs: a chunk runs in groups of this many
 // tokens, each group reading the weights once.
 inline constexpr int kPrefillCols = 8;
+// The smallest prefill chunk a load with the default GEMMAJIT_PREFILL_CHUNK falls back to when
+// memory is short (the tensor-core products fill the GPU from about 512 rows).
+inline constexpr int kMinAutoChunk = 512;
 // Most sequences one session holds (`serve --parallel` is bounded by it).
 inline constexpr int kMaxSequences = 256;
 // Candidates of the top-k readout (the logits kernel's TOPK): temperature sampling with any
@@ -195,13 +200,17 @@ class GpuModel {
 
     // Specializations of the width-generic kernels (names in kernels()); see plan_layout() for the
     // norm chain.
-    const std::string& spec_prenorm() const { return spec_prenorm_; }
-    // parts > 1: the form that reads the split-K partial planes of the product before it.
-    const std::string& spec_post_prenorm(int parts = 1) const {
-        return parts > 1 ? spec_parts_[0] : spec_post_prenorm_;
+    // f16: the form writing the f16 input of F16 cuBLAS products instead of Q8_1 (empty unless
+    // some layer matrix is such a product; never with parts > 1).
+    const std::string& spec_prenorm(bool f16 = false) const {
+        return f16 ? spec_h16_[0] : spec_prenorm_;
     }
-    const std::string& spec_post_scale_prenorm(int parts = 1) const {
-        return parts > 1 ? spec_parts_[1] : spec_post_scale_prenorm_;
+    // parts > 1: the form that reads the split-K partial planes of the product before it.
+    const std::string& spec_post_prenorm(int parts = 1, bool f16 = false) const {
+        return parts > 1 ? spec_parts_[0] : f16 ? spec_h16_[1] : spec_post_prenorm_;
+    }
+    const std::string& spec_post_scale_prenorm(int parts = 1, bool f16 = false) const {
+        return parts > 1 ? spec_parts_[1] : f16 ? spec_h16_[2] : spec_post_scale_prenorm_;
     }
     const std::string& spec_post_quant(int parts = 1) const {  // PLE models
         return parts > 1 ? spec_parts_[2] : spec_post_quant_;
@@ -256,6 +265,7 @@ class GpuModel {
     std::unique_ptr<Weights> weights_;
     GpuKernels kernels_;
     KvGeometry kv_geo_;
+    bool chunk_default_ = false;  // the chunk is GEMMAJIT_PREFILL_CHUNK's default (may shrink)
     MemoryPlan mem_;
 
     std::vector<GpuLayer> layers_;
@@ -267,6 +277,7 @@ class GpuModel {
         spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_, spec_moe_,
         spec_moe_norms_[2];
     std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
+    std::string spec_h16_[3];    // the pre-norm and the two chained post-norms writing f16
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
     uint64_t decode_bytes_ = 0, dequant_slot_ = 0;

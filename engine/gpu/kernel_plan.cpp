@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "engine/gpu/kernels/attn_prep.h"
 #include "engine/gpu/kernels/convert_f32.h"
@@ -33,15 +34,34 @@ using spec_util::is_kquant;
 using spec_util::quant_type_tag;
 using spec_util::supported_types;
 
-bool wgmma_gemm_selected(const jit::Flags& flags, const std::string& arch) {
+QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& arch,
+                                  bool blas_available) {
     const std::string variant = flags.get_string("GEMMAJIT_MMQ_VARIANT");
     const bool sm90 = arch == "sm_90" || arch == "sm_90a";
+    const bool blas = blas_available && flags.get_bool("GEMMAJIT_BLAS");
     if (variant == "wgmma" && !sm90)
         throw ConfigError(fmt::format(
             "GEMMAJIT_MMQ_VARIANT=wgmma needs an sm_90 GPU (wgmma is sm_90a-only); this plan "
             "targets {}",
             arch));
-    return variant == "wgmma" || (variant == "auto" && sm90);
+    if (variant == "blas" && !blas)
+        throw ConfigError(
+            flags.get_bool("GEMMAJIT_BLAS")
+                ? "GEMMAJIT_MMQ_VARIANT=blas needs cuBLAS, which could not be loaded"
+                : "GEMMAJIT_MMQ_VARIANT=blas needs cuBLAS products (GEMMAJIT_BLAS=1)");
+    if (variant == "none") return QuantPrefill::Matvec;
+    if (variant == "mma") return QuantPrefill::Mma;
+    if (variant == "wgmma") return QuantPrefill::Wgmma;
+    if (variant == "blas") return QuantPrefill::Blas;
+    return !sm90 ? QuantPrefill::Mma : blas ? QuantPrefill::Blas : QuantPrefill::Wgmma;
+}
+
+void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::string& arch) {
+    const QuantPrefill q = quant_prefill_choice(flags, arch, true);
+    types.blas = flags.get_bool("GEMMAJIT_BLAS");
+    types.mmq = q != QuantPrefill::Matvec;
+    types.wgmma = q == QuantPrefill::Wgmma;
+    types.quant_blas = q == QuantPrefill::Blas;
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type, KvType kv,
@@ -187,15 +207,17 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // Prefill products of the quantized matrices on the int8 tensor-core GEMM (split layout
     // only), one specialization per (input width, output rows) tile choice; the post-norms after
     // split-K products (attention output, FFN down) read their partial planes.
-    if (types.mmq && types.layout == MatvecLayout::Split && has_gemm(types.matmul)) {
+    // Q8_0/Q4_0 layer matrices through cuBLAS (GEMMAJIT_MMQ_VARIANT=blas): no layer GEMMs.
+    const bool quant_blas = types.quant_blas && types.layout == MatvecLayout::Split;
+    if (types.mmq && types.layout == MatvecLayout::Split && has_gemm(types.matmul) && !quant_blas) {
         add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits));
         add(rmsnorm_spec(d, true, true, true, true, true, kMmqSplits));
         if (cfg.is_moe()) add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits, true));
         if (cfg.has_ple()) add(rmsnorm_spec(d, true, true, true, false, false, kMmqSplits));
     }
     if (types.mmq && types.layout == MatvecLayout::Split) {
-        auto add_gemm = [&](ggml::Type t, int k, int n) {
-            if (has_gemm(t) && n > 0)
+        auto add_gemm = [&](ggml::Type t, int k, int n, bool lm_head = false) {
+            if (has_gemm(t) && n > 0 && (lm_head || !quant_blas))
                 add(types.wgmma ? gemm_wgmma_spec(t, k, n) : mmq_spec(t, k, n));
         };
         if (types.wgmma) add(convert_f32_spec());  // the GEMMs' bf16 activations
@@ -213,7 +235,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
                 add_gemm(types.matmul, cfg.ple_dim, d);
             }
         }
-        add_gemm(types.token_embd, d, lm_rows);
+        add_gemm(types.token_embd, d, lm_rows, true);
         if (cfg.has_ple()) add_gemm(types.ple_model_proj, d, cfg.n_layers * cfg.ple_dim);
     }
 
@@ -228,19 +250,28 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // the GeGLU joining the separate gate and up products. K-quant matrices (not the LM head)
     // take the same products from an F16 copy dequantized per chunk, one spec per input width.
     if (types.blas) {
+        // Types whose (non-LM-head) matrices take F16 copies.
+        auto copied = [&](ggml::Type t) {
+            return spec_util::has_dequant_f16(t) || (quant_blas && has_gemm(t));
+        };
         bool half = false;
         for (ggml::Type t : {types.matmul, types.token_embd, types.ple_model_proj})
-            half = half || t == ggml::Type::F16 || t == ggml::Type::BF16 ||
-                   spec_util::has_dequant_f16(t);
+            half = half || t == ggml::Type::F16 || t == ggml::Type::BF16 || copied(t);
         if (half) add(convert_f32_spec());
-        if (is_float_type(types.matmul) || spec_util::has_dequant_f16(types.matmul))
+        if (is_float_type(types.matmul) || copied(types.matmul))
             for (const auto& l : cfg.layers)
                 if (l.ffn_dim > 0) add(gelu_mul_spec(l.ffn_dim));
-        if (spec_util::has_dequant_f16(types.matmul))
+        // The norms before attention and the FFN writing the f16 input of those products.
+        if (types.matmul == ggml::Type::F16 || copied(types.matmul))
+            for (auto [add_, scale, norm2] :
+                 {std::tuple{false, false, false}, std::tuple{true, false, true},
+                  std::tuple{true, true, true}})
+                add(rmsnorm_spec(d, true, true, add_, scale, norm2, 1, false, true));
+        if (copied(types.matmul))
             for (int k : widths)
                 if (fits(types.matmul, k))
                     add(dequant_f16_spec(types.matmul, k, layout_of(types.matmul)));
-        if (cfg.has_ple() && spec_util::has_dequant_f16(types.ple_model_proj))
+        if (cfg.has_ple() && copied(types.ple_model_proj))
             add(dequant_f16_spec(types.ple_model_proj, d, layout_of(types.ple_model_proj)));
     }
 

@@ -40,12 +40,28 @@ struct PlanTypes {
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
     bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
     bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
+    bool quant_blas = false;    // GEMMAJIT_MMQ_VARIANT=blas: Q8_0/Q4_0 layer matrices multiply
+                                // F16 copies (dequant_f16) with cuBLAS instead (the LM head and
+                                // MoE experts keep the int8 GEMMs)
     int lm_head_rows = 0;       // LM head rows (0: the vocabulary; a tensor-parallel rank: its
                                 // vocabulary slice, engine/gpu/shard_plan.h)
 };
-// Whether GEMMAJIT_MMQ_VARIANT selects the wgmma GEMM for a plan targeting `arch` (sm_90 or
-// sm_90a: "wgmma" or "auto"; else never). Throws ConfigError for "wgmma" with another target.
-bool wgmma_gemm_selected(const jit::Flags& flags, const std::string& arch);
+// How prefill chunks multiply Q8_0/Q4_0 layer matrices (GEMMAJIT_MMQ_VARIANT).
+enum class QuantPrefill {
+    Matvec,  // "none": the batched dp4a matvecs
+    Mma,     // the int8 mma.sync GEMM (sm_80+)
+    Wgmma,   // the bf16 warpgroup GEMM of weights dequantized in shared memory (sm_90)
+    Blas,    // cuBLAS on F16 copies of each layer dequantized ahead (needs cuBLAS)
+};
+// The choice of GEMMAJIT_MMQ_VARIANT for a plan targeting `arch` with cuBLAS loadable or not
+// (`blas_available`; GEMMAJIT_BLAS=0 counts as not): "auto" takes Blas on sm_90 (measured
+// fastest there, docs/PERFORMANCE.md), Wgmma there without cuBLAS, Mma elsewhere. Throws
+// ConfigError for "wgmma" on another target and for "blas" without cuBLAS.
+QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& arch,
+                                  bool blas_available);
+// The prefill product choices of `flags` (GEMMAJIT_MMQ_VARIANT, GEMMAJIT_BLAS) for a plan
+// targeting `arch`, as a GPU load with cuBLAS makes them: sets mmq, wgmma, quant_blas and blas.
+void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::string& arch);
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 
 // The plan of the preset `cfg` stored with a quant mix (engine/model/quant_mix.h: q4_k_m, ...):

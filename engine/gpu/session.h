@@ -120,6 +120,8 @@ class GpuSession {
         uint64_t blas = 0;           // cuBLAS products
         uint64_t dequant = 0;        // K-quant matrices dequantized to F16 for a cuBLAS product
         uint64_t dequant_ahead = 0;  // ... of them, layers copied on the dequantization stream
+        uint64_t geglu_f16 = 0;      // cuBLAS GeGLUs written as the f16 input of the down product
+        uint64_t norm_f16 = 0;       // norms written as the f16 input of cuBLAS products
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
         uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
         uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
@@ -153,11 +155,21 @@ class GpuSession {
     // The activations a matvec reads: fp32 rows, and (for int8 weights) their Q8_1 form when
     // already made; a quantized matrix with q == 0 quantizes f into the shared Q8_1 buffer first.
     // bf: their bf16 form (the wgmma GEMM's input) when already made, else converted from f.
+    // h: their f16 form (the input of F16 cuBLAS products) when already made, else converted
+    // from f; an input made only in f16 (the GeGLU written for the down product) has f == 0.
     struct Input {
-        CUdeviceptr f = 0, q = 0, ds = 0, bf = 0;
+        CUdeviceptr f = 0, q = 0, ds = 0, bf = 0, h = 0;
     };
     // `in` with its bf16 form: converts n values of in.f into the shared bf16 buffer unless made.
     Input with_bf16(Input in, int n, const std::string& what);
+    // `in` with its f16 form for the F16 cuBLAS products of `m` (and of `also`, unless null):
+    // converts n values of in.f into the shared half buffer unless made, or unless none of them
+    // is such a product over T rows.
+    Input with_f16(Input in, int n, int T, const GpuMatrix& m, const GpuMatrix* also,
+                   const std::string& what);
+    // Whether m's product over a T-row chunk is an F16 cuBLAS product (F16 weights, or a copy
+    // dequantized to F16).
+    bool f16_product(const GpuMatrix& m, int T) const;
     // n fp32 values at x -> f16 / bf16 at out (entry f32_to_f16 / f32_to_bf16); returns out.
     CUdeviceptr convert(CUdeviceptr x, int n, const char* entry, CUdeviceptr out,
                         const std::string& what);
@@ -207,9 +219,15 @@ class GpuSession {
     std::vector<KernelTime> collect_profile(const Profiler& prof) const;
     // x' = residual + norm(x) * w [* scale]; then y2 = norm(x') * w2 with its Q8_1 form (the
     // next pre-norm), or without w2 just x' (quantized when `quantize`).
+    // With `f16` (a ".h16" spec) the normed output goes to the half buffer in f16 instead of
+    // Q8_1, and normed() hands it on as its f16 form.
     void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
-                   CUdeviceptr w2, int T, const char* what);
-    void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what);
+                   CUdeviceptr w2, int T, const char* what, bool f16 = false);
+    void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what, bool f16 = false);
+    // Whether every product of layer l's attention input (Q, K, V) / of a layer's FFN input
+    // (gate, up) over T rows is an F16 cuBLAS product: the norm before them then writes f16.
+    bool attention_input_f16(int l, int T) const;
+    bool ffn_input_f16(const GpuLayer& g, int T) const;
     // y = W x over T columns (y = gelu(W x) * (up x) with `up`).
     // Returns 1, or with `partials_ok` the number of split-K partial planes left in the
     // workspace (product(parts)) instead of y.
@@ -225,9 +243,10 @@ class GpuSession {
              CUdeviceptr yds, int T, const char* what, bool partials_ok = false);
     // The FFN's gelu(gate x) * (up x); returns it as the down projection's input.
     Input ffn_gate_up(const GpuLayer& g, int T);
-    // The matvec of a float or K-quant matrix over a prefill chunk through cuBLAS.
-    void blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y, int T,
-                      const char* what);
+    // The matvec of a float or K-quant matrix over a prefill chunk through cuBLAS. With `up` the
+    // GeGLU: into y (fp32), or with y_f16 as the f16 input of an F16 down product instead.
+    void blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
+                      const char* what, CUdeviceptr y_f16 = 0);
     // Enqueues the F16 copy of K-quant matrix m into scratch slot `slot` at its offset; returns
     // where it is.
     CUdeviceptr dequantized(const GpuMatrix& m, int slot = 0);
@@ -240,7 +259,7 @@ class GpuSession {
     void wait_dequantized(int l);
     void quantize(CUdeviceptr x, int n_values);  // into the shared Q8_1 buffer (xq, xds)
     void quantize(CUdeviceptr x, int n_values, CUdeviceptr xq, CUdeviceptr xds);
-    Input normed(int row = 0) const;  // the h / Q8_1 buffers at `row`
+    Input normed(int row = 0) const;  // the h / Q8_1 (or f16) buffers at `row`
 
     // The step state of T rows: token, position and sequence of each (host copies kept in
     // row_pos_ / row_seq_ for the launch costs).
@@ -267,10 +286,11 @@ class GpuSession {
     CUevent forked_ = nullptr, joined_[2] = {};
     CUstream deq_stream_ = nullptr;  // K-quant F16 copies of the next layer during prefill
     CUevent slot_free_ = nullptr, deq_ready_[2] = {};
-    int deq_layer_ = -1;     // the layer whose copies the cuBLAS products read; -1: copy inline
-    std::vector<int> pos_;   // next position of each sequence
-    int seq_ = 0;            // the sequence a prefill chunk runs on
-    bool decoding_ = false;  // the forward being recorded is a decode step
+    int deq_layer_ = -1;       // the layer whose copies the cuBLAS products read; -1: copy inline
+    bool normed_f16_ = false;  // the half buffer holds the last norm's output (f16 norms)
+    std::vector<int> pos_;     // next position of each sequence
+    int seq_ = 0;              // the sequence a prefill chunk runs on
+    bool decoding_ = false;    // the forward being recorded is a decode step
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;

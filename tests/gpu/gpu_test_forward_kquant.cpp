@@ -157,6 +157,11 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
             << "every cuBLAS product but the F32 PLE projection reads a dequantized copy";
         EXPECT_EQ(s.path_counts().dequant_ahead, uint64_t(model->config().n_layers))
             << "the layers' copies were not made ahead on the dequantization stream";
+        EXPECT_EQ(s.path_counts().geglu_f16, uint64_t(model->config().n_layers))
+            << "the FFN GeGLUs were not written as the down products' f16 input";
+        // Every pre-norm but the output norm (the LM head reads Q8_1): attn_norm and ffn_norm.
+        EXPECT_EQ(s.path_counts().norm_f16, uint64_t(2 * model->config().n_layers))
+            << "the norms did not write the f16 input of the cuBLAS products";
         // Made in order on one stream instead: the same products of the same copies, bit for bit
         // (a copy read before it was complete, or overwritten while read, would differ).
         const auto one_stream = flags({{"GEMMAJIT_STREAMS", "0"}});

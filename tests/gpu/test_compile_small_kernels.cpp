@@ -23,8 +23,10 @@ TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
             const auto& s = c.spec;
             if (s.family == "rmsnorm") {
                 const bool quant = spec_constant(s, "QUANT") == 1;
+                const bool half = spec_constant(s, "QUANT") == 2;  // ".h16": f16 output
                 const bool norm2 = spec_constant(s, "NORM2") == 1;
                 EXPECT_EQ(c.ptx.find("cvt.rni.sat.s8.f32") != std::string::npos, quant);
+                EXPECT_EQ(c.ptx.find("cvt.rn.f16x2.f32") != std::string::npos, half);
                 // One refined reciprocal square root per norm, and no IEEE sqrt / division (their
                 // slow-path calls cost stack and spills).
                 EXPECT_EQ(occurrences(c.ptx, "rsqrt.approx.f32"), norm2 ? 2u : 1u);
@@ -52,6 +54,8 @@ TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
                     EXPECT_NE(body.find("shfl.sync.bfly"), std::string::npos);
                 } else {
                     EXPECT_NE(entry_ptx(c.ptx, "gelu_mul_q8").find("cvt.rni.sat.s8.f32"),
+                              std::string::npos);
+                    EXPECT_NE(entry_ptx(c.ptx, "gelu_mul_f16").find("cvt.rn.f16x2.f32"),
                               std::string::npos);
                     EXPECT_EQ(entry_ptx(c.ptx, "gelu_mul").find("cvt.rni.sat.s8.f32"),
                               std::string::npos);

@@ -228,6 +228,63 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::Q5_K), std::invalid_argument);
 }
 
+// GEMMAJIT_MMQ_VARIANT=blas (apply_prefill_flags as a load reads it): Q8_0/Q4_0 layer matrices
+// take split dequant_f16 copies, one per input width, with the cuBLAS GeGLU joins; no layer
+// GEMM or its split-K norms remain; the LM head keeps its int8 GEMM.
+TEST(KernelPlan, QuantBlasVariantPlansF16CopiesOfTheLayers) {
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+        const std::string tn = ggml::type_name(t);
+        SCOPED_TRACE(tn);
+        gj::gemma4::PlanTypes types{t, t, t, t};
+        gj::gemma4::apply_prefill_flags(
+            types, gj::jit::Flags::parse({{"GEMMAJIT_MMQ_VARIANT", "blas"}}), "sm_90");
+        ASSERT_TRUE(types.quant_blas && types.mmq && !types.wgmma);
+        const auto names = names_of(build_kernel_plan(Config::preset("e4b"), types));
+        for (int k : {256, 2048, 2560, 4096, 10240})
+            EXPECT_TRUE(names.count(fmt::format("dequant_f16.{}.k{}.split", tn, k))) << k;
+        EXPECT_TRUE(names.count("gelu_mul.p10240"));
+        // The norms before attention and the FFN writing the f16 input of those products.
+        for (const char* n : {"rmsnorm.n2560.w1.h16", "rmsnorm.n2560.w1.add.n2.h16",
+                              "rmsnorm.n2560.w1.add.scale.n2.h16"})
+            EXPECT_TRUE(names.count(n)) << n;
+        int gemms = 0;
+        for (const auto& n : names) {
+            if (n.starts_with("gemm_wgmma") || n.starts_with("mmq.")) {
+                ++gemms;
+                EXPECT_TRUE(n.starts_with(fmt::format("mmq.{}.k2560.", tn))) << n;
+            }
+            EXPECT_EQ(n.find(".p3"), std::string::npos) << n << ": no split-K GEMM feeds a norm";
+        }
+        EXPECT_EQ(gemms, 1) << "only the LM head's GEMM";
+    }
+    // auto: cuBLAS on copies on sm_90 (the wgmma GEMM there without cuBLAS), mma.sync elsewhere;
+    // the blas variant without cuBLAS is an error naming the flag.
+    using gj::gemma4::quant_prefill_choice;
+    using gj::gemma4::QuantPrefill;
+    const auto none = gj::jit::Flags::parse({});
+    EXPECT_EQ(quant_prefill_choice(none, "sm_90", true), QuantPrefill::Blas);
+    EXPECT_EQ(quant_prefill_choice(none, "sm_90", false), QuantPrefill::Wgmma);
+    EXPECT_EQ(quant_prefill_choice(gj::jit::Flags::parse({{"GEMMAJIT_BLAS", "0"}}), "sm_90", true),
+              QuantPrefill::Wgmma);
+    EXPECT_EQ(quant_prefill_choice(none, "sm_80", true), QuantPrefill::Mma);
+    EXPECT_EQ(quant_prefill_choice(gj::jit::Flags::parse({{"GEMMAJIT_MMQ_VARIANT", "none"}}),
+                                   "sm_90", true),
+              QuantPrefill::Matvec);
+    for (const auto& env :
+         {gj::jit::EnvMap{{"GEMMAJIT_MMQ_VARIANT", "blas"}, {"GEMMAJIT_BLAS", "0"}},
+          gj::jit::EnvMap{{"GEMMAJIT_MMQ_VARIANT", "blas"}}})
+        try {
+            quant_prefill_choice(gj::jit::Flags::parse(env), "sm_90",
+                                 env.size() == 1 ? false : true);
+            ADD_FAILURE() << "the blas variant was accepted without cuBLAS";
+        } catch (const gj::gemma4::ConfigError& e) {
+            EXPECT_NE(std::string(e.what()).find("GEMMAJIT_MMQ_VARIANT=blas"), std::string::npos);
+        }
+    EXPECT_THROW(quant_prefill_choice(gj::jit::Flags::parse({{"GEMMAJIT_MMQ_VARIANT", "wgmma"}}),
+                                      "sm_80", true),
+                 gj::gemma4::ConfigError);
+}
+
 TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
     for (const auto& v : Config::preset_names()) {
         const Config cfg = Config::preset(v);
@@ -356,7 +413,11 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     EXPECT_THROW(matvec_spec(ggml::Type::Q5_K, 2560, 1, MatvecLayout::Split),
                  std::invalid_argument);
     EXPECT_NO_THROW(matvec_spec(ggml::Type::Q6_K, 2560));
-    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q8_0, 2560), gj::gemma4::ConfigError);
+    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::F16, 2560), gj::gemma4::ConfigError);
+    // Q8_0 / Q4_0 copies are made from the split layout only (GEMMAJIT_MMQ_VARIANT=blas).
+    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q8_0, 2560), std::invalid_argument);
+    EXPECT_EQ(gj::gemma4::dequant_f16_spec(ggml::Type::Q4_0, 2560, MatvecLayout::Split).name,
+              "dequant_f16.q4_0.k2560.split");
     EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q4_K, 2112), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::BF16, 2560, 1, MatvecLayout::Split),
                  std::invalid_argument);

@@ -130,6 +130,14 @@ std::vector<KernelSpec> all_specs() {
         for (const auto& s : build_kernel_plan(gemma4::plan_shards(Config::preset(v), 2),
                                                std::vector<gemma4::PlanTypes>{{t, t, t, t}}))
             add(s);
+    // GEMMAJIT_MMQ_VARIANT=blas: the F16 copies of Q8_0 / Q4_0 layer matrices (split layout)
+    // at every dense preset's widths.
+    for (const char* v : {"e2b", "e4b", "12b", "31b"})
+        for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
+            gemma4::PlanTypes types{t, t, t, t};
+            types.quant_blas = true;
+            for (const auto& s : build_kernel_plan(Config::preset(v), types)) add(s);
+        }
     // The bf16 KV cache (GEMMAJIT_KV_TYPE=bf16), and the attention kernels of a tiny preset
     // (head dims 32 and 64, k_eq_v, group 8 over one KV head) as the GPU tests run them.
     for (const auto& s : build_kernel_plan(Config::preset("e4b"), ggml::Type::Q8_0, KvType::BF16))

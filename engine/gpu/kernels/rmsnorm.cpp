@@ -14,7 +14,10 @@ using spec_util::next_pow2;
 using spec_util::round_up;
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
-                             int parts, bool moe_norms) {
+                             int parts, bool moe_norms, bool half) {
+    if (half && (!quant || moe_norms))
+        throw std::invalid_argument(
+            "rmsnorm: the f16 output replaces the Q8_1 one (quant, and not with the MoE norms)");
     if (moe_norms && !(norm2 && quant && !scale))
         throw std::invalid_argument(
             "rmsnorm: the MoE norms extend the chained, quantized second norm (norm2, quant, no "
@@ -25,7 +28,7 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     if (n <= 0 || n % 4 != 0)
         throw std::invalid_argument(
             fmt::format("rmsnorm: width {} is not a positive multiple of 4", n));
-    if (quant && n % 32 != 0)
+    if (quant && !half && n % 32 != 0)
         throw std::invalid_argument(fmt::format(
             "rmsnorm: quantized output needs a width that is a multiple of 32, got {}", n));
     if ((scale || norm2) && !add)
@@ -48,14 +51,19 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     jit::KernelSpec s;
     s.family = "rmsnorm";
     s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
-                         scale ? ".scale" : "", norm2 ? ".n2" : "", quant ? ".q8" : "",
+                         scale ? ".scale" : "", norm2 ? ".n2" : "",
+                         half    ? ".h16"
+                         : quant ? ".q8"
+                                 : "",
                          parts > 1 ? fmt::format(".p{}", parts) : std::string(),
                          moe_norms ? ".moe" : "");
     s.constants = {{"N", n},
                    {"TPR", tpr},
                    {"RPB", rpb},
                    {"WEIGHT", weight ? 1 : 0},
-                   {"QUANT", quant ? 1 : 0},
+                   {"QUANT", half    ? 2
+                             : quant ? 1
+                                     : 0},
                    {"ADD", add ? 1 : 0},
                    {"SCALE", scale ? 1 : 0},
                    {"NORM2", norm2 ? 1 : 0},

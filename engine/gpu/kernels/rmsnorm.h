@@ -1,7 +1,7 @@
 // rmsnorm family: the spec of kernel_templates/rmsnorm.cu (norms over rows of n floats, with the
 // residual add, layer output scale, chained second norm and Q8_1 output fused in).
 //
-// Spec name: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8][.p<parts>]".
+// Spec name: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8|.h16][.p<parts>][.moe]".
 // Launch (from the spec constants): block TPR * RPB, grid ceil(rows / RPB).
 #pragma once
 
@@ -9,8 +9,10 @@
 
 namespace gj::gemma4 {
 
-// rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8][.p<parts>]".
+// rmsnorm over rows of n floats: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8|.h16][.p<parts>]".
 //   quant:  also write Q8_1 activations (of the second norm's output when norm2); n % 32 == 0
+//   half:   (with quant) write that output as f16 instead of Q8_1, into the yq argument (the
+//           input of F16 cuBLAS products): ".h16"
 //   add:    y = residual + norm(x) [* w]
 //   scale:  y = (residual + norm(x) * w) * (*scale)   (layer_output_scale; needs add)
 //   norm2:  also y2 = norm(y) * w2                     (the next pre-norm; needs add)
@@ -22,6 +24,6 @@ namespace gj::gemma4 {
 // kernel_templates/rmsnorm.cu). Throws std::invalid_argument for an impossible combination.
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
                              bool scale = false, bool norm2 = false, int parts = 1,
-                             bool moe_norms = false);
+                             bool moe_norms = false, bool half = false);
 
 }  // namespace gj::gemma4

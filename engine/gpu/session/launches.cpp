@@ -21,27 +21,46 @@ void GpuSession::launch(const jit::Kernel& k, jit::LaunchDims grid, jit::LaunchD
 
 GpuSession::Input GpuSession::normed(int row) const {
     const uint64_t d = uint64_t(cfg_.d_model);
+    if (normed_f16_)
+        return Input{.f = w_->h.ptr() + row * d * 4, .h = w_->xhalf.ptr() + row * d * 2};
     return Input{w_->h.ptr() + row * d * 4, w_->xq.ptr() + row * d,
                  w_->xds.ptr() + row * (d / 32) * 8};
 }
 
-void GpuSession::pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what) {
-    const std::string& name = model_.spec_prenorm();
+bool GpuSession::attention_input_f16(int l, int T) const {
+    const GpuLayer& g = model_.layers()[size_t(l)];
+    const LayerConfig& lc = cfg_.layers[size_t(l)];
+    return f16_product(g.q, T) && (!lc.has_kv || f16_product(g.k, T)) &&
+           (!lc.has_kv || !lc.has_v_proj || f16_product(g.v, T));
+}
+
+bool GpuSession::ffn_input_f16(const GpuLayer& g, int T) const {
+    return !g.moe && f16_product(g.gate, T) && f16_product(g.up, T);
+}
+
+void GpuSession::pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what, bool f16) {
+    const std::string& name = model_.spec_prenorm(f16);
     const jit::KernelSpec& spec = model_.kernels().spec(name);
     const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
-    CUdeviceptr residual = 0, y = w_->h.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
+    CUdeviceptr residual = 0, y = w_->h.ptr(), yq = f16 ? w_->xhalf.ptr() : w_->xq.ptr(),
+                yds = f16 ? 0 : w_->xds.ptr();
     float eps = cfg_.rms_eps;
     void* args[] = {&x, &w, &residual, &y, &yq, &yds, &T, &eps};
     launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
            name + " " + what);
+    normed_f16_ = f16;
+    paths_.norm_f16 += f16;
 }
 
 void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w, CUdeviceptr scale,
-                           CUdeviceptr w2, int T, const char* what) {
+                           CUdeviceptr w2, int T, const char* what, bool f16) {
     const jit::KernelSpec& spec = model_.kernels().spec(name);
     const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
-    CUdeviceptr x = w_->x.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
+    CUdeviceptr x = w_->x.ptr(), yq = f16 ? w_->xhalf.ptr() : w_->xq.ptr(),
+                yds = f16 ? 0 : w_->xds.ptr();
     float eps = cfg_.rms_eps;
+    normed_f16_ = f16;
+    paths_.norm_f16 += f16;
     if (spec.entries.at(0) == "rmsnorm") {  // x += norm(u) * w, quantized
         void* args[] = {&u, &w, &x, &x, &yq, &yds, &T, &eps};
         launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
@@ -73,7 +92,7 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
     const double flops_per_col = 2.0 * double(m.rows) * m.cols * (up ? 2 : 1);
     if (chunk_products(T) && m.blas && model_.blas()) {
-        blas_product(m, up, in.f, y, T, what);
+        blas_product(m, up, in, y, T, what);
         return 1;
     }
     if (chunk_products(T) && !m.spec_gemm.empty())
@@ -120,6 +139,7 @@ CUdeviceptr GpuSession::convert(CUdeviceptr x, int n, const char* entry, CUdevic
                                 const std::string& what) {
     const std::string& name = model_.spec_convert();
     const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+    if (out == w_->xhalf.ptr()) normed_f16_ = false;  // the norm's f16 output is overwritten
     void* args[] = {&x, &out, &n};
     launch(model_.kernels().get(name, entry), {ceil_div(n / 4, threads)}, {threads}, 0, args,
            name + " " + what);
@@ -198,6 +218,12 @@ GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
              "ffn_gate|up");
         return Input{0, w.gq.ptr(), w.gds.ptr()};
     }
+    // cuBLAS gate and up products whose GeGLU feeds an F16 down product: written in f16 at once.
+    if (chunk_products(T) && g.gate.blas && model_.blas() && f16_product(g.down, T)) {
+        blas_product(g.gate, &g.up, with_f16(normed(), T * g.gate.cols, T, g.gate, &g.up, "ffn"),
+                     w.g.ptr(), T, "ffn_gate|up", w.xhalf.ptr());
+        return Input{.h = w.xhalf.ptr()};
+    }
     matvec(g.gate, &g.up, normed(), w.g.ptr(), T, "ffn_gate|up");
     return Input{w.g.ptr()};
 }
@@ -217,15 +243,31 @@ CUdeviceptr GpuSession::dequantized(const GpuMatrix& m, int slot) {
     return dst;
 }
 
-void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdeviceptr x, CUdeviceptr y,
-                              int T, const char* what) {
+bool GpuSession::f16_product(const GpuMatrix& m, int T) const {
+    return chunk_products(T) && m.blas && model_.blas() &&
+           (!m.spec_dequant.empty() || m.type == ggml::Type::F16);
+}
+
+GpuSession::Input GpuSession::with_f16(Input in, int n, int T, const GpuMatrix& m,
+                                       const GpuMatrix* also, const std::string& what) {
+    if (in.h || !(f16_product(m, T) || (also && f16_product(*also, T)))) return in;
+    in.h = convert(in.f, n, "f32_to_f16", w_->xhalf.ptr(), what);
+    return in;
+}
+
+void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y,
+                              int T, const char* what, CUdeviceptr y_f16) {
     jit::Blas& blas = *model_.blas();
-    // K-quant weights are multiplied as the F16 copy dequantized just before.
+    // Quantized weights are multiplied as the F16 copy dequantized ahead.
     const bool kquant = !m.spec_dequant.empty();
     const jit::BlasType type = kquant || m.type == ggml::Type::F16 ? jit::BlasType::F16
                                : m.type == ggml::Type::F32         ? jit::BlasType::F32
                                                                    : jit::BlasType::BF16;
-    if (type != jit::BlasType::F32)  // cuBLAS multiplies two matrices of one type
+    // cuBLAS multiplies two matrices of one type: the f16 form made before, or a conversion.
+    CUdeviceptr x = in.f;
+    if (type == jit::BlasType::F16 && in.h)
+        x = in.h;
+    else if (type != jit::BlasType::F32)
         x = convert(x, T * m.cols, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16",
                     w_->xhalf.ptr(), what);
     const double flops = 2.0 * double(m.rows) * m.cols * T;
@@ -252,6 +294,14 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, CUdevicep
     product(m, gate, "ffn_gate");
     product(*up, y, "ffn_up");
     const std::string& name = m.spec_geglu;
+    if (y_f16) {
+        if (y_f16 == w_->xhalf.ptr()) normed_f16_ = false;
+        void* args[] = {&gate, &y, &y_f16, &T};
+        launch(model_.kernels().get(name, "gelu_mul_f16"), {ceil_div(uint64_t(T) * m.rows, 512)},
+               {128}, 0, args, name + " f16 ffn");
+        ++paths_.geglu_f16;
+        return;
+    }
     void* args[] = {&gate, &y, &T};
     launch(model_.kernels().get(name, "gelu_mul_inplace"), {ceil_div(uint64_t(T) * m.rows, 128)},
            {128}, 0, args, name + " inplace ffn");

@@ -127,9 +127,11 @@ void GpuSession::record_layer(int l, int T) {
     const bool concurrent = streams_ && branches > 0 && !profiler_ && !split_qkv;
     // The bf16 form of h for the wgmma GEMMs, made once for Q, K and V (before the fork).
     const bool bf16_qkv = g.q.gemm_bf16 || g.k.gemm_bf16 || g.v.gemm_bf16;
-    const Input h = chunk_products(T) && bf16_qkv
-                        ? with_bf16(normed(), T * cfg_.d_model, "attn_norm")
-                        : normed();
+    Input h = chunk_products(T) && bf16_qkv ? with_bf16(normed(), T * cfg_.d_model, "attn_norm")
+                                            : normed();
+    // Likewise its f16 form for F16 cuBLAS products (K and V share Q's input; a layer whose K is
+    // an F16 product has an F16 Q too: one type per file's attention matrices).
+    h = with_f16(h, T * cfg_.d_model, T, g.q, lc.has_kv ? &g.k : nullptr, "attn_norm");
     if (concurrent) fork(branches);
     if (lc.has_kv) {
         if (concurrent) stream_ = side_[0];
@@ -162,9 +164,11 @@ void GpuSession::record_layer(int l, int T) {
     int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", true);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, product(parts), parts, T);
-    else
-        post_norm(model_.spec_post_prenorm(parts), product(parts), g.post_attention_norm, 0,
-                  g.ffn_norm, T, "post_attention_norm+ffn_norm");
+    else {
+        const bool f16 = parts == 1 && ffn_input_f16(g, T);
+        post_norm(model_.spec_post_prenorm(parts, f16), product(parts), g.post_attention_norm, 0,
+                  g.ffn_norm, T, "post_attention_norm+ffn_norm", f16);
+    }
 
     // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x); on a MoE layer the
     // FFN output is the dense MLP's and the experts' normed sum instead.
@@ -176,9 +180,13 @@ void GpuSession::record_layer(int l, int T) {
         parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", true);
         ffn_out = product(parts);
     }
+    // The next pre-norm in f16 when the next layer's attention reads it so (never the output
+    // norm: the LM head's products are int8 or float).
+    const bool next_f16 = l + 1 < cfg_.n_layers && attention_input_f16(l + 1, T);
     if (!cfg_.has_ple()) {
-        post_norm(model_.spec_post_scale_prenorm(parts), ffn_out, g.post_ffw_norm, g.output_scale,
-                  next_norm, T, "post_ffw_norm*scale+next_norm");
+        const bool f16 = parts == 1 && next_f16;
+        post_norm(model_.spec_post_scale_prenorm(parts, f16), ffn_out, g.post_ffw_norm,
+                  g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm", f16);
         return;
     }
     // The updated stream is the PLE gate's input (quantized by the same launch).
@@ -208,14 +216,14 @@ void GpuSession::record_layer(int l, int T) {
         }
         matvec(g.proj, nullptr, q8 ? Input{0, yq, yds} : Input{out}, w.tmp.ptr(), T, "ple_proj");
     }
-    post_norm(model_.spec_post_scale_prenorm(), w.tmp.ptr(), g.post_norm, g.output_scale, next_norm,
-              T, "ple_post_norm*scale+next_norm");
+    post_norm(model_.spec_post_scale_prenorm(1, next_f16), w.tmp.ptr(), g.post_norm, g.output_scale,
+              next_norm, T, "ple_post_norm*scale+next_norm", next_f16);
 }
 
 void GpuSession::record_forward(int T, bool decode) {
     decoding_ = decode;
     record_embedding(T);
-    pre_norm(w_->x.ptr(), model_.layers()[0].attn_norm, T, "attn_norm");
+    pre_norm(w_->x.ptr(), model_.layers()[0].attn_norm, T, "attn_norm", attention_input_f16(0, T));
     // K-quant matrices in cuBLAS products: each layer's F16 copies are made while the layer
     // before computes.
     const bool ahead = chunk_products(T) && model_.dequant_slot_bytes() > 0 && model_.blas();

@@ -69,6 +69,7 @@ void GpuSession::experts_gemm(const GpuExperts& m, CUdeviceptr up, CUdeviceptr x
 
 void GpuSession::moe_post_attention_norms(int l, CUdeviceptr u, int parts, int T) {
     const Work& w = *w_;
+    normed_f16_ = false;  // h and its Q8_1 form, as every consumer here reads them
     const GpuLayer& g = model_.layers()[l];
     const std::string& name = model_.spec_moe_norms(parts);
     const jit::KernelSpec& spec = model_.kernels().spec(name);

@@ -25,14 +25,13 @@ GpuSession::GpuSession(GpuModel& model)
     const jit::DriverApi& api = jit::driver();
     stream_ = dev.stream();
     for (int i = 0; i < 2; ++i) {
-        jit::check_driver(api.cuStreamCreate(&side_[i], CU_STREAM_NON_BLOCKING),
-                          "cuStreamCreate(side stream)");
+        side_[i] = dev.create_stream();
         jit::check_driver(api.cuEventCreate(&joined_[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
     jit::check_driver(api.cuEventCreate(&forked_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     if (model.dequant_slot_bytes() > 0) {
-        jit::check_driver(api.cuStreamCreate(&deq_stream_, CU_STREAM_NON_BLOCKING),
-                          "cuStreamCreate(dequantization stream)");
+        // Dequantization in the background: its blocks fill what the GEMMs leave idle.
+        deq_stream_ = dev.create_stream(true);
         jit::check_driver(api.cuEventCreate(&slot_free_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
         for (CUevent& e : deq_ready_)
             jit::check_driver(api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
