@@ -129,6 +129,13 @@ const std::vector<FlagDef>& flag_table() {
          .help = "CUDA device ordinal",
          .min = 0,
          .max = 255},
+        {.name = "GEMMAJIT_NCCL_LIB",
+         .family = "device",
+         .type = T::Path,
+         .cls = C::Neutral,
+         .default_value = "",
+         .help = "NCCL library file (or its folder) for tensor parallelism (empty: libnccl.so.2 "
+                 "on the library path, in the CUDA install or a Python nvidia-nccl wheel)"},
         // paths (kill switches) and tuning
         {.name = "GEMMAJIT_GRAPHS",
          .family = "path",

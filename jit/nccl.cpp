@@ -1,0 +1,182 @@
+#include "jit/nccl.h"
+
+#include <dlfcn.h>
+#include <fmt/format.h>
+#include <glob.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <type_traits>
+
+#include "jit/device.h"
+#include "jit/env_flags.h"
+
+namespace gj::jit {
+
+namespace {
+
+// The ABI subset of nccl.h the engine calls (ncclResult_t, ncclRedOp_t and ncclDataType_t are C
+// enums of int size; ncclSum is 0; a communicator is an opaque pointer).
+using Result = int;
+constexpr Result kSuccess = 0;
+constexpr int kSum = 0;
+
+std::string env_or(const char* name, const char* fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? v : fallback;
+}
+
+// Existing files matching a glob pattern, sorted (glob's order).
+std::vector<std::string> existing(const std::string& pattern) {
+    std::vector<std::string> out;
+    glob_t g{};
+    if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    return out;
+}
+
+}  // namespace
+
+struct Nccl::Api {
+    Result (*get_version)(int*) = nullptr;
+    Result (*comm_init_all)(Comm*, int, const int*) = nullptr;
+    Result (*comm_destroy)(Comm) = nullptr;
+    Result (*all_reduce)(const void*, void*, size_t, int, int, Comm, CUstream) = nullptr;
+    Result (*group_start)() = nullptr;
+    Result (*group_end)() = nullptr;
+    const char* (*error_string)(Result) = nullptr;
+
+    void check(Result r, const std::string& what) const {
+        if (r != kSuccess)
+            throw DeviceError(fmt::format("{}: NCCL error {} ({})", what, r,
+                                          error_string ? error_string(r) : "no error text"));
+    }
+};
+
+std::vector<std::string> Nccl::candidates(const Flags& flags) {
+    const std::string& given = flags.get_string("GEMMAJIT_NCCL_LIB");
+    if (!given.empty()) {
+        // A folder stands for the library in it.
+        std::error_code ec;
+        if (std::filesystem::is_directory(given, ec))
+            return {(std::filesystem::path(given) / "libnccl.so.2").string()};
+        return {given};
+    }
+    std::vector<std::string> out = {"libnccl.so.2"};  // LD_LIBRARY_PATH, ldconfig's cache
+    auto add = [&](const std::string& pattern) {
+        for (auto& p : existing(pattern))
+            if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    };
+    // The CUDA install (the toolkit's own copy where it ships one).
+    for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
+        const std::string root = env_or(var, "");
+        if (root.empty()) continue;
+        add(root + "/lib64/libnccl.so.2");
+        add(root + "/lib/libnccl.so.2");
+    }
+    add("/usr/local/cuda/lib64/libnccl.so.2");
+    add("/usr/local/cuda/lib/libnccl.so.2");
+    add("/usr/local/cuda-*/lib*/libnccl.so.2");
+    add("/usr/lib/x86_64-linux-gnu/libnccl.so.2");
+    // Python wheels (nvidia-nccl-cu12 / -cu13: site-packages/nvidia/nccl/lib), system-wide, per
+    // user, in an active virtual or conda environment, and under pyenv.
+    const std::string wheel = "/nvidia/nccl/lib/libnccl.so.2";
+    const std::string home = env_or("HOME", "/root");
+    for (const std::string& site : {std::string("/usr/lib/python3*/dist-packages"),
+                                    std::string("/usr/lib/python3/dist-packages"),
+                                    std::string("/usr/local/lib/python3*/dist-packages"),
+                                    std::string("/usr/local/lib/python3*/site-packages"),
+                                    home + "/.local/lib/python3*/site-packages",
+                                    home + "/.pyenv/versions/*/lib/python3*/site-packages",
+                                    std::string("/opt/conda/lib/python3*/site-packages")})
+        add(site + wheel);
+    for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
+        const std::string root = env_or(var, "");
+        if (!root.empty()) add(root + "/lib/python3*/site-packages" + wheel);
+    }
+    return out;
+}
+
+Nccl& Nccl::get(const Flags& flags) {
+    static std::mutex mu;
+    static Nccl* instance = nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    if (instance) return *instance;
+    // Before NCCL reads its environment (at the first communicator).
+    ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    std::vector<std::string> tried;
+    for (const std::string& path : candidates(flags)) {
+        void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (!lib) {
+            const char* e = ::dlerror();
+            tried.push_back(fmt::format("{} ({})", path, e ? e : "not loadable"));
+            continue;
+        }
+        auto api = std::make_unique<Api>();
+        std::string missing;
+        auto sym = [&](auto& fn, const char* name) {
+            fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+            if (!fn && missing.empty()) missing = name;
+        };
+        sym(api->get_version, "ncclGetVersion");
+        sym(api->comm_init_all, "ncclCommInitAll");
+        sym(api->comm_destroy, "ncclCommDestroy");
+        sym(api->all_reduce, "ncclAllReduce");
+        sym(api->group_start, "ncclGroupStart");
+        sym(api->group_end, "ncclGroupEnd");
+        sym(api->error_string, "ncclGetErrorString");
+        if (!missing.empty()) {
+            tried.push_back(fmt::format("{} (lacks {})", path, missing));
+            ::dlclose(lib);
+            continue;
+        }
+        auto* n = new Nccl();  // lives for the process, like the driver table
+        api->check(api->get_version(&n->version_), "ncclGetVersion");
+        n->api_ = api.release();
+        n->path_ = path;
+        instance = n;
+        return *instance;
+    }
+    std::string looked;
+    for (const auto& t : tried) looked += (looked.empty() ? "" : "; ") + t;
+    throw DeviceUnavailable(fmt::format(
+        "NCCL (libnccl.so.2) could not be loaded; tried {}. Install NCCL (the CUDA install's copy "
+        "or the Python nvidia-nccl wheel) or set GEMMAJIT_NCCL_LIB to the library file",
+        looked));
+}
+
+std::vector<Nccl::Comm> Nccl::init_all(const std::vector<int>& devices) {
+    std::vector<Comm> comms(devices.size(), nullptr);
+    api_->check(api_->comm_init_all(comms.data(), int(devices.size()), devices.data()),
+                fmt::format("ncclCommInitAll over {} devices", devices.size()));
+    return comms;
+}
+
+void Nccl::destroy(Comm comm) {
+    if (comm) api_->comm_destroy(comm);
+}
+
+void Nccl::all_reduce_sum(std::span<const Comm> comms, std::span<const CUdeviceptr> bufs,
+                          size_t count, NcclType type, std::span<const CUstream> streams) {
+    if (bufs.size() != comms.size() || streams.size() != comms.size())
+        throw std::invalid_argument(fmt::format(
+            "all_reduce_sum: {} communicators, {} buffers, {} streams (one of each per rank)",
+            comms.size(), bufs.size(), streams.size()));
+    api_->check(api_->group_start(), "ncclGroupStart");
+    for (size_t r = 0; r < comms.size(); ++r) {
+        void* p = reinterpret_cast<void*>(bufs[r]);
+        const Result res = api_->all_reduce(p, p, count, int(type), kSum, comms[r], streams[r]);
+        if (res != kSuccess) {
+            api_->group_end();
+            api_->check(res, fmt::format("ncclAllReduce (rank {}, {} elements)", r, count));
+        }
+    }
+    api_->check(api_->group_end(), "ncclGroupEnd (all-reduce)");
+}
+
+}  // namespace gj::jit

@@ -1,0 +1,62 @@
+// NCCL, the collectives of tensor parallelism (one model over several GPUs of one process: an
+// all-reduce of the d-wide residual update after each row-parallel product, docs/
+// TENSOR_PARALLEL.md). The library is dlopen'ed on first use, like the driver and cuBLAS, so no
+// binary links it and a machine without it runs everything else: from GEMMAJIT_NCCL_LIB when set,
+// else libnccl.so.2 on the library path, in the CUDA install, or in a Python nvidia-nccl wheel's
+// folder (where the GPU machines keep it). Only the ABI subset the engine calls is declared here
+// (NCCL keeps it stable across 2.x): no nccl.h is needed to build.
+//
+// Loading also sets NCCL_NVLS_ENABLE=0 unless the environment sets it: NVLink multicast (NVLS)
+// stays off on the GPU machines (it needs fabric support they do not enable).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace gj::jit {
+
+class Flags;
+
+// The element types of a collective (ncclDataType_t values).
+enum class NcclType : int { F16 = 6, F32 = 7, BF16 = 9 };
+
+class Nccl {
+  public:
+    // An opaque communicator (ncclComm_t).
+    using Comm = struct NcclCommOpaque*;
+
+    // The process-wide library, loaded on first use. Throws DeviceUnavailable naming every place
+    // looked in when none of them holds a loadable libnccl.so.2 with the functions used.
+    static Nccl& get(const Flags& flags);
+    // The files get() tries, in order: GEMMAJIT_NCCL_LIB alone when set; else the bare soname
+    // (the loader's search path) followed by the CUDA install's and the Python wheels' copies
+    // that exist on this machine.
+    static std::vector<std::string> candidates(const Flags& flags);
+
+    const std::string& path() const { return path_; }  // where it was loaded from
+    int version() const { return version_; }           // e.g. 22809 for 2.28.9
+
+    // One communicator per device ordinal in `devices` (ncclCommInitAll: one process drives
+    // them all), rank i on devices[i]. Throws DeviceError naming the NCCL error.
+    std::vector<Comm> init_all(const std::vector<int>& devices);
+    void destroy(Comm comm);  // never throws
+
+    // In-place sum over the ranks of `count` elements at bufs[r] on streams[r] (each buffer and
+    // stream on rank r's device), enqueued as one group; capturable into a CUDA graph per rank.
+    void all_reduce_sum(std::span<const Comm> comms, std::span<const CUdeviceptr> bufs,
+                        size_t count, NcclType type, std::span<const CUstream> streams);
+
+  private:
+    Nccl() = default;
+    struct Api;
+    const Api* api_ = nullptr;
+    std::string path_;
+    int version_ = 0;
+};
+
+}  // namespace gj::jit
