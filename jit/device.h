@@ -50,8 +50,8 @@ class Device {
     size_t free_memory() const;
     CUstream stream() const;  // the engine's compute stream (non-blocking, highest priority)
     // A new non-blocking stream (the caller destroys it): of the compute stream's priority, or
-    // with `background` of the lowest, whose blocks the SMs take only when no compute-stream
-    // block is waiting.
+    // with `background` of the lowest: when blocks of both wait, the scheduler starts the
+    // compute stream's first (running blocks are never preempted).
     CUstream create_stream(bool background = false) const;
     void make_current() const;  // binds the primary context to the calling thread
     void synchronize() const;

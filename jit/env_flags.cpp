@@ -226,8 +226,9 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Enum,
          .cls = C::OutputChanging,
          .default_value = "auto",
-         .help = "prefill products of Q8_0/Q4_0 weights: auto (blas on sm_90, wgmma there "
-                 "without cuBLAS, else mma), blas (cuBLAS on F16 copies of each layer "
+         .help = "prefill products of Q8_0/Q4_0 weights: auto (on sm_90 wgmma for chunks "
+                 "under 256 rows, 512 from d_model 4096, blas from there; wgmma alone without "
+                 "cuBLAS; else mma), blas (cuBLAS on F16 copies of each layer "
                  "dequantized ahead, as for K-quants; needs cuBLAS and GEMMAJIT_BLAS=1), wgmma "
                  "(bf16 warpgroup GEMM of weights dequantized in shared memory, sm_90 only), mma "
                  "(int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact path)",
@@ -245,8 +246,11 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Bool,
          .cls = C::OutputChanging,
          .default_value = "1",
-         .help = "0: prefill products of F32/F16/BF16 weights on the batched fp32 matvecs instead "
-                 "of cuBLAS (which rounds activations to the weight type, F32 to TF32)"},
+         .help = "0: prefill products of F32/F16/BF16 weights on the batched fp32 matvecs, and "
+                 "of K-quant/fallback weights on the batched dp4a matvecs, instead of cuBLAS "
+                 "(which rounds activations to the weight type, F32 to TF32, and multiplies "
+                 "quantized weights as per-layer F16 copies); with it GEMMAJIT_MMQ_VARIANT=auto "
+                 "takes wgmma alone on sm_90"},
         {.name = "GEMMAJIT_FLASH_PREFILL",
          .family = "path",
          .type = T::Bool,

@@ -79,7 +79,10 @@
 //   is fine: blocks whose rows all lie past T * GROUP exit.
 // Entry:
 //   flash_prefill(q [T][GROUP * N_KV_HEADS][HEAD_DIM] fp32, k_cache, v_cache, positions [T], T,
-//                 slots, out [T][GROUP * N_KV_HEADS][HEAD_DIM] fp32)
+//                 slots, out [T][GROUP * N_KV_HEADS][HEAD_DIM] fp32, out_h)
+//   out_h: null, or the same output rounded to f16 (round to nearest even, as f32_to_f16) in the
+//   same layout, written as well: the input of an F16 cuBLAS output projection (no conversion
+//   pass).
 #include "attn_kv.cuh"
 #include "gj_ptx.cuh"
 
@@ -333,7 +336,7 @@ GJ_DEVICE int window_lo(int p) {
 extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
     flash_prefill(const float* __restrict__ q, const void* __restrict__ k_cache,
                   const void* __restrict__ v_cache, const int* __restrict__ positions, int T,
-                  int slots, float* __restrict__ out) {
+                  int slots, float* __restrict__ out, uint32* __restrict__ out_h) {
     gj_grid_sync();
     extern __shared__ __align__(16) uint8 smem[];
     const int total_rows = T * GROUP;
@@ -682,12 +685,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
         const int row = rows_ab[r];
         if (row >= total_rows) continue;
         const int t = row / GROUP, gh = row % GROUP;
-        float* dst = out + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM +
-                     ds * DSLICE + 2 * tq;
+        const size_t at = ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM +
+                          ds * DSLICE + 2 * tq;  // even: f16 pairs are whole words
         const float inv = 1.0f / l[r];
 #pragma unroll
-        for (int n = 0; n < DSLICE / 8; ++n)
-            *(float2*)(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        for (int n = 0; n < DSLICE / 8; ++n) {
+            const float2 v = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+            *(float2*)(out + at + 8 * n) = v;
+            if (out_h) out_h[(at + 8 * n) / 2] = pack_f16x2(v.x, v.y);
+        }
     }
 #else
     // Combine the key splits: every block leaves its unnormalized O and (m, l) in its own shared
@@ -750,8 +756,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_ATTR
             acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
         }
         const int t = row / GROUP, gh = row % GROUP;
-        *(float4*)(out + ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM + c) =
-            acc;
+        const size_t at = ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM + c;
+        *(float4*)(out + at) = acc;
+        if (out_h)
+            *(uint2*)(out_h + at / 2) =
+                make_uint2(pack_f16x2(acc.x, acc.y), pack_f16x2(acc.z, acc.w));
     }
     cluster_sync();  // every block's partial stays in place until the others have read it
 #endif

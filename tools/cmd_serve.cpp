@@ -150,7 +150,8 @@ void add_serve_command(CLI::App& app) {
                     "model name in /v1/models (default: the file's stem)");
     cmd->add_option("--prefill-chunk", a->prefill_chunk,
                     "prompt tokens per prefill step of a slot (0: 32 on the CPU; on the GPU "
-                    "GEMMAJIT_PREFILL_CHUNK when set, else 512)");
+                    "GEMMAJIT_PREFILL_CHUNK when set, else 512)")
+        ->check(CLI::Range(0, 4096));
     add_sampling_options(cmd, a->http.sampling);
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
     cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");

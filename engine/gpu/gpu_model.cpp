@@ -40,10 +40,6 @@ namespace gj::gemma4 {
 
 namespace {
 
-std::string gib(uint64_t bytes) {
-    return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30));
-}
-
 bool is_float_type(ggml::Type t) {
     return t == ggml::Type::F32 || t == ggml::Type::F16 || t == ggml::Type::BF16;
 }
@@ -55,23 +51,6 @@ uint64_t type_bytes(ggml::Type t, uint64_t rows, uint64_t cols) {
 }
 
 }  // namespace
-
-uint64_t MemoryPlan::needed() const {
-    const uint64_t resident = weights + (ple_on_gpu ? ple_table : 0) + reserve;
-    return std::max(resident + staging, resident + kv + work);
-}
-
-std::string MemoryPlan::describe() const {
-    std::string s = fmt::format("weights {}", gib(weights));
-    if (ple_table)
-        s +=
-            fmt::format(" + PLE table {} ({})", gib(ple_table), ple_on_gpu ? "GPU" : "pinned host");
-    s += fmt::format(" + KV cache{} {} + work buffers {} + reserve {}",
-                     sequences > 1 ? fmt::format(" ({} sequences)", sequences) : "", gib(kv),
-                     gib(work), gib(reserve));
-    if (staging > kv + work) s += fmt::format(" (repack staging {} while loading)", gib(staging));
-    return s;
-}
 
 GpuModel::~GpuModel() = default;
 
@@ -157,8 +136,12 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                             jit::Blas::get() != nullptr;
     const QuantPrefill quant_prefill = quant_prefill_choice(flags, arch, blas_loads);
     const bool mmq = quant_prefill != QuantPrefill::Matvec;
-    const bool quant_blas = quant_prefill == QuantPrefill::Blas;
-    const bool wgmma = quant_prefill == QuantPrefill::Wgmma;
+    const bool quant_blas =
+        quant_prefill == QuantPrefill::Blas || quant_prefill == QuantPrefill::WgmmaBlas;
+    const bool wgmma =
+        quant_prefill == QuantPrefill::Wgmma || quant_prefill == QuantPrefill::WgmmaBlas;
+    copy_min_rows_ = quant_prefill == QuantPrefill::WgmmaBlas ? gemma4::copy_min_rows(cfg_.d_model)
+                                                              : kPrefillCols + 1;
     bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
     bool gemm_bf16 = false;  // some prefill GEMM takes bf16 activations (gemm_wgmma)
 
@@ -180,12 +163,15 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.layout = kept_layout;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
-            if (quant_blas && prefill_gemm && g.layout == MatvecLayout::Split) {
+            const bool copies = quant_blas && prefill_gemm && g.layout == MatvecLayout::Split;
+            if (copies) {
                 g.blas = true;
                 g.spec_dequant = kernels_.add(dequant_f16_spec(t, g.cols, g.layout)).name;
                 wants_blas_ = true;
                 blas_half = true;
-            } else if (mmq && g.layout == MatvecLayout::Split) {
+            }
+            // The GEMM: alone, or (WgmmaBlas) for the chunks too short for the copies.
+            if (mmq && g.layout == MatvecLayout::Split && (!copies || wgmma)) {
                 g.spec_gemm = kernels_
                                   .add(wgmma ? gemm_wgmma_spec(t, g.cols, g.rows)
                                              : mmq_spec(t, g.cols, g.rows))
@@ -224,7 +210,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         g.bytes = matrix_bytes(g.type, g.layout, g.rows, g.cols);
         return g;
     };
-    // The scratch range of the F16 copy of a K-quant matrix within its layer's slot: every
+    // The scratch range of the F16 copy of a quantized matrix within its layer's slot: every
     // matrix of a layer gets its own range (the session dequantizes a whole layer ahead, while
     // the layer before computes), and the slot is as large as the largest layer's copies.
     auto place_scratch = [&](GpuMatrix& g, uint64_t offset) {
@@ -382,8 +368,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
         g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type, mma)).name;
         if (flags.get_bool("GEMMAJIT_FLASH_PREFILL"))
-            // Tiled for the default chunk, not this load's: the kernel set then does not depend
-            // on the context or chunk a session asks for, so `precompile --model` covers it.
+            // Tiled for kFlashPrefillDefaultChunk rows (512), not this load's chunk: the kernel
+            // set then does not depend on the context or chunk a session asks for, so
+            // `precompile --model` covers it (a longer chunk runs more row blocks).
             g.flash_prefill_spec = kernels_.add(flash_prefill_spec(c, l, kv_geo_.type)).name;
     }
     if (c.has_ple()) {
@@ -395,11 +382,12 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         spec_gelu_mul_ = kernels_.add(gelu_mul_spec(c.ple_dim)).name;
     }
     // Norms over the residual stream (all also write Q8_1 activations: d is a multiple of 32,
-    // and a float-weight consumer reads the fp32 copy instead). The pre-norm of the first layer
-    // stands alone; every later pre-norm (and the output norm) is chained to the residual update
-    // before it: post_attention_norm + ffn_norm, and the layer's last post-norm + layer scale +
-    // the next layer's attn_norm. With PLE the post_ffw_norm update also quantizes the updated
-    // stream, the PLE gate's input.
+    // and a float-weight consumer reads the fp32 copy instead; the ".h16" forms below write f16
+    // instead, for prefill chunks whose consumers are all F16 cuBLAS products). The pre-norm of the
+    // first layer stands alone; every later pre-norm (and the output norm) is chained to the
+    // residual update before it: post_attention_norm + ffn_norm, and the layer's last post-norm +
+    // layer scale + the next layer's attn_norm. With PLE the post_ffw_norm update also quantizes
+    // the updated stream, the PLE gate's input.
     const int d = c.d_model;
     spec_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true)).name;
     spec_post_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, false, true)).name;
@@ -469,66 +457,11 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         notices_.push_back(fmt::format(
             "{} tensor{} stored as {} ({}): no GPU kernel reads {}, so they are dequantized to "
             "F16 on upload",
-            d.first, d.first == 1 ? "" : "s", type, gib(d.second), type));
+            d.first, d.first == 1 ? "" : "s", type, format_gib(d.second), type));
 
     mem_.weights = weights;
     mem_.ple_table = ple_table_.bytes;
     mem_.staging = staging;
-}
-
-// Where everything goes on this GPU (PLE table on the GPU or pinned host memory, the context the
-// KV cache allows) and whether it fits.
-void GpuModel::plan_memory(const GpuModelOptions& opts) {
-    const jit::Flags& flags = flags_;
-    jit::Device& dev = jit::Device::get();
-    const Config& c = cfg_;
-    // Memory: place the PLE table, then check everything fits. Without an explicit context the
-    // model's own is halved (down to 4096) until the KV cache fits, with a notice.
-    mem_.reserve = uint64_t(256) << 20;
-    mem_.free = dev.free_memory();
-    const uint64_t limit = flags.get_size("GEMMAJIT_GPU_MEMORY_LIMIT");
-    if (limit > 0) mem_.free = std::min<uint64_t>(mem_.free, limit);
-    const std::string& ple_where = flags.get_string("GEMMAJIT_PLE_TABLE");
-    auto place = [&] {
-        mem_.kv = kv_cache_bytes(c, kv_geo_);
-        mem_.sequences = kv_geo_.sequences;
-        mem_.work = session_work_bytes(*this);
-        mem_.ple_on_gpu = c.has_ple() && ple_where != "host";
-        if (mem_.ple_on_gpu && ple_where == "auto" && mem_.needed() > mem_.free)
-            mem_.ple_on_gpu = false;
-        return mem_.needed() <= mem_.free;
-    };
-    bool fits = place();
-    // A default chunk shrinks first (a longer chunk amortizes each layer's F16 copies and fills
-    // the GEMMs, but grows every sliding-window ring and the work buffers), then the context.
-    const int wanted_chunk = kv_geo_.max_chunk;
-    while (!fits && chunk_default_ && kv_geo_.max_chunk > kMinAutoChunk) {
-        kv_geo_.max_chunk = std::max(kMinAutoChunk, kv_geo_.max_chunk / 2);
-        fits = place();
-    }
-    if (kv_geo_.max_chunk != wanted_chunk)
-        notices_.push_back(fmt::format(
-            "prefill chunk reduced from {} to {} tokens so the KV cache and work buffers fit in "
-            "GPU memory (GEMMAJIT_PREFILL_CHUNK sets it)",
-            wanted_chunk, kv_geo_.max_chunk));
-    const int wanted = kv_geo_.context;
-    while (!fits && opts.context == 0 && kv_geo_.context > 4096) {
-        kv_geo_.context = std::max(4096, kv_geo_.context / 2);
-        kv_geo_.max_chunk = std::min(kv_geo_.max_chunk, kv_geo_.context);
-        fits = place();
-    }
-    ple_table_.on_gpu = mem_.ple_on_gpu;
-    if (!fits)
-        throw GpuModelError(fmt::format(
-            "{}: {} needs {} of GPU memory ({}) but {} has only {} free; use a smaller context "
-            "(--ctx, now {} positions), a smaller weight type, or a GPU with more memory",
-            path_.string(), c.name, gib(mem_.needed()), mem_.describe(), dev.name(), gib(mem_.free),
-            kv_geo_.context));
-    if (kv_geo_.context != wanted)
-        notices_.push_back(fmt::format(
-            "context reduced from {} to {} positions so the KV cache fits in GPU memory (--ctx "
-            "sets it)",
-            wanted, kv_geo_.context));
 }
 
 // ---- Upload -----------------------------------------------------------------------------------
@@ -553,16 +486,16 @@ void GpuModel::upload(const GpuModelOptions& opts) {
 
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t total = mem_.weights + (mem_.ple_on_gpu ? mem_.ple_table : 0);
-    say(fmt::format(
-        "uploading {} of weights to {}{}", gib(total), dev.name(),
-        cfg_.has_ple() && !mem_.ple_on_gpu
-            ? fmt::format(" (PLE table, {}, stays in pinned host memory)", gib(mem_.ple_table))
-            : std::string()));
+    say(fmt::format("uploading {} of weights to {}{}", format_gib(total), dev.name(),
+                    cfg_.has_ple() && !mem_.ple_on_gpu
+                        ? fmt::format(" (PLE table, {}, stays in pinned host memory)",
+                                      format_gib(mem_.ple_table))
+                        : std::string()));
     uint64_t done = 0, next_report = uint64_t(1) << 30;
     auto progressed = [&](uint64_t bytes) {
         done += bytes;
         if (done >= next_report) {
-            say(fmt::format("  {} / {}", gib(done), gib(total)));
+            say(fmt::format("  {} / {}", format_gib(done), format_gib(total)));
             next_report += uint64_t(1) << 30;
         }
     };
@@ -783,14 +716,16 @@ std::map<ggml::Type, uint64_t> GpuModel::layer_bytes_by_type() const {
 std::string GpuModel::summary() const {
     std::string types;
     for (const auto& [t, b] : layer_bytes_by_type())
-        types += fmt::format("{}{} {}", types.empty() ? "" : ", ", ggml::type_name(t), gib(b));
+        types +=
+            fmt::format("{}{} {}", types.empty() ? "" : ", ", ggml::type_name(t), format_gib(b));
     return fmt::format(
         "{} ({} layers, d {}, context {}{}, KV {}), layer matrices: {}; LM head {} {}; "
         "decode reads {} per token",
         cfg_.name, cfg_.n_layers, cfg_.d_model, kv_geo_.context,
         kv_geo_.sequences > 1 ? fmt::format(" x {} sequences", kv_geo_.sequences) : "",
         kv_type_name(kv_geo_.type), types, ggml::type_name(lm_head_.type),
-        lm_head_.layout == MatvecLayout::Split ? "(split)" : "(GGUF blocks)", gib(decode_bytes_));
+        lm_head_.layout == MatvecLayout::Split ? "(split)" : "(GGUF blocks)",
+        format_gib(decode_bytes_));
 }
 
 }  // namespace gj::gemma4

@@ -84,9 +84,10 @@ struct GpuMatrix {
                                   // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
     bool gemm_bf16 = false;       // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
     bool blas = false;            // prefill products through cuBLAS (GEMMAJIT_BLAS): float weights,
-                                  // and K-quants (not the LM head) from a dequantized F16 copy
+                                  // and quantized ones (not the LM head) from a dequantized F16
+                                  // copy (K-quants and fallbacks; Q8_0/Q4_0 by the MMQ variant)
     std::string spec_geglu;       // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
-    std::string spec_dequant;     // K-quant with blas: dequant_f16.<type>.k<cols>, whose F16 copy
+    std::string spec_dequant;     // quantized with blas: dequant_f16.<type>.k<cols>, whose copy
     uint64_t scratch_offset = 0;  // goes to this byte offset of its layer's scratch slot (each
                                   // matrix of a layer has its own range)
     bool present() const { return rows > 0; }
@@ -159,6 +160,9 @@ struct MemoryPlan {
     uint64_t needed() const;
     std::string describe() const;  // "weights 4.8 GiB + PLE table 2.8 GiB (GPU) + ..."
 };
+
+// "1.23 GiB": the unit of the memory plan's messages.
+std::string format_gib(uint64_t bytes);
 
 class GpuModel {
   public:
@@ -235,10 +239,14 @@ class GpuModel {
     // Whether some layer's FFN gate|up pair is float with blas (the session then keeps an fp32
     // gate buffer for the two-product GeGLU).
     bool blas_ffn() const { return blas_ffn_; }
-    // The session scratch that holds the F16 copies of K-quant matrices for prefill products:
+    // The session scratch that holds the F16 copies of quantized matrices for prefill products:
     // two slots (the layer computing and the next one, dequantized meanwhile), each as large as
     // the largest layer's copies; 0: no matrix needs one.
     uint64_t dequant_slot_bytes() const { return dequant_slot_; }
+    // The shortest prefill chunk whose products of a Q8_0/Q4_0 matrix that also has a GEMM
+    // (spec_gemm) take its F16 copy (QuantPrefill::WgmmaBlas); matrices without a GEMM take
+    // their copies from kPrefillCols + 1 rows.
+    int copy_min_rows() const { return copy_min_rows_; }
     uint64_t dequant_scratch_bytes() const { return 2 * dequant_slot_; }
 
     // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
@@ -266,6 +274,7 @@ class GpuModel {
     GpuKernels kernels_;
     KvGeometry kv_geo_;
     bool chunk_default_ = false;  // the chunk is GEMMAJIT_PREFILL_CHUNK's default (may shrink)
+    int copy_min_rows_ = kPrefillCols + 1;
     MemoryPlan mem_;
 
     std::vector<GpuLayer> layers_;

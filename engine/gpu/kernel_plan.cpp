@@ -53,15 +53,19 @@ QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& ar
     if (variant == "mma") return QuantPrefill::Mma;
     if (variant == "wgmma") return QuantPrefill::Wgmma;
     if (variant == "blas") return QuantPrefill::Blas;
-    return !sm90 ? QuantPrefill::Mma : blas ? QuantPrefill::Blas : QuantPrefill::Wgmma;
+    return !sm90 ? QuantPrefill::Mma : blas ? QuantPrefill::WgmmaBlas : QuantPrefill::Wgmma;
+}
+
+int copy_min_rows(int d_model) {
+    return d_model >= 4096 ? 512 : 256;
 }
 
 void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::string& arch) {
     const QuantPrefill q = quant_prefill_choice(flags, arch, true);
     types.blas = flags.get_bool("GEMMAJIT_BLAS");
     types.mmq = q != QuantPrefill::Matvec;
-    types.wgmma = q == QuantPrefill::Wgmma;
-    types.quant_blas = q == QuantPrefill::Blas;
+    types.wgmma = q == QuantPrefill::Wgmma || q == QuantPrefill::WgmmaBlas;
+    types.quant_blas = q == QuantPrefill::Blas || q == QuantPrefill::WgmmaBlas;
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type, KvType kv,
@@ -207,9 +211,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // Prefill products of the quantized matrices on the int8 tensor-core GEMM (split layout
     // only), one specialization per (input width, output rows) tile choice; the post-norms after
     // split-K products (attention output, FFN down) read their partial planes.
-    // Q8_0/Q4_0 layer matrices through cuBLAS (GEMMAJIT_MMQ_VARIANT=blas): no layer GEMMs.
+    // Q8_0/Q4_0 layer matrices through cuBLAS only (GEMMAJIT_MMQ_VARIANT=blas): no layer GEMMs;
+    // with the wgmma GEMM as well (WgmmaBlas): both.
     const bool quant_blas = types.quant_blas && types.layout == MatvecLayout::Split;
-    if (types.mmq && types.layout == MatvecLayout::Split && has_gemm(types.matmul) && !quant_blas) {
+    const bool layer_gemms = !quant_blas || types.wgmma;
+    if (types.mmq && types.layout == MatvecLayout::Split && has_gemm(types.matmul) && layer_gemms) {
         add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits));
         add(rmsnorm_spec(d, true, true, true, true, true, kMmqSplits));
         if (cfg.is_moe()) add(rmsnorm_spec(d, true, true, true, false, true, kMmqSplits, true));
@@ -217,7 +223,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     }
     if (types.mmq && types.layout == MatvecLayout::Split) {
         auto add_gemm = [&](ggml::Type t, int k, int n, bool lm_head = false) {
-            if (has_gemm(t) && n > 0 && (lm_head || !quant_blas))
+            if (has_gemm(t) && n > 0 && (lm_head || layer_gemms))
                 add(types.wgmma ? gemm_wgmma_spec(t, k, n) : mmq_spec(t, k, n));
         };
         if (types.wgmma) add(convert_f32_spec());  // the GEMMs' bf16 activations

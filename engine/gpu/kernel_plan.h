@@ -40,9 +40,9 @@ struct PlanTypes {
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
     bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
     bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
-    bool quant_blas = false;    // GEMMAJIT_MMQ_VARIANT=blas: Q8_0/Q4_0 layer matrices multiply
-                                // F16 copies (dequant_f16) with cuBLAS instead (the LM head and
-                                // MoE experts keep the int8 GEMMs)
+    bool quant_blas = false;    // Q8_0/Q4_0 layer matrices (may) multiply F16 copies
+                                // (dequant_f16) with cuBLAS (the LM head and MoE experts keep
+                                // the int8 GEMMs); with wgmma as well: both (WgmmaBlas)
     int lm_head_rows = 0;       // LM head rows (0: the vocabulary; a tensor-parallel rank: its
                                 // vocabulary slice, engine/gpu/shard_plan.h)
 };
@@ -52,11 +52,22 @@ enum class QuantPrefill {
     Mma,     // the int8 mma.sync GEMM (sm_80+)
     Wgmma,   // the bf16 warpgroup GEMM of weights dequantized in shared memory (sm_90)
     Blas,    // cuBLAS on F16 copies of each layer dequantized ahead (needs cuBLAS)
+    // Both, by chunk length (sm_90 with cuBLAS): Wgmma for chunks shorter than
+    // copy_min_rows(d_model), whose copies would cost more than the products save; Blas from
+    // there on.
+    WgmmaBlas,
 };
 // The choice of GEMMAJIT_MMQ_VARIANT for a plan targeting `arch` with cuBLAS loadable or not
-// (`blas_available`; GEMMAJIT_BLAS=0 counts as not): "auto" takes Blas on sm_90 (measured
-// fastest there, docs/PERFORMANCE.md), Wgmma there without cuBLAS, Mma elsewhere. Throws
-// ConfigError for "wgmma" on another target and for "blas" without cuBLAS.
+// (`blas_available`; GEMMAJIT_BLAS=0 counts as not): "auto" takes WgmmaBlas on sm_90 (measured
+// fastest there at every chunk length, docs/PERFORMANCE.md), Wgmma there without cuBLAS, Mma
+// elsewhere. Throws ConfigError for "wgmma" on another target and for "blas" without cuBLAS.
+//
+// Under WgmmaBlas, the shortest prefill chunk whose Q8_0/Q4_0 products go through F16 copies: the
+// copies cost about five reads of every layer matrix per chunk whatever its length, the products
+// save a share of the GEMM time that grows with it. Measured on the H100 (pp T, tokens/s, wgmma /
+// copies): E4B Q8_0 128: 12805 / 12615, 256: 17868 / 22238; 31B Q4_0 256: 5066 / 4504, 512:
+// 5071 / 6516 (its wgmma tiles are more efficient, so copies pay later).
+int copy_min_rows(int d_model);
 QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& arch,
                                   bool blas_available);
 // The prefill product choices of `flags` (GEMMAJIT_MMQ_VARIANT, GEMMAJIT_BLAS) for a plan

@@ -118,10 +118,11 @@ class GpuSession {
         uint64_t mmq = 0;            // int8 tensor-core GEMM launches (mma.sync)
         uint64_t wgmma = 0;          // bf16 warpgroup GEMM launches (sm_90)
         uint64_t blas = 0;           // cuBLAS products
-        uint64_t dequant = 0;        // K-quant matrices dequantized to F16 for a cuBLAS product
+        uint64_t dequant = 0;        // quantized matrices dequantized to F16 for cuBLAS
         uint64_t dequant_ahead = 0;  // ... of them, layers copied on the dequantization stream
         uint64_t geglu_f16 = 0;      // cuBLAS GeGLUs written as the f16 input of the down product
         uint64_t norm_f16 = 0;       // norms written as the f16 input of cuBLAS products
+        uint64_t attn_f16 = 0;       // prefill attention outputs also written in f16 (the same)
         uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
         uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
         uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
@@ -167,9 +168,17 @@ class GpuSession {
     // is such a product over T rows.
     Input with_f16(Input in, int n, int T, const GpuMatrix& m, const GpuMatrix* also,
                    const std::string& what);
-    // Whether m's product over a T-row chunk is an F16 cuBLAS product (F16 weights, or a copy
-    // dequantized to F16).
+    // Whether m's product over a T-row chunk goes through cuBLAS (float weights; a quantized
+    // matrix's F16 copy only where copies_pay(T)), and whether that is an F16 product (F16
+    // weights, or such a copy).
+    bool blas_for(const GpuMatrix& m, int T) const;
     bool f16_product(const GpuMatrix& m, int T) const;
+    // Whether a T-row chunk multiplies quantized matrix m through its F16 copy rather than its
+    // GEMM: a copy costs about five reads of the matrix per chunk, so a matrix with a GEMM takes
+    // it from GpuModel::copy_min_rows() rows on (one without from the chunk paths' threshold).
+    bool copies_pay(const GpuMatrix& m, int T) const {
+        return chunk_products(T) && (m.spec_gemm.empty() || T >= model_.copy_min_rows());
+    }
     // n fp32 values at x -> f16 / bf16 at out (entry f32_to_f16 / f32_to_bf16); returns out.
     CUdeviceptr convert(CUdeviceptr x, int n, const char* entry, CUdeviceptr out,
                         const std::string& what);
@@ -179,9 +188,10 @@ class GpuSession {
     void record_forward(int T, bool decode);
     void record_embedding(int T);
     void record_layer(int l, int T);
-    // Returns whether it also wrote the output's Q8_1 form into xq / xds (the split-K decode
-    // path, when the output projection is int8).
-    bool record_attention(int l, int T);
+    // Returns the attention output as the output projection's input: fp32 rows, with their Q8_1
+    // form in xq / xds (the split-K decode path, when the projection is int8) or their f16 form
+    // in the half buffer (the prefill kernel, when the projection is an F16 cuBLAS product).
+    Input record_attention(int l, int T);
     // A MoE layer's FFN (engine/gpu/session/moe_pass.cpp): router, dense MLP, routed experts
     // and their combine; leaves y1 + post_ffw_norm_2(experts) in the moe_y1 buffer, the input of
     // the layer's post_ffw_norm like a dense layer's FFN output.
@@ -243,19 +253,21 @@ class GpuSession {
              CUdeviceptr yds, int T, const char* what, bool partials_ok = false);
     // The FFN's gelu(gate x) * (up x); returns it as the down projection's input.
     Input ffn_gate_up(const GpuLayer& g, int T);
-    // The matvec of a float or K-quant matrix over a prefill chunk through cuBLAS. With `up` the
+    // The matvec of a float or quantized matrix over a prefill chunk through cuBLAS (a quantized
+    // one from its F16 copy). With `up` the
     // GeGLU: into y (fp32), or with y_f16 as the f16 input of an F16 down product instead.
     void blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
                       const char* what, CUdeviceptr y_f16 = 0);
-    // Enqueues the F16 copy of K-quant matrix m into scratch slot `slot` at its offset; returns
+    // Enqueues the F16 copy of quantized matrix m into scratch slot `slot` at its offset; returns
     // where it is.
     CUdeviceptr dequantized(const GpuMatrix& m, int slot = 0);
-    // Prefill of a model with K-quant cuBLAS products: layer l's F16 copies are made into slot
+    // Prefill with cuBLAS products of quantized matrices: layer l's F16 copies (of the matrices
+    // that take one at chunk length T) are made into slot
     // l % 2 on the dequantization stream while layer l - 1 computes (its GEMMs are compute-bound,
     // the copies memory-bound), once layer l - 2 has released the slot; wait_dequantized(l) makes
     // the compute stream wait for them. Without side streams (GEMMAJIT_STREAMS=0, profiling) both
     // run in order on the compute stream.
-    void dequantize_layer(int l);
+    void dequantize_layer(int l, int T);
     void wait_dequantized(int l);
     void quantize(CUdeviceptr x, int n_values);  // into the shared Q8_1 buffer (xq, xds)
     void quantize(CUdeviceptr x, int n_values, CUdeviceptr xq, CUdeviceptr xds);
@@ -284,7 +296,8 @@ class GpuSession {
     CUstream stream_ = nullptr;  // where launch() enqueues: the device stream or a side one
     CUstream side_[2] = {};      // K and V projections, concurrent with Q (GEMMAJIT_STREAMS)
     CUevent forked_ = nullptr, joined_[2] = {};
-    CUstream deq_stream_ = nullptr;  // K-quant F16 copies of the next layer during prefill
+    CUstream deq_stream_ = nullptr;  // F16 copies of the next layer during prefill (lowest
+                                     // priority)
     CUevent slot_free_ = nullptr, deq_ready_[2] = {};
     int deq_layer_ = -1;       // the layer whose copies the cuBLAS products read; -1: copy inline
     bool normed_f16_ = false;  // the half buffer holds the last norm's output (f16 norms)

@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 
+#include "engine/gguf/half.h"
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/spec_util.h"
@@ -78,25 +79,34 @@ std::vector<float> run_prefill(const KernelSpec& spec, const DeviceBuffer& q,
     const int H = int(c("GROUP") * c("N_KV_HEADS")), hd = int(c("HEAD_DIM"));
     const int grid_t = T + 40;
     const size_t n_out = size_t(grid_t) * H * hd;
-    DeviceBuffer out(n_out * 4);
+    DeviceBuffer out(n_out * 4), out_h(n_out * 2);
     const std::vector<uint8_t> poison(n_out * 4, 0xff);
     out.upload(poison.data(), poison.size());
+    out_h.upload(poison.data(), n_out * 2);
     gj::jit::Device::get().synchronize();
     launch_smem_async(
         g.get(spec.name, "flash_prefill"),
         {ceil_div(size_t(grid_t) * c("GROUP"), c("BLOCK_ROWS")) * unsigned(c("SPLITS")),
          unsigned(c("N_KV_HEADS"))},
         {unsigned(c("THREADS"))}, unsigned(c("SMEM")), q.ptr(), kc.ptr(), vc.ptr(), pos.ptr(), T,
-        slots, out.ptr());
+        slots, out.ptr(), out_h.ptr());
     gj::jit::Device::get().synchronize();
     auto all = from_device<uint32_t>(out, n_out);
+    const auto halves = from_device<uint16_t>(out_h, n_out);
     for (size_t i = size_t(T) * H * hd; i < n_out; ++i)
-        if (all[i] != 0xffffffffu) {
+        if (all[i] != 0xffffffffu || halves[i] != 0xffffu) {
             ADD_FAILURE() << "output element " << i << " past T was written";
             break;
         }
     std::vector<float> r(size_t(T) * H * hd);
     std::memcpy(r.data(), all.data(), r.size() * 4);
+    // The f16 copy (an F16 cuBLAS output projection's input) is the fp32 output rounded.
+    for (size_t i = 0; i < r.size(); ++i)
+        if (halves[i] != gj::f32_to_f16(r[i])) {
+            ADD_FAILURE() << "f16 output element " << i << ": 0x" << std::hex << halves[i]
+                          << " for " << std::dec << r[i];
+            break;
+        }
     return r;
 }
 

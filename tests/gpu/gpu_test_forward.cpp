@@ -31,6 +31,7 @@
 #include "engine/generate/generate_gpu.h"
 #include "engine/gguf/reader.h"
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/session.h"
 #include "engine/model/synth.h"
 #include "engine/text/tokenizer.h"
@@ -62,7 +63,8 @@ constexpr float kTolBlas = 2e-2f;
 // q8_0 KV cache: K and V rounded to 8 bits per 32-block (measured 0.7-2.5% of max|logit|).
 constexpr float kTolQ8Kv = 6e-2f;
 
-// An sm_90 GPU: GEMMAJIT_MMQ_VARIANT=auto takes cuBLAS on F16 copies there (else mma.sync).
+// An sm_90 GPU: GEMMAJIT_MMQ_VARIANT=auto takes the wgmma GEMM there for chunks shorter than
+// copy_min_rows and cuBLAS on F16 copies from there on (else mma.sync).
 bool sm90() {
     return gj::jit::Device::get().arch() == "sm_90";
 }
@@ -138,10 +140,10 @@ TEST_P(GpuVsCpu, LargeChunkPrefillMatchesTheCpuReference) {
                  quant ? kTolQuant : kTolBlas, "32-token chunks vs CPU");
     if (!quant) {
         EXPECT_GT(s.path_counts().blas, 0u) << "cuBLAS products did not run";
-    } else if (sm90()) {  // GEMMAJIT_MMQ_VARIANT=auto: cuBLAS on F16 copies on sm_90
-        EXPECT_GT(s.path_counts().dequant, 0u) << "no layer was dequantized for cuBLAS";
-        EXPECT_GT(s.path_counts().blas, 0u) << "no cuBLAS product ran";
-        EXPECT_EQ(s.path_counts().wgmma, 0u);
+    } else if (sm90()) {  // GEMMAJIT_MMQ_VARIANT=auto on sm_90: 32-token chunks take wgmma
+        EXPECT_GT(s.path_counts().wgmma, 0u) << "the wgmma GEMM did not run";
+        EXPECT_EQ(s.path_counts().dequant, 0u) << "copies made for a short chunk";
+        EXPECT_EQ(s.path_counts().mmq, 0u);
     } else {
         EXPECT_GT(s.path_counts().mmq, 0u) << "the int8 tensor-core GEMM did not run";
         EXPECT_EQ(s.path_counts().wgmma, 0u);
@@ -181,6 +183,9 @@ TEST(GpuForward, GemmVariantsMatchTheCpuReference) {
                     EXPECT_GT(p.blas, 0u) << "no cuBLAS product ran";
                     EXPECT_GT(p.geglu_f16, 0u) << "the GeGLU was not written in f16";
                     EXPECT_GT(p.norm_f16, 0u) << "no norm wrote the f16 input of cuBLAS";
+                    // One per layer of the 32-token chunk (the 8-token one runs the matvecs).
+                    EXPECT_EQ(p.attn_f16, uint64_t(cfg.n_layers))
+                        << "a prefill attention output was converted for its F16 projection";
                     EXPECT_EQ(p.wgmma, 0u);
                 } else {
                     EXPECT_GT(v == "wgmma" ? p.wgmma : p.mmq, 0u);
@@ -188,6 +193,40 @@ TEST(GpuForward, GemmVariantsMatchTheCpuReference) {
                     EXPECT_EQ(p.dequant, 0u);
                 }
             }
+}
+
+// GEMMAJIT_MMQ_VARIANT=auto on sm_90: a chunk shorter than copy_min_rows multiplies the quantized
+// weights on the wgmma GEMM, a longer one their per-layer F16 copies with cuBLAS (each against
+// the CPU reference).
+TEST(GpuForward, AutoTakesTheGemmForShortChunksAndCopiesForLongOnes) {
+    GJ_REQUIRE_GPU();
+    if (!sm90()) GTEST_SKIP() << "the wgmma / copies choice is made on sm_90 only";
+    gj::test::ScratchDir dir("gpu-auto-prefill");
+    const auto path = synth(dir, "tiny", ggml::Type::Q4_0);
+    const auto f = flags();
+    auto model = load_gpu(path, 1024, 512, f);
+    const Config& cfg = model->config();
+    const int min_rows = model->copy_min_rows();
+    ASSERT_EQ(min_rows, gj::gemma4::copy_min_rows(cfg.d_model));
+    ASSERT_FALSE(model->layers()[0].q.spec_gemm.empty());
+    ASSERT_FALSE(model->layers()[0].q.spec_dequant.empty());
+    for (const int T : {min_rows - 1, min_rows + 20}) {
+        SCOPED_TRACE(T);
+        const auto tokens = test_tokens(T, cfg.vocab_size, 31);
+        GpuSession s(*model);
+        expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), cfg.vocab_size, kTolQuant,
+                     "one chunk of " + std::to_string(T) + " vs CPU");
+        const auto& p = s.path_counts();
+        if (T < min_rows) {
+            EXPECT_GT(p.wgmma, 0u);
+            EXPECT_EQ(p.dequant, 0u) << "copies made for a chunk shorter than " << min_rows;
+        } else {
+            EXPECT_EQ(p.dequant_ahead, uint64_t(cfg.n_layers));
+            EXPECT_GT(p.blas, 0u);
+            // Only the LM head's GEMM (every row's logits) is left on wgmma.
+            EXPECT_EQ(p.wgmma, 1u);
+        }
+    }
 }
 
 // GEMMAJIT_MMQ_VARIANT=wgmma on a GPU that is not sm_90 ends in an error naming the flag.
@@ -248,15 +287,15 @@ TEST(GpuForward, MmqKillSwitchAgrees) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-mmq");
     for (auto wtype : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
-        const auto [fast, exact] = kill_switch_agrees(
-            synth(dir, "tiny-e2b", wtype), {{"GEMMAJIT_MMQ_VARIANT", "none"}}, kTolQuant,
-            "int8 GEMM vs matvecs " + ggml::type_name(wtype),
-            [](const GpuModel& f, const GpuModel& e) {
-                // auto: a GEMM, or (sm_90) F16 copies for cuBLAS
-                EXPECT_NE(f.layers()[0].q.spec_gemm.empty(), f.layers()[0].q.spec_dequant.empty());
-                EXPECT_TRUE(e.layers()[0].q.spec_gemm.empty());
-                EXPECT_TRUE(e.layers()[0].q.spec_dequant.empty());
-            });
+        const auto [fast, exact] =
+            kill_switch_agrees(synth(dir, "tiny-e2b", wtype), {{"GEMMAJIT_MMQ_VARIANT", "none"}},
+                               kTolQuant, "int8 GEMM vs matvecs " + ggml::type_name(wtype),
+                               [](const GpuModel& f, const GpuModel& e) {
+                                   // auto: a GEMM (and on sm_90 F16 copies for long chunks)
+                                   EXPECT_FALSE(f.layers()[0].q.spec_gemm.empty());
+                                   EXPECT_TRUE(e.layers()[0].q.spec_gemm.empty());
+                                   EXPECT_TRUE(e.layers()[0].q.spec_dequant.empty());
+                               });
         EXPECT_GT(fast.mmq + fast.wgmma + fast.dequant, 0u);
         EXPECT_EQ(exact.mmq + exact.wgmma + exact.dequant, 0u);
     }
@@ -302,7 +341,7 @@ TEST(GpuForward, E4bShapedModelMatchesTheCpuReference) {
                  "e4b one-chunk prefill vs CPU");
     EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(cfg.n_layers));
     EXPECT_GT(b.path_counts().blas, 0u);  // the BF16 / F32 PLE projections
-    EXPECT_GT(sm90() ? b.path_counts().dequant : b.path_counts().mmq, 0u);
+    EXPECT_GT(sm90() ? b.path_counts().wgmma : b.path_counts().mmq, 0u);
 }
 
 // The decode graph (with the K/V projections on parallel branches) replays the exact path, eager
@@ -649,20 +688,22 @@ TEST(GpuForward, ImpossibleRequestsFailClearly) {
 // The default chunk (GEMMAJIT_PREFILL_CHUNK unset: 2048 tokens) prefills a long prompt in fewer,
 // longer chunks with the logits of 64-token chunks (sliding-window rings of window + 2047 slots,
 // products over 2048 rows); a load whose memory does not fit it halves it, with a notice, down to
-// 512 before touching the context, and an explicit chunk never shrinks.
+// 512 before touching the context or moving a PLE table to host memory, and an explicit chunk
+// never shrinks.
 TEST(GpuForward, DefaultChunkIsLongAndShrinksToFit) {
     GJ_REQUIRE_GPU();
     gj::test::ScratchDir dir("gpu-long-chunk");
     const auto path = synth(dir, "tiny", ggml::Type::Q8_0);
     const auto f = flags();
-    auto load = [&](const gj::jit::Flags& fl, std::vector<std::string>* lines = nullptr) {
+    auto load = [&](const std::filesystem::path& p, const gj::jit::Flags& fl,
+                    std::vector<std::string>* lines = nullptr) {
         GpuModelOptions o;
         o.context = 4096;
         o.flags = &fl;
         if (lines) o.progress = [lines](const std::string& l) { lines->push_back(l); };
-        return GpuModel::load(path, o);
+        return GpuModel::load(p, o);
     };
-    auto long_chunks = load(f);
+    auto long_chunks = load(path, f);
     ASSERT_EQ(long_chunks->prefill_chunk(), 2048);
     auto short_chunks = load_gpu(path, 4096, 64, f);
     const int V = long_chunks->config().vocab_size;
@@ -671,20 +712,30 @@ TEST(GpuForward, DefaultChunkIsLongAndShrinksToFit) {
     expect_agree(b.prefill_logits(tokens), a.prefill_logits(tokens), V, kTolQuant,
                  "chunks of 2048 vs chunks of 64 over 2500 tokens");
 
-    auto at512 = load_gpu(path, 4096, 512, f);
-    const uint64_t needed512 = at512->memory().needed();
-    ASSERT_LT(needed512, long_chunks->memory().needed());
-    const auto tight = flags({{"GEMMAJIT_GPU_MEMORY_LIMIT", std::to_string(needed512)}});
-    std::vector<std::string> lines;
-    auto squeezed = load(tight, &lines);
-    EXPECT_EQ(squeezed->prefill_chunk(), 512);
-    EXPECT_EQ(squeezed->kv_geometry().context, 4096);
-    EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
-        return l.find("prefill chunk reduced from 2048 to 512") != std::string::npos;
-    })) << "no notice of the smaller chunk";
-    const auto explicit_chunk = flags({{"GEMMAJIT_GPU_MEMORY_LIMIT", std::to_string(needed512)},
-                                       {"GEMMAJIT_PREFILL_CHUNK", "2048"}});
-    EXPECT_THROW(load(explicit_chunk), GpuModelError) << "an explicit chunk was shrunk";
+    auto noticed = [](const std::vector<std::string>& lines) {
+        return std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+            return l.find("prefill chunk reduced from 2048 to 512") != std::string::npos;
+        });
+    };
+    for (const char* preset : {"tiny", "tiny-e2b"}) {  // tiny-e2b: a PLE table that fits at 512
+        SCOPED_TRACE(preset);
+        const auto p = synth(dir, preset, ggml::Type::Q8_0);
+        auto at512 = load_gpu(p, 4096, 512, f);
+        const uint64_t needed512 = at512->memory().needed();
+        ASSERT_LT(needed512, load(p, f)->memory().needed());
+        const auto tight = flags({{"GEMMAJIT_GPU_MEMORY_LIMIT", std::to_string(needed512)}});
+        std::vector<std::string> lines;
+        auto squeezed = load(p, tight, &lines);
+        EXPECT_EQ(squeezed->prefill_chunk(), 512);
+        EXPECT_EQ(squeezed->kv_geometry().context, 4096);
+        EXPECT_EQ(squeezed->memory().ple_on_gpu, at512->memory().ple_on_gpu)
+            << "the PLE table left the GPU although a shorter chunk fits it";
+        EXPECT_TRUE(noticed(lines)) << "no notice of the smaller chunk";
+        const auto explicit_chunk = flags({{"GEMMAJIT_GPU_MEMORY_LIMIT", std::to_string(needed512)},
+                                           {"GEMMAJIT_PREFILL_CHUNK", "2048"},
+                                           {"GEMMAJIT_PLE_TABLE", "gpu"}});
+        EXPECT_THROW(load(p, explicit_chunk), GpuModelError) << "an explicit chunk was shrunk";
+    }
 }
 
 // The commands on the GPU: run streams text, chat keeps the conversation, bench prints its table,

@@ -162,6 +162,8 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
         // Every pre-norm but the output norm (the LM head reads Q8_1): attn_norm and ffn_norm.
         EXPECT_EQ(s.path_counts().norm_f16, uint64_t(2 * model->config().n_layers))
             << "the norms did not write the f16 input of the cuBLAS products";
+        EXPECT_EQ(s.path_counts().attn_f16, uint64_t(model->config().n_layers))
+            << "the attention outputs were not written in f16 for the output projections";
         // Made in order on one stream instead: the same products of the same copies, bit for bit
         // (a copy read before it was complete, or overwritten while read, would differ).
         const auto one_stream = flags({{"GEMMAJIT_STREAMS", "0"}});

@@ -262,7 +262,24 @@ TEST(KernelPlan, QuantBlasVariantPlansF16CopiesOfTheLayers) {
     using gj::gemma4::quant_prefill_choice;
     using gj::gemma4::QuantPrefill;
     const auto none = gj::jit::Flags::parse({});
-    EXPECT_EQ(quant_prefill_choice(none, "sm_90", true), QuantPrefill::Blas);
+    EXPECT_EQ(quant_prefill_choice(none, "sm_90", true), QuantPrefill::WgmmaBlas);
+    // auto on sm_90 plans both: the layers' wgmma GEMMs (short chunks, with their split-K
+    // norms) and their F16 copies (long chunks, with the f16-writing norms).
+    {
+        gj::gemma4::PlanTypes types{ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0,
+                                    ggml::Type::Q8_0};
+        gj::gemma4::apply_prefill_flags(types, none, "sm_90");
+        EXPECT_TRUE(types.wgmma && types.quant_blas);
+        const auto names = names_of(build_kernel_plan(Config::preset("e4b"), types));
+        for (const char* n : {"dequant_f16.q8_0.k10240.split", "rmsnorm.n2560.w1.add.n2.h16",
+                              "rmsnorm.n2560.w1.add.q8.p3"})
+            EXPECT_TRUE(names.count(n)) << n;
+        EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const std::string& n) {
+            return n.starts_with("gemm_wgmma.q8_0.k10240.");
+        }));
+        EXPECT_EQ(gj::gemma4::copy_min_rows(2560), 256);
+        EXPECT_EQ(gj::gemma4::copy_min_rows(5376), 512);
+    }
     EXPECT_EQ(quant_prefill_choice(none, "sm_90", false), QuantPrefill::Wgmma);
     EXPECT_EQ(quant_prefill_choice(gj::jit::Flags::parse({{"GEMMAJIT_BLAS", "0"}}), "sm_90", true),
               QuantPrefill::Wgmma);

@@ -130,9 +130,9 @@ std::vector<KernelSpec> all_specs() {
         for (const auto& s : build_kernel_plan(gemma4::plan_shards(Config::preset(v), 2),
                                                std::vector<gemma4::PlanTypes>{{t, t, t, t}}))
             add(s);
-    // GEMMAJIT_MMQ_VARIANT=blas: the F16 copies of Q8_0 / Q4_0 layer matrices (split layout)
-    // at every dense preset's widths.
-    for (const char* v : {"e2b", "e4b", "12b", "31b"})
+    // The F16 copies of Q8_0 / Q4_0 layer matrices (split layout; GEMMAJIT_MMQ_VARIANT=blas, and
+    // auto on sm_90 for long chunks) at every preset's widths, the MoE's dense ones too.
+    for (const char* v : {"e2b", "e4b", "12b", "31b", "26b-a4b"})
         for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
             gemma4::PlanTypes types{t, t, t, t};
             types.quant_blas = true;

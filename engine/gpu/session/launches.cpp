@@ -91,7 +91,7 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     const bool quant = m.quantized();
     const uint64_t bytes = m.bytes + (up ? up->bytes : 0);
     const double flops_per_col = 2.0 * double(m.rows) * m.cols * (up ? 2 : 1);
-    if (chunk_products(T) && m.blas && model_.blas()) {
+    if (blas_for(m, T)) {
         blas_product(m, up, in, y, T, what);
         return 1;
     }
@@ -206,23 +206,23 @@ CUdeviceptr GpuSession::product(int parts) const {
 
 GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
     const Work& w = *w_;
-    // The GEMM writes the GeGLU product straight in the down projection's input form: bf16 for
-    // the wgmma GEMM, Q8_1 for the int8 one.
-    if (chunk_products(T) && g.gate.gemm_bf16 && g.down.gemm_bf16) {
-        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gbf.ptr(), 0, T, "ffn_gate|up");
-        return Input{0, 0, 0, w.gbf.ptr()};
-    }
-    if (chunk_products(T) && !g.gate.spec_gemm.empty() && !g.gate.gemm_bf16 &&
-        g.gate.rows % 32 == 0) {
-        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gq.ptr(), w.gds.ptr(), T,
-             "ffn_gate|up");
-        return Input{0, w.gq.ptr(), w.gds.ptr()};
-    }
     // cuBLAS gate and up products whose GeGLU feeds an F16 down product: written in f16 at once.
-    if (chunk_products(T) && g.gate.blas && model_.blas() && f16_product(g.down, T)) {
+    if (blas_for(g.gate, T) && f16_product(g.down, T)) {
         blas_product(g.gate, &g.up, with_f16(normed(), T * g.gate.cols, T, g.gate, &g.up, "ffn"),
                      w.g.ptr(), T, "ffn_gate|up", w.xhalf.ptr());
         return Input{.h = w.xhalf.ptr()};
+    }
+    // The GEMM writes the GeGLU product straight in the down projection's input form: bf16 for
+    // the wgmma GEMM, Q8_1 for the int8 one (neither when a product takes cuBLAS at this length).
+    const bool gate_gemm = chunk_products(T) && !g.gate.spec_gemm.empty() && !blas_for(g.gate, T);
+    if (gate_gemm && g.gate.gemm_bf16 && g.down.gemm_bf16 && !blas_for(g.down, T)) {
+        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gbf.ptr(), 0, T, "ffn_gate|up");
+        return Input{0, 0, 0, w.gbf.ptr()};
+    }
+    if (gate_gemm && !g.gate.gemm_bf16 && g.gate.rows % 32 == 0) {
+        gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gq.ptr(), w.gds.ptr(), T,
+             "ffn_gate|up");
+        return Input{0, w.gq.ptr(), w.gds.ptr()};
     }
     matvec(g.gate, &g.up, normed(), w.g.ptr(), T, "ffn_gate|up");
     return Input{w.g.ptr()};
@@ -243,9 +243,13 @@ CUdeviceptr GpuSession::dequantized(const GpuMatrix& m, int slot) {
     return dst;
 }
 
-bool GpuSession::f16_product(const GpuMatrix& m, int T) const {
+bool GpuSession::blas_for(const GpuMatrix& m, int T) const {
     return chunk_products(T) && m.blas && model_.blas() &&
-           (!m.spec_dequant.empty() || m.type == ggml::Type::F16);
+           (m.spec_dequant.empty() || copies_pay(m, T));
+}
+
+bool GpuSession::f16_product(const GpuMatrix& m, int T) const {
+    return blas_for(m, T) && (!m.spec_dequant.empty() || m.type == ggml::Type::F16);
 }
 
 GpuSession::Input GpuSession::with_f16(Input in, int n, int T, const GpuMatrix& m,

@@ -47,7 +47,7 @@ double GpuSession::attention_flops(int l, int row0, int T) const {
     return 4.0 * lc.head_dim * cfg_.n_heads * pairs;  // Q K^T and P V
 }
 
-bool GpuSession::record_attention(int l, int T) {
+GpuSession::Input GpuSession::record_attention(int l, int T) {
     const Work& w = *w_;
     const LayerConfig& lc = cfg_.layers[l];
     const GpuLayer& gl = model_.layers()[l];
@@ -58,10 +58,13 @@ bool GpuSession::record_attention(int l, int T) {
         const KvCache::Layer& kv = kv_.layer(l, seq_);
         const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_prefill_spec);
         const unsigned rows_per_block = constant(spec, "BLOCK_ROWS");
+        // An F16 cuBLAS output projection takes the output in f16 as well, from the same stores.
+        const bool f16 = f16_product(gl.o, T);
         CUdeviceptr q = w.q.ptr(), kc = kv.k, vc = kv.v, positions = w.positions(),
-                    out = w.attn.ptr();
+                    out = w.attn.ptr(), out_h = f16 ? w.xhalf.ptr() : 0;
+        if (f16) normed_f16_ = false;  // the half buffer now holds the attention output
         int slots = kv.slots;
-        void* args[] = {&q, &kc, &vc, &positions, &T, &slots, &out};
+        void* args[] = {&q, &kc, &vc, &positions, &T, &slots, &out, &out_h};
         launch(model_.kernels().get(gl.flash_prefill_spec, "flash_prefill"),
                {ceil_div(uint64_t(T) * constant(spec, "GROUP"), rows_per_block) *
                     constant(spec, "SPLITS"),
@@ -69,7 +72,8 @@ bool GpuSession::record_attention(int l, int T) {
                {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, gl.flash_prefill_spec,
                LaunchCost{0, attention_flops(l, 0, T), WorkKind::Attention});
         ++paths_.flash_prefill;
-        return false;
+        paths_.attn_f16 += f16;
+        return f16 ? Input{.f = w.attn.ptr(), .h = w.xhalf.ptr()} : Input{w.attn.ptr()};
     }
     const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_spec);
     // A decode graph's split count is fixed for the whole context (any count is correct; the
@@ -105,8 +109,9 @@ bool GpuSession::record_attention(int l, int T) {
         launch(combine, {combine_blocks, unsigned(n)}, {combine_threads}, 0, cargs,
                gl.flash_spec + " flash_combine", LaunchCost{0, 0, WorkKind::Attention});
     }
-    if (quantized) ++paths_.attn_q8;
-    return quantized;
+    if (!quantized) return Input{w.attn.ptr()};
+    ++paths_.attn_q8;
+    return Input{w.attn.ptr(), w.xq.ptr(), w.xds.ptr()};
 }
 
 void GpuSession::record_layer(int l, int T) {
@@ -126,7 +131,9 @@ void GpuSession::record_layer(int l, int T) {
     const bool split_qkv = chunk_products(T) && (splits_k(g.q) || splits_k(g.k) || splits_k(g.v));
     const bool concurrent = streams_ && branches > 0 && !profiler_ && !split_qkv;
     // The bf16 form of h for the wgmma GEMMs, made once for Q, K and V (before the fork).
-    const bool bf16_qkv = g.q.gemm_bf16 || g.k.gemm_bf16 || g.v.gemm_bf16;
+    bool bf16_qkv = false;
+    for (const GpuMatrix* m : {&g.q, &g.k, &g.v})
+        bf16_qkv = bf16_qkv || (m->gemm_bf16 && !blas_for(*m, T));
     Input h = chunk_products(T) && bf16_qkv ? with_bf16(normed(), T * cfg_.d_model, "attn_norm")
                                             : normed();
     // Likewise its f16 form for F16 cuBLAS products (K and V share Q's input; a layer whose K is
@@ -157,10 +164,8 @@ void GpuSession::record_layer(int l, int T) {
         launch(model_.kernels().get(g.attn_prep_spec, "attn_prep"),
                {ceil_div(rows, warps), unsigned(T)}, {32 * warps}, 0, args, g.attn_prep_spec);
     }
-    const bool attn_q8 = record_attention(l, T);
+    const Input attn_out = record_attention(l, T);
     // Split-K products leave their partial planes for the post-norm to sum.
-    const Input attn_out =
-        attn_q8 ? Input{w.attn.ptr(), w.xq.ptr(), w.xds.ptr()} : Input{w.attn.ptr()};
     int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", true);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, product(parts), parts, T);
@@ -200,7 +205,7 @@ void GpuSession::record_layer(int l, int T) {
         // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM and cuBLAS
         // read fp32).
         const bool q8 =
-            g.proj.quantized() && !(chunk_products(T) && (g.proj.gemm_bf16 || g.proj.blas));
+            g.proj.quantized() && !(chunk_products(T) && g.proj.gemm_bf16) && !blas_for(g.proj, T);
         CUdeviceptr gate = w.ple_gate.ptr(), other = w.ple.ptr() + uint64_t(l) * cfg_.ple_dim * 4,
                     out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
         int stride = cfg_.n_layers * cfg_.ple_dim;
@@ -224,15 +229,19 @@ void GpuSession::record_forward(int T, bool decode) {
     decoding_ = decode;
     record_embedding(T);
     pre_norm(w_->x.ptr(), model_.layers()[0].attn_norm, T, "attn_norm", attention_input_f16(0, T));
-    // K-quant matrices in cuBLAS products: each layer's F16 copies are made while the layer
+    // Quantized matrices in cuBLAS products: each layer's F16 copies are made while the layer
     // before computes.
-    const bool ahead = chunk_products(T) && model_.dequant_slot_bytes() > 0 && model_.blas();
+    bool ahead = false;  // some layer matrix takes its F16 copy at this chunk length
+    for (const GpuLayer& g : model_.layers())
+        for (const GpuMatrix* m :
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            ahead = ahead || (m->present() && !m->spec_dequant.empty() && blas_for(*m, T));
     deq_layer_ = -1;
-    if (ahead) dequantize_layer(0);
+    if (ahead) dequantize_layer(0, T);
     for (int l = 0; l < cfg_.n_layers; ++l) {
         if (ahead) {
             wait_dequantized(l);
-            if (l + 1 < cfg_.n_layers) dequantize_layer(l + 1);
+            if (l + 1 < cfg_.n_layers) dequantize_layer(l + 1, T);
             deq_layer_ = l;
         }
         record_layer(l, T);

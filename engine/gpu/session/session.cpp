@@ -69,7 +69,7 @@ void GpuSession::join(int branches) {
     stream_ = main;
 }
 
-void GpuSession::dequantize_layer(int l) {
+void GpuSession::dequantize_layer(int l, int T) {
     const jit::DriverApi& api = jit::driver();
     const CUstream main = jit::Device::get().stream();
     const bool side = streams_ && !profiler_;
@@ -82,7 +82,7 @@ void GpuSession::dequantize_layer(int l) {
     const GpuLayer& g = model_.layers()[l];
     for (const GpuMatrix* m :
          {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
-        if (m->present() && !m->spec_dequant.empty()) dequantized(*m, l % 2);
+        if (m->present() && !m->spec_dequant.empty() && blas_for(*m, T)) dequantized(*m, l % 2);
     if (side) {
         jit::check_driver(api.cuEventRecord(deq_ready_[l % 2], deq_stream_),
                           "cuEventRecord(dequantized)");

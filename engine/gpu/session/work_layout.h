@@ -34,7 +34,7 @@ struct WorkLayout {
     bool gemm_q8_ffn = false;    // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
     bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
     uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
-    uint64_t dequant_bytes = 0;      // F16 copies of K-quant matrices for cuBLAS products
+    uint64_t dequant_bytes = 0;      // F16 copies of quantized matrices for cuBLAS products
     // MoE: experts E, K per token, expert width F; groups: the most a chunk can form.
     int moe_e = 0, moe_k = 0, moe_f = 0, moe_groups = 0;
 
