@@ -10,7 +10,7 @@
 //            only) 8 Q8_0, 2 Q4_0
 //   ELEMS    elements per thread: 8 (consecutive lanes write consecutive 16-byte runs)
 //   THREADS  threads per block (multiple of 32)
-//   LAYOUT   0: src holds the GGUF blocks; 1 (Q4_K, Q6_K): the split planes (kquant.cuh);
+//   LAYOUT   0: src holds the GGUF blocks; 1 (Q4_K, Q5_K, Q6_K): the split planes (kquant.cuh);
 //            1 (Q8_0, Q4_0): the split planes of matvec_common.cuh (quants [n_rows][K] int8 or
 //            [n_rows][K / 2] nibble bytes in the Q4_0 order, then fp16 scales [n_rows][K / 32])
 // Launch: block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
@@ -31,8 +31,10 @@
 #endif
 #define GJ_Q32_TYPE (WTYPE == 3 || WTYPE == 6 || WTYPE == 7)
 #define GJ_SPLIT32_TYPE (WTYPE == 8 || WTYPE == 2)
-static_assert(LAYOUT == 0 || (LAYOUT == 1 && (WTYPE == 12 || WTYPE == 14 || GJ_SPLIT32_TYPE)),
-              "dequant_f16: the split layout (LAYOUT 1) exists for Q4_K, Q6_K, Q8_0 and Q4_0 only");
+static_assert(LAYOUT == 0 ||
+                  (LAYOUT == 1 && (WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || GJ_SPLIT32_TYPE)),
+              "dequant_f16: the split layout (LAYOUT 1) exists for Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 "
+              "only");
 static_assert(!GJ_SPLIT32_TYPE || LAYOUT == 1,
               "dequant_f16: Q8_0 / Q4_0 are read in their split layout (LAYOUT 1) only");
 static_assert(K % (GJ_Q32_TYPE || GJ_SPLIT32_TYPE ? 32 : 256) == 0 && K > 0,
@@ -81,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     }
 #endif
 #elif LAYOUT == 1
-    // Split Q4_K / Q6_K (kquant.cuh): the 8 elements are elements p .. p+7 of one unit.
+    // Split Q4_K / Q5_K / Q6_K (kquant.cuh): the 8 elements are elements p .. p+7 of one unit.
     const size_t units = (size_t)n_rows * (K / 32), unit = i / 4;
     const int p = 8 * (int)(i % 4);
     const float4 a = gj_kq_split_dequant4<WTYPE>(src, units, unit, p),

@@ -11,8 +11,8 @@
 //   VOCAB    rows in the table. A token id outside [0, VOCAB) yields a row of NaN (never an
 //            out-of-bounds read), which the logits kernels report as token -1.
 //   THREADS  threads per block (multiple of 32)
-//   LAYOUT   0: the table as the GGUF stores it; 1 (Q4_K, Q6_K): the split planes of kquant.cuh
-//            (the tied LM head's matvec reads the same buffer)
+//   LAYOUT   0: the table as the GGUF stores it; 1 (Q4_K, Q5_K, Q6_K): the split planes of
+//            kquant.cuh (the tied LM head's matvec reads the same buffer)
 // Launch: block THREADS, grid (ceil(N / 4 / THREADS), T_max); blocks with blockIdx.y >= T exit,
 // so a grid sized for the largest batch serves every smaller one.
 // Entry: embed_rows(rows /*[T] int32 token ids*/, T, table, out /*fp32 [T][N]*/, scale).
@@ -26,8 +26,8 @@
 #ifndef LAYOUT
 #define LAYOUT 0
 #endif
-static_assert(LAYOUT == 0 || WTYPE == 12 || WTYPE == 14,
-              "embed_rows: the split layout (LAYOUT 1) exists for Q4_K and Q6_K tables only");
+static_assert(LAYOUT == 0 || WTYPE == 12 || WTYPE == 13 || WTYPE == 14,
+              "embed_rows: the split layout (LAYOUT 1) exists for Q4_K, Q5_K and Q6_K tables only");
 static_assert(WTYPE == 0 || WTYPE == 1 || WTYPE == 2 || WTYPE == 3 || WTYPE == 6 || WTYPE == 7 ||
                   WTYPE == 8 || WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || WTYPE == 30,
               "embed_rows: WTYPE must be one of 0 (f32), 1 (f16), 2 (q4_0), 3 (q4_1), 6 (q5_0), "

@@ -16,16 +16,21 @@
 // alignment of its base; a Q6_K block is 2 mod 4 bytes, so every other block (and row) starts 2
 // bytes past a word: gj_ld_u32x4_align2 reads those.
 //
-// Split layouts (Q4_K, Q6_K), made once at load by repack_q4_k / repack_q6_k (matvec_q4_k.cu,
-// matvec_q6_k.cu) for aligned, coalesced matvec loads. A unit is 32 consecutive elements of a row
-// (units are numbered row by row: unit r * K / 32 + u); the planes follow one another, each over
-// the whole matrix (`units` = n_rows * K / 32 of them):
+// Split layouts (Q4_K, Q5_K, Q6_K), made once at load by repack_q4_k / repack_q5_k / repack_q6_k
+// (matvec_q4_k.cu, matvec_q5_k.cu, matvec_q6_k.cu) for aligned, coalesced matvec loads. A unit is
+// 32 consecutive elements of a row (units are numbered row by row: unit r * K / 32 + u); the
+// planes follow one another, each over the whole matrix (`units` = n_rows * K / 32 of them):
 //   Q4_K (148 bytes per 256):  nibbles [units][16] | d|dmin [units / 8] u32 | sc|m [units] u16
+//   Q5_K (180 bytes per 256, the file's 176 + 4):  nibbles [units][16] | fifth bits [units] u32 |
+//                              d|dmin [units / 8] u32 | sc|m [units] u16
 //   Q6_K (210 bytes, as the file): low nibbles [units][16] | high bits [units][8] |
 //                              scales [units][2] int8 | d [units / 8] fp16
 // The nibble bytes are in the Q4_0 order: byte b's low nibble is element b of the unit, its high
-// nibble element 16 + b (so word t holds elements 4t.. and 16 + 4t..). Q4_K's sc|m are the
-// sub-block's 6-bit scale and min, one byte each. Q6_K's high bits: word w (w = 0, 1) of the
+// nibble element 16 + b (so word t holds elements 4t.. and 16 + 4t..). Q4_K's and Q5_K's sc|m are
+// the sub-block's 6-bit scale and min, one byte each (d|dmin: the super-block's two fp16, as in
+// the file). Q5_K's fifth-bit word: byte i, bit j holds the fifth bit of element 4j + i, so for
+// nibble word t the bits under its low nibbles are bit t of each byte and those under its high
+// nibbles bit 4 + t (gj_q5_k_split_q). Q6_K's high bits: word w (w = 0, 1) of the
 // unit's 8 bytes, byte i, holds the top 2 bits of elements 8w + i (bits 0-1), 16 + 8w + i (2-3),
 // 8w + 4 + i (4-5) and 16 + 8w + 4 + i (6-7): for nibble word t the bits under its low nibbles
 // sit at 4 (t % 2) and those under its high nibbles at 4 (t % 2) + 2. Its two scales are those of
@@ -124,6 +129,15 @@ GJ_DEVICE size_t gj_q4_k_dm_plane(size_t units) {
 GJ_DEVICE size_t gj_q4_k_scm_plane(size_t units) {
     return units * 16 + units / 2;
 }
+GJ_DEVICE size_t gj_q5_k_qh_plane(size_t units) {
+    return units * 16;
+}
+GJ_DEVICE size_t gj_q5_k_dm_plane(size_t units) {
+    return units * 20;
+}
+GJ_DEVICE size_t gj_q5_k_scm_plane(size_t units) {
+    return units * 20 + units / 2;
+}
 GJ_DEVICE size_t gj_q6_k_qh_plane(size_t units) {
     return units * 16;
 }
@@ -140,19 +154,31 @@ GJ_DEVICE uint32 gj_q6_k_split_q(uint32 ql, uint32 h, int t, int hi) {
     return ((ql >> (4 * hi)) & 0x0f0f0f0fu) | (((h >> (4 * (t & 1) + 2 * hi)) & 0x03030303u) << 4);
 }
 
+// The four unsigned 5-bit values (0..31, one per byte) under the low (hi 0) or high (hi 1)
+// nibbles of nibble word t of a split Q5_K unit, given that word and the unit's fifth-bit word.
+GJ_DEVICE uint32 gj_q5_k_split_q(uint32 ql, uint32 h, int t, int hi) {
+    return ((ql >> (4 * hi)) & 0x0f0f0f0fu) | (((h >> (t + 4 * hi)) & 0x01010101u) << 4);
+}
+
 // Elements p .. p+3 (p a multiple of 4 below 32) of unit `unit` of a split matrix at w, with the
-// CPU's products (as gj_kq_dequant4: equal bit for bit). kType: 12 Q4_K, 14 Q6_K.
+// CPU's products (as gj_kq_dequant4: equal bit for bit). kType: 12 Q4_K, 13 Q5_K, 14 Q6_K.
 template <int kType>
 GJ_DEVICE float4 gj_kq_split_dequant4(const uint8* w, size_t units, size_t unit, int p) {
     const int t = (p & 15) / 4, hi = p >= 16;
     const uint32 ql = __ldg((const uint32*)(w + unit * 16) + t);
     float f[4];
-    if (kType == 12) {
-        const uint32 dm = __ldg((const uint32*)(w + gj_q4_k_dm_plane(units)) + unit / 8);
-        const uint32 scm = __ldg((const uint16*)(w + gj_q4_k_scm_plane(units)) + unit);
+    if (kType == 12 || kType == 13) {
+        const size_t dm_plane = kType == 12 ? gj_q4_k_dm_plane(units) : gj_q5_k_dm_plane(units);
+        const size_t scm_plane = kType == 12 ? gj_q4_k_scm_plane(units) : gj_q5_k_scm_plane(units);
+        const uint32 dm = __ldg((const uint32*)(w + dm_plane) + unit / 8);
+        const uint32 scm = __ldg((const uint16*)(w + scm_plane) + unit);
         const float d = __fmul_rn(f16_to_f32((uint16)(dm & 0xffffu)), (float)(scm & 0xffu));
         const float mn = __fmul_rn(f16_to_f32((uint16)(dm >> 16)), (float)(scm >> 8));
-        const uint32 q = (ql >> (4 * hi)) & 0x0f0f0f0fu;
+        uint32 q = (ql >> (4 * hi)) & 0x0f0f0f0fu;
+        if (kType == 13) {
+            const uint32 h = __ldg((const uint32*)(w + gj_q5_k_qh_plane(units)) + unit);
+            q = gj_q5_k_split_q(ql, h, t, hi);
+        }
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             f[k] = __fsub_rn(__fmul_rn(d, (float)((q >> (8 * k)) & 0xffu)), mn);

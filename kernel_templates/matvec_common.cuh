@@ -11,7 +11,7 @@
 //   LAYOUT   0: ggml blocks exactly as in the GGUF (base 4-byte aligned);
 //            1: "split" planes made once at load by the template's repack entry (base 16-byte
 //               aligned): all rows' payload bytes [n_rows][payload bytes per row], then all rows'
-//               fp16 scales [n_rows][K / 32] (Q4_K, Q6_K: their own planes, kquant.cuh).
+//               fp16 scales [n_rows][K / 32] (Q4_K, Q5_K, Q6_K: their own planes, kquant.cuh).
 //               Every payload load is a coalesced 16-byte vector.
 //   THREADS  threads per block (multiple of 32); they split K between them
 //   ROWS     output rows per block
@@ -120,7 +120,7 @@ GJ_DEVICE int32 gj_q4_dot8(uint32 q0, uint32 q1, int32 lo0, int32 lo1, int32 hi0
 }
 
 // The Q8_1 activations of the 32-element block u of column c, the unit of the split layouts
-// (Q4_0, Q4_K, Q6_K): its 32 int8 values in two 16-byte loads and its {d, d * sum(q)}.
+// (Q4_0, Q4_K, Q5_K, Q6_K): its 32 int8 values in two 16-byte loads and its {d, d * sum(q)}.
 struct gj_x32 {
     int4 lo, hi;  // activations 0..15 and 16..31
     float2 ds;

@@ -1,6 +1,6 @@
 // matvec_kquant_min.cuh: the matvec traits of the K-quants with a per-sub-block min, Q4_K and
 // Q5_K (layouts in kquant.cuh), read in place in their GGUF blocks against Q8_1 activations with
-// dp4a. matvec_q4_k.cu and matvec_q5_k.cu instantiate it.
+// dp4a. matvec_q4_k.cu and matvec_q5_k.cu instantiate it for their GGUF layout (LAYOUT 0).
 //
 // A unit is 16 nibble bytes (one aligned 16-byte load): bytes 16h .. 16h+15 of chunk j's 32, so
 // its low nibbles are elements 64j + 16h + 0..15 (sub-block 2j) and its high nibbles elements

@@ -182,8 +182,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         } else if (spec_util::has_dequant_f16(t) &&
                    g.cols % spec_util::matvec_block_elems(t) == 0) {
             // K-quants and Q4_1/Q5_0/Q5_1: read by the decode matvecs in their GGUF blocks, or
-            // (Q4_K, Q6_K: GEMMAJIT_REPACK) repacked at load to the split layout; prefill chunks
-            // multiply an F16 copy made per chunk in the session scratch with cuBLAS.
+            // (the K-quants: GEMMAJIT_REPACK) repacked at load to the split layout; prefill
+            // chunks multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
             g.layout = kept_layout;
             g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows)).name;
@@ -220,7 +220,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         dequant_slot_ = std::max(dequant_slot_, end);
         return end;
     };
-    // `split`: a Q4_K / Q6_K table in the split layout (the tied LM head's, which shares it).
+    // `split`: a K-quant table in the split layout (the tied LM head's, which shares it).
     auto plan_table = [&](const Matrix& m, bool split = false) {
         GpuTable g;
         g.name = m.name();

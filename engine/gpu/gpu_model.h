@@ -1,6 +1,6 @@
 // A Gemma 4 model on the GPU: the GGUF's weights uploaded once, in their own quantization
-// (Q8_0/Q4_0/Q4_K/Q6_K matrices repacked on the GPU into the split layout the matvecs read
-// fastest, a tied Q4_K/Q6_K embedding table with its LM head; Q5_K and F32/F16/BF16 as they are;
+// (Q8_0/Q4_0/Q4_K/Q5_K/Q6_K matrices repacked on the GPU into the split layout the matvecs read
+// fastest, a tied K-quant embedding table with its LM head; F32/F16/BF16 as they are;
 // any other type dequantized to F16 on upload with a one-line notice), the per-layer
 // embedding table on the GPU when it fits (else in pinned host memory the kernels read directly),
 // and the model's kernel set compiled and loaded. Placement is planned before anything is

@@ -110,8 +110,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // A K-quant file stores rows that are not whole super-blocks in a 32-block fallback type
     // (planned with that type), so K-quant kernels exist only for widths of whole super-blocks.
     auto fits = [](ggml::Type t, int k) { return !is_kquant(t) || k % 256 == 0; };
-    // Q8_0, Q4_0, Q4_K and Q6_K matrices take the plan's layout; every other type is read in its
-    // GGUF blocks.
+    // Q8_0, Q4_0 and K-quant (Q4_K, Q5_K, Q6_K) matrices take the plan's layout; every other
+    // type is read in its GGUF blocks.
     auto layout_of = [&](ggml::Type t) {
         return spec_util::has_split(t) ? types.layout : MatvecLayout::Ggml;
     };
@@ -122,7 +122,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             add(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0));
     };
 
-    // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A Q4_K / Q6_K
+    // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A K-quant
     // token_embd takes the split layout of the tied LM head, whose buffer it is (GpuModel splits
     // it only when tied, as every Gemma 4 file is: `kernels --model` plans an untied one right).
     add(embed_rows_spec(d, types.token_embd, cfg.vocab_size,

@@ -119,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(Presets, BatchDecodeTest,
                                            Case{"tiny-e2b", ggml::Type::Q4_0, ""},
                                            Case{"tiny-keqv", ggml::Type::F16, ""},
                                            Case{"tiny-256", ggml::Type::F32, "q4_k_m"},
-                                           Case{"tiny-moe", ggml::Type::Q8_0, ""}));
+                                           Case{"tiny-moe", ggml::Type::Q8_0, ""},
+                                           Case{"tiny-256", ggml::Type::F32, "q5_k_m"}));
 
 // The batched graph replays the eager launches bit for bit.
 TEST(BatchDecode, GraphReplayIsBitIdenticalToEagerLaunches) {

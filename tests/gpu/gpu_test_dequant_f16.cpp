@@ -2,7 +2,7 @@
 // super-blocks) and Q4_1 / Q5_0 / Q5_1 rows to fp16 must equal the CPU's dequantized floats rounded
 // to fp16, bit for bit, for one and several super-blocks per row, 210-byte Q6_K rows that start 2
 // bytes past a word, and a grid whose last block is partial (nothing written past the matrix);
-// Q4_K and Q6_K also from their split layouts (the planes made on the CPU by kref::split_layout),
+// the K-quants also from their split layouts (the planes made on the CPU by kref::split_layout),
 // as are Q8_0 and Q4_0 (GEMMAJIT_MMQ_VARIANT=blas), which are read in that layout only.
 #include <gtest/gtest.h>
 
@@ -70,6 +70,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ggml::Type::Q4_K, 256, 33, MatvecLayout::Split},
                       Case{ggml::Type::Q4_K, 2560, 70, MatvecLayout::Split},
                       Case{ggml::Type::Q4_K, 10240, 9, MatvecLayout::Split},
+                      Case{ggml::Type::Q5_K, 256, 33, MatvecLayout::Split},
+                      Case{ggml::Type::Q5_K, 2560, 70, MatvecLayout::Split},
+                      Case{ggml::Type::Q5_K, 10240, 9, MatvecLayout::Split},
                       Case{ggml::Type::Q6_K, 256, 33, MatvecLayout::Split},
                       Case{ggml::Type::Q6_K, 10240, 9, MatvecLayout::Split},
                       Case{ggml::Type::Q8_0, 32, 33, MatvecLayout::Split},

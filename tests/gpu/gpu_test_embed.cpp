@@ -3,7 +3,7 @@
 // is what llama.cpp's Q4_K_M files store embeddings in) at the token-embedding widths of the tiny
 // presets and the real models and at the PLE table widths (L * P), single tokens and batches with
 // repeated ids. The GPU computes the same two fp32 products as the CPU, so the comparison is bit
-// for bit. Q4_K and Q6_K tables also in their split layout (the tied LM head's; the planes made
+// for bit. K-quant tables also in their split layout (the tied LM head's; the planes made
 // on the CPU by kref::split_layout). Also: ids outside the table give NaN rows, and a grid sized
 // for a larger batch leaves the rows past T untouched.
 #include <gtest/gtest.h>
@@ -125,6 +125,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{ggml::Type::Q6_K, 2560, 300, MatvecLayout::Split},
         Case{ggml::Type::Q4_K, 2560, 300, MatvecLayout::Split},
         Case{ggml::Type::Q6_K, 5376, 200, MatvecLayout::Split},
+        Case{ggml::Type::Q5_K, 256, 300, MatvecLayout::Split},
+        Case{ggml::Type::Q5_K, 2560, 300, MatvecLayout::Split},
+        Case{ggml::Type::Q5_K, 5376, 200, MatvecLayout::Split},
         // The 32-block fallbacks (Q5_0: 22-byte blocks, rows of 96 start 2 bytes past a word
         // every other row).
         Case{ggml::Type::Q4_1, 128, 300}, Case{ggml::Type::Q5_0, 96, 301},

@@ -1,10 +1,10 @@
 // The GPU forward pass on K-quant files, written with the per-tensor type mixes of llama.cpp's
 // quantizer (Q4_K_M: Q4_K matrices, Q6_K for some attn_v / ffn_down and the tied embedding;
-// Q5_K_M; pure Q6_K), against the CPU reference: the K-quants stay in their GGUF blocks on the
-// GPU (the model's bytes within 5% of the file's), decode steps read them with the K-quant
-// matvecs, and prefill chunks multiply F16 copies made per chunk with cuBLAS; the 32-block
-// fallback types (Q4_1, Q5_0, Q5_1) the same way. Also: a tensor type no kernel reads (IQ4_NL) is
-// dequantized to F16 on upload with a one-line notice.
+// Q5_K_M; pure Q6_K), against the CPU reference: the K-quants stay K-quants on the GPU (repacked
+// into their split layouts; the model's bytes within 5% of the file's), decode steps read them
+// with the K-quant matvecs, and prefill chunks multiply F16 copies made per chunk with cuBLAS; the
+// 32-block fallback types (Q4_1, Q5_0, Q5_1) the same way. Also: a tensor type no kernel reads
+// (IQ4_NL) is dequantized to F16 on upload with a one-line notice.
 // Tolerance: as for Q8_0/Q4_0 weights (gpu_test_forward.cpp): the activations are quantized to
 // int8 per 32 values before every matvec, and K/V are stored as fp16: 3e-2 of max |logit|.
 #include <gtest/gtest.h>
@@ -72,11 +72,10 @@ void expect_kquants_in_place(const GpuModel& m, const std::filesystem::path& pat
         ++kquant;
         EXPECT_TRUE(g->spec_decode.starts_with("matvec_" + ggml::type_name(g->type) + ".k"))
             << g->name << ": " << g->spec_decode;
-        // Q4_K and Q6_K matrices are repacked to the split layout (GEMMAJIT_REPACK, on by
-        // default), the tied LM head with the embedding table it shares.
-        const bool split = g->type == ggml::Type::Q4_K || g->type == ggml::Type::Q6_K;
-        EXPECT_EQ(g->layout, split ? MatvecLayout::Split : MatvecLayout::Ggml) << g->name;
-        EXPECT_EQ(g->spec_decode.find(".split") != std::string::npos, split) << g->spec_decode;
+        // K-quant matrices are repacked to the split layout (GEMMAJIT_REPACK, on by default),
+        // the tied LM head with the embedding table it shares.
+        EXPECT_EQ(g->layout, MatvecLayout::Split) << g->name;
+        EXPECT_NE(g->spec_decode.find(".split"), std::string::npos) << g->spec_decode;
     }
     EXPECT_GE(kquant, 7 * m.config().n_layers) << "layer matrices kept as K-quants";
     EXPECT_EQ(m.token_embd().layout, MatvecLayout::Split) << "the tied LM head's table";
@@ -216,15 +215,15 @@ TEST(GpuKQuant, E4bShapedQ4KMMatchesTheCpuReference) {
     EXPECT_EQ(b.path_counts().flash_prefill, uint64_t(big->config().n_layers));
 }
 
-// The split Q4_K / Q6_K layouts against the same file read in its GGUF blocks
-// (GEMMAJIT_REPACK=0), on tiny-256 in Q4_K_M (the tied LM head and embedding table Q6_K, split
-// too) and in pure Q6_K: one-chunk prefills (the split dequant_f16 copies hold the same F16
-// values, so only the LM head's summation order differs: 1e-4), decode steps within the int8
-// tolerance, and against the CPU reference.
+// The split Q4_K / Q5_K / Q6_K layouts against the same file read in its GGUF blocks
+// (GEMMAJIT_REPACK=0), on tiny-256 in Q4_K_M and Q5_K_M (the tied LM head and embedding table
+// Q6_K, split too), in pure Q5_K (a tied Q5_K table, split) and in pure Q6_K: one-chunk prefills
+// (the split dequant_f16 copies hold the same F16 values, so only the LM head's summation order
+// differs: 1e-4), decode steps within the int8 tolerance, and against the CPU reference.
 TEST(GpuKQuant, SplitLayoutsAgreeWithTheGgufBlocks) {
     GJ_REQUIRE_GPU();
     ScratchDir dir("gpu-kquant-split");
-    for (const char* mix : {"q4_k_m", "q6_k"}) {
+    for (const char* mix : {"q4_k_m", "q5_k_m", "q5_k", "q6_k"}) {
         SCOPED_TRACE(mix);
         const auto path = synth_mix(dir, "tiny-256", mix);
         const auto on = flags(), off = flags({{"GEMMAJIT_REPACK", "0"}});
@@ -238,9 +237,12 @@ TEST(GpuKQuant, SplitLayoutsAgreeWithTheGgufBlocks) {
         EXPECT_NE(split->token_embd().spec.find(".split"), std::string::npos);
         EXPECT_EQ(plain->layers()[0].gate.layout, MatvecLayout::Ggml);
         EXPECT_EQ(plain->token_embd().layout, MatvecLayout::Ggml);
-        // Q4_K: 148 bytes per 256 elements instead of 144; Q6_K: the file's 210.
+        // Q4_K: 148 bytes per 256 elements instead of 144; Q5_K 180 instead of 176; Q6_K: the
+        // file's 210.
         const uint64_t file_bytes = plain->layers()[0].gate.bytes;
-        EXPECT_EQ(gate.bytes, gate.type == ggml::Type::Q4_K ? file_bytes / 144 * 148 : file_bytes);
+        EXPECT_EQ(gate.bytes, gate.type == ggml::Type::Q4_K   ? file_bytes / 144 * 148
+                              : gate.type == ggml::Type::Q5_K ? file_bytes / 176 * 180
+                                                              : file_bytes);
         const int V = split->config().vocab_size;
         const auto tokens = test_tokens(3 * split->config().sliding_window, V, 4242);
         GpuSession a(*split), b(*plain);

@@ -3,7 +3,7 @@
 // scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
 // the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
 // counts that do not fill the last block), and the K-quant (Q4_K, Q5_K, Q6_K) and Q4_1 / Q5_0 /
-// Q5_1 matvecs in their GGUF blocks the same ways (Q4_K and Q6_K also in their split layouts, the
+// Q5_1 matvecs in their GGUF blocks the same ways (the K-quants also in their split layouts, the
 // GPU repack checked byte for byte against the CPU's).
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
 #include <fmt/format.h>
@@ -337,6 +337,10 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 2560, 1000, 128, 2, 1},
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 10240, 301, 32, 3, 2},
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 256, 77, 32, 1, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 2560, 1000, 128, 2, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 10240, 301, 32, 3, 2},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 768, 131, 32, 1, 8},
@@ -374,7 +378,7 @@ TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
         {{ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K},
          {MatvecLayout::Ggml},
          {2560, 10240, 2048, 1536, 512, 256}},
-        {{ggml::Type::Q4_K, ggml::Type::Q6_K},
+        {{ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K},
          {MatvecLayout::Split},
          {2560, 10240, 5376, 21504, 2048, 256}}};
     for (const Family& f : families)

@@ -91,11 +91,11 @@ TEST(ParallelUpload, BitIdenticalToPlainCopiesOnTinyPresets) {
             expect_same_upload(variant, t, 0);
 }
 
-// K-quant mixes: Q4_K / Q6_K matrices and the tied Q6_K embedding table repacked to their split
-// layouts through the staging buffer, the Q6_K PLE table copied as it is.
+// K-quant mixes: Q4_K / Q5_K / Q6_K matrices and the tied Q6_K (pure q5_k: Q5_K) embedding table
+// repacked to their split layouts through the staging buffer, the PLE table copied as it is.
 TEST(ParallelUpload, BitIdenticalToPlainCopiesOnKQuantMixes) {
     GJ_REQUIRE_GPU();
-    for (const char* mix : {"q4_k_m", "q5_k_m"})
+    for (const char* mix : {"q4_k_m", "q5_k_m", "q5_k"})
         expect_same_upload("tiny-256", ggml::Type::Q8_0, 0, mix);
 }
 

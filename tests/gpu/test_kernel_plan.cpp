@@ -167,10 +167,10 @@ TEST(KernelPlan, RowDependentMatvecShapes) {
     EXPECT_TRUE(km.count("matvec_q6_k.k2560.wide"));
 }
 
-// Q4_K and Q6_K matrices take the split layout (matvecs, batched matvecs and the prefill
-// dequantization all read it; Q4_K 148 bytes per 256 elements, Q6_K the file's 210), and so does
-// a tied K-quant embedding table with its LM head; the plan keeps the GGUF blocks with
-// GEMMAJIT_REPACK=0. Q5_K and the PLE table stay in their GGUF blocks.
+// Q4_K, Q5_K and Q6_K matrices take the split layout (matvecs, batched matvecs and the prefill
+// dequantization all read it; Q4_K 148 bytes per 256 elements, Q5_K 180, Q6_K the file's 210),
+// and so does a tied K-quant embedding table with its LM head; the plan keeps the GGUF blocks
+// with GEMMAJIT_REPACK=0. The PLE table and routed experts stay in their GGUF blocks.
 TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     using gj::gemma4::matrix_bytes;
     using gj::gemma4::matvec_spec;
@@ -195,15 +195,32 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
                              "matvec_q6_k.k2560.wide", "embed_rows.q6_k.n2560.v262144"})
         EXPECT_TRUE(blocks.count(name)) << name;
     for (const auto& n : blocks) EXPECT_EQ(n.find(".split"), std::string::npos) << n;
-    // Q5_K_M: Q5_K in its blocks, its Q6_K tensors split.
+    // Q5_K_M: Q5_K and its Q6_K tensors split; with GEMMAJIT_REPACK=0 in their blocks.
     base.layout = MatvecLayout::Split;
-    const auto q5 = names_of(
-        build_kernel_plan(Config::preset("e4b"), *gj::gemma4::quant_mix_from_name("q5_k_m"), base));
-    EXPECT_TRUE(q5.count("matvec_q5_k.k2560"));
-    EXPECT_TRUE(q5.count("matvec_q6_k.k10240.split"));
+    const auto q5_mix = *gj::gemma4::quant_mix_from_name("q5_k_m");
+    const auto q5 = names_of(build_kernel_plan(Config::preset("e4b"), q5_mix, base));
+    for (const char* name : {"matvec_q5_k.k2560.split", "matvec_q5_k.k10240.split",
+                             "matvec_q5_k.k2048.split", "matvec_q5_k.k2560.b8.split",
+                             "dequant_f16.q5_k.k2560.split", "dequant_f16.q5_k.k10240.split",
+                             "matvec_q6_k.k10240.split", "embed_rows.q6_k.n2560.v262144.split"})
+        EXPECT_TRUE(q5.count(name)) << name;
+    for (const char* name : {"matvec_q5_k.k2560", "dequant_f16.q5_k.k2560"})
+        EXPECT_FALSE(q5.count(name)) << name;
+    base.layout = MatvecLayout::Ggml;
+    const auto q5_blocks = names_of(build_kernel_plan(Config::preset("e4b"), q5_mix, base));
+    for (const char* name : {"matvec_q5_k.k2560", "matvec_q5_k.k2560.b8", "dequant_f16.q5_k.k2560"})
+        EXPECT_TRUE(q5_blocks.count(name)) << name;
+    for (const auto& n : q5_blocks) EXPECT_EQ(n.find(".split"), std::string::npos) << n;
+    // A pure Q5_K file: its tied Q5_K table split with the LM head it serves.
+    base.layout = MatvecLayout::Split;
+    const auto q5_pure = names_of(
+        build_kernel_plan(Config::preset("e4b"), *gj::gemma4::quant_mix_from_name("q5_k"), base));
+    EXPECT_TRUE(q5_pure.count("embed_rows.q5_k.n2560.v262144.split"));
+    EXPECT_TRUE(q5_pure.count("matvec_q5_k.k2560.split"));
+    EXPECT_FALSE(q5_pure.count("embed_rows.q5_k.n2560.v262144"));
     // A split K-quant spec holds its repack entry and the split Q4_0 shapes.
     const auto q4_0 = matvec_spec(ggml::Type::Q4_0, 2560, 1, MatvecLayout::Split);
-    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q6_K}) {
+    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K}) {
         const auto s = matvec_spec(t, 2560, 1, MatvecLayout::Split, 262144);
         EXPECT_EQ(s.name, "matvec_" + ggml::type_name(t) + ".k2560.split");
         EXPECT_EQ(spec_constant(s, "LAYOUT"), 1);
@@ -213,19 +230,27 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     }
     EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Split, 10240, 2560), 10240u * 10 * 148);
     EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Ggml, 10240, 2560), 10240u * 10 * 144);
+    EXPECT_EQ(matrix_bytes(ggml::Type::Q5_K, MatvecLayout::Split, 10240, 2560), 10240u * 10 * 180);
+    EXPECT_EQ(matrix_bytes(ggml::Type::Q5_K, MatvecLayout::Ggml, 10240, 2560), 10240u * 10 * 176);
     EXPECT_EQ(matrix_bytes(ggml::Type::Q6_K, MatvecLayout::Split, 10240, 2560), 10240u * 10 * 210);
-    EXPECT_THROW(matvec_spec(ggml::Type::Q5_K, 2560, 1, MatvecLayout::Split),
+    EXPECT_EQ(gj::gemma4::dequant_f16_spec(ggml::Type::Q5_K, 2560, MatvecLayout::Split).name,
+              "dequant_f16.q5_k.k2560.split");
+    EXPECT_EQ(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q5_K, 100, MatvecLayout::Split).name,
+              "embed_rows.q5_k.n2560.v100.split");
+    EXPECT_THROW(matvec_spec(ggml::Type::Q5_1, 2560, 1, MatvecLayout::Split),
                  std::invalid_argument);
-    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q5_K, 2560, MatvecLayout::Split),
+    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q5_1, 2560, MatvecLayout::Split),
                  std::invalid_argument);
     EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q8_0, 100, MatvecLayout::Split),
                  std::invalid_argument);
     // Experts stay in their GGUF blocks (their upload sizes pieces in GGUF bytes); the repack
     // entries exist for the split types only.
-    EXPECT_THROW(gj::gemma4::matvec_moe_spec(ggml::Type::Q4_K, 2816, 1, MatvecLayout::Split),
-                 std::invalid_argument);
+    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K})
+        EXPECT_THROW(gj::gemma4::matvec_moe_spec(t, 2816, 1, MatvecLayout::Split),
+                     std::invalid_argument);
     EXPECT_EQ(gj::gemma4::repack_entry(ggml::Type::Q6_K), "repack_q6_k");
-    EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::Q5_K), std::invalid_argument);
+    EXPECT_EQ(gj::gemma4::repack_entry(ggml::Type::Q5_K), "repack_q5_k");
+    EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::Q5_1), std::invalid_argument);
 }
 
 // GEMMAJIT_MMQ_VARIANT=blas (apply_prefill_flags as a load reads it): Q8_0/Q4_0 layer matrices
@@ -427,7 +452,7 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
                  std::invalid_argument);
     EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q4_1, 100), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q4_K, 2112), std::invalid_argument);  // % 256 != 0
-    EXPECT_THROW(matvec_spec(ggml::Type::Q5_K, 2560, 1, MatvecLayout::Split),
+    EXPECT_THROW(matvec_spec(ggml::Type::Q5_K, 2112, 1, MatvecLayout::Split),
                  std::invalid_argument);
     EXPECT_NO_THROW(matvec_spec(ggml::Type::Q6_K, 2560));
     EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::F16, 2560), gj::gemma4::ConfigError);

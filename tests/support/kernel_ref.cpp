@@ -102,6 +102,41 @@ std::vector<uint8_t> split_layout_q4_k(const std::vector<uint8_t>& blocks, int r
     return out;
 }
 
+// Q5_K super-blocks -> the split planes of kernel_templates/kquant.cuh, element by element:
+// element e of a block has low bits nibble (e % 64 >= 32) of qs[32 (e / 64) + e % 32] (qs at byte
+// 48) and fifth bit bit 2 (e / 64) + (e % 64 >= 32) of qh[e % 32] (qh at byte 16); sub-block s's
+// nibbles are in the Q4_0 order as for Q4_K, and element i of it has its fifth bit at byte i % 4,
+// bit i / 4 of the unit's fifth-bit word.
+std::vector<uint8_t> split_layout_q5_k(const std::vector<uint8_t>& blocks, int rows, int k) {
+    const size_t n_super = size_t(rows) * (k / 256), units = n_super * 8;
+    std::vector<uint8_t> out(n_super * 180);
+    uint8_t* qh_plane = &out[units * 16];
+    uint8_t* dm = &out[units * 20];
+    uint8_t* sm = dm + n_super * 4;
+    for (size_t b = 0; b < n_super; ++b) {
+        const uint8_t* blk = &blocks[b * 176];
+        const uint8_t* qh = blk + 16;
+        const uint8_t* qs = blk + 48;
+        auto nibble = [&](int e) {
+            return (qs[32 * (e / 64) + e % 32] >> (e % 64 >= 32 ? 4 : 0)) & 15;
+        };
+        auto fifth = [&](int e) { return (qh[e % 32] >> (2 * (e / 64) + (e % 64 >= 32))) & 1; };
+        for (int s = 0; s < 8; ++s) {
+            const size_t unit = b * 8 + s;
+            for (int i = 0; i < 16; ++i)
+                out[unit * 16 + i] = uint8_t(nibble(32 * s + i) | (nibble(32 * s + 16 + i) << 4));
+            for (int i = 0; i < 32; ++i)
+                qh_plane[unit * 4 + i % 4] |= uint8_t(fifth(32 * s + i) << (i / 4));
+            uint8_t sc, m;
+            ggml::detail::scale_min_k4(s, blk + 4, &sc, &m);
+            sm[2 * unit] = sc;
+            sm[2 * unit + 1] = m;
+        }
+        std::copy(blk, blk + 4, dm + 4 * b);
+    }
+    return out;
+}
+
 // Q6_K super-blocks -> the split planes of kernel_templates/kquant.cuh, element by element:
 // element e = 128 n + 32 g + l (l < 32) of a block has low bits nibble (g >= 2) of
 // ql[64 n + 32 (g % 2) + l], top bits 2g, 2g+1 of qh[32 n + l], scale scales[8 n + 2 g + l / 16].
@@ -145,6 +180,7 @@ std::vector<uint8_t> split_layout_q6_k(const std::vector<uint8_t>& blocks, int r
 std::vector<uint8_t> split_layout(ggml::Type type, const std::vector<uint8_t>& blocks, int rows,
                                   int k) {
     if (type == ggml::Type::Q4_K) return split_layout_q4_k(blocks, rows, k);
+    if (type == ggml::Type::Q5_K) return split_layout_q5_k(blocks, rows, k);
     if (type == ggml::Type::Q6_K) return split_layout_q6_k(blocks, rows, k);
     const auto& info = ggml::type_info(type);
     const size_t n_blocks = static_cast<size_t>(rows) * (k / 32);

@@ -34,7 +34,8 @@ std::vector<uint8_t> random_weights(ggml::Type type, int rows, int k, std::mt199
 std::vector<float> random_normal(size_t n, float sigma, std::mt19937& rng);
 
 // ggml blocks [rows][k / 32] -> the split layout of matvec_common.cuh (payload plane, then fp16
-// scale plane); Q4_K / Q6_K super-blocks -> their split planes (kernel_templates/kquant.cuh).
+// scale plane); Q4_K / Q5_K / Q6_K super-blocks -> their split planes
+// (kernel_templates/kquant.cuh).
 std::vector<uint8_t> split_layout(ggml::Type type, const std::vector<uint8_t>& blocks, int rows,
                                   int k);
 

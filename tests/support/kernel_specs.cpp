@@ -7,6 +7,7 @@
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
+#include "engine/gpu/kernels/embed_rows.h"
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/matvec.h"
@@ -90,18 +91,20 @@ std::vector<KernelSpec> all_specs() {
     add(gemma4::matvec_f_spec(ggml::Type::BF16, 2560, 4));
     // K-quant files as llama.cpp's quantizer mixes them (Q4_K_M: Q4_K with Q6_K for some V / FFN
     // down and the embeddings; Q5_K_M), for the models whose widths are whole super-blocks and
-    // the tiny preset the GPU tests run; 2 and 4 columns of the K-quant matvecs.
+    // the tiny preset the GPU tests run (also in pure Q5_K there: a tied Q5_K table); 2 and 4
+    // columns of the K-quant matvecs.
     for (const char* v : {"e2b", "e4b", "12b", "31b", "tiny-256"})
-        for (const char* mix : {"q4_k_m", "q5_k_m"}) {
+        for (const char* mix : {"q4_k_m", "q5_k_m", "q5_k"}) {
             if (std::string(mix) == "q5_k_m" && std::string(v) != "e4b" &&
                 std::string(v) != "tiny-256")
                 continue;
+            if (std::string(mix) == "q5_k" && std::string(v) != "tiny-256") continue;
             gemma4::PlanTypes base{ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0,
                                    ggml::Type::Q8_0};
             for (const auto& s :
                  build_kernel_plan(Config::preset(v), *gemma4::quant_mix_from_name(mix), base))
                 add(s);
-            // GEMMAJIT_REPACK=0: the Q4_K matrices in their GGUF blocks.
+            // GEMMAJIT_REPACK=0: the K-quant matrices in their GGUF blocks.
             base.layout = MatvecLayout::Ggml;
             for (const auto& s :
                  build_kernel_plan(Config::preset(v), *gemma4::quant_mix_from_name(mix), base))
@@ -111,6 +114,13 @@ std::vector<KernelSpec> all_specs() {
         add(gemma4::matvec_spec(t, 2560, 2));
         add(gemma4::matvec_spec(t, 5376, 4));
     }
+    // Split Q5_K at the 31B's widths (its Q5_K_M plan is not in the set above), decode and
+    // 2 / 4 / 8-column batches, and its tied table's gather at the E4B and 31B widths.
+    for (int k : {5376, 21504})
+        for (int ncols : {1, 2, 4, 8})
+            add(gemma4::matvec_spec(ggml::Type::Q5_K, k, ncols, MatvecLayout::Split));
+    for (int n : {2560, 5376})
+        add(gemma4::embed_rows_spec(n, ggml::Type::Q5_K, 262144, MatvecLayout::Split));
     // The 32-block fallbacks: the 26B's K-quant mixes (ffn_down 2112 wide: Q5_0 / Q5_1 / Q8_0)
     // and whole tiny models in Q4_1 / Q5_0 / Q5_1, as the GPU tests run them.
     for (const char* mix : {"q4_k_m", "q5_k_m"})

@@ -28,7 +28,7 @@ jit::KernelSpec embed_rows_spec(int n, ggml::Type table_type, int vocab, MatvecL
     const bool split = layout == MatvecLayout::Split;
     if (split && !spec_util::is_kquant_split(table_type))
         throw std::invalid_argument(
-            fmt::format("embed_rows: {} tables have no split layout (Q4_K, Q6_K)",
+            fmt::format("embed_rows: {} tables have no split layout (Q4_K, Q5_K, Q6_K)",
                         ggml::type_name(table_type)));
     jit::KernelSpec s;
     s.family = "embed";

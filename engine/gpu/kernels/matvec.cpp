@@ -24,7 +24,7 @@ namespace {
 int matvec_units(ggml::Type t, int k, MatvecLayout layout) {
     if (is_float_type(t)) return k / (t == ggml::Type::F32 ? 4 : 8);           // 16 bytes each
     if (t == ggml::Type::Q6_K && layout == MatvecLayout::Ggml) return k / 64;  // 48 bytes each
-    if (is_kquant(t)) return k / 32;  // 16 nibble bytes each (split Q6_K: 24 bytes)
+    if (is_kquant(t)) return k / 32;  // 16 nibble bytes each (split Q5_K: 20, Q6_K: 24 bytes)
     if (layout == MatvecLayout::Split) return t == ggml::Type::Q8_0 ? k / 16 : k / 32;
     return k / (t == ggml::Type::Q8_0 ? 8 : 16);
 }
@@ -87,9 +87,9 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
         throw std::invalid_argument(
             fmt::format("matvec_{}: {} is read in its GGUF blocks (no split layout)", tag,
                         ggml::type_name(weight_type)));
-    // The K-quant rules below are those of the GGUF super-blocks; a split Q4_K or Q6_K unit is
-    // a split Q4_0 unit (16 nibble bytes, 32 activations; Q6_K 8 bytes of top bits more) and
-    // takes the split Q4_0 shapes.
+    // The K-quant rules below are those of the GGUF super-blocks; a split Q4_K, Q5_K or Q6_K
+    // unit is a split Q4_0 unit (16 nibble bytes, 32 activations; Q5_K 4 bytes of fifth bits
+    // more, Q6_K 8 bytes of top bits) and takes the split Q4_0 shapes.
     const bool kq_blocks = is_kquant(weight_type) && layout == MatvecLayout::Ggml;
     const bool q4_split = layout == MatvecLayout::Split && weight_type != ggml::Type::Q8_0;
     const int units = matvec_units(weight_type, k, layout);
@@ -107,9 +107,9 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
         unroll = std::max(1, std::min(std::min(unroll, budget), budget * 2 / (ncols + 1)));
     }
     // A split K-quant unit carries more scale words and plane pointers per row than Q4_0's:
-    // batches of several columns take 2 iterations per batch, Q6_K (8 bytes of top bits more)
-    // one (3 spilled 192 bytes in the 8-column Q4_K GeGLU at k 2560 .. 21504, Q6_K with 2 spilled
-    // 4-16 bytes on sm_80 at k 4096 .. 16384).
+    // batches of several columns take 2 iterations per batch (Q4_K, Q5_K), Q6_K (8 bytes of top
+    // bits more) one (3 spilled 192 bytes in the 8-column Q4_K GeGLU at k 2560 .. 21504, Q6_K with
+    // 2 spilled 4-16 bytes on sm_80 at k 4096 .. 16384).
     if (layout == MatvecLayout::Split && is_kquant(weight_type) && ncols > 1)
         unroll = std::min(unroll, weight_type == ggml::Type::Q6_K ? 1 : 2);
     int threads_used = threads, rows = 1;
@@ -245,6 +245,8 @@ std::string repack_entry(ggml::Type t) {
 uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint64_t k) {
     if (layout == MatvecLayout::Split && type == ggml::Type::Q4_K)
         return rows * (k / 256) * 148;  // nibbles 128 + d|dmin 4 + eight sc|m pairs 16
+    if (layout == MatvecLayout::Split && type == ggml::Type::Q5_K)
+        return rows * (k / 256) * 180;  // nibbles 128 + fifth bits 32 + d|dmin 4 + sc|m 16
     const std::optional<uint64_t> row = ggml::row_bytes(type, k);
     if (!row)
         throw std::invalid_argument(
@@ -271,7 +273,7 @@ jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, Matvec
     // bf16 k 2816, GeGLU).
     if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
     // Split experts are Q8_0 / Q4_0 (moe_experts_split): the expert upload sizes each expert's
-    // piece in GGUF bytes, which a split Q4_K is not.
+    // piece in GGUF bytes, which a split Q4_K or Q5_K is not.
     if (layout == MatvecLayout::Split && is_kquant(weight_type))
         throw std::invalid_argument(fmt::format(
             "matvec .moe: {} experts are read in their GGUF blocks", ggml::type_name(weight_type)));

@@ -3,7 +3,7 @@
 //   kernel_templates/matvec_q8_0.cu, matvec_q4_0.cu: Q8_0 / Q4_0 weights against Q8_1 (int8)
 //     activations, dp4a; "matvec_<q8_0|q4_0>.k<k>[.b<ncols>][.split]"
 //   kernel_templates/matvec_q4_k.cu, matvec_q5_k.cu, matvec_q6_k.cu: the K-quants in their GGUF
-//     super-blocks (Q4_K and Q6_K also split) against Q8_1 activations, dp4a;
+//     super-blocks or split (all three) against Q8_1 activations, dp4a;
 //     "matvec_<q4_k|q5_k|q6_k>.k<k>[.b<ncols>][.split]"
 //   kernel_templates/matvec_f.cu: f32 / f16 / bf16 weights against fp32 activations;
 //     "matvec_f.<type>.k<k>[.b<ncols>]"
@@ -23,7 +23,8 @@ namespace gj::gemma4 {
 enum class MatvecLayout {
     Ggml,   // the GGUF's blocks as-is
     Split,  // payload plane + scale plane(s), made once by the spec's repack_<type> entry
-            // (Q8_0, Q4_0, Q4_K, Q6_K: spec_util::has_split; matrix_bytes gives the size)
+            // (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: spec_util::has_split; matrix_bytes gives the
+            // size)
 };
 
 // The entry of a split matvec spec that repacks a GGUF matrix of type t into the split layout
@@ -31,15 +32,15 @@ enum class MatvecLayout {
 std::string repack_entry(ggml::Type t);
 
 // Bytes of a rows x k matrix of `type` in `layout`: the GGUF bytes, except a split Q4_K (148
-// bytes per 256 elements instead of 144: its scales and mins unpacked to a byte each).
+// bytes per 256 elements instead of 144: its scales and mins unpacked to a byte each) and a
+// split Q5_K (180 instead of 176, for the same reason).
 uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint64_t k);
 
 // matvec of input width k. Q8_0 / Q4_0: "matvec_q8_0.k<k>[.b<ncols>][.split]" (int8 activations);
-// Q4_K / Q5_K / Q6_K: "matvec_q4_k.k<k>[.b<ncols>][.split]" (k a multiple of 256; Q5_K has no
-// split layout);
+// Q4_K / Q5_K / Q6_K: "matvec_q4_k.k<k>[.b<ncols>][.split]" (k a multiple of 256);
 // F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for another
-// weight type, std::invalid_argument for k % 32 != 0 (% 256 for K-quants), a split Q5_K or
-// ncols outside 1..8.
+// weight type, std::invalid_argument for k % 32 != 0 (% 256 for K-quants), a split layout the
+// type does not have (Q4_1 / Q5_0 / Q5_1) or ncols outside 1..8.
 // n_rows (0: not known) is the matrix's output rows: single-column launch shapes depend on it
 // for a few types (a vocabulary-sized LM head, float matrices of few rows), and a spec whose
 // shape it changed carries ".wide" (>= 65536 rows) or ".few" (< 1024) in its name.

@@ -92,15 +92,15 @@ inline bool has_dequant_f16(ggml::Type t) {
     return is_kquant(t) || is_q32_fallback(t);
 }
 
-// The K-quants with a split layout (kernel_templates/kquant.cuh): Q4_K, Q6_K. Their split
-// matrices are also read by the prefill dequantization, and a tied embedding table in that layout
-// by the row gather.
+// The K-quants with a split layout (kernel_templates/kquant.cuh): Q4_K, Q5_K, Q6_K (all of
+// them). Their split matrices are also read by the prefill dequantization, and a tied embedding
+// table in that layout by the row gather.
 inline bool is_kquant_split(ggml::Type t) {
-    return t == ggml::Type::Q4_K || t == ggml::Type::Q6_K;
+    return is_kquant(t);
 }
 
 // Whether matrices of type t have the split layout (MatvecLayout::Split: aligned planes made
-// once at load by the matvec spec's repack entry): Q8_0, Q4_0, Q4_K and Q6_K.
+// once at load by the matvec spec's repack entry): Q8_0, Q4_0 and the K-quants Q4_K, Q5_K, Q6_K.
 inline bool has_split(ggml::Type t) {
     return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0 || is_kquant_split(t);
 }
