@@ -106,7 +106,17 @@ Nccl& Nccl::get(const Flags& flags) {
     static std::mutex mu;
     static Nccl* instance = nullptr;
     std::lock_guard<std::mutex> lock(mu);
-    if (instance) return *instance;
+    const std::string& given = flags.get_string("GEMMAJIT_NCCL_LIB");
+    if (instance) {
+        // One library per process: a flag naming another file cannot be honoured any more.
+        const std::vector<std::string> wanted = candidates(flags);
+        if (!given.empty() && wanted.front() != instance->path_)
+            throw DeviceUnavailable(fmt::format(
+                "NCCL is already loaded from {}; GEMMAJIT_NCCL_LIB names {} (one library per "
+                "process)",
+                instance->path_, wanted.front()));
+        return *instance;
+    }
     // Before NCCL reads its environment (at the first communicator).
     ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
     std::vector<std::string> tried;
@@ -135,8 +145,14 @@ Nccl& Nccl::get(const Flags& flags) {
             ::dlclose(lib);
             continue;
         }
+        int version = 0;
+        if (api->get_version(&version) != kSuccess || version / 10000 != 2) {
+            tried.push_back(fmt::format("{} (version {} where 2.x is needed)", path, version));
+            ::dlclose(lib);
+            continue;
+        }
         auto* n = new Nccl();  // lives for the process, like the driver table
-        api->check(api->get_version(&n->version_), "ncclGetVersion");
+        n->version_ = version;
         n->api_ = api.release();
         n->path_ = path;
         instance = n;

@@ -30,8 +30,9 @@ class Nccl {
     // An opaque communicator (ncclComm_t).
     using Comm = struct NcclCommOpaque*;
 
-    // The process-wide library, loaded on first use. Throws DeviceUnavailable naming every place
-    // looked in when none of them holds a loadable libnccl.so.2 with the functions used.
+    // The process-wide library, loaded on first use (later calls get it; one naming another file
+    // in GEMMAJIT_NCCL_LIB throws). Throws DeviceUnavailable naming every place looked in when
+    // none of them holds a loadable NCCL 2.x with the functions used.
     static Nccl& get(const Flags& flags);
     // The files get() tries, in order: GEMMAJIT_NCCL_LIB alone when set; else the bare soname
     // (the loader's search path) followed by the CUDA install's and the Python wheels' copies
@@ -48,6 +49,7 @@ class Nccl {
 
     // In-place sum over the ranks of `count` elements at bufs[r] on streams[r] (each buffer and
     // stream on rank r's device), enqueued as one group; capturable into a CUDA graph per rank.
+    // Not thread-safe for one set of communicators (NCCL's rule: one caller at a time).
     void all_reduce_sum(std::span<const Comm> comms, std::span<const CUdeviceptr> bufs,
                         size_t count, NcclType type, std::span<const CUstream> streams);
 

@@ -1,8 +1,9 @@
-// dequant_f16: K-quant (and Q4_1 / Q5_0 / Q5_1) rows -> fp16 rows, for the prefill products of
-// K-quant matrices: a chunk of T > 8 tokens multiplies the dequantized copy with cuBLAS (tensor
-// cores, fp32 accumulation) instead of running T / 8 batched matvecs, each of which would read the
-// weights again. The copy lives in a per-session scratch buffer; the model keeps the K-quant bytes.
-// Split Q8_0 / Q4_0 matrices take the same path under GEMMAJIT_MMQ_VARIANT=blas.
+// dequant_f16: K-quant (and Q4_1 / Q5_0 / Q5_1, and split Q8_0 / Q4_0) rows -> fp16 rows, for the
+// prefill products of quantized matrices: a chunk of T > 8 tokens (for Q8_0 / Q4_0, which have a
+// GEMM of their own: from GpuModel::copy_min_rows()) multiplies the dequantized copy with cuBLAS
+// (tensor cores, fp32 accumulation) instead of running T / 8 batched matvecs, each of which would
+// read the weights again. The copy lives in a per-session scratch buffer; the model keeps the
+// quantized bytes.
 //
 // Constants (prologue #defines):
 //   K        row width in elements (a multiple of 256; of 32 for the 32-element block types)

@@ -125,8 +125,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     const bool repack = flags.get_bool("GEMMAJIT_REPACK");
     const bool blas = flags.get_bool("GEMMAJIT_BLAS");
     // Prefill products of Q8_0/Q4_0 matrices (split layout only), GEMMAJIT_MMQ_VARIANT: cuBLAS
-    // on F16 copies dequantized per layer as for K-quants (MoE experts keep the int8 GEMM), the
-    // wgmma GEMM (sm_90 only), the int8 mma.sync GEMM, or the batched matvecs. A load asks
+    // on F16 copies dequantized per layer as for K-quants (MoE experts keep the int8 GEMM, the LM
+    // head its GEMM), the wgmma GEMM (sm_90 only), both by chunk length (auto on sm_90), the
+    // int8 mma.sync GEMM, or the batched matvecs. A load asks
     // whether cuBLAS loads where the choice depends on it; planning alone (kernel_specs, no
     // target) takes it to load.
     const std::string arch =
@@ -213,11 +214,14 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     // The scratch range of the F16 copy of a quantized matrix within its layer's slot: every
     // matrix of a layer gets its own range (the session dequantizes a whole layer ahead, while
     // the layer before computes), and the slot is as large as the largest layer's copies.
+    // Copies of matrices without a GEMM come first in the slot, so that a session whose chunks
+    // never reach copy_min_rows() needs only their part (dequant_slot_bytes()).
     auto place_scratch = [&](GpuMatrix& g, uint64_t offset) {
         if (g.spec_dequant.empty()) return offset;
         g.scratch_offset = offset;
         const uint64_t end = offset + uint64_t(g.rows) * g.cols * 2;
         dequant_slot_ = std::max(dequant_slot_, end);
+        if (g.spec_gemm.empty()) dequant_slot_no_gemm_ = std::max(dequant_slot_no_gemm_, end);
         return end;
     };
     // `split`: a K-quant table in the split layout (the tied LM head's, which shares it).
@@ -361,8 +365,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             blas_ffn_ = true;
         }
         uint64_t offset = 0;
-        for (GpuMatrix* m : {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
-            offset = place_scratch(*m, offset);
+        for (const bool with_gemm : {false, true})
+            for (GpuMatrix* m :
+                 {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+                if (m->spec_gemm.empty() != with_gemm) offset = place_scratch(*m, offset);
         g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
         // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;

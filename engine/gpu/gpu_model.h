@@ -242,12 +242,16 @@ class GpuModel {
     // The session scratch that holds the F16 copies of quantized matrices for prefill products:
     // two slots (the layer computing and the next one, dequantized meanwhile), each as large as
     // the largest layer's copies; 0: no matrix needs one.
-    uint64_t dequant_slot_bytes() const { return dequant_slot_; }
+    // (Copies of matrices that also have a GEMM count only when the chunk reaches
+    // copy_min_rows(): a session of shorter chunks never makes them.)
+    uint64_t dequant_slot_bytes() const {
+        return kv_geo_.max_chunk >= copy_min_rows_ ? dequant_slot_ : dequant_slot_no_gemm_;
+    }
     // The shortest prefill chunk whose products of a Q8_0/Q4_0 matrix that also has a GEMM
     // (spec_gemm) take its F16 copy (QuantPrefill::WgmmaBlas); matrices without a GEMM take
     // their copies from kPrefillCols + 1 rows.
     int copy_min_rows() const { return copy_min_rows_; }
-    uint64_t dequant_scratch_bytes() const { return 2 * dequant_slot_; }
+    uint64_t dequant_scratch_bytes() const { return 2 * dequant_slot_bytes(); }
 
     // Weight bytes one decode step reads (every layer matrix, the LM head, the PLE projection
     // and the two gathered embedding rows): the numerator of the decode GB/s figure.
@@ -289,7 +293,7 @@ class GpuModel {
     std::string spec_h16_[3];    // the pre-norm and the two chained post-norms writing f16
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
-    uint64_t decode_bytes_ = 0, dequant_slot_ = 0;
+    uint64_t decode_bytes_ = 0, dequant_slot_ = 0, dequant_slot_no_gemm_ = 0;
 
     // Storage: one device buffer per matrix/table, the fp32 vector arena, the pinned PLE table.
     std::vector<jit::DeviceBuffer> buffers_;

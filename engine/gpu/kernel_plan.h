@@ -41,8 +41,9 @@ struct PlanTypes {
     bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
     bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
     bool quant_blas = false;    // Q8_0/Q4_0 layer matrices (may) multiply F16 copies
-                                // (dequant_f16) with cuBLAS (the LM head and MoE experts keep
-                                // the int8 GEMMs); with wgmma as well: both (WgmmaBlas)
+                                // (dequant_f16) with cuBLAS (the LM head keeps its GEMM, MoE
+                                // experts their int8 GEMM); with wgmma as well: both (WgmmaBlas,
+                                // by chunk length)
     int lm_head_rows = 0;       // LM head rows (0: the vocabulary; a tensor-parallel rank: its
                                 // vocabulary slice, engine/gpu/shard_plan.h)
 };

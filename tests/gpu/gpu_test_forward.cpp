@@ -210,6 +210,9 @@ TEST(GpuForward, AutoTakesTheGemmForShortChunksAndCopiesForLongOnes) {
     ASSERT_EQ(min_rows, gj::gemma4::copy_min_rows(cfg.d_model));
     ASSERT_FALSE(model->layers()[0].q.spec_gemm.empty());
     ASSERT_FALSE(model->layers()[0].q.spec_dequant.empty());
+    // A session whose chunks never reach copy_min_rows holds no scratch for these copies.
+    EXPECT_GT(model->dequant_slot_bytes(), 0u);
+    EXPECT_EQ(load_gpu(path, 1024, 64, f)->dequant_slot_bytes(), 0u);
     for (const int T : {min_rows - 1, min_rows + 20}) {
         SCOPED_TRACE(T);
         const auto tokens = test_tokens(T, cfg.vocab_size, 31);

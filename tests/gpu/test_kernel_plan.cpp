@@ -282,7 +282,8 @@ TEST(KernelPlan, QuantBlasVariantPlansF16CopiesOfTheLayers) {
         }
         EXPECT_EQ(gemms, 1) << "only the LM head's GEMM";
     }
-    // auto: cuBLAS on copies on sm_90 (the wgmma GEMM there without cuBLAS), mma.sync elsewhere;
+    // auto: the wgmma GEMM and cuBLAS on copies by chunk length on sm_90 (the GEMM alone there
+    // without cuBLAS), mma.sync elsewhere;
     // the blas variant without cuBLAS is an error naming the flag.
     using gj::gemma4::quant_prefill_choice;
     using gj::gemma4::QuantPrefill;

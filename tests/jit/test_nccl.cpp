@@ -29,8 +29,8 @@ TEST(Nccl, CandidatesFollowTheFlag) {
         EXPECT_TRUE(std::filesystem::exists(plain[i])) << plain[i];
 }
 
-// A library that is not there: one error naming what was tried and the flag that fixes it (and
-// nothing cached: the same process can load another one later).
+// A library that is not there: one error naming what was tried and the flag that fixes it (also
+// when this process loaded NCCL from elsewhere before: one library per process).
 TEST(Nccl, MissingLibraryNamesWhereItLooked) {
     const auto f = Flags::parse({{"GEMMAJIT_NCCL_LIB", "/nonexistent/gemmajit/libnccl.so.2"}});
     try {

@@ -1,6 +1,6 @@
-// dequant_f16 family: the spec of kernel_templates/dequant_f16.cu, K-quant rows -> fp16 rows in a
-// session scratch buffer, so that a prefill chunk multiplies a K-quant matrix with cuBLAS on
-// tensor cores (the decode matvecs read the K-quant blocks in place).
+// dequant_f16 family: the spec of kernel_templates/dequant_f16.cu, quantized rows -> fp16 rows in
+// a session scratch buffer, so that a prefill chunk multiplies a quantized matrix with cuBLAS on
+// tensor cores (the decode matvecs read the quantized blocks in place).
 //
 // Spec name: "dequant_f16.<type>.k<k>[.split]" (.split: a split-layout K-quant matrix, see
 // kernel_templates/kquant.cuh, or a split Q8_0 / Q4_0 one under GEMMAJIT_MMQ_VARIANT=blas).

@@ -219,7 +219,9 @@ GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
         gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gbf.ptr(), 0, T, "ffn_gate|up");
         return Input{0, 0, 0, w.gbf.ptr()};
     }
-    if (gate_gemm && !g.gate.gemm_bf16 && g.gate.rows % 32 == 0) {
+    // (Q8_1 suits a down product on the int8 GEMM or the dp4a matvecs, not cuBLAS or wgmma.)
+    const bool down_reads_q8 = g.down.quantized() && !g.down.gemm_bf16 && !blas_for(g.down, T);
+    if (gate_gemm && !g.gate.gemm_bf16 && g.gate.rows % 32 == 0 && down_reads_q8) {
         gemm(g.gate, &g.up, normed(), GemmOut::GegluNext, w.gq.ptr(), w.gds.ptr(), T,
              "ffn_gate|up");
         return Input{0, w.gq.ptr(), w.gds.ptr()};

@@ -128,7 +128,9 @@ void GpuSession::record_layer(int l, int T) {
     // profiling, whose per-launch events time one kernel at a time.
     const int branches = lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
     // Split-K products share one partial-plane workspace: those run one at a time.
-    const bool split_qkv = chunk_products(T) && (splits_k(g.q) || splits_k(g.k) || splits_k(g.v));
+    bool split_qkv = false;
+    for (const GpuMatrix* m : {&g.q, &g.k, &g.v})
+        split_qkv = split_qkv || (chunk_products(T) && splits_k(*m) && !blas_for(*m, T));
     const bool concurrent = streams_ && branches > 0 && !profiler_ && !split_qkv;
     // The bf16 form of h for the wgmma GEMMs, made once for Q, K and V (before the fork).
     bool bf16_qkv = false;
