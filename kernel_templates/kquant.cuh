@@ -160,6 +160,29 @@ GJ_DEVICE uint32 gj_q5_k_split_q(uint32 ql, uint32 h, int t, int hi) {
     return ((ql >> (4 * hi)) & 0x0f0f0f0fu) | (((h >> (t + 4 * hi)) & 0x01010101u) << 4);
 }
 
+// The split Q4_K / Q5_K repack of one unit (sub-block s of a super-block whose 6-bit scales are in
+// the block head's words 1..3): its 16 nibble bytes in the Q4_0 order from the 32 qs bytes of its
+// chunk (sub-block s's element e is nibble s % 2 of qs[e]: elements 4t.. under the low nibbles of
+// word t, 16 + 4t.. under its high ones), and its scale and min unpacked to sc | m << 8.
+GJ_DEVICE void gj_kq_split_repack_unit(const uint32* qs, uint4 head, int s, uint32* q,
+                                       uint16* scm) {
+    const int hi = s % 2;
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+        q[t] = ((qs[t] >> (4 * hi)) & 0x0f0f0f0fu) | (((qs[4 + t] >> (4 * hi)) & 0x0f0f0f0fu) << 4);
+    int sc, m;
+    gj_kq_scale_min(head.y, head.z, head.w, s, sc, m);
+    *scm = (uint16)(sc | (m << 8));
+}
+
+// A split Q4_K / Q5_K unit's contribution from its integer dot s = sum(q qx): d sc dx s -
+// dmin m sx (dm: d | dmin fp16; scm: sc | m << 8; xds: the activation block's {dx, sx}).
+GJ_DEVICE float gj_kq_split_unit_sum(uint32 dm_bits, uint32 scm, float2 xds, int32 s) {
+    const float2 dm = unpack_f16x2(dm_bits);  // {d, dmin}
+    const float sc = (float)(scm & 0xffu), m = (float)(scm >> 8);
+    return dm.x * sc * xds.x * (float)s - dm.y * m * xds.y;
+}
+
 // Elements p .. p+3 (p a multiple of 4 below 32) of unit `unit` of a split matrix at w, with the
 // CPU's products (as gj_kq_dequant4: equal bit for bit). kType: 12 Q4_K, 13 Q5_K, 14 Q6_K.
 template <int kType>

@@ -63,9 +63,7 @@ struct gj_q4_k_split {
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         int32 s = gj_q4_dot8(f.q.x, f.q.y, x.lo.x, x.lo.y, x.hi.x, x.hi.y, 0);
         s = gj_q4_dot8(f.q.z, f.q.w, x.lo.z, x.lo.w, x.hi.z, x.hi.w, s);
-        const float2 dm = unpack_f16x2(f.dm);  // {d, dmin}
-        const float sc = (float)(f.scm & 0xffu), m = (float)(f.scm >> 8);
-        return dm.x * sc * x.ds.x * (float)s - dm.y * m * x.ds.y;
+        return gj_kq_split_unit_sum(f.dm, f.scm, x.ds, s);
     }
 };
 
@@ -78,22 +76,12 @@ extern "C" __global__ void repack_q4_k(const void* src, void* dst, int n_rows) {
     const size_t units = (size_t)n_rows * (K / 32);
     if (i >= units) return;
     const size_t b = i / 8;  // super-block
-    const int s = (int)(i % 8), j = s / 2, hi = s % 2;
+    const int s = (int)(i % 8);
     const uint8* blk = (const uint8*)src + b * GJ_Q4_K_BYTES;
-    const uint4 head = *(const uint4*)blk;                  // d, dmin, the 12 scale bytes
-    const uint32* qs = (const uint32*)(blk + 16 + 32 * j);  // chunk j: sub-blocks 2j, 2j+1
-    uint32* q = (uint32*)((uint8*)dst + i * 16);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        // Sub-block s's element e is nibble `hi` of qs[e]: elements 4t.. under the low nibbles
-        // of the unit's word t, elements 16 + 4t.. under its high nibbles.
-        const uint32 lo = (qs[t] >> (4 * hi)) & 0x0f0f0f0fu;
-        const uint32 up = (qs[4 + t] >> (4 * hi)) & 0x0f0f0f0fu;
-        q[t] = lo | (up << 4);
-    }
-    int sc, m;
-    gj_kq_scale_min(head.y, head.z, head.w, s, sc, m);
-    ((uint16*)((uint8*)dst + gj_q4_k_scm_plane(units)))[i] = (uint16)(sc | (m << 8));
+    const uint4 head = *(const uint4*)blk;  // d, dmin, the 12 scale bytes
+    gj_kq_split_repack_unit((const uint32*)(blk + 16 + 32 * (s / 2)), head, s,
+                            (uint32*)((uint8*)dst + i * 16),
+                            (uint16*)((uint8*)dst + gj_q4_k_scm_plane(units)) + i);
     if (s == 0) ((uint32*)((uint8*)dst + gj_q4_k_dm_plane(units)))[b] = head.x;
 }
 

@@ -67,9 +67,7 @@ struct gj_q5_k_split {
             s = dp4a_s8((int32)gj_q5_k_split_q(ql[t], f.qh, t, 0), lo[t], s);
             s = dp4a_s8((int32)gj_q5_k_split_q(ql[t], f.qh, t, 1), hi[t], s);
         }
-        const float2 dm = unpack_f16x2(f.dm);  // {d, dmin}
-        const float sc = (float)(f.scm & 0xffu), m = (float)(f.scm >> 8);
-        return dm.x * sc * x.ds.x * (float)s - dm.y * m * x.ds.y;
+        return gj_kq_split_unit_sum(f.dm, f.scm, x.ds, s);
     }
 };
 
@@ -82,29 +80,20 @@ extern "C" __global__ void repack_q5_k(const void* src, void* dst, int n_rows) {
     const size_t units = (size_t)n_rows * (K / 32);
     if (i >= units) return;
     const size_t b = i / 8;  // super-block
-    const int s = (int)(i % 8), j = s / 2, hi = s % 2;
+    const int s = (int)(i % 8);
     const uint8* blk = (const uint8*)src + b * GJ_Q5_K_BYTES;
     const uint4 head = *(const uint4*)blk;         // d, dmin, the 12 scale bytes
     const uint32* qh = (const uint32*)(blk + 16);  // byte l: bit s is element 32s + l's fifth bit
-    const uint32* qs = (const uint32*)(blk + 48 + 32 * j);  // chunk j: sub-blocks 2j, 2j+1
-    uint32* q = (uint32*)((uint8*)dst + i * 16);
+    gj_kq_split_repack_unit((const uint32*)(blk + 48 + 32 * (s / 2)), head, s,
+                            (uint32*)((uint8*)dst + i * 16),
+                            (uint16*)((uint8*)dst + gj_q5_k_scm_plane(units)) + i);
+    // The fifth bits: element 4t + l (byte l of qh word t) at bit t of byte l, element
+    // 16 + 4t + l (byte l of qh word 4 + t) at bit 4 + t.
     uint32 h = 0;
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        // Sub-block s's element e is nibble `hi` of qs[e]: elements 4t.. under the low nibbles
-        // of the unit's word t, elements 16 + 4t.. under its high nibbles.
-        const uint32 lo = (qs[t] >> (4 * hi)) & 0x0f0f0f0fu;
-        const uint32 up = (qs[4 + t] >> (4 * hi)) & 0x0f0f0f0fu;
-        q[t] = lo | (up << 4);
-        // Their fifth bits: element 4t + i (byte i of qh word t) at bit t of byte i, element
-        // 16 + 4t + i (byte i of qh word 4 + t) at bit 4 + t.
-        h |= ((qh[t] >> s) & 0x01010101u) << t;
-        h |= ((qh[4 + t] >> s) & 0x01010101u) << (4 + t);
-    }
+    for (int t = 0; t < 4; ++t)
+        h |= (((qh[t] >> s) & 0x01010101u) << t) | (((qh[4 + t] >> s) & 0x01010101u) << (4 + t));
     ((uint32*)((uint8*)dst + gj_q5_k_qh_plane(units)))[i] = h;
-    int sc, m;
-    gj_kq_scale_min(head.y, head.z, head.w, s, sc, m);
-    ((uint16*)((uint8*)dst + gj_q5_k_scm_plane(units)))[i] = (uint16)(sc | (m << 8));
     if (s == 0) ((uint32*)((uint8*)dst + gj_q5_k_dm_plane(units)))[b] = head.x;
 }
 
