@@ -178,6 +178,13 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "1",
          .help = "0: run a layer's K and V projections after Q on the compute stream instead of "
                  "concurrently on two side streams"},
+        {.name = "GEMMAJIT_FUSE_QKV",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: launch a layer's Q, K and V decode matvecs one by one (K and V on the side "
+                 "streams) instead of as one launch over the three matrices (same results)"},
         {.name = "GEMMAJIT_PARALLEL_UPLOAD",
          .family = "path",
          .type = T::Bool,

@@ -18,6 +18,7 @@
 //   NCOLS    activation vectors per launch (1 for single-sequence decode); the weights are read
 //            once for all of them
 //   UNROLL   loop iterations whose loads are issued together (bytes in flight per thread)
+//   MULTI    1: also the <name>_multi entry (not where it would spill: batched split K-quants)
 // Launch: block THREADS, grid ceil(n_rows / ROWS).
 //
 // Entry points (one signature for all, so the engine launches them the same way):
@@ -29,6 +30,7 @@
 //   <name>        y = W x
 //   <name>_add    y = residual + W x
 //   <name>_geglu  y = gelu_tanh(W x) * (W_up x)   (the FFN gate|up pair in one pass)
+//   <name>_multi  up to three products of one input in one launch (its own signature, below)
 // With MOE = 1 the module holds the grouped expert forms instead (a MoE layer's routed experts,
 // stacked [E][n_rows][K]: in LAYOUT 0 the GGUF tensor as it is, in LAYOUT 1 each expert's matrix
 // repacked on its own, so expert e is a whole split matrix at w + e * expert_bytes):
@@ -66,6 +68,9 @@
 #endif
 #ifndef MOE
 #define MOE 0
+#endif
+#ifndef MULTI
+#define MULTI 0
 #endif
 
 static_assert(K % 32 == 0 && K > 0, "matvec: K must be a positive multiple of 32");
@@ -154,13 +159,14 @@ struct gj_cols_gather {  // an expert group's slots (the MOE entries)
 template <class F, int kEpi, class Cols = gj_cols_dense>
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
                          const void* __restrict__ x, const float2* __restrict__ xds,
-                         const float* residual, float* y, int n_rows, const Cols& cols = Cols()) {
+                         const float* residual, float* y, int n_rows, const Cols& cols = Cols(),
+                         int block = -1) {
     constexpr int kVr = kEpi == gj_epi_geglu ? 2 * ROWS : ROWS;  // rows read per block
     constexpr int kUnits = F::kUnits;
     constexpr int kIters = (kUnits + THREADS - 1) / THREADS;
     constexpr int kWarps = THREADS / 32;
     const int lane = threadIdx.x % 32;
-    const int row0 = blockIdx.x * ROWS;
+    const int row0 = (block < 0 ? (int)blockIdx.x : block) * ROWS;
 
     // Rows past n_rows read the last row (valid memory) and are not written.
     typename F::Row rows[kVr];
@@ -298,15 +304,44 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
              const float* residual, float* y, int n_rows) {                                   \
         gj_matvec<F, EPI>((const uint8*)w, (const uint8*)w_up, xq, xds, residual, y, n_rows); \
     }
+// <name>_multi(w0, w1, w2, xq, xds, y0, y1, y2, n0, n1, n2): y_i = W_i x for up to three
+// matrices of this spec (same K, layout and type) sharing one input, in one launch: the first
+// ceil(n0 / ROWS) blocks take W0, the next ceil(n1 / ROWS) W1, the rest W2 (n2 may be 0). A
+// layer's Q, K and V projections: one grid deep enough to fill the GPU, one dependent launch.
+#define GJ_MATVEC_MULTI_ENTRY(NAME, F)                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                       \
+        NAME(const void* w0, const void* w1, const void* w2, const int8* xq, const float2* xds, \
+             float* y0, float* y1, float* y2, int n0, int n1, int n2) {                         \
+        const int b0 = (n0 + ROWS - 1) / ROWS, b1 = (n1 + ROWS - 1) / ROWS;                     \
+        int b = blockIdx.x;                                                                     \
+        const void* w = w0;                                                                     \
+        float* y = y0;                                                                          \
+        int n = n0;                                                                             \
+        if (b >= b0 + b1) {                                                                     \
+            b -= b0 + b1, w = w2, y = y2, n = n2;                                               \
+        } else if (b >= b0) {                                                                   \
+            b -= b0, w = w1, y = y1, n = n1;                                                    \
+        }                                                                                       \
+        gj_matvec<F, gj_epi_store>((const uint8*)w, nullptr, xq, xds, nullptr, y, n,            \
+                                   gj_cols_dense(), b);                                         \
+    }
 #if MOE
 #define GJ_MATVEC_ENTRIES(NAME, F)                         \
     GJ_MATVEC_MOE_ENTRY(NAME##_moe, F, gj_epi_store, int8) \
     GJ_MATVEC_MOE_ENTRY(NAME##_moe_geglu, F, gj_epi_geglu, int8)
 #else
+#if MULTI
+#define GJ_MATVEC_ENTRIES(NAME, F)                 \
+    GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)         \
+    GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add)     \
+    GJ_MATVEC_ENTRY(NAME##_geglu, F, gj_epi_geglu) \
+    GJ_MATVEC_MULTI_ENTRY(NAME##_multi, F)
+#else
 #define GJ_MATVEC_ENTRIES(NAME, F)             \
     GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
     GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
     GJ_MATVEC_ENTRY(NAME##_geglu, F, gj_epi_geglu)
+#endif
 #endif
 
 #endif  // GJ_MATVEC_COMMON_CUH

@@ -127,6 +127,7 @@ class GpuSession {
         uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
         uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
         uint64_t attn_q8 = 0;        // attention outputs quantized by flash_combine (no quantize)
+        uint64_t qkv_fused = 0;      // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
         uint64_t dependent = 0;      // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
         uint64_t launches = 0;       // every kernel launch of the engine's own kernels
     };
@@ -243,6 +244,11 @@ class GpuSession {
     // workspace (product(parts)) instead of y.
     int matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdeviceptr y, int T,
                const char* what, bool partials_ok = false);
+    // Whether layer g's Q, K and V products over T rows run as one launch of the `_multi` matvec
+    // entry (GEMMAJIT_FUSE_QKV): all three (two without V) are matvecs of one spec, in one
+    // column group; then matvec_qkv enqueues it, writing q, k_raw and v_raw.
+    bool fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) const;
+    void matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T);
     bool splits_k(const GpuMatrix& m) const;  // its prefill GEMM writes split-K partial planes
     CUdeviceptr product(int parts) const;     // where a residual product of `parts` planes is
     // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
@@ -307,7 +313,8 @@ class GpuSession {
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
-    bool pdl_ = true;  // GEMMAJIT_PDL: kernels launched as programmatic dependents
+    bool pdl_ = true;       // GEMMAJIT_PDL: kernels launched as programmatic dependents
+    bool fuse_qkv_ = true;  // GEMMAJIT_FUSE_QKV
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
     PathCounts paths_;
 };

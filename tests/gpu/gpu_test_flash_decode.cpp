@@ -378,13 +378,14 @@ struct GraphTimer {
     }
 };
 
-// One E4B attention layer (group 4, 2 KV heads) at depth 4096 and T = 1: flash_decode alone,
+// One attention layer (E4B: group 4, 2 KV heads) at depth 4096 and T = 1: flash_decode alone,
 // flash_combine alone, and both, each as a graph over `copies` caches.
-void bench_e4b_layer(int hd, int window, int slots, bool mma, int splits = 0) {
+void bench_layer(int hd, int window, int slots, bool mma, int splits = 0, int group = 4,
+                 int kvh = 2) {
     const int depth = 4096, sms = gj::jit::Device::get().sm_count();
-    const KernelSpec spec = gj::gemma4::flash_decode_spec(hd, 4, 2, window, KvType::F16, mma);
+    const KernelSpec spec = gj::gemma4::flash_decode_spec(hd, group, kvh, window, KvType::F16, mma);
     const auto& g = kernels_for(spec);
-    const int H = 8, kvh = 2, T = 1;
+    const int H = group * kvh, T = 1;
     const int max_splits =
         splits > 0 ? splits : gj::gemma4::flash_decode_splits(spec, depth, T, sms);
     const size_t cache_bytes = size_t(slots) * kvh * hd * 2;
@@ -444,15 +445,25 @@ void bench_e4b_layer(int hd, int window, int slots, bool mma, int splits = 0) {
 
 TEST(FlashDecodeBench, DISABLED_E4bGlobalDepth4096) {
     GJ_REQUIRE_GPU();
-    for (bool mma : {true, false}) bench_e4b_layer(512, 0, 4096, mma);
-    for (int splits : {33, 128, 264}) bench_e4b_layer(512, 0, 4096, true, splits);
+    for (bool mma : {true, false}) bench_layer(512, 0, 4096, mma);
+    for (int splits : {33, 128, 264}) bench_layer(512, 0, 4096, true, splits);
+}
+
+TEST(FlashDecodeBench, DISABLED_31bDepth4096) {
+    GJ_REQUIRE_GPU();
+    for (bool mma : {false, true}) {
+        bench_layer(512, 0, 4096, mma, 0, 8, 4);                // global: group 8, 4 KV heads
+        bench_layer(256, 1024, 1024 + 512 - 1, mma, 0, 2, 16);  // sliding: group 2, 16 KV heads
+    }
+    for (int splits : {66, 132}) bench_layer(512, 0, 4096, false, splits, 8, 4);
+    for (int splits : {16, 32}) bench_layer(256, 1024, 1024 + 512 - 1, false, splits, 2, 16);
 }
 
 TEST(FlashDecodeBench, DISABLED_E4bSlidingDepth4096) {
     GJ_REQUIRE_GPU();
     for (bool mma : {true, false})
-        bench_e4b_layer(256, 512, 512 + 512 - 1, mma);  // ring for a 512-token prefill chunk
-    for (int splits : {4, 8}) bench_e4b_layer(256, 512, 512 + 512 - 1, true, splits);
+        bench_layer(256, 512, 512 + 512 - 1, mma);  // ring for a 512-token prefill chunk
+    for (int splits : {4, 8}) bench_layer(256, 512, 512 + 512 - 1, true, splits);
 }
 
 }  // namespace

@@ -121,6 +121,29 @@ void check_matvec(const MatvecCase& c) {
     const auto yg = from_device<float>(y_geglu, ny);
     ASSERT_TRUE(all_finite(ys) && all_finite(ya) && all_finite(yg)) << "NaN/inf in the output";
 
+    // The multi entry (a layer's Q, K and V in one launch): each matrix's blocks compute what
+    // the plain entry computes, bit for bit, with three matrices and with two (specs that have
+    // it: not the batched split K-quants).
+    if (std::find(spec.entries.begin(), spec.entries.end(), base + "_multi") !=
+        spec.entries.end()) {
+        DeviceBuffer y_up(ny * 4), m0(ny * 4), m1(ny * 4), m2(ny * 4);
+        launch(g.get(spec.name, base), grid, block, du.ptr(), none, dxq.ptr(), dxds.ptr(), none,
+               y_up.ptr(), c.n);
+        const auto yu = from_device<float>(y_up, ny);
+        const unsigned blocks = ceil_div(c.n, c.rows);
+        const auto& multi = g.get(spec.name, base + "_multi");
+        launch(multi, {3 * blocks}, block, dw.ptr(), du.ptr(), dw.ptr(), dxq.ptr(), dxds.ptr(),
+               m0.ptr(), m1.ptr(), m2.ptr(), c.n, c.n, c.n);
+        EXPECT_EQ(from_device<float>(m0, ny), ys) << "multi: first matrix";
+        EXPECT_EQ(from_device<float>(m1, ny), yu) << "multi: second matrix";
+        EXPECT_EQ(from_device<float>(m2, ny), ys) << "multi: third matrix";
+        DeviceBuffer t0(ny * 4), t1(ny * 4);
+        launch(multi, {2 * blocks}, block, du.ptr(), dw.ptr(), none, dxq.ptr(), dxds.ptr(),
+               t0.ptr(), t1.ptr(), none, c.n, c.n, 0);
+        EXPECT_EQ(from_device<float>(t0, ny), yu) << "multi of two: first matrix";
+        EXPECT_EQ(from_device<float>(t1, ny), ys) << "multi of two: second matrix";
+    }
+
     int failures = 0;
     for (int col = 0; col < c.ncols && failures < 10; ++col)
         for (int r = 0; r < c.n && failures < 10; ++r) {

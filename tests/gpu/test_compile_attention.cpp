@@ -179,8 +179,9 @@ TEST(KernelPlan, FlashDecodeSplits) {
     using gj::gemma4::flash_decode_splits;
     const auto global = flash_decode_spec(512, 4, 2, 0, KvType::F16);
     const auto sliding = flash_decode_spec(256, 4, 2, 512, KvType::F16);
-    // About one block per SM at T = 1 (132 SMs, 2 KV heads), whatever the context length ...
-    EXPECT_EQ(flash_decode_splits(global, 131072, 1, 132), 66);
+    // About two blocks per SM at T = 1 (132 SMs, 2 KV heads), whatever the context length ...
+    EXPECT_EQ(flash_decode_splits(global, 131072, 1, 132), 132);
+    EXPECT_EQ(flash_decode_splits(global, 131072, 2, 132), 66);
     // ... but never more than CHUNK-sized pieces of what a query can see (the window).
     EXPECT_EQ(gj::gemma4::spec_constant(global, "CHUNK"), 16);
     EXPECT_EQ(flash_decode_splits(global, 100, 1, 132), 7);  // ceil(100 / 16)

@@ -218,15 +218,27 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     EXPECT_TRUE(q5_pure.count("embed_rows.q5_k.n2560.v262144.split"));
     EXPECT_TRUE(q5_pure.count("matvec_q5_k.k2560.split"));
     EXPECT_FALSE(q5_pure.count("embed_rows.q5_k.n2560.v262144"));
-    // A split K-quant spec holds its repack entry and the split Q4_0 shapes.
+    // A split K-quant spec holds its repack entry and the split shapes Q4_0 had before its
+    // H200 re-measure (128 threads over 2 rows below k 8192; 32 over 1 row above, also where
+    // split Q4_0 takes 2 rows of a Tall matrix).
     const auto q4_0 = matvec_spec(ggml::Type::Q4_0, 2560, 1, MatvecLayout::Split);
+    EXPECT_EQ(spec_constant(q4_0, "THREADS"), 64);
+    EXPECT_EQ(spec_constant(q4_0, "ROWS"), 4);
+    const auto q4_0_tall = matvec_spec(ggml::Type::Q4_0, 21504, 1, MatvecLayout::Split, 5376);
+    EXPECT_EQ(q4_0_tall.name, "matvec_q4_0.k21504.split.tall");
+    EXPECT_EQ(spec_constant(q4_0_tall, "ROWS"), 2);
     for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K}) {
         const auto s = matvec_spec(t, 2560, 1, MatvecLayout::Split, 262144);
         EXPECT_EQ(s.name, "matvec_" + ggml::type_name(t) + ".k2560.split");
         EXPECT_EQ(spec_constant(s, "LAYOUT"), 1);
         EXPECT_EQ(s.entries.back(), "repack_" + ggml::type_name(t));
-        for (const char* c : {"THREADS", "ROWS", "UNROLL"})
-            EXPECT_EQ(spec_constant(s, c), spec_constant(q4_0, c)) << c;
+        EXPECT_EQ(spec_constant(s, "THREADS"), 128);
+        EXPECT_EQ(spec_constant(s, "ROWS"), 2);
+        EXPECT_EQ(spec_constant(s, "UNROLL"), 2);
+        const auto tall = matvec_spec(t, 21504, 1, MatvecLayout::Split, 5376);
+        EXPECT_EQ(tall.name, "matvec_" + ggml::type_name(t) + ".k21504.split") << "no .tall form";
+        EXPECT_EQ(spec_constant(tall, "THREADS"), 32);
+        EXPECT_EQ(spec_constant(tall, "ROWS"), 1);
     }
     EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Split, 10240, 2560), 10240u * 10 * 148);
     EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Ggml, 10240, 2560), 10240u * 10 * 144);
@@ -338,10 +350,15 @@ TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
             const std::string mv = quant ? "matvec_" + ggml::type_name(t) + ".k"
                                          : "matvec_f." + ggml::type_name(t) + ".k";
             const std::string sfx = quant ? ".split" : "";
-            EXPECT_TRUE(names.count(mv + std::to_string(cfg.d_model) + sfx));
+            // A decode spec, or its ".tall" form for matrices of many rows (matvec_spec).
+            auto has_decode = [&](int k) {
+                const std::string n = mv + std::to_string(k) + sfx;
+                return names.count(n) + names.count(n + ".tall") > 0;
+            };
+            EXPECT_TRUE(has_decode(cfg.d_model));
             for (size_t l = 0; l < cfg.layers.size(); ++l) {
-                EXPECT_TRUE(names.count(mv + std::to_string(cfg.q_dim(int(l))) + sfx));
-                EXPECT_TRUE(names.count(mv + std::to_string(cfg.layers[l].ffn_dim) + sfx));
+                EXPECT_TRUE(has_decode(cfg.q_dim(int(l))));
+                EXPECT_TRUE(has_decode(cfg.layers[l].ffn_dim));
             }
             EXPECT_TRUE(names.count(fmt::format("logits.v{}.k64", cfg.vocab_size)));
             EXPECT_TRUE(names.count(fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(t),

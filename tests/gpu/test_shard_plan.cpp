@@ -173,11 +173,13 @@ TEST(ShardPlan, KernelPlanOfTheShards) {
     const auto names =
         names_of(gj::gemma4::build_kernel_plan(plan_shards(cfg, 2), std::vector{types}));
     for (const char* want :
-         {"matvec_q4_0.k4096.split", "matvec_q4_0.k8192.split", "matvec_q4_0.k10752.split",
-          "matvec_q4_0.k5376.split", "logits.v131072.k64", "attn_prep.hd256.h16.kv8.rp128.f16",
-          "flash_decode.hd256.g2.kv8.w1024.f16", "embed_rows.q4_0.n5376.v262144"})
+         {"matvec_q4_0.k4096.split", "matvec_q4_0.k8192.split.tall",
+          "matvec_q4_0.k10752.split.tall", "matvec_q4_0.k5376.split", "logits.v131072.k64",
+          "attn_prep.hd256.h16.kv8.rp128.f16", "flash_decode.hd256.g2.kv8.w1024.f16",
+          "embed_rows.q4_0.n5376.v262144"})
         EXPECT_TRUE(names.count(want)) << want;
-    for (const char* whole : {"matvec_q4_0.k21504.split", "logits.v262144.k64"})
+    for (const char* whole :
+         {"matvec_q4_0.k21504.split", "matvec_q4_0.k21504.split.tall", "logits.v262144.k64"})
         EXPECT_FALSE(names.count(whole)) << whole;
     // A K-quant mix over 8 GPUs: ranks of 10 and 11 FFN blocks get their own down matvecs.
     gj::gemma4::PlanTypes base = types;

@@ -31,7 +31,7 @@ jit::KernelSpec flash_decode_spec(int head_dim, int group, int n_kv_heads, int w
 jit::KernelSpec flash_decode_spec(const Config& cfg, int layer, KvType kv = KvType::F16,
                                   bool tensor_cores = false);
 
-// The max_splits to launch flash_decode with (and to size part_o / part_ml for): about one block
+// The max_splits to launch flash_decode with (and to size part_o / part_ml for): about two blocks
 // per SM for `n_tokens` queries at the deepest point, never more splits than CHUNK-sized pieces
 // of the most keys a query can see (max_keys, capped by WINDOW). Any value >= 1 is correct; this
 // one keeps the grid fixed across depths (CUDA graphs) and the partials small.

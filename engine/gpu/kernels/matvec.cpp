@@ -43,13 +43,18 @@ void check_matvec_shape(const std::string& what, int k, int ncols) {
         throw std::invalid_argument(fmt::format("{}: {} columns (1..8 supported)", what, ncols));
 }
 
-// Output-row classes that change a single-column launch shape (the spec name's suffix).
-enum class Rows { Any, Few, Wide };
+// Output-row classes that change a single-column launch shape (the spec name's suffix). Tall:
+// more one-row blocks of 32 threads than an H100/H200 holds at once (132 SMs x 32 blocks), so
+// such a launch would run a second, mostly empty wave.
+enum class Rows { Any, Few, Tall, Wide };
 Rows row_class(int n_rows) {
-    return n_rows >= 65536 ? Rows::Wide : n_rows > 0 && n_rows < 1024 ? Rows::Few : Rows::Any;
+    return n_rows >= 65536               ? Rows::Wide
+           : n_rows > 4096               ? Rows::Tall
+           : n_rows > 0 && n_rows < 1024 ? Rows::Few
+                                         : Rows::Any;
 }
 const char* row_suffix(Rows r) {
-    return r == Rows::Wide ? ".wide" : r == Rows::Few ? ".few" : "";
+    return r == Rows::Wide ? ".wide" : r == Rows::Tall ? ".tall" : r == Rows::Few ? ".few" : "";
 }
 
 // `s` built for row class `rows`: the class's suffix on its name when its constants differ from
@@ -148,6 +153,15 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    H100, whole model: E4B Q8_0 289.5 -> 308.4, E4B Q4_0 364.1 -> 381.3; 31B Q4_0 123.9 ->
     //    127.8 with 64 x 2 for its long rows (alone 32 x 1 gave 124.4 there and 378.1 on E4B
     //    Q4_0, 64 x 2 122.4 and 375.7).
+    //    Re-measured on the H200 (2026-11-26, tg128 whole model, GB/s of the kernel alone from
+    //    MatvecBench): split Q4_0 rows of more than 32 units and fewer than 8192 take 64 threads
+    //    over 4 rows, one unit per batch (31B k 5376: K/V 4096 rows 1689 -> 2113 GB/s, Q 8192
+    //    rows 2473 -> 2929; E4B Q4_0 tg128 482.7 -> 495.7, 31B Q4_0 172.1 -> 173.7); the long
+    //    rows of a Tall matrix take 2 rows per 32-thread block (31B ffn_down 5376 x 21504: 3018
+    //    -> 3535 GB/s, a single wave instead of 1.3; 31B tg128 172.1 -> 181.4; E4B's 2560-row
+    //    ffn_down keeps 1 row: 482.7 -> 480.8 with 2). Split Q8_0 kept its shapes (every candidate
+    //    measured slower on E4B Q8_0). The split K-quants keep the earlier Q4_0 shapes: with the
+    //    new ones E4B Q4_K_M went 457.2 -> 450.1.
     //  * Otherwise (the MoE experts, the GGUF layout, rows of at most 32 units) several rows per
     //    block, so every thread keeps more 16-byte loads in flight: 4 for one unit per thread or
     //    fewer (split Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row
@@ -155,14 +169,15 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    rule above: E4B Q4_0 359.2 -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4).
     if (!kq_blocks && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
         const bool dense_split = !moe && layout == MatvecLayout::Split;
+        const bool q4_0 = weight_type == ggml::Type::Q4_0;
         if (dense_split && k >= 8192) {
             threads_used = q4_split ? 32 : 64;
-            rows = q4_split ? 1 : 2;
+            rows = q4_split && !(q4_0 && row_class == Rows::Tall) ? 1 : 2;
             unroll = 2;
         } else if (dense_split && units > 32) {
-            threads_used = 128;
-            rows = 2;
-            unroll = 2;
+            threads_used = q4_0 ? 64 : 128;
+            rows = q4_0 ? 4 : 2;
+            unroll = q4_0 ? 1 : 2;
         } else if (units <= threads) {
             rows = 4;
         } else if (units <= 4 * threads) {
@@ -181,6 +196,13 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
                    {"UNROLL", unroll}};
     const std::string base = fmt::format("matvec_{}", tag);
     s.entries = {base, base + "_add", base + "_geglu"};
+    // The multi entry (a layer's Q, K and V in one launch) selects its matrix at run time: a few
+    // registers more, which the batched split K-quants' larger units do not have (8 bytes
+    // spilled on sm_80).
+    if (ncols == 1 || !(is_kquant(weight_type) && layout == MatvecLayout::Split)) {
+        s.constants.push_back({"MULTI", 1});
+        s.entries.push_back(base + "_multi");
+    }
     if (layout == MatvecLayout::Split) s.entries.push_back(repack_entry(weight_type));
     s.priority = 0;
     return s;
@@ -279,6 +301,7 @@ jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, Matvec
             "matvec .moe: {} experts are read in their GGUF blocks", ggml::type_name(weight_type)));
     jit::KernelSpec s = make_matvec_spec(weight_type, k, ncols, layout, true, Rows::Any);
     s.name += ".moe";
+    std::erase_if(s.constants, [](const auto& c) { return c.first == "MULTI"; });
     s.constants.push_back({"MOE", 1});
     const std::string base = s.family;  // matvec_<tag> or matvec_f
     s.entries = {base + "_moe", base + "_moe_geglu"};

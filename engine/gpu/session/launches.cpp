@@ -129,6 +129,42 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     return 1;
 }
 
+bool GpuSession::fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) const {
+    if (!fuse_qkv_ || !lc.has_kv || chunk_products(T)) return false;
+    const std::string& spec = T == 1 ? g.q.spec_decode : g.q.spec_prefill;
+    for (const GpuMatrix* m : {&g.q, &g.k, lc.has_v_proj ? &g.v : nullptr}) {
+        if (!m) continue;
+        if (!m->quantized() || (T == 1 ? m->spec_decode : m->spec_prefill) != spec) return false;
+    }
+    const jit::KernelSpec& s = model_.kernels().spec(spec);
+    const std::string multi = s.family + "_multi";
+    return T <= int(spec_constant(s, "NCOLS")) &&
+           std::find(s.entries.begin(), s.entries.end(), multi) != s.entries.end();
+}
+
+void GpuSession::matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T) {
+    const Work& w = *w_;
+    if (in.q == 0) {
+        quantize(in.f, T * g.q.cols);
+        in.q = w.xq.ptr();
+        in.ds = w.xds.ptr();
+    }
+    const std::string& name = T == 1 ? g.q.spec_decode : g.q.spec_prefill;
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned threads = constant(spec, "THREADS"), rows = constant(spec, "ROWS");
+    const GpuMatrix* v = lc.has_v_proj ? &g.v : nullptr;
+    CUdeviceptr w0 = g.q.ptr, w1 = g.k.ptr, w2 = v ? v->ptr : 0;
+    CUdeviceptr y0 = w.q.ptr(), y1 = w.kraw.ptr(), y2 = w.vraw.ptr();
+    int n0 = g.q.rows, n1 = g.k.rows, n2 = v ? v->rows : 0;
+    const unsigned blocks = ceil_div(n0, rows) + ceil_div(n1, rows) + ceil_div(n2, rows);
+    const uint64_t bytes = g.q.bytes + g.k.bytes + (v ? v->bytes : 0);
+    const double flops = 2.0 * double(n0 + n1 + n2) * g.q.cols * T;
+    void* args[] = {&w0, &w1, &w2, &in.q, &in.ds, &y0, &y1, &y2, &n0, &n1, &n2};
+    launch(model_.kernels().get(name, spec.family + "_multi"), {blocks}, {threads}, 0, args,
+           name + " multi attn_q|k|v", LaunchCost{bytes, flops, WorkKind::Gemm});
+    ++paths_.qkv_fused;
+}
+
 GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what) {
     if (in.bf) return in;
     in.bf = convert(in.f, n, "f32_to_bf16", w_->xbf.ptr(), what);

@@ -126,7 +126,9 @@ void GpuSession::record_layer(int l, int T) {
     // The K and V projections (same input, own outputs) run beside Q on side streams: small
     // matvecs that alone leave most of the GPU idle (in a graph: parallel branches). Not while
     // profiling, whose per-launch events time one kernel at a time.
-    const int branches = lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
+    // Or all three as one launch of the matvec's multi entry (fused).
+    const bool fused = fused_qkv(g, lc, T);
+    const int branches = !fused && lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
     // Split-K products share one partial-plane workspace: those run one at a time.
     bool split_qkv = false;
     for (const GpuMatrix* m : {&g.q, &g.k, &g.v})
@@ -142,7 +144,9 @@ void GpuSession::record_layer(int l, int T) {
     // an F16 product has an F16 Q too: one type per file's attention matrices).
     h = with_f16(h, T * cfg_.d_model, T, g.q, lc.has_kv ? &g.k : nullptr, "attn_norm");
     if (concurrent) fork(branches);
-    if (lc.has_kv) {
+    if (fused) {
+        matvec_qkv(g, lc, h, T);
+    } else if (lc.has_kv) {
         if (concurrent) stream_ = side_[0];
         matvec(g.k, nullptr, h, w.kraw.ptr(), T, "attn_k");
         if (lc.has_v_proj) {
@@ -151,7 +155,7 @@ void GpuSession::record_layer(int l, int T) {
         }
         stream_ = jit::Device::get().stream();
     }
-    matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
+    if (!fused) matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
     if (concurrent) join(branches);
     {
         const jit::KernelSpec& spec = model_.kernels().spec(g.attn_prep_spec);

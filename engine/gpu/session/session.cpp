@@ -19,7 +19,8 @@ GpuSession::GpuSession(GpuModel& model)
       pos_(size_t(model.kv_geometry().sequences), 0),
       graphs_(model.flags().get_bool("GEMMAJIT_GRAPHS")),
       streams_(model.flags().get_bool("GEMMAJIT_STREAMS")),
-      pdl_(model.flags().get_bool("GEMMAJIT_PDL")) {
+      pdl_(model.flags().get_bool("GEMMAJIT_PDL")),
+      fuse_qkv_(model.flags().get_bool("GEMMAJIT_FUSE_QKV")) {
     jit::Device& dev = jit::Device::get();
     dev.make_current();
     const jit::DriverApi& api = jit::driver();
