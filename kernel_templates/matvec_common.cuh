@@ -19,6 +19,8 @@
 //            once for all of them
 //   UNROLL   loop iterations whose loads are issued together (bytes in flight per thread)
 //   MULTI    1: also the <name>_multi entry (not where it would spill: batched split K-quants)
+//   GEGLU_THREADS, GEGLU_ROWS, GEGLU_UNROLL   the _geglu entry's (default: THREADS, ROWS, UNROLL;
+//            block GEGLU_THREADS, grid ceil(n_rows / GEGLU_ROWS))
 // Launch: block THREADS, grid ceil(n_rows / ROWS).
 //
 // Entry points (one signature for all, so the engine launches them the same way):
@@ -71,6 +73,15 @@
 #endif
 #ifndef MULTI
 #define MULTI 0
+#endif
+#ifndef GEGLU_THREADS  // the _geglu entry's own launch shape (default: the spec's)
+#define GEGLU_THREADS THREADS
+#endif
+#ifndef GEGLU_ROWS
+#define GEGLU_ROWS ROWS
+#endif
+#ifndef GEGLU_UNROLL
+#define GEGLU_UNROLL UNROLL
 #endif
 
 static_assert(K % 32 == 0 && K > 0, "matvec: K must be a positive multiple of 32");
@@ -156,23 +167,24 @@ struct gj_cols_gather {  // an expert group's slots (the MOE entries)
     }
 };
 
-template <class F, int kEpi, class Cols = gj_cols_dense>
+template <class F, int kEpi, class Cols = gj_cols_dense, int kThreads = THREADS, int kRows = ROWS,
+          int kUnroll = UNROLL>
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
                          const void* __restrict__ x, const float2* __restrict__ xds,
                          const float* residual, float* y, int n_rows, const Cols& cols = Cols(),
                          int block = -1) {
-    constexpr int kVr = kEpi == gj_epi_geglu ? 2 * ROWS : ROWS;  // rows read per block
+    constexpr int kVr = kEpi == gj_epi_geglu ? 2 * kRows : kRows;  // rows read per block
     constexpr int kUnits = F::kUnits;
-    constexpr int kIters = (kUnits + THREADS - 1) / THREADS;
-    constexpr int kWarps = THREADS / 32;
+    constexpr int kIters = (kUnits + kThreads - 1) / kThreads;
+    constexpr int kWarps = kThreads / 32;
     const int lane = threadIdx.x % 32;
-    const int row0 = (block < 0 ? (int)blockIdx.x : block) * ROWS;
+    const int row0 = (block < 0 ? (int)blockIdx.x : block) * kRows;
 
     // Rows past n_rows read the last row (valid memory) and are not written.
     typename F::Row rows[kVr];
 #pragma unroll
     for (int v = 0; v < kVr; ++v)
-        rows[v] = F::row(v < ROWS ? w : w_up, n_rows, min(row0 + v % ROWS, n_rows - 1));
+        rows[v] = F::row(v < kRows ? w : w_up, n_rows, min(row0 + v % kRows, n_rows - 1));
 
     float acc[kVr][NCOLS];
 #pragma unroll
@@ -180,20 +192,20 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
 #pragma unroll
         for (int c = 0; c < NCOLS; ++c) acc[v][c] = 0.0f;
 
-    // Batches of UNROLL iterations: all loads of a batch are issued before any of its math, so
-    // each thread keeps UNROLL * kVr units of weights in flight (the kernel is bound by memory
+    // Batches of kUnroll iterations: all loads of a batch are issued before any of its math, so
+    // each thread keeps kUnroll * kVr units of weights in flight (the kernel is bound by memory
     // latency x bytes in flight). Single-column matvecs (decode) load a batch's weights at the
     // end of the batch before it, and the first batch's before the grid dependency wait:
     // launched as a programmatic dependent, the block streams its first weights while the kernel
     // before it finishes. (Multi-column ones keep the loads together: carrying the next weights
     // across the loop would spill their larger register sets.)
-    constexpr int kBatch = UNROLL < kIters ? UNROLL : kIters;
+    constexpr int kBatch = kUnroll < kIters ? kUnroll : kIters;
     constexpr bool kEarlyWeights = NCOLS == 1;
     // Lanes past the row end (last iteration only, or a batch overhanging kIters) reread unit 0
     // and add nothing; they still join any warp shuffle in F::scale.
     auto unit = [](int it, bool& live) {
-        const int u_raw = it * THREADS + (int)threadIdx.x;
-        live = (kUnits % THREADS == 0 && kIters % kBatch == 0) || u_raw < kUnits;
+        const int u_raw = it * kThreads + (int)threadIdx.x;
+        live = (kUnits % kThreads == 0 && kIters % kBatch == 0) || u_raw < kUnits;
         return live ? u_raw : 0;
     };
     typename F::WFrag wf[kBatch][kVr];
@@ -245,7 +257,7 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
             if (lane == 0) partial[threadIdx.x / 32][v * NCOLS + c] = s;
         }
     __syncthreads();
-    if ((int)threadIdx.x >= ROWS * NCOLS) return;
+    if ((int)threadIdx.x >= kRows * NCOLS) return;
     const int r = threadIdx.x / NCOLS, c = threadIdx.x % NCOLS;
     const int row = row0 + r;
     if (row >= n_rows || !cols.live(c)) return;
@@ -258,7 +270,7 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
     } else if (kEpi == gj_epi_geglu) {
         float up = 0.0f;
 #pragma unroll
-        for (int k = 0; k < kWarps; ++k) up += partial[k][(r + ROWS) * NCOLS + c];
+        for (int k = 0; k < kWarps; ++k) up += partial[k][(r + kRows) * NCOLS + c];
         y[out] = gelu_tanh(s) * up;
     } else {
         y[out] = s;
@@ -304,6 +316,14 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
              const float* residual, float* y, int n_rows) {                                   \
         gj_matvec<F, EPI>((const uint8*)w, (const uint8*)w_up, xq, xds, residual, y, n_rows); \
     }
+// The GeGLU entry in its own launch shape (GEGLU_THREADS / GEGLU_ROWS / GEGLU_UNROLL).
+#define GJ_MATVEC_GEGLU_ENTRY(NAME, F)                                                      \
+    extern "C" __global__ void __launch_bounds__(GEGLU_THREADS)                             \
+        NAME(const void* w, const void* w_up, const int8* xq, const float2* xds,            \
+             const float* residual, float* y, int n_rows) {                                 \
+        gj_matvec<F, gj_epi_geglu, gj_cols_dense, GEGLU_THREADS, GEGLU_ROWS, GEGLU_UNROLL>( \
+            (const uint8*)w, (const uint8*)w_up, xq, xds, residual, y, n_rows);             \
+    }
 // <name>_multi(w0, w1, w2, xq, xds, y0, y1, y2, n0, n1, n2): y_i = W_i x for up to three
 // matrices of this spec (same K, layout and type) sharing one input, in one launch: the first
 // ceil(n0 / ROWS) blocks take W0, the next ceil(n1 / ROWS) W1, the rest W2 (n2 may be 0). A
@@ -331,16 +351,16 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
     GJ_MATVEC_MOE_ENTRY(NAME##_moe_geglu, F, gj_epi_geglu, int8)
 #else
 #if MULTI
-#define GJ_MATVEC_ENTRIES(NAME, F)                 \
-    GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)         \
-    GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add)     \
-    GJ_MATVEC_ENTRY(NAME##_geglu, F, gj_epi_geglu) \
+#define GJ_MATVEC_ENTRIES(NAME, F)             \
+    GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
+    GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
+    GJ_MATVEC_GEGLU_ENTRY(NAME##_geglu, F)     \
     GJ_MATVEC_MULTI_ENTRY(NAME##_multi, F)
 #else
 #define GJ_MATVEC_ENTRIES(NAME, F)             \
     GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
     GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
-    GJ_MATVEC_ENTRY(NAME##_geglu, F, gj_epi_geglu)
+    GJ_MATVEC_GEGLU_ENTRY(NAME##_geglu, F)
 #endif
 #endif
 

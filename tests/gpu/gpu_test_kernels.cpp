@@ -114,8 +114,10 @@ void check_matvec(const MatvecCase& c) {
            y_store.ptr(), c.n);
     launch(g.get(spec.name, base + "_add"), grid, block, dw.ptr(), none, dxq.ptr(), dxds.ptr(),
            y_add.ptr(), y_add.ptr(), c.n);
-    launch(g.get(spec.name, base + "_geglu"), grid, block, dw.ptr(), du.ptr(), dxq.ptr(),
-           dxds.ptr(), none, y_geglu.ptr(), c.n);
+    // The GeGLU entry in its own launch shape where the spec gives it one (the plan's GEGLU_*).
+    const auto gl = gj::gemma4::matvec_launch(spec, true);
+    launch(g.get(spec.name, base + "_geglu"), {ceil_div(c.n, gl.rows)}, {gl.threads}, dw.ptr(),
+           du.ptr(), dxq.ptr(), dxds.ptr(), none, y_geglu.ptr(), c.n);
     const auto ys = from_device<float>(y_store, ny);
     const auto ya = from_device<float>(y_add, ny);
     const auto yg = from_device<float>(y_geglu, ny);
@@ -687,10 +689,13 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         auto dxds = to_device(interleave(q));
         auto dxf = to_device(x);
         DeviceBuffer y(size_t(n) * 4);
-        const unsigned threads = unsigned(gj::gemma4::spec_constant(spec, "THREADS"));
-        const unsigned rows = unsigned(gj::gemma4::spec_constant(spec, "ROWS"));
         const CUdeviceptr none = 0;
         for (int geglu = 0; geglu < 2; ++geglu) {
+            const auto [threads, rows] =
+                is_f
+                    ? gj::gemma4::MatvecLaunch{unsigned(gj::gemma4::spec_constant(spec, "THREADS")),
+                                               unsigned(gj::gemma4::spec_constant(spec, "ROWS"))}
+                    : gj::gemma4::matvec_launch(spec, geglu == 1);
             const auto& kern = g.get(spec.name, spec.entries[geglu ? 2 : 0]);
             auto round = [&] {
                 for (int i = 0; i < copies; i += 1 + geglu) {

@@ -4,6 +4,8 @@
 // compile, stream its weights with the loads it exists for, and spill nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <string>
 
 #include "engine/gpu/kernels/spec_util.h"
@@ -72,9 +74,25 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                             << e << ": ggml layout joins unaligned words with funnel shifts";
                     }
                 }
-                // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one.
-                EXPECT_EQ(occurrences(entry_ptx(c.ptx, geglu), "dp4a"),
-                          2 * occurrences(entry_ptx(c.ptx, plain), "dp4a"));
+                // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one,
+                // per row and unit of a batch where it takes its own launch shape (GEGLU_*:
+                // split Q4_0, units of 32 weights).
+                int64_t num = 2, den = 1;
+                const bool own =
+                    std::any_of(s.constants.begin(), s.constants.end(),
+                                [](const auto& kv) { return kv.first == "GEGLU_ROWS"; });
+                if (own) {
+                    const int64_t units = spec_constant(s, "K") / 32;
+                    auto dots = [&](const char* t, const char* r, const char* u) {
+                        const int64_t iters =
+                            (units + spec_constant(s, t) - 1) / spec_constant(s, t);
+                        return spec_constant(s, r) * std::min(spec_constant(s, u), iters);
+                    };
+                    num *= dots("GEGLU_THREADS", "GEGLU_ROWS", "GEGLU_UNROLL");
+                    den = dots("THREADS", "ROWS", "UNROLL");
+                }
+                EXPECT_EQ(occurrences(entry_ptx(c.ptx, geglu), "dp4a") * den,
+                          num * occurrences(entry_ptx(c.ptx, plain), "dp4a"));
             }
         });
 }

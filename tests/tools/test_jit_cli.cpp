@@ -151,7 +151,7 @@ TEST(JitCli, KernelsOfATensorParallelSplit) {
                          "10752 columns, vocabulary rows 131072..262143"),
               std::string::npos)
         << r.out;
-    for (const char* want : {"matvec_q4_0.k10752.split ", "logits.v131072.k64 "})
+    for (const char* want : {"matvec_q4_0.k10752.split.tall ", "logits.v131072.k64 "})
         EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
     EXPECT_EQ(r.out.find("matvec_q4_0.k21504"), std::string::npos) << r.out;
     r = run_command(cli(tmp.path(), "kernels --variant 12b --tp 3"));

@@ -118,6 +118,7 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     if (layout == MatvecLayout::Split && is_kquant(weight_type) && ncols > 1)
         unroll = std::min(unroll, weight_type == ggml::Type::Q6_K ? 1 : 2);
     int threads_used = threads, rows = 1;
+    bool geglu_shape = false;  // the _geglu entry in 128 threads over 2 rows, 2-unit batches
     if (kq_blocks && ncols == 1) {
         // Single-column K-quant decode, from an H100 sweep at the E4B shapes (GB/s of plain /
         // GeGLU, 10240 x 2560 and 2560 x 10240): short rows run more, smaller blocks (Q4_K
@@ -161,7 +162,9 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    -> 3535 GB/s, a single wave instead of 1.3; 31B tg128 172.1 -> 181.4; E4B's 2560-row
     //    ffn_down keeps 1 row: 482.7 -> 480.8 with 2). Split Q8_0 kept its shapes (every candidate
     //    measured slower on E4B Q8_0). The split K-quants keep the earlier Q4_0 shapes: with the
-    //    new ones E4B Q4_K_M went 457.2 -> 450.1.
+    //    new ones E4B Q4_K_M went 457.2 -> 450.1. The split Q4_0 GeGLU (gate|up pair) keeps
+    //    128 threads over 2 rows in its own entry shape: E4B 10240 x 2560 took 12.06 us per call
+    //    with the new shape against 11.22 (ncu, one decode step).
     //  * Otherwise (the MoE experts, the GGUF layout, rows of at most 32 units) several rows per
     //    block, so every thread keeps more 16-byte loads in flight: 4 for one unit per thread or
     //    fewer (split Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row
@@ -178,6 +181,7 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             threads_used = q4_0 ? 64 : 128;
             rows = q4_0 ? 4 : 2;
             unroll = q4_0 ? 1 : 2;
+            geglu_shape = q4_0;  // the GeGLU keeps 128 x 2 (below)
         } else if (units <= threads) {
             rows = 4;
         } else if (units <= 4 * threads) {
@@ -185,15 +189,16 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
         }
     }
     jit::KernelSpec s;
+    if (geglu_shape) s.constants = {{"GEGLU_THREADS", 128}, {"GEGLU_ROWS", 2}, {"GEGLU_UNROLL", 2}};
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
                          layout == MatvecLayout::Split ? ".split" : "");
-    s.constants = {{"K", k},
-                   {"LAYOUT", layout == MatvecLayout::Split ? 1 : 0},
-                   {"THREADS", threads_used},
-                   {"ROWS", rows},
-                   {"NCOLS", ncols},
-                   {"UNROLL", unroll}};
+    s.constants.insert(s.constants.begin(), {{"K", k},
+                                             {"LAYOUT", layout == MatvecLayout::Split ? 1 : 0},
+                                             {"THREADS", threads_used},
+                                             {"ROWS", rows},
+                                             {"NCOLS", ncols},
+                                             {"UNROLL", unroll}});
     const std::string base = fmt::format("matvec_{}", tag);
     s.entries = {base, base + "_add", base + "_geglu"};
     // The multi entry (a layer's Q, K and V in one launch) selects its matrix at run time: a few
@@ -262,6 +267,15 @@ std::string repack_entry(ggml::Type t) {
         throw std::invalid_argument(
             fmt::format("{} has no split layout to repack into", ggml::type_name(t)));
     return std::string("repack_") + tag;
+}
+
+MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu) {
+    auto get = [&](const char* name, const char* geglu_name) {
+        for (const auto& [n, v] : spec.constants)
+            if (geglu && n == geglu_name) return unsigned(v);
+        return unsigned(spec_constant(spec, name));
+    };
+    return {get("THREADS", "GEGLU_THREADS"), get("ROWS", "GEGLU_ROWS")};
 }
 
 uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint64_t k) {

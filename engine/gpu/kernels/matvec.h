@@ -43,9 +43,17 @@ uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint6
 // type does not have (Q4_1 / Q5_0 / Q5_1) or ncols outside 1..8.
 // n_rows (0: not known) is the matrix's output rows: single-column launch shapes depend on it
 // for a few types (a vocabulary-sized LM head, float matrices of few rows), and a spec whose
-// shape it changed carries ".wide" (>= 65536 rows) or ".few" (< 1024) in its name.
+// shape it changed carries ".wide" (>= 65536 rows), ".tall" (> 4096) or ".few" (< 1024) in its
+// name.
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
                             MatvecLayout layout = MatvecLayout::Ggml, int n_rows = 0);
+
+// The launch shape of a quantized matvec spec's entry: block `threads`, grid ceil(n_rows /
+// rows); the _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
+struct MatvecLaunch {
+    unsigned threads, rows;
+};
+MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu);
 
 // matvec for float weights (f32, f16, bf16) against fp32 activations:
 // "matvec_f.<type>.k<k>[.b<ncols>][.few]". Throws like matvec_spec.

@@ -107,7 +107,7 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     const std::string& spec_name = T == 1 ? m.spec_decode : m.spec_prefill;
     const jit::KernelSpec& spec = model_.kernels().spec(spec_name);
     const int cols = int(spec_constant(spec, "NCOLS"));
-    const unsigned threads = constant(spec, "THREADS"), rows_per_block = constant(spec, "ROWS");
+    const auto [threads, rows_per_block] = matvec_launch(spec, up != nullptr);
     const jit::Kernel& k = model_.kernels().get(spec_name, spec.family + (up ? "_geglu" : ""));
     const std::string label = spec_name + (up ? " geglu " : " ") + what;
     int n_rows = m.rows;
