@@ -76,13 +76,14 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
                 }
                 // The GeGLU entry reads two matrices per unit: twice the dp4a of the plain one,
                 // per row and unit of a batch where it takes its own launch shape (GEGLU_*:
-                // split Q4_0, units of 32 weights).
+                // split Q4_0 and Q8_0, units of 32 and 16 weights).
                 int64_t num = 2, den = 1;
                 const bool own =
                     std::any_of(s.constants.begin(), s.constants.end(),
                                 [](const auto& kv) { return kv.first == "GEGLU_ROWS"; });
                 if (own) {
-                    const int64_t units = spec_constant(s, "K") / 32;
+                    const int64_t units =
+                        spec_constant(s, "K") / (s.family == "matvec_q8_0" ? 16 : 32);
                     auto dots = [&](const char* t, const char* r, const char* u) {
                         const int64_t iters =
                             (units + spec_constant(s, t) - 1) / spec_constant(s, t);

@@ -160,11 +160,13 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    rows 2473 -> 2929; E4B Q4_0 tg128 482.7 -> 495.7, 31B Q4_0 172.1 -> 173.7); the long
     //    rows of a Tall matrix take 2 rows per 32-thread block (31B ffn_down 5376 x 21504: 3018
     //    -> 3535 GB/s, a single wave instead of 1.3; 31B tg128 172.1 -> 181.4; E4B's 2560-row
-    //    ffn_down keeps 1 row: 482.7 -> 480.8 with 2). Split Q8_0 kept its shapes (every candidate
-    //    measured slower on E4B Q8_0). The split K-quants keep the earlier Q4_0 shapes: with the
-    //    new ones E4B Q4_K_M went 457.2 -> 450.1. The split Q4_0 GeGLU (gate|up pair) keeps
-    //    128 threads over 2 rows in its own entry shape: E4B 10240 x 2560 took 12.06 us per call
-    //    with the new shape against 11.22 (ncu, one decode step).
+    //    ffn_down keeps 1 row: 482.7 -> 480.8 with 2). The split K-quants keep the earlier Q4_0
+    //    shapes: with the new ones E4B Q4_K_M went 457.2 -> 450.1. The GeGLU (gate|up pair)
+    //    keeps 128 threads over 2 rows in its own entry shape: E4B Q4_0 10240 x 2560 took 12.06
+    //    us per call with the new shape against 11.22 (ncu, one decode step), and E4B Q8_0 with
+    //    both entries in the new shape went 406.7 -> 405.0. Split Q8_0 takes the same pair of
+    //    shapes (plain 64 x 4, GeGLU 128 x 2): tg128 E2B Q8_0 571.5 -> 585.4, E4B Q8_0 409.2 /
+    //    406.2 (base, twice) -> 411.1.
     //  * Otherwise (the MoE experts, the GGUF layout, rows of at most 32 units) several rows per
     //    block, so every thread keeps more 16-byte loads in flight: 4 for one unit per thread or
     //    fewer (split Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row
@@ -178,10 +180,11 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             rows = q4_split && !(q4_0 && row_class == Rows::Tall) ? 1 : 2;
             unroll = 2;
         } else if (dense_split && units > 32) {
-            threads_used = q4_0 ? 64 : 128;
-            rows = q4_0 ? 4 : 2;
-            unroll = q4_0 ? 1 : 2;
-            geglu_shape = q4_0;  // the GeGLU keeps 128 x 2 (below)
+            const bool narrow = !is_kquant(weight_type);  // Q4_0 and Q8_0
+            threads_used = narrow ? 64 : 128;
+            rows = narrow ? 4 : 2;
+            unroll = narrow ? 1 : 2;
+            geglu_shape = narrow;  // the GeGLU keeps 128 x 2 (below)
         } else if (units <= threads) {
             rows = 4;
         } else if (units <= 4 * threads) {
