@@ -101,10 +101,10 @@ int flash_decode_splits(const jit::KernelSpec& spec, int max_keys, int n_tokens,
         std::max<int64_t>(1, window > 0 ? std::min<int64_t>(window, max_keys) : max_keys);
     const int64_t useful = (keys + chunk - 1) / chunk;
     // Two blocks per SM (the shared memory of the model shapes' specs fits two): one alone
-    // leaves the SM idle
-    // while its few warps wait on the next tile. H200, depth 4096, kernel alone: 31B sliding
-    // layer 11.1 us with 9 splits -> 7.6 with 16, global 24.8 with 33 -> 18.2 with 66; tg128
-    // at depth 4096: 31B Q4_0 160.2 -> 165.9, E4B Q4_0 472.7 -> 480.6 (depth 0 unchanged).
+    // leaves the SM idle while its few warps wait on the next tile. H200, depth 4096, kernel
+    // alone: 31B sliding layer 11.1 us with 9 splits -> 7.6 with 16, global 24.8 with 33 ->
+    // 18.2 with 66; tg128 at depth 4096: 31B Q4_0 160.2 -> 165.9, E4B Q4_0 472.7 -> 480.6
+    // (depth 0 unchanged).
     const int64_t per_sm =
         (2 * int64_t(std::max(1, sm_count)) + kv_heads * std::max(1, n_tokens) - 1) /
         (kv_heads * std::max(1, n_tokens));
