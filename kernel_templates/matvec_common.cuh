@@ -351,17 +351,15 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
     GJ_MATVEC_MOE_ENTRY(NAME##_moe_geglu, F, gj_epi_geglu, int8)
 #else
 #if MULTI
+#define GJ_MATVEC_MULTI_IF(NAME, F) GJ_MATVEC_MULTI_ENTRY(NAME, F)
+#else
+#define GJ_MATVEC_MULTI_IF(NAME, F)
+#endif
 #define GJ_MATVEC_ENTRIES(NAME, F)             \
     GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
     GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
     GJ_MATVEC_GEGLU_ENTRY(NAME##_geglu, F)     \
-    GJ_MATVEC_MULTI_ENTRY(NAME##_multi, F)
-#else
-#define GJ_MATVEC_ENTRIES(NAME, F)             \
-    GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
-    GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
-    GJ_MATVEC_GEGLU_ENTRY(NAME##_geglu, F)
-#endif
+    GJ_MATVEC_MULTI_IF(NAME##_multi, F)
 #endif
 
 #endif  // GJ_MATVEC_COMMON_CUH

@@ -691,11 +691,7 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         DeviceBuffer y(size_t(n) * 4);
         const CUdeviceptr none = 0;
         for (int geglu = 0; geglu < 2; ++geglu) {
-            const auto [threads, rows] =
-                is_f
-                    ? gj::gemma4::MatvecLaunch{unsigned(gj::gemma4::spec_constant(spec, "THREADS")),
-                                               unsigned(gj::gemma4::spec_constant(spec, "ROWS"))}
-                    : gj::gemma4::matvec_launch(spec, geglu == 1);
+            const auto [threads, rows] = gj::gemma4::matvec_launch(spec, geglu == 1);
             const auto& kern = g.get(spec.name, spec.entries[geglu ? 2 : 0]);
             auto round = [&] {
                 for (int i = 0; i < copies; i += 1 + geglu) {

@@ -192,22 +192,24 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
         }
     }
     jit::KernelSpec s;
-    if (geglu_shape) s.constants = {{"GEGLU_THREADS", 128}, {"GEGLU_ROWS", 2}, {"GEGLU_UNROLL", 2}};
     s.family = fmt::format("matvec_{}", tag);
     s.name = fmt::format("matvec_{}.k{}{}{}", tag, k, ncols > 1 ? fmt::format(".b{}", ncols) : "",
                          layout == MatvecLayout::Split ? ".split" : "");
-    s.constants.insert(s.constants.begin(), {{"K", k},
-                                             {"LAYOUT", layout == MatvecLayout::Split ? 1 : 0},
-                                             {"THREADS", threads_used},
-                                             {"ROWS", rows},
-                                             {"NCOLS", ncols},
-                                             {"UNROLL", unroll}});
+    s.constants = {{"K", k},
+                   {"LAYOUT", layout == MatvecLayout::Split ? 1 : 0},
+                   {"THREADS", threads_used},
+                   {"ROWS", rows},
+                   {"NCOLS", ncols},
+                   {"UNROLL", unroll}};
+    if (geglu_shape)
+        s.constants.insert(s.constants.end(),
+                           {{"GEGLU_THREADS", 128}, {"GEGLU_ROWS", 2}, {"GEGLU_UNROLL", 2}});
     const std::string base = fmt::format("matvec_{}", tag);
     s.entries = {base, base + "_add", base + "_geglu"};
     // The multi entry (a layer's Q, K and V in one launch) selects its matrix at run time: a few
     // registers more, which the batched split K-quants' larger units do not have (8 bytes
     // spilled on sm_80).
-    if (ncols == 1 || !(is_kquant(weight_type) && layout == MatvecLayout::Split)) {
+    if (!moe && (ncols == 1 || !(is_kquant(weight_type) && layout == MatvecLayout::Split))) {
         s.constants.push_back({"MULTI", 1});
         s.entries.push_back(base + "_multi");
     }
@@ -318,7 +320,6 @@ jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, Matvec
             "matvec .moe: {} experts are read in their GGUF blocks", ggml::type_name(weight_type)));
     jit::KernelSpec s = make_matvec_spec(weight_type, k, ncols, layout, true, Rows::Any);
     s.name += ".moe";
-    std::erase_if(s.constants, [](const auto& c) { return c.first == "MULTI"; });
     s.constants.push_back({"MOE", 1});
     const std::string base = s.family;  // matvec_<tag> or matvec_f
     s.entries = {base + "_moe", base + "_moe_geglu"};

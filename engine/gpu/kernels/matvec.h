@@ -48,8 +48,8 @@ uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint6
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
                             MatvecLayout layout = MatvecLayout::Ggml, int n_rows = 0);
 
-// The launch shape of a quantized matvec spec's entry: block `threads`, grid ceil(n_rows /
-// rows); the _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
+// The launch shape of a matvec spec's entry: block `threads`, grid ceil(n_rows / rows); the
+// _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
 struct MatvecLaunch {
     unsigned threads, rows;
 };

@@ -151,7 +151,7 @@ void GpuSession::matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, 
     }
     const std::string& name = T == 1 ? g.q.spec_decode : g.q.spec_prefill;
     const jit::KernelSpec& spec = model_.kernels().spec(name);
-    const unsigned threads = constant(spec, "THREADS"), rows = constant(spec, "ROWS");
+    const auto [threads, rows] = matvec_launch(spec, false);
     const GpuMatrix* v = lc.has_v_proj ? &g.v : nullptr;
     CUdeviceptr w0 = g.q.ptr, w1 = g.k.ptr, w2 = v ? v->ptr : 0;
     CUdeviceptr y0 = w.q.ptr(), y1 = w.kraw.ptr(), y2 = w.vraw.ptr();
