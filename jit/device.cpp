@@ -23,14 +23,32 @@ struct Device::Impl {
     int low_priority = 0, high_priority = 0;  // stream priorities (numerically low is high)
 };
 
+namespace {
+// Device::select's ordinal; -1: GEMMAJIT_DEVICE's.
+std::atomic<int> selected_ordinal{-1};
+std::atomic<bool> device_created{false};
+}  // namespace
+
+void Device::select(int ordinal) {
+    if (device_created.load())
+        throw std::logic_error("Device::select after the device was created");
+    selected_ordinal.store(ordinal);
+}
+
 Device::Device() : impl_(std::make_unique<Impl>()) {
     const DriverApi& api = driver();
     int count = 0;
     check_driver(api.cuDeviceGetCount(&count), "cuDeviceGetCount");
-    impl_->ordinal = static_cast<int>(Flags::process().get_int("GEMMAJIT_DEVICE"));
+    const int selected = selected_ordinal.load();
+    impl_->ordinal =
+        selected >= 0 ? selected : static_cast<int>(Flags::process().get_int("GEMMAJIT_DEVICE"));
     if (impl_->ordinal >= count)
-        throw DeviceUnavailable(fmt::format("GEMMAJIT_DEVICE={} but only {} CUDA device{} exist",
-                                            impl_->ordinal, count, count == 1 ? "" : "s"));
+        throw DeviceUnavailable(
+            selected >= 0
+                ? fmt::format("this process needs CUDA device {} but only {} device{} exist",
+                              impl_->ordinal, count, count == 1 ? "" : "s")
+                : fmt::format("GEMMAJIT_DEVICE={} but only {} CUDA device{} exist", impl_->ordinal,
+                              count, count == 1 ? "" : "s"));
     check_driver(api.cuDeviceGet(&impl_->dev, impl_->ordinal), "cuDeviceGet");
     char name[256] = {};
     check_driver(api.cuDeviceGetName(name, sizeof name, impl_->dev), "cuDeviceGetName");
@@ -76,7 +94,10 @@ CUstream Device::create_stream(bool background) const {
 Device& Device::get() {
     // Created on first use and deliberately never destroyed: modules, buffers and graphs owned by
     // other statics may outlive it at exit, and the driver releases everything with the process.
-    static Device* device = new Device();
+    static Device* device = [] {
+        device_created.store(true);
+        return new Device();
+    }();
     return *device;
 }
 

@@ -40,6 +40,9 @@ bool device_available(std::string* why = nullptr);
 class Device {
   public:
     static Device& get();  // throws DeviceUnavailable
+    // Makes get() open device `ordinal` instead of GEMMAJIT_DEVICE's (a tensor-parallel rank's
+    // process its own GPU). Only before the first get(): std::logic_error after it.
+    static void select(int ordinal);
     std::string name() const;
     std::string arch() const;  // "sm_90"
     int sm_count() const;

@@ -45,6 +45,9 @@ std::vector<std::string> existing(const std::string& pattern) {
 struct Nccl::Api {
     Result (*get_version)(int*) = nullptr;
     Result (*comm_init_all)(Comm*, int, const int*) = nullptr;
+    Result (*get_unique_id)(Nccl::UniqueId*) = nullptr;
+    Result (*comm_init_rank)(Comm*, int, Nccl::UniqueId, int) = nullptr;
+    Result (*all_gather)(const void*, void*, size_t, int, Comm, CUstream) = nullptr;
     Result (*comm_destroy)(Comm) = nullptr;
     Result (*all_reduce)(const void*, void*, size_t, int, int, Comm, CUstream) = nullptr;
     Result (*group_start)() = nullptr;
@@ -135,6 +138,9 @@ Nccl& Nccl::get(const Flags& flags) {
         };
         sym(api->get_version, "ncclGetVersion");
         sym(api->comm_init_all, "ncclCommInitAll");
+        sym(api->get_unique_id, "ncclGetUniqueId");
+        sym(api->comm_init_rank, "ncclCommInitRank");
+        sym(api->all_gather, "ncclAllGather");
         sym(api->comm_destroy, "ncclCommDestroy");
         sym(api->all_reduce, "ncclAllReduce");
         sym(api->group_start, "ncclGroupStart");
@@ -171,6 +177,33 @@ std::vector<Nccl::Comm> Nccl::init_all(const std::vector<int>& devices) {
     api_->check(api_->comm_init_all(comms.data(), int(devices.size()), devices.data()),
                 fmt::format("ncclCommInitAll over {} devices", devices.size()));
     return comms;
+}
+
+Nccl::UniqueId Nccl::unique_id() {
+    UniqueId id{};
+    api_->check(api_->get_unique_id(&id), "ncclGetUniqueId");
+    return id;
+}
+
+Nccl::Comm Nccl::init_rank(int ranks, const UniqueId& id, int rank) {
+    Comm comm = nullptr;
+    api_->check(api_->comm_init_rank(&comm, ranks, id, rank),
+                fmt::format("ncclCommInitRank (rank {} of {})", rank, ranks));
+    return comm;
+}
+
+void Nccl::all_reduce_sum(Comm comm, CUdeviceptr buf, size_t count, NcclType type,
+                          CUstream stream) {
+    void* p = reinterpret_cast<void*>(buf);
+    api_->check(api_->all_reduce(p, p, count, int(type), kSum, comm, stream),
+                fmt::format("ncclAllReduce ({} elements)", count));
+}
+
+void Nccl::all_gather(Comm comm, CUdeviceptr send, CUdeviceptr recv, size_t count, NcclType type,
+                      CUstream stream) {
+    api_->check(api_->all_gather(reinterpret_cast<const void*>(send), reinterpret_cast<void*>(recv),
+                                 count, int(type), comm, stream),
+                fmt::format("ncclAllGather ({} elements per rank)", count));
 }
 
 void Nccl::destroy(Comm comm) {

@@ -12,6 +12,7 @@
 
 #include <cuda.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -23,7 +24,7 @@ namespace gj::jit {
 class Flags;
 
 // The element types of a collective (ncclDataType_t values).
-enum class NcclType : int { F16 = 6, F32 = 7, BF16 = 9 };
+enum class NcclType : int { I32 = 2, F16 = 6, F32 = 7, BF16 = 9 };
 
 class Nccl {
   public:
@@ -45,6 +46,15 @@ class Nccl {
     // One communicator per device ordinal in `devices` (ncclCommInitAll: one process drives
     // them all), rank i on devices[i]. Throws DeviceError naming the NCCL error.
     std::vector<Comm> init_all(const std::vector<int>& devices);
+
+    // The rendezvous of a communicator whose ranks are separate processes (ncclUniqueId: 128
+    // opaque bytes). Rank 0 makes it and hands it to the others, which pass it to init_rank.
+    static constexpr size_t kUniqueIdBytes = 128;
+    using UniqueId = std::array<char, kUniqueIdBytes>;
+    UniqueId unique_id();
+    // This process's communicator as `rank` of `ranks` on the current context's device
+    // (ncclCommInitRank; blocks until every rank has joined).
+    Comm init_rank(int ranks, const UniqueId& id, int rank);
     void destroy(Comm comm);  // never throws
 
     // In-place sum over the ranks of `count` elements at bufs[r] on streams[r] (each buffer and
@@ -52,6 +62,11 @@ class Nccl {
     // Not thread-safe for one set of communicators (NCCL's rule: one caller at a time).
     void all_reduce_sum(std::span<const Comm> comms, std::span<const CUdeviceptr> bufs,
                         size_t count, NcclType type, std::span<const CUstream> streams);
+    // The same for one rank of a communicator whose other ranks are other processes.
+    void all_reduce_sum(Comm comm, CUdeviceptr buf, size_t count, NcclType type, CUstream stream);
+    // recv[r * count .. (r + 1) * count) = rank r's `count` elements at send, on every rank.
+    void all_gather(Comm comm, CUdeviceptr send, CUdeviceptr recv, size_t count, NcclType type,
+                    CUstream stream);
 
   private:
     Nccl() = default;

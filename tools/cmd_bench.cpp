@@ -19,8 +19,10 @@
 
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/session.h"
+#include "engine/gpu/tensor_parallel.h"
 #include "jit/cuda_driver.h"
 #include "jit/device.h"
+#include "jit/env_flags.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -36,6 +38,7 @@ struct BenchArgs {
     int reps = 5;
     bool profile = false;
     uint64_t seed = 42;
+    int tp = 0;  // --tp (0: GEMMAJIT_TP)
 };
 
 struct Stats {
@@ -161,10 +164,7 @@ void print_profile(const std::string& title, const std::vector<gemma4::KernelTim
 }
 
 void run_bench(const BenchArgs& a) {
-    std::string why;
-    if (!jit::device_available(&why))
-        throw std::runtime_error("bench measures the GPU forward, and there is no usable GPU: " +
-                                 why);
+    const int tp = tp_ranks(a.tp);
     if (a.reps < 1) throw std::invalid_argument("-r must be at least 1");
     for (int v : a.prompt)
         if (v < 0) throw std::invalid_argument("-p values must be >= 0");
@@ -180,19 +180,33 @@ void run_bench(const BenchArgs& a) {
     const int max_n = *std::max_element(a.gen.begin(), a.gen.end());
     const int max_d = *std::max_element(a.depth.begin(), a.depth.end());
     const int max_b = *std::max_element(a.batch.begin(), a.batch.end());
+    // Tensor parallelism: the worker processes are forked before anything touches the GPU; every
+    // rank runs this same benchmark (same seed, same tokens) and rank 0 reports it.
+    gemma4::RankGroup group(tp);
+    set_process_rank(group.rank());
+    std::string why;
+    if (!jit::device_available(&why))
+        throw std::runtime_error("bench measures the GPU forward, and there is no usable GPU: " +
+                                 why);
 
     gemma4::GpuModelOptions mo;
     mo.context = (max_d + std::max(max_p, max_n + 1) + 255) / 256 * 256;
     mo.progress = status_line;
     mo.sequences = max_b;
+    mo.tp = group.connect(jit::Flags::process());
     auto model = gemma4::GpuModel::load(a.model, mo);
     gemma4::GpuSession session(*model);
     const gemma4::Config& cfg = model->config();
     jit::Device& dev = jit::Device::get();
-    const double copy_bw = copy_bandwidth();
-    const double weight_gb = double(model->decode_weight_bytes()) / 1e9;
-    fmt::print("device: {} ({}), copy bandwidth {:.0f} GB/s (D2D, read + write)\n", dev.name(),
-               dev.arch(), copy_bw / 1e9);
+    // Over N GPUs: the bytes all ranks read (rank 0's times N) against N devices' bandwidth.
+    const int ranks = group.ranks();
+    const double copy_bw = copy_bandwidth() * ranks;
+    const double weight_gb = double(model->decode_weight_bytes()) * ranks / 1e9;
+    fmt::print("device: {}{} ({}), copy bandwidth {:.0f} GB/s (D2D, read + write){}\n",
+               ranks > 1 ? fmt::format("{} x ", ranks) : "", dev.name(), dev.arch(), copy_bw / 1e9,
+               ranks > 1 ? fmt::format(", tensor parallel over {} GPUs (NCCL {})", ranks,
+                                       model->tensor_parallel().nccl->version())
+                         : "");
     fmt::print("model: {}\n", model->summary());
     fmt::print("graphs: {}, prefill chunk {}, context {}\n\n",
                session.graphs_enabled() ? "on" : "off (GEMMAJIT_GRAPHS=0)", model->prefill_chunk(),
@@ -268,6 +282,7 @@ void run_bench(const BenchArgs& a) {
     if (session.graphs_enabled())
         fmt::print("\n{} decode graph launches ({} captured)\n", session.graph_launches(),
                    session.graph_captures());
+    group.finish();
 }
 
 std::vector<int> parse_int_list(const std::string& text, const char* flag) {
@@ -316,6 +331,7 @@ void add_bench_command(CLI::App& app) {
     cmd->add_flag("--profile", a->profile,
                   "kernel-time breakdown of each prompt and of one decode step per depth");
     cmd->add_option("--seed", a->seed, "seed of the random token ids")->capture_default_str();
+    add_tp_option(cmd, a->tp);
     cmd->callback([a, p, n, d, b] {
         BenchArgs args = *a;
         args.prompt = parse_int_list(*p, "-p");

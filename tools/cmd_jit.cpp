@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 
 #include "cache/store.h"
@@ -48,7 +49,7 @@ void add_plan_options(CLI::App* sub, PlanSource& src) {
                     "q5_k_m, ...; default q8_0)");
     sub->add_option("--tp", src.tp,
                     "GPUs of a tensor-parallel split: the union of every rank's kernels, each "
-                    "specialized for its slice of the heads, FFN and vocabulary (--variant only)")
+                    "specialized for its slice of the heads, FFN and vocabulary")
         ->check(CLI::Range(1, gemma4::kMaxTensorParallel));
 }
 
@@ -74,14 +75,22 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
         if (!src.wtype.empty())
             throw std::invalid_argument(
                 "--wtype applies to --variant; with --model the file's tensor types decide");
-        if (src.tp > 1)
-            throw std::invalid_argument(
-                "--tp applies to --variant: a tensor-parallel load of a file is not built yet, so "
-                "no file has a shard plan to list");
         plan.label = src.model;
         gemma4::GpuModelOptions opts;
         opts.flags = &flags;
-        plan.specs = gemma4::GpuModel::kernel_specs(src.model, opts);
+        if (src.tp == 1) {
+            plan.specs = gemma4::GpuModel::kernel_specs(src.model, opts);
+            return plan;
+        }
+        // Every rank's load, planned (no GPU, no NCCL): the union of their kernels.
+        plan.label += fmt::format(", tensor parallel over {} GPUs", src.tp);
+        std::set<std::string> seen;
+        for (int r = 0; r < src.tp; ++r) {
+            opts.tp.rank = r;
+            opts.tp.ranks = src.tp;
+            for (auto& spec : gemma4::GpuModel::kernel_specs(src.model, opts))
+                if (seen.insert(spec.name).second) plan.specs.push_back(std::move(spec));
+        }
         return plan;
     }
     ggml::Type wtype = ggml::Type::Q8_0;

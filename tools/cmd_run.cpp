@@ -17,6 +17,7 @@
 #include "engine/text/sampler.h"
 #include "engine/text/tokenizer.h"
 #include "engine/text/vocab_json.h"
+#include "jit/env_flags.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -120,6 +121,7 @@ struct RunArgs {
     bool cpu = false;
     int threads = 0;
     int context = 0;
+    int tp = 0;  // --tp (0: GEMMAJIT_TP)
 };
 
 std::string read_text_file(const std::string& path) {
@@ -131,6 +133,9 @@ std::string read_text_file(const std::string& path) {
 }
 
 void run_generate(RunArgs a) {
+    const int ranks = tp_ranks(a.tp);
+    if (ranks > 1 && a.cpu)
+        throw std::invalid_argument("--tp splits the model over GPUs; --cpu runs it whole");
     // Everything that can be wrong with the arguments is reported before any file is read.
     a.sampling.validate();
     if (a.n_predict < -1) {
@@ -157,7 +162,7 @@ void run_generate(RunArgs a) {
     const gemma4::Config& cfg = file->config();
     const tok::Tokenizer& tokenizer = file->tokenizer();
     const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
-    if (!style.recognized) {
+    if (!style.recognized && !is_worker()) {
         std::fprintf(stderr,
                      "gemmajit: the model's chat template does not look like Gemma 4's; using the "
                      "built-in Gemma 4 format\n");
@@ -174,7 +179,14 @@ void run_generate(RunArgs a) {
 
     if (a.context > 0) gen::check_prompt_fits(prompt.size(), a.context);
 
-    auto backend = gen::Backend::open(file, backend_options(a.cpu, a.threads, a.context));
+    // Tensor parallelism: the workers are forked here, before anything touches the GPU; every
+    // rank runs the same generation (same prompt, same sampling seed, the same token picked from
+    // the gathered candidates) and rank 0 prints it.
+    gemma4::RankGroup group(ranks);
+    set_process_rank(group.rank());
+    gen::BackendOptions bo = backend_options(a.cpu, a.threads, a.context);
+    if (ranks > 1) bo.tp = group.connect(jit::Flags::process());
+    auto backend = gen::Backend::open(file, bo);
     sample::Sampler sampler(a.sampling);
     gen::GenerateOptions gen_opts;
     gen_opts.max_tokens = a.n_predict;
@@ -190,6 +202,7 @@ void run_generate(RunArgs a) {
         });
     std::printf("\n");
     std::fflush(stdout);
+    if (is_worker()) return;  // rank 0 reports
     auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
     std::fprintf(stderr,
                  "prompt: %d tokens in %.3f s (%.2f tokens/s)\n"
@@ -203,6 +216,7 @@ void run_generate(RunArgs a) {
     } else {
         std::fprintf(stderr, "first token: %.3f s after start\n", first_token_s);
     }
+    group.finish();  // throws when a worker failed
 }
 
 void add_run_command(CLI::App& app) {
@@ -221,6 +235,7 @@ void add_run_command(CLI::App& app) {
     cmd->add_option("--ctx", a->context,
                     "GPU context in tokens (0: the model's, reduced to what fits in memory)");
     cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    add_tp_option(cmd, a->tp);
     cmd->callback([a] { run_generate(*a); });
 }
 

@@ -8,10 +8,12 @@
 #include <atomic>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <thread>
 
 #include "engine/generate/backend.h"
+#include "engine/gpu/tensor_parallel.h"
 #include "engine/model/model_file.h"
 #include "engine/serve/scheduler.h"
 #include "jit/env_flags.h"
@@ -30,7 +32,34 @@ struct ServeArgs {
     int prefill_chunk = 0;
     bool cpu = false;
     int threads = 0;
+    int tp = 0;  // --tp (0: GEMMAJIT_TP)
 };
+
+// The GPU backend settings of a server, alike on every tensor-parallel rank (the same model
+// shapes, sequences and chunk, so the same collectives).
+gen::BackendOptions server_backend_options(const ServeArgs& a, int gpu_chunk) {
+    gen::BackendOptions bo = backend_options(a.cpu, a.threads, a.context);
+    bo.prefill_progress = nullptr;  // many prompts at once: no progress line on the terminal
+    bo.default_sequence = false;
+    bo.sequences = a.parallel;
+    bo.prefill_chunk = gpu_chunk;
+    return bo;
+}
+
+// A tensor-parallel worker of the server: no HTTP, the same model on its own GPU, replaying the
+// session calls rank 0's scheduler makes until rank 0 closes the stream. Ctrl-C and SIGTERM are
+// rank 0's to handle (the worker ends with the stream, or with rank 0).
+void serve_worker(const ServeArgs& a, int gpu_chunk, gemma4::RankGroup& group) {
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    gen::BackendOptions bo = server_backend_options(a, gpu_chunk);
+    bo.tp = group.connect(jit::Flags::process());
+    auto backend = gen::Backend::open(gemma4::ModelFile::open(a.model), bo);
+    backend->gpu_session()->replay([&](std::vector<int32_t>& r) { return group.receive(r); });
+}
 
 void run_serve(ServeArgs a) {
     a.http.sampling.validate();
@@ -45,6 +74,23 @@ void run_serve(ServeArgs a) {
     }
     if (a.http.model_name.empty())
         a.http.model_name = std::filesystem::path(a.model).stem().string();
+    // On the GPU the scheduler feeds a prompt in chunks of this many tokens and the session
+    // is sized for exactly them: a longer session chunk would only grow every slot's
+    // sliding-window rings. Shorter chunks than run's also bound how long one prompt's
+    // chunk holds up the other slots' decode steps.
+    const jit::Flags& env = jit::Flags::process();
+    const int gpu_chunk = a.prefill_chunk > 0 ? a.prefill_chunk
+                          : env.is_set("GEMMAJIT_PREFILL_CHUNK")
+                              ? int(env.get_int("GEMMAJIT_PREFILL_CHUNK"))
+                              : 512;
+    const int ranks = tp_ranks(a.tp);
+    if (ranks > 1 && a.cpu)
+        throw std::invalid_argument("--tp splits the model over GPUs; --cpu runs it whole");
+    // Tensor parallelism: the workers are forked first (before any thread or GPU use); only rank
+    // 0 serves HTTP, and its session hands every call to the workers (GpuSession::set_mirror).
+    gemma4::RankGroup group(ranks);
+    set_process_rank(group.rank());
+    if (!group.leader()) return serve_worker(a, gpu_chunk, group);
 
     // Every thread started from here on inherits the blocked signals; only the watcher below
     // receives them, so a signal never interrupts a worker in the middle of a step.
@@ -87,21 +133,12 @@ void run_serve(ServeArgs a) {
     std::unique_ptr<serve::Scheduler> sched;
     try {
         const std::shared_ptr<const gemma4::ModelFile> file = gemma4::ModelFile::open(a.model);
-        gen::BackendOptions bo = backend_options(a.cpu, a.threads, a.context);
-        bo.prefill_progress = nullptr;  // many prompts at once: no progress line on the terminal
-        bo.default_sequence = false;
-        bo.sequences = a.parallel;
-        // On the GPU the scheduler feeds a prompt in chunks of this many tokens and the session
-        // is sized for exactly them: a longer session chunk would only grow every slot's
-        // sliding-window rings. Shorter chunks than run's also bound how long one prompt's
-        // chunk holds up the other slots' decode steps.
-        const jit::Flags& env = jit::Flags::process();
-        const int gpu_chunk = a.prefill_chunk > 0 ? a.prefill_chunk
-                              : env.is_set("GEMMAJIT_PREFILL_CHUNK")
-                                  ? int(env.get_int("GEMMAJIT_PREFILL_CHUNK"))
-                                  : 512;
-        bo.prefill_chunk = gpu_chunk;
+        gen::BackendOptions bo = server_backend_options(a, gpu_chunk);
+        if (ranks > 1) bo.tp = group.connect(env);
         backend = gen::Backend::open(file, bo);
+        if (ranks > 1)
+            backend->gpu_session()->set_mirror(
+                [&group](std::span<const int32_t> r) { group.send(r); });
         std::vector<std::unique_ptr<gen::Forward>> sequences;
         for (int i = 0; i < a.parallel; ++i) sequences.push_back(backend->new_sequence());
         serve::SchedulerOptions so;
@@ -117,7 +154,9 @@ void run_serve(ServeArgs a) {
         server.set_ready(file, sched.get());
         status_line("ready: " + std::to_string(a.parallel) + " slot(s) of " +
                     std::to_string(sched->context()) + " tokens on the " +
-                    (backend->on_gpu() ? "GPU" : "CPU reference"));
+                    (!backend->on_gpu() ? std::string("CPU reference")
+                     : ranks > 1        ? std::to_string(ranks) + " GPUs (tensor parallel)"
+                                        : std::string("GPU")));
     } catch (...) {
         shut_down();
         throw;
@@ -127,6 +166,9 @@ void run_serve(ServeArgs a) {
     quit = true;
     watcher.join();
     sched->stop();
+    sched.reset();
+    backend.reset();
+    group.finish();  // the workers' command streams end; throws when one failed
     status_line("stopped");
 }
 
@@ -155,6 +197,7 @@ void add_serve_command(CLI::App& app) {
     add_sampling_options(cmd, a->http.sampling);
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
     cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    add_tp_option(cmd, a->tp);
     cmd->callback([a] { run_serve(*a); });
 }
 

@@ -28,8 +28,17 @@ void add_sampling_options(CLI::App* cmd, sample::SamplerParams& s);
 // the progress of a long prompt.
 gen::BackendOptions backend_options(bool cpu, int threads, int context);
 
-// "gemmajit: <line>" on stderr (loading progress, notices).
+// "gemmajit: <line>" on stderr (loading progress, notices); nothing in a tensor-parallel worker.
 void status_line(const std::string& line);
+
+// --tp N (tensor parallelism over GPUs 0..N-1) on bench and run, and its value when the command
+// runs: GEMMAJIT_TP's when not given. Throws std::invalid_argument outside 1..8.
+void add_tp_option(CLI::App* cmd, int& tp);
+int tp_ranks(int tp);
+// Marks this process as tensor-parallel rank `rank`: a worker (rank > 0) prints no status lines
+// and its errors name its rank.
+void set_process_rank(int rank);
+bool is_worker();
 
 // Seconds since main() was entered (for the time to the first generated token).
 double seconds_since_start();

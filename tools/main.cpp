@@ -1,17 +1,45 @@
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 
+#include "jit/env_flags.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
 
 namespace {
 std::chrono::steady_clock::time_point main_entered;
-}
+int process_rank = 0;
+}  // namespace
 
 void status_line(const std::string& line) {
-    std::fprintf(stderr, "gemmajit: %s\n", line.c_str());
+    if (process_rank == 0) std::fprintf(stderr, "gemmajit: %s\n", line.c_str());
+}
+
+void set_process_rank(int rank) {
+    process_rank = rank;
+}
+
+bool is_worker() {
+    return process_rank > 0;
+}
+
+void add_tp_option(CLI::App* cmd, int& tp) {
+    tp = 0;  // GEMMAJIT_TP's, read when the command runs (tp_ranks)
+    cmd->add_option("--tp", tp,
+                    "split the model over this many GPUs (tensor parallelism on devices 0..N-1, "
+                    "one process each; default: GEMMAJIT_TP, else 1)");
+}
+
+int tp_ranks(int tp) {
+    if (tp == 0) return int(jit::Flags::process().get_int("GEMMAJIT_TP"));
+    if (tp < 1 || tp > 8)
+        throw std::invalid_argument(
+            fmt::format("--tp {}: the model is split over 1 to 8 GPUs", tp));
+    return tp;
 }
 
 double seconds_since_start() {
@@ -37,7 +65,11 @@ int main(int argc, char** argv) {
         return app.exit(e);
     } catch (const std::exception& e) {
         std::fflush(stdout);
-        std::fprintf(stderr, "gemmajit: error: %s\n", e.what());
+        if (gj::tools::is_worker())
+            std::fprintf(stderr, "gemmajit: tensor-parallel rank %d: error: %s\n",
+                         gj::tools::process_rank, e.what());
+        else
+            std::fprintf(stderr, "gemmajit: error: %s\n", e.what());
         return 1;
     }
     return 0;

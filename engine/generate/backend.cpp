@@ -15,7 +15,13 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
         if (opts.status) opts.status(line);
     };
     std::string why;
+    if (opts.tp.active() && opts.cpu)
+        throw std::invalid_argument(
+            "tensor parallelism (--tp) splits the model over GPUs; "
+            "the CPU reference runs it whole");
     if (!opts.cpu && !jit::device_available(&why)) {
+        if (opts.tp.active())
+            throw std::runtime_error("tensor parallelism (--tp) needs GPUs: " + why);
         status("no usable GPU (" + why + "); running the CPU reference forward");
     }
     if (opts.cpu || !why.empty()) {
@@ -31,6 +37,7 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
     mo.prefill_chunk = opts.prefill_chunk;
     mo.progress = opts.status;
     mo.sequences = opts.sequences;
+    mo.tp = opts.tp;
     b->gpu_model_ = gemma4::GpuModel::load(b->file_, mo);
     status(b->gpu_model_->summary());
     b->prefill_progress_ = opts.prefill_progress;

@@ -36,6 +36,8 @@ struct BackendOptions {
     // sequences over the loaded model (new_sequence()) sets this false, so every sequence is a
     // slot.
     bool default_sequence = true;
+    // Tensor parallelism: this process's rank and communicator (the GPU only).
+    gemma4::TensorParallel tp;
 };
 
 class Backend {
@@ -55,6 +57,9 @@ class Backend {
     // pass over all of them, on the CPU one after the other.
     BatchDecoder& batch_decoder() { return *batch_; }
     bool on_gpu() const { return gpu_model_ != nullptr; }
+    // The GPU session (null on the CPU): a tensor-parallel server mirrors its calls to the
+    // workers (GpuSession::set_mirror).
+    gemma4::GpuSession* gpu_session() { return session_.get(); }
     // Empties the sequence (a new conversation); the weights stay loaded.
     void reset();
     const gemma4::ModelFile& file() const { return *file_; }

@@ -24,7 +24,9 @@ void GpuKernels::build(const jit::Flags& flags,
                        const std::function<void(const std::string&)>& progress) {
     if (built_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    jit::Jit jit(flags);  // cache, arch and log from the model's settings; the log shows misses
+    // Cache, arch and log from the model's settings; the log (compile misses) goes where the
+    // load's progress goes (a tensor-parallel worker's nowhere), else to stderr.
+    jit::Jit jit(flags, progress ? jit::LogSink(progress) : jit::LogSink{});
     std::vector<jit::KernelSpec> list = specs();
     std::vector<jit::CompiledKernel> compiled = jit.compile_plan(list, jit::Device::get().arch());
     for (const auto& k : compiled) compiled_now_ += k.cache_hit ? 0 : 1;

@@ -76,6 +76,20 @@ std::unique_ptr<GpuModel> GpuModel::open_model(std::shared_ptr<const ModelFile> 
     WeightOptions wopts;
     wopts.f32_copy_limit_bytes = 0;  // matrices stay in the mapping until uploaded
     m->weights_ = std::make_unique<Weights>(*m->file_, m->cfg_, wopts);
+    m->vocab_rows_ = Range{0, m->cfg_.vocab_size};
+    m->tp_ = opts.tp;
+    if (m->tp_.active()) {
+        // Slices of the row-parallel matrices' inputs are whole weight blocks of their types.
+        int block = 32;
+        for (const LayerWeights& lw : m->weights_->layers)
+            for (const Matrix* x : {&lw.attn_output, &lw.ffn_down, &lw.ffn_gate, &lw.ffn_up})
+                if (x->present()) block = std::max(block, spec_util::matvec_block_elems(x->type()));
+        const ShardPlan plan = plan_shards(m->cfg_, m->tp_.ranks, block);
+        const RankShard& mine = plan.shards.at(size_t(m->tp_.rank));
+        m->cfg_ = mine.config;
+        m->shard_ = mine.layers;
+        m->vocab_rows_ = mine.vocab;
+    }
     m->plan_layout(opts);
     return m;
 }
@@ -150,11 +164,15 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
     // `prefill_gemm`: whether T-token products may take cuBLAS through a dequantized F16 copy
     // (not for the LM head, whose copy would be as large as the vocabulary).
-    auto plan_matrix = [&](const Matrix& m, bool prefill_gemm = true) {
+    // `rows` / `cols`: the tensor-parallel slice of the tensor (count 0: all of it).
+    auto plan_matrix = [&](const Matrix& m, bool prefill_gemm = true, Range rows = {},
+                           Range cols = {}) {
         GpuMatrix g;
         g.name = m.name();
-        g.rows = int(m.rows());
-        g.cols = int(m.cols());
+        g.rows = rows.count ? rows.count : int(m.rows());
+        g.cols = cols.count ? cols.count : int(m.cols());
+        g.row0 = rows.first;
+        g.col0 = cols.first;
         const ggml::Type t = m.type();
         // Kept in its type, a matrix of a type with the split layout is repacked to it.
         const MatvecLayout kept_layout =
@@ -289,8 +307,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     // The tied LM head reads token_embd: the gather's table serves it directly when both are in
     // one layout (a K-quant table takes the LM head's split layout: the gather reads it too);
     // a split Q8_0 / Q4_0 LM head gets its own copy.
-    const bool tied = w.output.name() == w.token_embd.name();
-    lm_head_ = plan_matrix(w.output, false);
+    // A tensor-parallel rank's LM head is its vocabulary rows, its own copy even when tied (a
+    // row slice of a split-layout table is no sub-buffer of it).
+    const bool tied = w.output.name() == w.token_embd.name() && !tp_.active();
+    lm_head_ = plan_matrix(w.output, false, tp_.active() ? vocab_rows_ : Range{});
     token_embd_ = plan_table(w.token_embd, tied && lm_head_.layout == MatvecLayout::Split);
     weights += token_embd_.bytes;
     if (token_embd_.layout == MatvecLayout::Split) staging = std::max(staging, token_embd_.bytes);
@@ -303,20 +323,30 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         const LayerConfig& lc = c.layers[l];
         const LayerWeights& lw = w.layers[l];
         GpuLayer& g = layers_[l];
-        g.q = plan_matrix(lw.attn_q);
+        // A tensor-parallel rank's slices: its query heads' rows of Q and columns of the output
+        // projection, its KV heads' rows of K and V, its FFN columns (gate/up rows, down
+        // columns). Whole tensors otherwise (empty ranges).
+        Range q_rows, kv_rows, ffn;
+        if (tp_.active()) {
+            const LayerShard& sh = shard_[size_t(l)];
+            q_rows = Range{sh.q_heads.first * lc.head_dim, sh.q_heads.count * lc.head_dim};
+            kv_rows = Range{sh.kv_heads.first * lc.head_dim, sh.kv_heads.count * lc.head_dim};
+            ffn = sh.ffn;
+        }
+        g.q = plan_matrix(lw.attn_q, true, q_rows);
         account(g.q);
         if (lc.has_kv) {
-            g.k = plan_matrix(lw.attn_k);
+            g.k = plan_matrix(lw.attn_k, true, kv_rows);
             account(g.k);
             if (lc.has_v_proj) {
-                g.v = plan_matrix(lw.attn_v);
+                g.v = plan_matrix(lw.attn_v, true, kv_rows);
                 account(g.v);
             }
         }
-        g.o = plan_matrix(lw.attn_output);
-        g.gate = plan_matrix(lw.ffn_gate);
-        g.up = plan_matrix(lw.ffn_up);
-        g.down = plan_matrix(lw.ffn_down);
+        g.o = plan_matrix(lw.attn_output, true, {}, q_rows);
+        g.gate = plan_matrix(lw.ffn_gate, true, ffn);
+        g.up = plan_matrix(lw.ffn_up, true, ffn);
+        g.down = plan_matrix(lw.ffn_down, true, {}, ffn);
         for (GpuMatrix* m : {&g.o, &g.gate, &g.up, &g.down}) account(*m);
         if (g.gate.type != g.up.type || g.gate.layout != g.up.layout)
             throw GpuModelError(fmt::format(
@@ -437,7 +467,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     }
     spec_quantize_ = kernels_.add(quantize_spec()).name;
     if (blas_half || gemm_bf16) spec_convert_ = kernels_.add(convert_f32_spec()).name;
-    spec_logits_ = kernels_.add(logits_spec(c.vocab_size, std::min(kMaxTopK, c.vocab_size))).name;
+    spec_logits_ = kernels_.add(logits_spec(lm_head_.rows, std::min(kMaxTopK, lm_head_.rows))).name;
 
     // Every fp32 vector: norms (d, head dims, P) and one float per layer scale.
     uint64_t vector_floats = 0;
@@ -521,23 +551,25 @@ void GpuModel::upload(const GpuModelOptions& opts) {
                               "cuMemcpyHtoDAsync(" + what + ")");
     };
 
-    // Host rows of a matrix the GPU cannot read, as F16, in pieces of ~64 MiB.
+    // Host rows of a matrix the GPU cannot read, as F16, in pieces of ~64 MiB: rows
+    // [row0, row0 + rows) and columns [col0, col0 + cols) of the tensor.
     auto upload_dequantized = [&](const gguf::TensorInfo& t, CUdeviceptr dst, uint64_t rows,
-                                  uint64_t cols) {
+                                  uint64_t cols, uint64_t row0 = 0, uint64_t col0 = 0) {
         // Sized to the piece actually used: a 64 MiB buffer cleared for every small tensor cost
         // seconds on a model of many small matrices.
         const uint64_t piece_rows =
             std::min(rows, std::max<uint64_t>(1, (uint64_t(64) << 20) / (cols * 2)));
         std::vector<uint16_t> half(piece_rows * cols);
-        const uint64_t src_row_bytes = *ggml::row_bytes(t.type, cols);
+        const uint64_t file_cols = t.dims.at(0);
+        const uint64_t src_row_bytes = *ggml::row_bytes(t.type, file_cols);
         for (uint64_t r0 = 0; r0 < rows; r0 += piece_rows) {
             const uint64_t n = std::min(piece_rows, rows - r0);
             pool.parallel_for(n, [&](size_t i) {
                 thread_local std::vector<float> row;
-                row.resize(cols);
-                dequantize_row(t.type, t.data + (r0 + i) * src_row_bytes, row.data(),
-                               int64_t(cols));
-                for (uint64_t j = 0; j < cols; ++j) half[i * cols + j] = f32_to_f16(row[j]);
+                row.resize(file_cols);
+                dequantize_row(t.type, t.data + (row0 + r0 + i) * src_row_bytes, row.data(),
+                               int64_t(file_cols));
+                for (uint64_t j = 0; j < cols; ++j) half[i * cols + j] = f32_to_f16(row[col0 + j]);
             });
             jit::check_driver(
                 api.cuMemcpyHtoDAsync(dst + r0 * cols * 2, half.data(), n * cols * 2, stream),
@@ -563,17 +595,45 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         kernels_.get(spec, repack_entry(type))
             .launch({unsigned((blocks + 255) / 256)}, {256}, 0, stream, args);
     };
+    // The GGUF bytes of a matrix's slice (a tensor-parallel shard): a row range is a piece of
+    // the tensor; a column range is gathered row by row (whole blocks) into `gathered`.
+    std::vector<uint8_t> gathered;
+    auto slice = [&](const gguf::TensorInfo& t, const GpuMatrix& g) -> gguf::TensorInfo {
+        gguf::TensorInfo out = t;
+        const uint64_t file_cols = t.dims.at(0);
+        const uint64_t row_bytes = *ggml::row_bytes(t.type, file_cols);
+        const uint64_t slice_row_bytes = *ggml::row_bytes(t.type, uint64_t(g.cols));
+        out.n_bytes = slice_row_bytes * uint64_t(g.rows);
+        if (uint64_t(g.cols) == file_cols) {
+            out.data = t.data + uint64_t(g.row0) * row_bytes;
+            return out;
+        }
+        const uint64_t skip = *ggml::row_bytes(t.type, uint64_t(g.col0));
+        gathered.resize(out.n_bytes);
+        pool.parallel_for(uint64_t(g.rows), [&](size_t r) {
+            std::memcpy(gathered.data() + r * slice_row_bytes,
+                        t.data + (uint64_t(g.row0) + r) * row_bytes + skip, slice_row_bytes);
+        });
+        out.data = gathered.data();
+        return out;
+    };
     auto upload_matrix = [&](GpuMatrix& g) {
-        const gguf::TensorInfo& t = file_->tensor(g.name);
+        const gguf::TensorInfo& whole = file_->tensor(g.name);
         g.ptr = alloc(g.bytes);
-        if (g.type != t.type) {
-            upload_dequantized(t, g.ptr, g.rows, g.cols);
-        } else if (g.layout == MatvecLayout::Split) {
+        if (g.type != whole.type) {
+            upload_dequantized(whole, g.ptr, g.rows, g.cols, g.row0, g.col0);
+            progressed(g.bytes);
+            return;
+        }
+        const gguf::TensorInfo t = slice(whole, g);
+        if (g.layout == MatvecLayout::Split) {
             stage(t);
             repack(g.spec_decode, g.type, staging.ptr(), g.ptr, g.rows, g.cols);
         } else {
             copy_to_gpu(g.ptr, t.data, t.n_bytes, g.name);
+            if (h2d && t.data == gathered.data()) h2d->flush();  // `gathered` is refilled next
         }
+        if (!h2d && t.data == gathered.data()) dev.synchronize();
         progressed(g.bytes);
     };
     // A stacked expert tensor: in the split layout each expert's matrices are repacked on their

@@ -21,6 +21,8 @@
 #include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/kv_cache.h"
 #include "engine/gpu/pinned_host.h"
+#include "engine/gpu/shard_plan.h"
+#include "engine/gpu/tensor_parallel.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/model_file.h"
 #include "jit/blas.h"
@@ -56,6 +58,9 @@ struct GpuModelOptions {
     // The architecture the plan targets (it picks the prefill GEMM variant); empty:
     // jit::default_target_arch. A load sets the GPU's own, which it compiles for.
     std::string target_arch;
+    // Tensor parallelism: load only rank tp.rank's shard of tp.ranks (shard_plan.h), its kernels
+    // specialized for the shard's shapes; the session runs its collectives on tp.comm.
+    TensorParallel tp;
 };
 
 // Activation columns of the batched (prefill) matvecs: a chunk runs in groups of this many
@@ -76,6 +81,9 @@ struct GpuMatrix {
     ggml::Type type = ggml::Type::F32;  // as stored on the GPU
     MatvecLayout layout = MatvecLayout::Ggml;
     int rows = 0, cols = 0;  // y[rows] = W x[cols]
+    // A tensor-parallel shard: the slice starts at this row and column of the file's tensor
+    // (columns in whole weight blocks).
+    int row0 = 0, col0 = 0;
     CUdeviceptr ptr = 0;
     uint64_t bytes = 0;
     std::string spec_decode;      // one activation column
@@ -196,6 +204,10 @@ class GpuModel {
     std::vector<const GpuMatrix*> matrices() const;
     const GpuTable& token_embd() const { return token_embd_; }
     const GpuMatrix& lm_head() const { return lm_head_; }
+    // The tensor-parallel split this model is one rank of (ranks 1: the whole model), and the
+    // vocabulary rows its LM head holds ([0, vocab) unsplit).
+    const TensorParallel& tensor_parallel() const { return tp_; }
+    Range vocab_rows() const { return vocab_rows_; }
     CUdeviceptr output_norm() const { return output_norm_; }
     // PLE (when config().has_ple()).
     const GpuTable& ple_table() const { return ple_table_; }
@@ -272,8 +284,11 @@ class GpuModel {
     std::filesystem::path path_;
     std::shared_ptr<const ModelFile> model_file_;  // the weights point into its mapping
     const gguf::File* file_ = nullptr;             // model_file_->gguf()
-    Config cfg_;
+    Config cfg_;  // a tensor-parallel rank's: its shard's shape (shard_plan.h)
     jit::Flags flags_;
+    TensorParallel tp_;
+    std::vector<LayerShard> shard_;  // per layer, when tp_.active()
+    Range vocab_rows_;
     std::unique_ptr<Weights> weights_;
     GpuKernels kernels_;
     KvGeometry kv_geo_;

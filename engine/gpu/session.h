@@ -92,7 +92,7 @@ class GpuSession {
     int position(int seq = 0) const { return pos_.at(size_t(seq)); }
     int context() const;
     // Drops every position of `seq` (its cache is simply overwritten as the sequence refills).
-    void reset(int seq = 0) { pos_.at(size_t(seq)) = 0; }
+    void reset(int seq = 0);
     // Keeps positions [0, keep) of `seq` and drops the rest. Returns false (and changes nothing)
     // when a sliding layer's ring has already overwritten a key those positions need; then
     // reset() and prefill again.
@@ -113,6 +113,17 @@ class GpuSession {
     // Runs `tokens` on `seq` and returns the softcapped logits of every one, [T][vocab].
     std::vector<float> prefill_logits(std::span<const int32_t> tokens, int seq = 0);
 
+    // Tensor parallelism behind a front end that only rank 0 runs (the server): rank 0's session
+    // hands each call that runs the forward pass or moves a sequence (prefill, prefill_logits,
+    // decode, decode_batch, reset, a successful rewind) to `mirror`, encoded, once its arguments
+    // have passed their checks and before it runs; the workers' sessions replay() the records in
+    // the same order, so every rank joins the same collectives (engine/gpu/session/mirror.cpp).
+    using Mirror = std::function<void(std::span<const int32_t> record)>;
+    void set_mirror(Mirror mirror) { mirror_ = std::move(mirror); }
+    // Runs the calls of the records `next` hands over (their results discarded) until it returns
+    // false. Throws std::invalid_argument for a record it cannot decode.
+    void replay(const std::function<bool(std::vector<int32_t>& record)>& next);
+
     // How often each prefill fast path ran (tests assert that the path they compare really ran).
     struct PathCounts {
         uint64_t mmq = 0;            // int8 tensor-core GEMM launches (mma.sync)
@@ -129,6 +140,8 @@ class GpuSession {
         uint64_t attn_q8 = 0;        // attention outputs quantized by flash_combine (no quantize)
         uint64_t qkv_fused = 0;      // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
         uint64_t dependent = 0;      // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
+        uint64_t all_reduce = 0;     // tensor parallelism: NCCL all-reduces of partial products
+        uint64_t all_gather = 0;     // ... and all-gathers of the ranks' readouts
         uint64_t launches = 0;       // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
@@ -286,6 +299,19 @@ class GpuSession {
     // Prefill chunk: `tokens` of sequence seq_ at pos_[seq_] onwards.
     void write_chunk_state(std::span<const int32_t> tokens);
     std::vector<StepOutput> read_results(std::span<const Readout> readouts);
+
+    // Tensor parallelism (engine/gpu/session/collectives.cpp; nothing when the model is whole):
+    // the in-place sum over the ranks of a row-parallel product's partial output (`floats`
+    // values at buf), and the all-gather of every rank's readout results (and, with `logits`,
+    // its logits rows) after the readout of n_rows rows.
+    void all_reduce(CUdeviceptr buf, uint64_t floats, const char* what);
+    void gather_readouts(int n_rows, bool logits);
+    // The readouts merged from the gathered results of every rank: the token with the largest
+    // logit of all ranks' candidates, the best kMaxTopK of them, the whole logits row.
+    std::vector<StepOutput> merge_readouts(std::span<const Readout> readouts);
+    // Every rank's all-prefill-logits rows [T][its vocabulary slice], gathered into `out` as
+    // whole rows [T][vocab].
+    void gather_all_logits(int T, float* out);
     void check_tokens(std::span<const int32_t> tokens, int seq) const;
     void select(int seq);  // seq_ = seq, after checking it
 
@@ -293,8 +319,12 @@ class GpuSession {
     void fork(int branches);
     void join(int branches);
 
+    // Hands the call encoded in `record` to the mirror, when one is set.
+    void mirror(std::initializer_list<int32_t> head, std::span<const int32_t> tail = {});
+
     GpuModel& model_;
     const Config& cfg_;
+    Mirror mirror_;
     KvCache kv_;
     std::unique_ptr<Work> w_;
     std::vector<std::unique_ptr<Graph>> graphs_list_;

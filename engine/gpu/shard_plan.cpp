@@ -4,18 +4,11 @@
 
 namespace gj::gemma4 {
 
-namespace {
-
-// Part r of n of [0, total) in whole units of `unit`: [floor(r U / n), floor((r+1) U / n)) of the
-// U = total / unit units, so the parts differ by at most one unit and the larger ones are spread
-// (84 blocks over 8 ranks: 10, 11, 10, 11, ...).
 Range part_of(int total, int unit, int r, int n) {
     const int units = total / unit;
     const int first = int(int64_t(units) * r / n), end = int(int64_t(units) * (r + 1) / n);
     return Range{first * unit, (end - first) * unit};
 }
-
-}  // namespace
 
 ShardPlan plan_shards(const Config& cfg, int ranks, int block) {
     auto fail = [&](const std::string& why) {

@@ -40,6 +40,11 @@ struct Range {
     bool operator==(const Range&) const = default;
 };
 
+// Part r of n of [0, total) in whole units of `unit`: [floor(r U / n), floor((r+1) U / n)) of the
+// U = total / unit units, so the parts differ by at most one unit and the larger ones are spread
+// (84 blocks over 8 ranks: 10, 11, 10, 11, ...). The vocabulary split is part_of(V, 1, r, n).
+Range part_of(int total, int unit, int r, int n);
+
 struct LayerShard {
     Range q_heads;        // query heads of this rank
     Range kv_heads;       // KV heads its query heads read (none on KV-shared layers' own weights:

@@ -398,7 +398,8 @@ TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
     const Family families[] = {
         {{ggml::Type::Q8_0, ggml::Type::Q4_0},
          {MatvecLayout::Ggml, MatvecLayout::Split},
-         {2560, 10240, 2048, 256, 128, 32}},
+         // ... and the slices of a tensor-parallel split (tiny over 2 GPUs: 64; 31B: 10752).
+         {2560, 10240, 2048, 256, 128, 64, 32, 10752}},
         {{ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1}, {MatvecLayout::Ggml}, q32_widths},
         {{ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K},
          {MatvecLayout::Ggml},

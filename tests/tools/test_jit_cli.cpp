@@ -140,8 +140,8 @@ TEST(JitCli, TwoPrecompilesRacingOnOneEmptyCacheBothSucceed) {
 }
 
 // `kernels --tp N`: one line per rank (its query heads, KV heads, FFN slice, vocabulary rows) and
-// the union of the ranks' kernels at their shard shapes; the splits that cannot be made, and --tp
-// with a file, end in one clear error.
+// the union of the ranks' kernels at their shard shapes, for a preset and for a file; the splits
+// that cannot be made end in one clear error.
 TEST(JitCli, KernelsOfATensorParallelSplit) {
     gj::test::ScratchDir tmp("jit-cli-tp");
     auto r = run_command(cli(tmp.path(), "kernels --variant 31b --wtype q4_0 --tp 2 --arch sm_90"));
@@ -160,9 +160,17 @@ TEST(JitCli, KernelsOfATensorParallelSplit) {
     r = run_command(cli(tmp.path(), "kernels --variant 26b-a4b --tp 2"));
     EXPECT_EQ(r.exit_code, 1) << r.out;
     EXPECT_NE(r.out.find("mixture-of-experts"), std::string::npos) << r.out;
-    r = run_command(cli(tmp.path(), "kernels --model none.gguf --tp 2"));
-    EXPECT_EQ(r.exit_code, 1) << r.out;
-    EXPECT_NE(r.out.find("--tp applies to --variant"), std::string::npos) << r.out;
+    // A file: every rank's load planned, each at its own slice (synth tiny: vocabulary 1024, FFN
+    // 256).
+    const auto tiny = tmp.path() / "tiny.gguf";
+    r = run_command(gj::test::gemmajit_exe() + " synth --variant tiny -o " + tiny.string());
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    r = run_command(cli(tmp.path(), "kernels --model " + tiny.string() + " --tp 2"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("tensor parallel over 2 GPUs"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("logits.v512.k64 "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("logits.v1024"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("matvec_q8_0.k128."), std::string::npos) << r.out;  // down: 256 / 2
     r = run_command(cli(tmp.path(), "kernels --variant 31b --tp 9"));
     EXPECT_NE(r.exit_code, 0) << r.out;
 }

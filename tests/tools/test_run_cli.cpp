@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "jit/device.h"
 #include "tests/support/test_env.h"
 
 using gj::test::run_command;
@@ -155,4 +156,27 @@ TEST(TokenizeCli, PrintsIdsAndExportsTheVocabulary) {
     auto bad = run_split("tokenize 'x'");
     EXPECT_EQ(bad.exit_code, 1);
     EXPECT_NE(bad.err.find("--synthetic-vocab"), std::string::npos) << bad.err;
+}
+
+// --tp (tensor parallelism) on run and bench: a count outside 1..8, from the flag or from
+// GEMMAJIT_TP, and --tp with --cpu are errors before any work; without a GPU a split run says so
+// (the two-GPU runs: tests/gpu/gpu_test_tensor_parallel.cpp).
+TEST(RunCli, TensorParallelArgumentsAreChecked) {
+    auto r = run_split("run " + model_arg() + " -p hi --tp 9");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("1 to 8 GPUs"), std::string::npos) << r.err;
+    r = run_split("bench -m " + tiny_model().string() + " --tp 0x");
+    EXPECT_NE(r.exit_code, 0);
+    auto e = run_command("GEMMAJIT_TP=9 " + gj::test::gemmajit_exe() + " bench -m " +
+                         tiny_model().string());
+    EXPECT_EQ(e.exit_code, 1);
+    EXPECT_NE(e.out.find("GEMMAJIT_TP"), std::string::npos) << e.out;
+    r = run_split("run " + model_arg() + " -p hi --tp 2 --cpu");
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("--cpu"), std::string::npos) << r.err;
+    if (!gj::jit::device_available()) {
+        r = run_split("run " + model_arg() + " -p hi --tp 2 -n 2");
+        EXPECT_EQ(r.exit_code, 1);
+        EXPECT_NE(r.err.find("needs GPUs"), std::string::npos) << r.err;
+    }
 }

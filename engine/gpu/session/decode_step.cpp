@@ -43,6 +43,13 @@ std::vector<StepOutput> GpuSession::decode_batch(std::span<const BatchToken> bat
         seqs.push_back(b.seq);
         readouts.push_back(b.readout);
     }
+    {
+        std::vector<int32_t> rows;
+        for (int i = 0; i < B; ++i)
+            rows.insert(rows.end(),
+                        {seqs[size_t(i)], tokens[size_t(i)], int32_t(readouts[size_t(i)])});
+        mirror({kMirrorDecodeBatch, B}, rows);
+    }
     jit::Device& dev = jit::Device::get();
     dev.make_current();
     const jit::DriverApi& api = jit::driver();

@@ -173,6 +173,8 @@ void GpuSession::record_layer(int l, int T) {
     const Input attn_out = record_attention(l, T);
     // Split-K products leave their partial planes for the post-norm to sum.
     int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", true);
+    // Tensor parallelism: this rank's heads gave a partial sum of the projection.
+    all_reduce(product(parts), uint64_t(parts) * T * cfg_.d_model, "attn_output");
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, product(parts), parts, T);
     else {
@@ -190,6 +192,7 @@ void GpuSession::record_layer(int l, int T) {
     } else {
         parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", true);
         ffn_out = product(parts);
+        all_reduce(ffn_out, uint64_t(parts) * T * cfg_.d_model, "ffn_down");
     }
     // The next pre-norm in f16 when the next layer's attention reads it so (never the output
     // norm: the LM head's products are int8 or float).
@@ -267,26 +270,33 @@ void GpuSession::record_readout(int row0, std::span<const Readout> readouts) {
     const unsigned threads = constant(spec, "THREADS");
     CUdeviceptr work = w.logits_work();
     float cap = cfg_.final_softcap;
+    const int lm_rows = model_.lm_head().rows;
+    // A tensor-parallel rank holds a slice of the vocabulary: its top candidates (not only its
+    // largest) are gathered, and the host picks the token from all ranks' (gather_readouts).
+    const bool tp = model_.tensor_parallel().active();
     for (int i = 0; i < n_rows; ++i) {
-        CUdeviceptr logits = w.logits_row(i);
-        if (readouts[size_t(i)] == Readout::Argmax) {
+        CUdeviceptr logits = w.logits_row(i, lm_rows);
+        if (readouts[size_t(i)] == Readout::Argmax && !tp) {
             CUdeviceptr token = w.readout.ptr() + w.token_offset(i);
             void* args[] = {&logits, &cap, &work, &token};
             launch(model_.kernels().get(name, "softcap_argmax"), {constant(spec, "ARGMAX_BLOCKS")},
                    {threads}, 0, args, name + " softcap_argmax");
-        } else if (readouts[size_t(i)] == Readout::TopK) {
+        } else if (readouts[size_t(i)] != Readout::Logits) {
             CUdeviceptr ids = w.readout.ptr() + w.ids_offset(i),
                         values = w.readout.ptr() + w.values_offset(i);
             void* args[] = {&logits, &cap, &work, &ids, &values};
             launch(model_.kernels().get(name, "softcap_topk"), {constant(spec, "TOPK_BLOCKS")},
                    {threads}, 0, args, name + " softcap_topk");
         } else {
-            int n = cfg_.vocab_size;
+            int n = lm_rows;
             void* args[] = {&logits, &cap, &n};
             launch(model_.kernels().get(name, "softcap"), {ceil_div(n, threads)}, {threads}, 0,
                    args, name + " softcap");
         }
     }
+    if (tp)
+        gather_readouts(
+            n_rows, std::find(readouts.begin(), readouts.end(), Readout::Logits) != readouts.end());
 }
 
 void GpuSession::record_all_logits(int T) {
@@ -296,7 +306,7 @@ void GpuSession::record_all_logits(int T) {
     const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
     CUdeviceptr logits = w.all_logits.ptr();
     float cap = cfg_.final_softcap;
-    int n = T * cfg_.vocab_size;
+    int n = T * model_.lm_head().rows;
     void* args[] = {&logits, &cap, &n};
     launch(model_.kernels().get(name, "softcap"), {ceil_div(n, threads)}, {threads}, 0, args,
            name + " softcap");

@@ -10,6 +10,7 @@ StepOutput GpuSession::prefill(std::span<const int32_t> tokens, Readout readout,
                                const std::function<void(int, int)>& progress, int seq) {
     select(seq);
     check_tokens(tokens, seq);
+    mirror({kMirrorPrefill, seq, int32_t(readout)}, tokens);
     const int chunk = model_.prefill_chunk();
     const int total = int(tokens.size());
     jit::Device::get().make_current();
@@ -34,6 +35,7 @@ StepOutput GpuSession::prefill(std::span<const int32_t> tokens, Readout readout,
 std::vector<float> GpuSession::prefill_logits(std::span<const int32_t> tokens, int seq) {
     select(seq);
     check_tokens(tokens, seq);
+    mirror({kMirrorPrefillLogits, seq}, tokens);
     const int chunk = model_.prefill_chunk();
     const int total = int(tokens.size());
     const uint64_t V = uint64_t(cfg_.vocab_size);
@@ -49,7 +51,10 @@ std::vector<float> GpuSession::prefill_logits(std::span<const int32_t> tokens, i
         pos_[size_t(seq)] += T;
         jit::check_driver(jit::driver().cuStreamSynchronize(jit::Device::get().stream()),
                           "prefill chunk");
-        w_->all_logits.download(out.data() + uint64_t(t0) * V, uint64_t(T) * V * 4);
+        if (model_.tensor_parallel().active())
+            gather_all_logits(T, out.data() + uint64_t(t0) * V);
+        else
+            w_->all_logits.download(out.data() + uint64_t(t0) * V, uint64_t(T) * V * 4);
     }
     return out;
 }

@@ -110,8 +110,15 @@ bool GpuSession::rewind(int keep, int seq) {
         throw std::invalid_argument(
             fmt::format("rewind to {}: the sequence holds {} positions", keep, pos));
     if (!kv_.can_rewind(pos, keep)) return false;
+    mirror({kMirrorRewind, seq, keep});
     pos_[size_t(seq)] = keep;
     return true;
+}
+
+void GpuSession::reset(int seq) {
+    select(seq);
+    mirror({kMirrorReset, seq});
+    pos_[size_t(seq)] = 0;
 }
 
 void GpuSession::select(int seq) {
@@ -163,6 +170,7 @@ void GpuSession::write_chunk_state(std::span<const int32_t> tokens) {
 }
 
 std::vector<StepOutput> GpuSession::read_results(std::span<const Readout> readouts) {
+    if (model_.tensor_parallel().active()) return merge_readouts(readouts);
     const jit::DriverApi& api = jit::driver();
     const CUstream stream = jit::Device::get().stream();
     const Work& w = *w_;
@@ -202,7 +210,7 @@ std::vector<StepOutput> GpuSession::read_results(std::span<const Readout> readou
                 break;
             }
             case Readout::Logits:
-                out.logits.resize(size_t(cfg_.vocab_size));
+                out.logits.resize(size_t(cfg_.vocab_size));  // the whole vocabulary here
                 w.logits.download(out.logits.data(), out.logits.size() * 4,
                                   uint64_t(i) * cfg_.vocab_size * 4);
                 break;

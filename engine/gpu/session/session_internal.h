@@ -16,6 +16,15 @@
 
 namespace gj::gemma4 {
 
+// The calls a mirror record encodes (GpuSession::set_mirror): the first word of each record.
+enum MirrorCall : int32_t {
+    kMirrorPrefill = 1,        // seq, readout, tokens...
+    kMirrorPrefillLogits = 2,  // seq, tokens...
+    kMirrorDecodeBatch = 3,    // rows, then (seq, token, readout) per row
+    kMirrorReset = 4,          // seq
+    kMirrorRewind = 5,         // seq, keep
+};
+
 inline unsigned ceil_div(uint64_t a, uint64_t b) {
     return unsigned((a + b - 1) / b);
 }

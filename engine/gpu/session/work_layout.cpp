@@ -26,7 +26,9 @@ WorkLayout::WorkLayout(const GpuModel& m) {
     d = c.d_model;
     ple = c.ple_dim;
     ple_all = c.n_layers * c.ple_dim;
-    vocab = c.vocab_size;
+    const TensorParallel& tp = m.tensor_parallel();
+    ranks = tp.ranks;
+    vocab = tp.active() ? (c.vocab_size + tp.ranks - 1) / tp.ranks : c.vocab_size;
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerConfig& lc = c.layers[l];
         q_max = std::max(q_max, c.q_dim(l));
@@ -75,6 +77,7 @@ uint64_t WorkLayout::bytes() const {
                             + R * ffn_max                    // gate|up product
                             + 3 * R * ple_all + 2 * R * ple  // PLE inputs; gate, product
                             + uint64_t(logit_rows) * vocab   // logits of a decode batch
+                            + (ranks > 1 ? uint64_t(ranks) * logit_rows * vocab : 0)  // gathered
                             + part_o_floats + 2 * part_ml_pairs + (float_gate ? R * ffn_max : 0) +
                             gemm_split_floats;
     const uint64_t RK = R * uint64_t(moe_k);
@@ -85,7 +88,8 @@ uint64_t WorkLayout::bytes() const {
     return moe + floats * sizeof(float) + R * in_max + R * (in_max / 32) * 8  // Q8_1 activations
            + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
            (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
-           (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + state_bytes() + readout_bytes();
+           (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + state_bytes() + readout_bytes() +
+           (ranks > 1 ? uint64_t(ranks) * result_bytes() : 0);
 }
 
 uint64_t session_work_bytes(const GpuModel& model) {
@@ -148,8 +152,12 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
         moe_zq = zeroed(R * L.d);
         moe_zds = zeroed(R * (L.d / 32) * 8);
     }
+    if (L.ranks > 1) {
+        tp_results = zeroed(uint64_t(L.ranks) * L.result_bytes());
+        tp_logits = zeroed(uint64_t(L.ranks) * L.logit_rows * L.vocab * 4);
+    }
     state_host = PinnedHost(L.state_bytes());
-    result_host = PinnedHost(L.result_bytes());
+    result_host = PinnedHost(uint64_t(L.ranks) * L.result_bytes());
 }
 
 }  // namespace gj::gemma4

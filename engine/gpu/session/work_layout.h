@@ -24,7 +24,10 @@ struct WorkLayout {
     // Logits rows: one, or for a batch the sequences rounded up to whole kPrefillCols groups
     // (the batched LM-head matvec writes every column of its group).
     int logit_rows = 1;
+    // vocab: the logits row stride, the LM head's rows (a tensor-parallel rank's vocabulary
+    // slice; padded to the largest rank's, the unit of the logits all-gather).
     int d = 0, q_max = 0, kv_max = 0, ffn_max = 0, in_max = 0, ple = 0, ple_all = 0, vocab = 0;
+    int ranks = 1;  // tensor-parallel ranks: the gathered readouts hold one block per rank
     uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
     uint64_t logits_work = 0;                       // workspace of the logits kernels
     bool half_acts = false;      // cuBLAS products of f16/bf16 weights: converted activations
@@ -54,6 +57,8 @@ struct GpuSession::Work {
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
         logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, xbf, fgate, gq, gds,
         gbf, gemm_split, wdeq;
+    // Tensor parallelism: every rank's readout results and logits rows, gathered ([rank][...]).
+    jit::DeviceBuffer tp_results, tp_logits;
     // MoE: router logits [rows][E]; expert ids, weights and grouped slots [rows][K]; the group
     // table (+ its count); expert GeGLU outputs [rows * K][F] (fp32 and Q8_1); expert outputs
     // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d]; the
@@ -76,7 +81,10 @@ struct GpuSession::Work {
         return layout.token_bytes() + (uint64_t(layout.sequences) + i) * kMaxTopK * 4;
     }
     CUdeviceptr logits_work() const { return readout.ptr() + layout.result_bytes(); }
-    CUdeviceptr logits_row(int i) const { return logits.ptr() + uint64_t(i) * layout.vocab * 4; }
+    // The LM head's output of row i: rows of its own row count (a rank's vocabulary slice).
+    CUdeviceptr logits_row(int i, int lm_rows) const {
+        return logits.ptr() + uint64_t(i) * lm_rows * 4;
+    }
 };
 
 }  // namespace gj::gemma4

@@ -1,0 +1,121 @@
+// Tensor parallelism in the forward pass (docs/TENSOR_PARALLEL.md): the all-reduce after each
+// row-parallel product (output projection, FFN down) and the gather of the readout, each rank
+// holding a slice of the vocabulary. Every collective is enqueued on the compute stream, so a
+// decode step's graph captures it like any kernel.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include "engine/gpu/session/session_internal.h"
+
+namespace gj::gemma4 {
+
+void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) {
+    const TensorParallel& tp = model_.tensor_parallel();
+    if (!tp.active()) return;
+    profiled(fmt::format("nccl all_reduce {}", what), LaunchCost{},
+             [&] { tp.nccl->all_reduce_sum(tp.comm, buf, floats, jit::NcclType::F32, stream_); });
+    ++paths_.all_reduce;
+}
+
+void GpuSession::gather_readouts(int n_rows, bool logits) {
+    const TensorParallel& tp = model_.tensor_parallel();
+    const Work& w = *w_;
+    profiled("nccl all_gather readout", LaunchCost{}, [&] {
+        tp.nccl->all_gather(tp.comm, w.readout.ptr(), w.tp_results.ptr(),
+                            w.layout.result_bytes() / 4, jit::NcclType::I32, stream_);
+        // Rows of the largest slice from every rank (a smaller slice sends a few values past its
+        // rows; the merge reads each rank's own row count).
+        if (logits)
+            tp.nccl->all_gather(tp.comm, w.logits.ptr(), w.tp_logits.ptr(),
+                                uint64_t(n_rows) * w.layout.vocab, jit::NcclType::F32, stream_);
+    });
+    ++paths_.all_gather;
+}
+
+std::vector<StepOutput> GpuSession::merge_readouts(std::span<const Readout> readouts) {
+    const jit::DriverApi& api = jit::driver();
+    const CUstream stream = jit::Device::get().stream();
+    const Work& w = *w_;
+    const int ranks = w.layout.ranks, n = int(readouts.size()), V = cfg_.vocab_size;
+    const uint64_t block = w.layout.result_bytes();
+    uint8_t* host = w.result_host.as<uint8_t>();
+    jit::check_driver(
+        api.cuMemcpyDtoHAsync(host, w.tp_results.ptr(), uint64_t(ranks) * block, stream),
+        "cuMemcpyDtoHAsync(gathered readouts)");
+    jit::check_driver(api.cuStreamSynchronize(stream), "forward step");
+    struct Candidate {
+        float value;
+        int32_t id;
+    };
+    // Larger logit first; of equal ones the lower id (the single-GPU argmax's choice).
+    auto better = [](const Candidate& a, const Candidate& b) {
+        return a.value > b.value || (a.value == b.value && a.id < b.id);
+    };
+    std::vector<StepOutput> outs(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        StepOutput& out = outs[size_t(i)];
+        if (readouts[size_t(i)] == Readout::Logits) {
+            out.logits.resize(size_t(V));
+            const uint64_t stride = uint64_t(n) * w.layout.vocab;  // one rank's gathered rows
+            for (int r = 0; r < ranks; ++r) {
+                const Range v = part_of(V, 1, r, ranks);
+                w.tp_logits.download(out.logits.data() + v.first, uint64_t(v.count) * 4,
+                                     (r * stride + uint64_t(i) * v.count) * 4);
+            }
+            continue;
+        }
+        std::vector<Candidate> all;
+        bool nan = false;
+        for (int r = 0; r < ranks; ++r) {
+            const Range v = part_of(V, 1, r, ranks);
+            const uint8_t* base = host + r * block;
+            const auto* ids = reinterpret_cast<const int32_t*>(base + w.ids_offset(i));
+            const auto* vals = reinterpret_cast<const float*>(base + w.values_offset(i));
+            for (int j = 0; j < std::min(kMaxTopK, v.count); ++j) {
+                nan = nan || std::isnan(vals[j]);
+                all.push_back({vals[j], ids[j] + v.first});
+            }
+        }
+        if (nan)
+            throw std::runtime_error(
+                "the forward pass produced NaN logits (argmax found no largest value)");
+        if (readouts[size_t(i)] == Readout::Argmax) {
+            out.token = std::min_element(all.begin(), all.end(), better)->id;
+            continue;
+        }
+        const size_t k = std::min<size_t>(size_t(std::min(kMaxTopK, V)), all.size());
+        std::partial_sort(all.begin(), all.begin() + ptrdiff_t(k), all.end(), better);
+        all.resize(k);
+        std::sort(all.begin(), all.end(),
+                  [](const Candidate& a, const Candidate& b) { return a.id < b.id; });
+        for (const Candidate& c : all) out.ids.push_back(c.id), out.values.push_back(c.value);
+    }
+    return outs;
+}
+
+void GpuSession::gather_all_logits(int T, float* out) {
+    const TensorParallel& tp = model_.tensor_parallel();
+    const Work& w = *w_;
+    const int ranks = tp.ranks, V = cfg_.vocab_size;
+    const uint64_t per_rank = uint64_t(T) * w.layout.vocab;  // rows of the largest slice
+    jit::DeviceBuffer gathered(per_rank * ranks * 4);
+    tp.nccl->all_gather(tp.comm, w.all_logits.ptr(), gathered.ptr(), per_rank, jit::NcclType::F32,
+                        jit::Device::get().stream());
+    ++paths_.all_gather;
+    jit::check_driver(jit::driver().cuStreamSynchronize(jit::Device::get().stream()),
+                      "all-gather of the logits");
+    std::vector<float> host(per_rank * ranks);
+    gathered.download(host.data(), host.size() * 4);
+    for (int r = 0; r < ranks; ++r) {
+        const Range v = part_of(V, 1, r, ranks);
+        for (int t = 0; t < T; ++t)
+            std::copy_n(host.data() + r * per_rank + uint64_t(t) * v.count, v.count,
+                        out + uint64_t(t) * V + v.first);
+    }
+}
+
+}  // namespace gj::gemma4

@@ -1,0 +1,241 @@
+#include "engine/gpu/tensor_parallel.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/gpu/shard_plan.h"
+#include "jit/cuda_driver.h"
+#include "jit/device.h"
+#include "jit/env_flags.h"
+
+namespace gj::gemma4 {
+
+namespace {
+
+std::string exit_text(int status) {
+    if (WIFEXITED(status)) return fmt::format("exit status {}", WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return fmt::format("killed by signal {}", WTERMSIG(status));
+    return fmt::format("wait status {}", status);
+}
+
+// Writes / reads exactly n bytes (through interruptions and short transfers).
+bool write_all(int fd, const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+        const ssize_t w = ::write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        c += w, n -= size_t(w);
+    }
+    return true;
+}
+bool read_all(int fd, void* p, size_t n) {
+    char* c = static_cast<char*>(p);
+    while (n > 0) {
+        const ssize_t r = ::read(fd, c, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        c += r, n -= size_t(r);
+    }
+    return true;
+}
+
+}  // namespace
+
+// Rank 0's watch over the workers: a thread polling their exit (they are this process's
+// children). A worker that fails while rank 0 still runs ends the whole run.
+struct RankGroup::Watch {
+    std::vector<pid_t> pids;
+    std::vector<int> status;  // per worker; -1 while it runs
+    std::atomic<bool> finishing{false};
+    std::mutex mu;
+    std::thread thread;
+
+    void run() {
+        size_t left = pids.size();
+        while (left > 0) {
+            for (size_t i = 0; i < pids.size(); ++i) {
+                int st = 0;
+                {
+                    std::lock_guard<std::mutex> lock(mu);
+                    if (status[i] != -1) continue;
+                }
+                const pid_t r = ::waitpid(pids[i], &st, WNOHANG);
+                if (r == 0) continue;
+                if (r < 0) st = 0x7f00;  // not ours any more: count as failed (exit 127)
+                {
+                    std::lock_guard<std::mutex> lock(mu);
+                    status[i] = st;
+                }
+                --left;
+                const bool ok = r > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+                // A moment for rank 0 to fail on its own first (the same bad input usually
+                // stops every rank, and rank 0's own message says more).
+                for (int i = 0; !ok && i < 100 && !finishing.load(); ++i)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                if (!ok && !finishing.load()) {
+                    // Rank 0 may sit in a collective that can never complete now.
+                    std::fflush(stdout);
+                    std::fprintf(stderr,
+                                 "gemmajit: error: tensor-parallel rank %zu (GPU %zu) stopped "
+                                 "(%s) before the run ended; stopping every rank\n",
+                                 i + 1, i + 1, exit_text(st).c_str());
+                    for (pid_t p : pids) ::kill(p, SIGKILL);
+                    ::_exit(1);
+                }
+            }
+            if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+    }
+};
+
+RankGroup::RankGroup(int ranks) : ranks_(ranks) {
+    if (ranks < 1 || ranks > kMaxTensorParallel)
+        throw std::invalid_argument(
+            fmt::format("--tp {}: the GPU count of a tensor-parallel run must be 1 to {}", ranks,
+                        kMaxTensorParallel));
+    if (ranks == 1) return;
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::vector<int> read_ends;
+    for (int r = 1; r < ranks; ++r) {
+        int fds[2];
+        if (::pipe(fds) != 0)
+            throw std::runtime_error(
+                fmt::format("pipe for tensor-parallel rank {}: {}", r, std::strerror(errno)));
+        read_ends.push_back(fds[0]);
+        id_pipes_.push_back(fds[1]);
+    }
+    const pid_t leader = ::getpid();
+    for (int r = 1; r < ranks; ++r) {
+        const pid_t pid = ::fork();
+        if (pid < 0)
+            throw std::runtime_error(
+                fmt::format("fork for tensor-parallel rank {}: {}", r, std::strerror(errno)));
+        if (pid == 0) {
+            // A worker: dies with rank 0, prints nothing on stdout, keeps only its own read end.
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (::getppid() != leader) ::_exit(1);
+            const int devnull = ::open("/dev/null", O_WRONLY);
+            if (devnull >= 0) {
+                ::dup2(devnull, STDOUT_FILENO);
+                ::close(devnull);
+            }
+            for (int fd : id_pipes_) ::close(fd);
+            for (size_t i = 0; i < read_ends.size(); ++i)
+                if (int(i) + 1 != r) ::close(read_ends[i]);
+            rank_ = r;
+            id_pipes_ = {read_ends[size_t(r - 1)]};
+            workers_.clear();
+            return;
+        }
+        workers_.push_back(pid);
+    }
+    for (int fd : read_ends) ::close(fd);
+    watch_ = new Watch();
+    watch_->pids = workers_;
+    watch_->status.assign(workers_.size(), -1);
+    watch_->thread = std::thread([w = watch_] { w->run(); });
+}
+
+RankGroup::~RankGroup() {
+    for (int fd : id_pipes_) ::close(fd);
+    if (!watch_) return;
+    // Rank 0 leaving without finish() (an error): the workers cannot finish without it.
+    if (!watch_->finishing.exchange(true))
+        for (pid_t p : workers_) ::kill(p, SIGKILL);
+    watch_->thread.join();
+    delete watch_;
+}
+
+TensorParallel RankGroup::connect(const jit::Flags& flags) {
+    TensorParallel tp;
+    tp.rank = rank_;
+    tp.ranks = ranks_;
+    if (ranks_ == 1) return tp;
+    if (comm_) {
+        tp.nccl = nccl_;
+        tp.comm = comm_;
+        return tp;
+    }
+    std::string why;
+    if (!jit::device_available(&why))
+        throw jit::DeviceUnavailable("tensor parallelism needs GPUs: " + why);
+    int count = 0;
+    jit::check_driver(jit::driver().cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (count < ranks_)
+        throw jit::DeviceUnavailable(
+            fmt::format("--tp {} splits the model over GPUs 0..{}, and this machine has {} GPU{}",
+                        ranks_, ranks_ - 1, count, count == 1 ? "" : "s"));
+    jit::Device::select(rank_);
+    jit::Device::get().make_current();
+    nccl_ = &jit::Nccl::get(flags);
+    jit::Nccl::UniqueId id{};
+    if (rank_ == 0) {
+        id = nccl_->unique_id();
+        for (int fd : id_pipes_)
+            if (::write(fd, id.data(), id.size()) != ssize_t(id.size()))
+                throw std::runtime_error(
+                    fmt::format("handing the NCCL rendezvous to a tensor-parallel rank: {}",
+                                std::strerror(errno)));
+    } else {
+        if (!read_all(id_pipes_[0], id.data(), id.size()))
+            throw std::runtime_error(
+                "tensor-parallel rank 0 stopped before handing out the NCCL rendezvous");
+    }
+    comm_ = nccl_->init_rank(ranks_, id, rank_);
+    tp.nccl = nccl_;
+    tp.comm = comm_;
+    return tp;
+}
+
+void RankGroup::send(std::span<const int32_t> record) {
+    const uint32_t words = uint32_t(record.size());
+    for (size_t i = 0; i < id_pipes_.size(); ++i)
+        if (!write_all(id_pipes_[i], &words, sizeof words) ||
+            !write_all(id_pipes_[i], record.data(), record.size_bytes()))
+            throw std::runtime_error(
+                fmt::format("tensor-parallel rank {} no longer takes commands: {}", i + 1,
+                            std::strerror(errno)));
+}
+
+bool RankGroup::receive(std::vector<int32_t>& record) {
+    uint32_t words = 0;
+    if (id_pipes_.empty() || !read_all(id_pipes_[0], &words, sizeof words)) return false;
+    record.resize(words);
+    if (!read_all(id_pipes_[0], record.data(), record.size() * sizeof(int32_t)))
+        throw std::runtime_error("tensor-parallel rank 0 stopped in the middle of a command");
+    return true;
+}
+
+void RankGroup::finish() {
+    if (!watch_) return;
+    for (int fd : id_pipes_) ::close(fd);  // the workers' command streams end
+    id_pipes_.clear();
+    watch_->finishing.store(true);
+    watch_->thread.join();
+    std::string failed;
+    for (size_t i = 0; i < watch_->pids.size(); ++i) {
+        const int st = watch_->status[i];
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+        failed += fmt::format("{}rank {} ({})", failed.empty() ? "" : ", ", i + 1, exit_text(st));
+    }
+    delete watch_;
+    watch_ = nullptr;
+    if (!failed.empty()) throw std::runtime_error("tensor-parallel workers failed: " + failed);
+}
+
+}  // namespace gj::gemma4

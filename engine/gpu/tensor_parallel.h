@@ -1,0 +1,83 @@
+// Tensor parallelism (issue 15, docs/TENSOR_PARALLEL.md): one model over N GPUs, one process per
+// GPU. Every rank's process runs the same command on the same inputs (SPMD): each loads its shard
+// of the weights (engine/gpu/shard_plan.h), runs the same forward pass over its heads, FFN columns
+// and vocabulary rows with the NCCL collectives captured in its decode graphs, and picks the same
+// next token from the gathered candidates. Only rank 0 prints.
+//
+// One process per GPU rather than one thread per GPU: the engine's device, streams and module set
+// stay process-wide singletons, NCCL runs its intra-node transports between processes as fast as
+// between threads (CUDA IPC over NVLink), and a failed rank is an exit status, not a corrupted
+// shared state.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "jit/nccl.h"
+
+namespace gj::jit {
+class Flags;
+}
+
+namespace gj::gemma4 {
+
+// What a model load needs to know of the split: this process's rank, and the communicator its
+// collectives run on (null when only planning, e.g. `kernels --tp N`).
+struct TensorParallel {
+    int rank = 0;
+    int ranks = 1;
+    jit::Nccl* nccl = nullptr;
+    jit::Nccl::Comm comm = nullptr;
+    bool active() const { return ranks > 1; }
+};
+
+// The processes of one tensor-parallel run. Create it before anything touches the GPU (the
+// driver does not survive fork()): the calling process becomes rank 0 and forks ranks 1..N-1,
+// which return from the constructor too, with their own rank(), stdout sent to /dev/null and a
+// death signal tied to rank 0. connect() then opens each rank's GPU (ordinal = rank) and joins
+// the communicator. Rank 0 watches the others: when one fails before the run ends, rank 0 reports
+// which one and with what status and exits (the collectives it waits in would never return).
+class RankGroup {
+  public:
+    // ranks in 1..kMaxTensorParallel (1: no processes, no NCCL). Throws std::invalid_argument for
+    // a count outside it, std::runtime_error when a fork or pipe fails.
+    explicit RankGroup(int ranks);
+    ~RankGroup();  // rank 0: stops watching and reaps the workers (see finish())
+    RankGroup(const RankGroup&) = delete;
+    RankGroup& operator=(const RankGroup&) = delete;
+
+    int rank() const { return rank_; }
+    int ranks() const { return ranks_; }
+    bool leader() const { return rank_ == 0; }
+
+    // Selects GPU `rank`, loads NCCL and joins the communicator (rank 0 makes the rendezvous id
+    // and writes it to each worker's pipe). Throws jit::DeviceUnavailable (no NCCL, no such GPU)
+    // or jit::DeviceError.
+    TensorParallel connect(const jit::Flags& flags);
+
+    // After connect(), a command stream from rank 0 to the workers over the same pipes (the
+    // server's session calls, GpuSession::set_mirror): rank 0 sends each record to every worker;
+    // a worker receives them in order, false once rank 0 has closed the stream (finish(), or its
+    // exit). Throws std::runtime_error when a pipe breaks (a worker gone).
+    void send(std::span<const int32_t> record);
+    bool receive(std::vector<int32_t>& record);
+
+    // Rank 0, after its own work: closes the command stream, waits for every worker to exit and
+    // throws std::runtime_error naming each one that failed. Workers: nothing.
+    void finish();
+
+  private:
+    int rank_ = 0, ranks_ = 1;
+    std::vector<pid_t> workers_;  // rank 0: the pid of rank r at r - 1
+    std::vector<int> id_pipes_;   // rank 0: write ends, one per worker; a worker: its read end
+    jit::Nccl::Comm comm_ = nullptr;
+    jit::Nccl* nccl_ = nullptr;
+    struct Watch;
+    Watch* watch_ = nullptr;
+};
+
+}  // namespace gj::gemma4
