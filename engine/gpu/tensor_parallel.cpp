@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -148,7 +149,14 @@ RankGroup::RankGroup(int ranks) : ranks_(ranks) {
     watch_ = new Watch();
     watch_->pids = workers_;
     watch_->status.assign(workers_.size(), -1);
+    // The watch thread takes no signals: they stay the command's to handle (the server waits for
+    // SIGINT/SIGTERM in a thread of its own, which only works while no thread leaves them
+    // unblocked).
+    sigset_t all, previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &previous);
     watch_->thread = std::thread([w = watch_] { w->run(); });
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
 RankGroup::~RankGroup() {
