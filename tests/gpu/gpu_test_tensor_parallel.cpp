@@ -3,7 +3,8 @@
 // prefill, of prefill chunks long enough for the tensor-core GEMMs and cuBLAS, and of decode steps
 // (graphs with the collectives captured inside), the greedy tokens and the top-k readout; graph
 // replay against eager launches (bitwise: the same kernels and collectives in the same order); and
-// a 31B-shaped model (its real widths, 6 layers: five sliding, one global with 4 KV heads of 512).
+// a 31B-shaped model (its real widths, 6 layers: five sliding, one global with 4 KV heads of 512)
+// and an E4B-shaped one in Q4_K (slices in whole 256-element super-blocks), 2 layers.
 // Also the failures: NCCL missing and more ranks than GPUs end in errors that name the problem.
 //
 // The GPU driver does not survive fork(), so this test process never touches the GPU: every run
@@ -241,7 +242,8 @@ INSTANTIATE_TEST_SUITE_P(
     Presets, TensorParallelGpus,
     ::testing::Values(Case{"tiny", ggml::Type::Q8_0}, Case{"tiny-e2b", ggml::Type::Q4_0},
                       Case{"tiny-keqv", ggml::Type::Q8_0}, Case{"tiny", ggml::Type::F32},
-                      Case{"tiny-keqv", ggml::Type::BF16}, Case{"31b", ggml::Type::Q4_0, 6}),
+                      Case{"tiny-keqv", ggml::Type::BF16}, Case{"31b", ggml::Type::Q4_0, 6},
+                      Case{"e4b", ggml::Type::Q4_K, 2}),
     [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
 
 // The failures a user meets: no NCCL, and more ranks than GPUs. Each ends the run with an error
