@@ -4,7 +4,7 @@
 // (graphs with the collectives captured inside), the greedy tokens and the top-k readout; graph
 // replay against eager launches (bitwise: the same kernels and collectives in the same order); and
 // a 31B-shaped model (its real widths, 6 layers: five sliding, one global with 4 KV heads of 512)
-// and an E4B-shaped one in Q4_K (slices in whole 256-element super-blocks), 2 layers.
+// and an E4B-shaped Q4_K_M (K-quant slices in whole 256-element super-blocks), 2 layers.
 // Also the failures: NCCL missing and more ranks than GPUs end in errors that name the problem.
 //
 // The GPU driver does not survive fork(), so this test process never touches the GPU: every run
@@ -171,9 +171,10 @@ struct Case {
     std::string variant;
     ggml::Type wtype;
     int layers = 0;
+    std::string mix;  // a quant mix (q4_k_m, ...) instead of one type for every tensor
 };
 std::string case_name(const Case& c) {
-    std::string n = c.variant + "_" + ggml::type_name(c.wtype);
+    std::string n = c.variant + "_" + (c.mix.empty() ? ggml::type_name(c.wtype) : c.mix);
     for (char& ch : n)
         if (ch == '-') ch = '_';
     return n;
@@ -195,7 +196,8 @@ class TensorParallelGpus : public ::testing::TestWithParam<Case> {
 
 TEST_P(TensorParallelGpus, TwoGpusAgreeWithOne) {
     const Case& c = GetParam();
-    const auto path = synth(dir_, c.variant, c.wtype, c.layers);
+    const auto path = c.mix.empty() ? synth(dir_, c.variant, c.wtype, c.layers)
+                                    : synth_mix(dir_, c.variant, c.mix, c.layers);
     const std::filesystem::path one = dir_.path() / "tp1", two = dir_.path() / "tp2";
     std::filesystem::create_directories(one);
     std::filesystem::create_directories(two);
@@ -238,13 +240,17 @@ TEST_P(TensorParallelGpus, TwoGpusAgreeWithOne) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Presets, TensorParallelGpus,
-    ::testing::Values(Case{"tiny", ggml::Type::Q8_0}, Case{"tiny-e2b", ggml::Type::Q4_0},
-                      Case{"tiny-keqv", ggml::Type::Q8_0}, Case{"tiny", ggml::Type::F32},
-                      Case{"tiny-keqv", ggml::Type::BF16}, Case{"31b", ggml::Type::Q4_0, 6},
-                      Case{"e4b", ggml::Type::Q4_K, 2}),
-    [](const ::testing::TestParamInfo<Case>& i) { return case_name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Presets, TensorParallelGpus,
+                         ::testing::Values(Case{"tiny", ggml::Type::Q8_0, 0, ""},
+                                           Case{"tiny-e2b", ggml::Type::Q4_0, 0, ""},
+                                           Case{"tiny-keqv", ggml::Type::Q8_0, 0, ""},
+                                           Case{"tiny", ggml::Type::F32, 0, ""},
+                                           Case{"tiny-keqv", ggml::Type::BF16, 0, ""},
+                                           Case{"31b", ggml::Type::Q4_0, 6, ""},
+                                           Case{"e4b", ggml::Type::Q4_K, 2, "q4_k_m"}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                             return case_name(i.param);
+                         });
 
 // The failures a user meets: no NCCL, and more ranks than GPUs. Each ends the run with an error
 // that names what is missing (no hang: rank 0 stops the workers).
