@@ -192,10 +192,10 @@ Nccl::Comm Nccl::init_rank(int ranks, const UniqueId& id, int rank) {
     return comm;
 }
 
-void Nccl::all_reduce_sum(Comm comm, CUdeviceptr buf, size_t count, NcclType type,
-                          CUstream stream) {
+void Nccl::all_reduce(Comm comm, CUdeviceptr buf, size_t count, NcclType type, NcclOp op,
+                      CUstream stream) {
     void* p = reinterpret_cast<void*>(buf);
-    api_->check(api_->all_reduce(p, p, count, int(type), kSum, comm, stream),
+    api_->check(api_->all_reduce(p, p, count, int(type), int(op), comm, stream),
                 fmt::format("ncclAllReduce ({} elements)", count));
 }
 

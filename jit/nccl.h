@@ -25,6 +25,8 @@ class Flags;
 
 // The element types of a collective (ncclDataType_t values).
 enum class NcclType : int { I32 = 2, F16 = 6, F32 = 7, BF16 = 9 };
+// The reductions of an all-reduce (ncclRedOp_t values).
+enum class NcclOp : int { Sum = 0, Min = 3 };
 
 class Nccl {
   public:
@@ -62,8 +64,9 @@ class Nccl {
     // Not thread-safe for one set of communicators (NCCL's rule: one caller at a time).
     void all_reduce_sum(std::span<const Comm> comms, std::span<const CUdeviceptr> bufs,
                         size_t count, NcclType type, std::span<const CUstream> streams);
-    // The same for one rank of a communicator whose other ranks are other processes.
-    void all_reduce_sum(Comm comm, CUdeviceptr buf, size_t count, NcclType type, CUstream stream);
+    // In place over the ranks of a communicator whose other ranks are other processes.
+    void all_reduce(Comm comm, CUdeviceptr buf, size_t count, NcclType type, NcclOp op,
+                    CUstream stream);
     // recv[r * count .. (r + 1) * count) = rank r's `count` elements at send, on every rank.
     void all_gather(Comm comm, CUdeviceptr send, CUdeviceptr recv, size_t count, NcclType type,
                     CUstream stream);

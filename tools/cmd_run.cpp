@@ -185,6 +185,7 @@ void run_generate(RunArgs a) {
     gemma4::RankGroup group(ranks);
     set_process_rank(group.rank());
     gen::BackendOptions bo = backend_options(a.cpu, a.threads, a.context);
+    if (is_worker()) bo.prefill_progress = nullptr;  // rank 0 shows the prompt's progress
     if (ranks > 1) bo.tp = group.connect(jit::Flags::process());
     auto backend = gen::Backend::open(file, bo);
     sample::Sampler sampler(a.sampling);

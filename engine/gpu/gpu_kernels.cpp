@@ -21,12 +21,12 @@ bool GpuKernels::has(std::string_view spec_name) const {
 }
 
 void GpuKernels::build(const jit::Flags& flags,
-                       const std::function<void(const std::string&)>& progress) {
+                       const std::function<void(const std::string&)>& progress,
+                       jit::LogSink jit_log) {
     if (built_) return;
     const auto t0 = std::chrono::steady_clock::now();
-    // Cache, arch and log from the model's settings; the log (compile misses) goes where the
-    // load's progress goes (a tensor-parallel worker's nowhere), else to stderr.
-    jit::Jit jit(flags, progress ? jit::LogSink(progress) : jit::LogSink{});
+    // Cache, arch and log from the model's settings; the log shows misses.
+    jit::Jit jit(flags, std::move(jit_log));
     std::vector<jit::KernelSpec> list = specs();
     std::vector<jit::CompiledKernel> compiled = jit.compile_plan(list, jit::Device::get().arch());
     for (const auto& k : compiled) compiled_now_ += k.cache_hit ? 0 : 1;

@@ -27,7 +27,9 @@ class GpuKernels {
     // of `flags`; entries of a spec whose SMEM constant exceeds 48 KiB get that dynamic shared
     // memory limit. `progress` gets one line before and a running count during compilation (NVRTC
     // misses only; cache hits are quick).
-    void build(const jit::Flags& flags, const std::function<void(const std::string&)>& progress);
+    // `jit_log`: where the JIT's own lines (compile misses, cache warnings) go; empty: stderr.
+    void build(const jit::Flags& flags, const std::function<void(const std::string&)>& progress,
+               jit::LogSink jit_log = {});
 
     const jit::KernelSpec& spec(std::string_view spec_name) const;
     const jit::Kernel& get(std::string_view spec_name, std::string_view entry) const;

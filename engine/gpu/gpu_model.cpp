@@ -100,6 +100,7 @@ std::unique_ptr<GpuModel> GpuModel::load(std::shared_ptr<const ModelFile> file,
     o.target_arch = jit::Device::get().arch();  // what GpuKernels compiles for
     std::unique_ptr<GpuModel> m = open_model(std::move(file), o);
     m->plan_memory(opts);
+    m->agree_across_ranks(opts);
     m->upload(opts);
     return m;
 }
@@ -518,7 +519,9 @@ void GpuModel::upload(const GpuModelOptions& opts) {
         if (!blas_) say(why + ": prefill products of float weights stay on the batched matvecs");
     }
     say(fmt::format("{}: {} kernels for {}", cfg_.name, kernels_.size(), dev.arch()));
-    kernels_.build(flags_, say);
+    // A tensor-parallel worker's JIT lines would repeat rank 0's.
+    kernels_.build(flags_, say,
+                   tp_.rank > 0 ? jit::LogSink([](const std::string&) {}) : jit::LogSink{});
 
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t total = mem_.weights + (mem_.ple_on_gpu ? mem_.ple_table : 0);

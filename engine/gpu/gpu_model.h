@@ -279,6 +279,10 @@ class GpuModel {
                                                 const GpuModelOptions& opts);
     void plan_layout(const GpuModelOptions& opts);
     void plan_memory(const GpuModelOptions& opts);
+    // Tensor parallelism: every rank takes the smallest context and prefill chunk any rank's
+    // memory plan chose (each plans against its own GPU's free memory), so that all ranks run
+    // the same chunks and stop at the same position: their collectives must match.
+    void agree_across_ranks(const GpuModelOptions& opts);
     void upload(const GpuModelOptions& opts);
 
     std::filesystem::path path_;

@@ -103,4 +103,27 @@ void GpuModel::plan_memory(const GpuModelOptions& opts) {
             wanted, kv_geo_.context));
 }
 
+void GpuModel::agree_across_ranks(const GpuModelOptions& opts) {
+    if (!tp_.active() || !tp_.nccl) return;
+    jit::Device& dev = jit::Device::get();
+    int32_t mine[2] = {kv_geo_.context, kv_geo_.max_chunk}, all[2] = {0, 0};
+    jit::DeviceBuffer buf(sizeof mine);
+    buf.upload(mine, sizeof mine);
+    tp_.nccl->all_reduce(tp_.comm, buf.ptr(), 2, jit::NcclType::I32, jit::NcclOp::Min,
+                         dev.stream());
+    dev.synchronize();
+    buf.download(all, sizeof all);
+    if (all[0] == mine[0] && all[1] == mine[1]) return;
+    // Smaller than this rank's own choice, so it fits here too.
+    GpuModelOptions o = opts;
+    o.context = kv_geo_.context = all[0];
+    kv_geo_.max_chunk = all[1];
+    chunk_default_ = false;
+    plan_memory(o);
+    notices_.push_back(fmt::format(
+        "context {} and prefill chunk {}: the tensor-parallel rank with the least GPU memory "
+        "has them",
+        all[0], all[1]));
+}
+
 }  // namespace gj::gemma4

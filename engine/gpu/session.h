@@ -319,6 +319,8 @@ class GpuSession {
     void fork(int branches);
     void join(int branches);
 
+    // Runs the one call a mirror record encodes (std::invalid_argument: not a valid record).
+    void replay_one(const std::vector<int32_t>& record);
     // Hands the call encoded in `record` to the mirror, when one is set.
     void mirror(std::initializer_list<int32_t> head, std::span<const int32_t> tail = {});
 

@@ -65,6 +65,13 @@ struct RankGroup::Watch {
     std::mutex mu;
     std::thread thread;
 
+    // SIGKILL to the workers not reaped yet (a reaped pid may belong to another process now).
+    void kill_running() {
+        std::lock_guard<std::mutex> lock(mu);
+        for (size_t i = 0; i < pids.size(); ++i)
+            if (status[i] == -1) ::kill(pids[i], SIGKILL);
+    }
+
     void run() {
         size_t left = pids.size();
         while (left > 0) {
@@ -83,18 +90,21 @@ struct RankGroup::Watch {
                 }
                 --left;
                 const bool ok = r > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-                // A moment for rank 0 to fail on its own first (the same bad input usually
-                // stops every rank, and rank 0's own message says more).
-                for (int i = 0; !ok && i < 100 && !finishing.load(); ++i)
+                // A worker that ends before rank 0 does is trouble while rank 0 still runs: it
+                // may sit in a collective that can never complete now. A moment for rank 0 to
+                // fail on its own first (the same bad input usually stops every rank, and rank
+                // 0's own message says more); a worker that succeeded normally ends just before
+                // rank 0 finishes, so that one gets longer.
+                const int grace_ms = ok ? 30000 : 3000;
+                for (int t = 0; t < grace_ms && !finishing.load(); t += 30)
                     std::this_thread::sleep_for(std::chrono::milliseconds(30));
-                if (!ok && !finishing.load()) {
-                    // Rank 0 may sit in a collective that can never complete now.
+                if (!finishing.load()) {
                     std::fflush(stdout);
                     std::fprintf(stderr,
                                  "gemmajit: error: tensor-parallel rank %zu (GPU %zu) stopped "
                                  "(%s) before the run ended; stopping every rank\n",
                                  i + 1, i + 1, exit_text(st).c_str());
-                    for (pid_t p : pids) ::kill(p, SIGKILL);
+                    kill_running();
                     ::_exit(1);
                 }
             }
@@ -109,6 +119,10 @@ RankGroup::RankGroup(int ranks) : ranks_(ranks) {
             fmt::format("--tp {}: the GPU count of a tensor-parallel run must be 1 to {}", ranks,
                         kMaxTensorParallel));
     if (ranks == 1) return;
+    // The workers' exit statuses are collected here (an inherited SIG_IGN would discard them),
+    // and a write to a worker that is gone is an error to report, not a signal that kills.
+    ::signal(SIGCHLD, SIG_DFL);
+    ::signal(SIGPIPE, SIG_IGN);
     std::fflush(stdout);
     std::fflush(stderr);
     std::vector<int> read_ends;
@@ -163,8 +177,7 @@ RankGroup::~RankGroup() {
     for (int fd : id_pipes_) ::close(fd);
     if (!watch_) return;
     // Rank 0 leaving without finish() (an error): the workers cannot finish without it.
-    if (!watch_->finishing.exchange(true))
-        for (pid_t p : workers_) ::kill(p, SIGKILL);
+    if (!watch_->finishing.exchange(true)) watch_->kill_running();
     watch_->thread.join();
     delete watch_;
 }

@@ -16,8 +16,9 @@ namespace gj::gemma4 {
 void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) {
     const TensorParallel& tp = model_.tensor_parallel();
     if (!tp.active()) return;
-    profiled(fmt::format("nccl all_reduce {}", what), LaunchCost{},
-             [&] { tp.nccl->all_reduce_sum(tp.comm, buf, floats, jit::NcclType::F32, stream_); });
+    profiled(fmt::format("nccl all_reduce {}", what), LaunchCost{}, [&] {
+        tp.nccl->all_reduce(tp.comm, buf, floats, jit::NcclType::F32, jit::NcclOp::Sum, stream_);
+    });
     ++paths_.all_reduce;
 }
 

@@ -172,7 +172,10 @@ void GpuSession::record_layer(int l, int T) {
     }
     const Input attn_out = record_attention(l, T);
     // Split-K products leave their partial planes for the post-norm to sum.
-    int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", true);
+    // A tensor-parallel rank sums its split-K planes itself: the all-reduce then moves T x d
+    // values, the same count on every rank whatever split each rank's slice width gives.
+    const bool planes_ok = !model_.tensor_parallel().active();
+    int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", planes_ok);
     // Tensor parallelism: this rank's heads gave a partial sum of the projection.
     all_reduce(product(parts), uint64_t(parts) * T * cfg_.d_model, "attn_output");
     if (g.moe)  // also the router's input and the experts' pre-norm
@@ -190,7 +193,7 @@ void GpuSession::record_layer(int l, int T) {
         record_moe_ffn(l, T);
         parts = 1;
     } else {
-        parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", true);
+        parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", planes_ok);
         ffn_out = product(parts);
         all_reduce(ffn_out, uint64_t(parts) * T * cfg_.d_model, "ffn_down");
     }

@@ -19,6 +19,19 @@ void GpuSession::mirror(std::initializer_list<int32_t> head, std::span<const int
 
 void GpuSession::replay(const std::function<bool(std::vector<int32_t>& record)>& next) {
     std::vector<int32_t> r;
+    while (next(r)) {
+        try {
+            replay_one(r);
+        } catch (const std::invalid_argument&) {
+            throw;  // a record this session cannot take: the ranks no longer agree
+        } catch (const std::exception&) {
+            // Rank 0's call met the same error at the same point (NaN logits in the gathered
+            // readout are alike on every rank) and its front end carries on: so does this rank.
+        }
+    }
+}
+
+void GpuSession::replay_one(const std::vector<int32_t>& r) {
     auto bad = [&](const char* why) {
         throw std::invalid_argument(fmt::format("mirrored session call: {} ({} words, call {})",
                                                 why, r.size(), r.empty() ? 0 : r[0]));
@@ -27,38 +40,36 @@ void GpuSession::replay(const std::function<bool(std::vector<int32_t>& record)>&
         if (v < int32_t(Readout::Logits) || v > int32_t(Readout::TopK)) bad("unknown readout");
         return Readout(v);
     };
-    while (next(r)) {
-        if (r.size() < 2) bad("too short");
-        const int seq = r[1];
-        switch (r[0]) {
-            case kMirrorPrefill:
-                if (r.size() < 4) bad("too short");
-                prefill(std::span<const int32_t>(r).subspan(3), readout(r[2]), {}, seq);
-                break;
-            case kMirrorPrefillLogits:
-                if (r.size() < 3) bad("too short");
-                prefill_logits(std::span<const int32_t>(r).subspan(2), seq);
-                break;
-            case kMirrorDecodeBatch: {
-                const int rows = r[1];
-                if (rows < 1 || r.size() != size_t(2 + 3 * rows)) bad("bad batch");
-                std::vector<BatchToken> batch;
-                for (int i = 0; i < rows; ++i)
-                    batch.push_back({r[size_t(2 + 3 * i)], r[size_t(3 + 3 * i)],
-                                     readout(r[size_t(4 + 3 * i)])});
-                decode_batch(batch);
-                break;
-            }
-            case kMirrorReset:
-                reset(seq);
-                break;
-            case kMirrorRewind:
-                if (r.size() != 3) bad("bad rewind");
-                if (!rewind(r[2], seq)) bad("a rewind rank 0 made failed here");
-                break;
-            default:
-                bad("unknown call");
+    if (r.size() < 2) bad("too short");
+    const int seq = r[1];
+    switch (r[0]) {
+        case kMirrorPrefill:
+            if (r.size() < 4) bad("too short");
+            prefill(std::span<const int32_t>(r).subspan(3), readout(r[2]), {}, seq);
+            break;
+        case kMirrorPrefillLogits:
+            if (r.size() < 3) bad("too short");
+            prefill_logits(std::span<const int32_t>(r).subspan(2), seq);
+            break;
+        case kMirrorDecodeBatch: {
+            const int rows = r[1];
+            if (rows < 1 || r.size() != size_t(2 + 3 * rows)) bad("bad batch");
+            std::vector<BatchToken> batch;
+            for (int i = 0; i < rows; ++i)
+                batch.push_back(
+                    {r[size_t(2 + 3 * i)], r[size_t(3 + 3 * i)], readout(r[size_t(4 + 3 * i)])});
+            decode_batch(batch);
+            break;
         }
+        case kMirrorReset:
+            reset(seq);
+            break;
+        case kMirrorRewind:
+            if (r.size() != 3) bad("bad rewind");
+            if (!rewind(r[2], seq)) bad("a rewind rank 0 made failed here");
+            break;
+        default:
+            bad("unknown call");
     }
 }
 
