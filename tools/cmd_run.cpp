@@ -133,9 +133,7 @@ std::string read_text_file(const std::string& path) {
 }
 
 void run_generate(RunArgs a) {
-    const int ranks = tp_ranks(a.tp);
-    if (ranks > 1 && a.cpu)
-        throw std::invalid_argument("--tp splits the model over GPUs; --cpu runs it whole");
+    const int ranks = tp_ranks(a.tp, a.cpu);
     // Everything that can be wrong with the arguments is reported before any file is read.
     a.sampling.validate();
     if (a.n_predict < -1) {

@@ -83,9 +83,7 @@ void run_serve(ServeArgs a) {
                           : env.is_set("GEMMAJIT_PREFILL_CHUNK")
                               ? int(env.get_int("GEMMAJIT_PREFILL_CHUNK"))
                               : 512;
-    const int ranks = tp_ranks(a.tp);
-    if (ranks > 1 && a.cpu)
-        throw std::invalid_argument("--tp splits the model over GPUs; --cpu runs it whole");
+    const int ranks = tp_ranks(a.tp, a.cpu);
     // Tensor parallelism: the workers are forked first (before any thread or GPU use); only rank
     // 0 serves HTTP, and its session hands every call to the workers (GpuSession::set_mirror).
     gemma4::RankGroup group(ranks);

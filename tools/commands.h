@@ -31,10 +31,11 @@ gen::BackendOptions backend_options(bool cpu, int threads, int context);
 // "gemmajit: <line>" on stderr (loading progress, notices); nothing in a tensor-parallel worker.
 void status_line(const std::string& line);
 
-// --tp N (tensor parallelism over GPUs 0..N-1) on bench and run, and its value when the command
-// runs: GEMMAJIT_TP's when not given. Throws std::invalid_argument outside 1..8.
+// --tp N (tensor parallelism over GPUs 0..N-1) on bench, run and serve, and its value when the
+// command runs: GEMMAJIT_TP's when not given (RankGroup checks the range). Throws
+// std::invalid_argument for a split with `cpu` (--cpu).
 void add_tp_option(CLI::App* cmd, int& tp);
-int tp_ranks(int tp);
+int tp_ranks(int tp, bool cpu = false);
 // Marks this process as tensor-parallel rank `rank`: a worker (rank > 0) prints no status lines
 // and its errors name its rank.
 void set_process_rank(int rank);

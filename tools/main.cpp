@@ -1,5 +1,3 @@
-#include <fmt/format.h>
-
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -34,12 +32,11 @@ void add_tp_option(CLI::App* cmd, int& tp) {
                     "one process each; default: GEMMAJIT_TP, else 1)");
 }
 
-int tp_ranks(int tp) {
-    if (tp == 0) return int(jit::Flags::process().get_int("GEMMAJIT_TP"));
-    if (tp < 1 || tp > 8)
-        throw std::invalid_argument(
-            fmt::format("--tp {}: the model is split over 1 to 8 GPUs", tp));
-    return tp;
+int tp_ranks(int tp, bool cpu) {
+    const int ranks = tp == 0 ? int(jit::Flags::process().get_int("GEMMAJIT_TP")) : tp;
+    if (ranks != 1 && cpu)
+        throw std::invalid_argument("--tp splits the model over GPUs; --cpu runs it whole");
+    return ranks;  // RankGroup checks the range
 }
 
 double seconds_since_start() {

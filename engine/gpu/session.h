@@ -120,6 +120,7 @@ class GpuSession {
     // the same order, so every rank joins the same collectives (engine/gpu/session/mirror.cpp).
     using Mirror = std::function<void(std::span<const int32_t> record)>;
     void set_mirror(Mirror mirror) { mirror_ = std::move(mirror); }
+    bool mirroring() const { return bool(mirror_); }
     // Runs the calls of the records `next` hands over (their results discarded) until it returns
     // false. Throws std::invalid_argument for a record it cannot decode.
     void replay(const std::function<bool(std::vector<int32_t>& record)>& next);

@@ -115,9 +115,8 @@ struct RankGroup::Watch {
 
 RankGroup::RankGroup(int ranks) : ranks_(ranks) {
     if (ranks < 1 || ranks > kMaxTensorParallel)
-        throw std::invalid_argument(
-            fmt::format("--tp {}: the GPU count of a tensor-parallel run must be 1 to {}", ranks,
-                        kMaxTensorParallel));
+        throw std::invalid_argument(fmt::format("--tp {}: the model is split over 1 to {} GPUs",
+                                                ranks, kMaxTensorParallel));
     if (ranks == 1) return;
     // The workers' exit statuses are collected here (an inherited SIG_IGN would discard them),
     // and a write to a worker that is gone is an error to report, not a signal that kills.
@@ -135,6 +134,7 @@ RankGroup::RankGroup(int ranks) : ranks_(ranks) {
         id_pipes_.push_back(fds[1]);
     }
     const pid_t leader = ::getpid();
+    std::vector<pid_t> workers;  // rank r's at r - 1
     for (int r = 1; r < ranks; ++r) {
         const pid_t pid = ::fork();
         if (pid < 0)
@@ -154,15 +154,14 @@ RankGroup::RankGroup(int ranks) : ranks_(ranks) {
                 if (int(i) + 1 != r) ::close(read_ends[i]);
             rank_ = r;
             id_pipes_ = {read_ends[size_t(r - 1)]};
-            workers_.clear();
             return;
         }
-        workers_.push_back(pid);
+        workers.push_back(pid);
     }
     for (int fd : read_ends) ::close(fd);
     watch_ = new Watch();
-    watch_->pids = workers_;
-    watch_->status.assign(workers_.size(), -1);
+    watch_->pids = workers;
+    watch_->status.assign(workers.size(), -1);
     // The watch thread takes no signals: they stay the command's to handle (the server waits for
     // SIGINT/SIGTERM in a thread of its own, which only works while no thread leaves them
     // unblocked).
@@ -187,11 +186,6 @@ TensorParallel RankGroup::connect(const jit::Flags& flags) {
     tp.rank = rank_;
     tp.ranks = ranks_;
     if (ranks_ == 1) return tp;
-    if (comm_) {
-        tp.nccl = nccl_;
-        tp.comm = comm_;
-        return tp;
-    }
     std::string why;
     if (!jit::device_available(&why))
         throw jit::DeviceUnavailable("tensor parallelism needs GPUs: " + why);
@@ -203,12 +197,12 @@ TensorParallel RankGroup::connect(const jit::Flags& flags) {
                         ranks_, ranks_ - 1, count, count == 1 ? "" : "s"));
     jit::Device::select(rank_);
     jit::Device::get().make_current();
-    nccl_ = &jit::Nccl::get(flags);
+    tp.nccl = &jit::Nccl::get(flags);
     jit::Nccl::UniqueId id{};
     if (rank_ == 0) {
-        id = nccl_->unique_id();
+        id = tp.nccl->unique_id();
         for (int fd : id_pipes_)
-            if (::write(fd, id.data(), id.size()) != ssize_t(id.size()))
+            if (!write_all(fd, id.data(), id.size()))
                 throw std::runtime_error(
                     fmt::format("handing the NCCL rendezvous to a tensor-parallel rank: {}",
                                 std::strerror(errno)));
@@ -217,9 +211,7 @@ TensorParallel RankGroup::connect(const jit::Flags& flags) {
             throw std::runtime_error(
                 "tensor-parallel rank 0 stopped before handing out the NCCL rendezvous");
     }
-    comm_ = nccl_->init_rank(ranks_, id, rank_);
-    tp.nccl = nccl_;
-    tp.comm = comm_;
+    tp.comm = tp.nccl->init_rank(ranks_, id, rank_);
     return tp;
 }
 

@@ -10,8 +10,6 @@
 // shared state.
 #pragma once
 
-#include <sys/types.h>
-
 #include <cstdint>
 #include <span>
 #include <string>
@@ -54,9 +52,9 @@ class RankGroup {
     int ranks() const { return ranks_; }
     bool leader() const { return rank_ == 0; }
 
-    // Selects GPU `rank`, loads NCCL and joins the communicator (rank 0 makes the rendezvous id
-    // and writes it to each worker's pipe). Throws jit::DeviceUnavailable (no NCCL, no such GPU)
-    // or jit::DeviceError.
+    // Once per process: selects GPU `rank`, loads NCCL and joins the communicator (rank 0 makes
+    // the rendezvous id and writes it to each worker's pipe). Throws jit::DeviceUnavailable (no
+    // NCCL, no such GPU) or jit::DeviceError.
     TensorParallel connect(const jit::Flags& flags);
 
     // After connect(), a command stream from rank 0 to the workers over the same pipes (the
@@ -72,10 +70,7 @@ class RankGroup {
 
   private:
     int rank_ = 0, ranks_ = 1;
-    std::vector<pid_t> workers_;  // rank 0: the pid of rank r at r - 1
-    std::vector<int> id_pipes_;   // rank 0: write ends, one per worker; a worker: its read end
-    jit::Nccl::Comm comm_ = nullptr;
-    jit::Nccl* nccl_ = nullptr;
+    std::vector<int> id_pipes_;  // rank 0: write ends, one per worker; a worker: its read end
     struct Watch;
     Watch* watch_ = nullptr;
 };

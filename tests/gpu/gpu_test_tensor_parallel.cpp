@@ -20,16 +20,12 @@
 // (3e-2 quantized, measured 1.1-1.5% on the tiny presets and 0.6% at the 31B widths; 2e-2 for
 // cuBLAS's bf16 activations, measured 0.4%). The greedy tokens must be equal, the top-k sets all
 // but a few candidates at their low end.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -60,36 +56,13 @@ constexpr float kTolFloat = 2e-3f;
 constexpr float kTolQuant = 3e-2f;
 constexpr float kTolBf16 = 2e-2f;
 
-// Runs `body` in a forked child and returns its exit status (0: it returned; 3: it threw, the
-// message on stderr). Processes the body forks itself (tensor-parallel workers) end here too.
-int in_child(const std::function<void()>& body) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        int code = 0;
-        try {
-            body();
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "child %d: %s\n", int(::getpid()), e.what());
-            code = 3;
-        }
-        std::fflush(stdout);
-        std::fflush(stderr);
-        ::_exit(code);
-    }
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 // GPUs on this machine, asked in a child (0 without a driver).
 int gpu_count() {
-    return in_child([] {
+    return run_in_child([] {
         int n = 0;
         if (gj::jit::device_available())
             gj::jit::check_driver(gj::jit::driver().cuDeviceGetCount(&n), "cuDeviceGetCount");
-        ::_exit(n);
+        return n;
     });
 }
 
@@ -202,8 +175,14 @@ TEST_P(TensorParallelGpus, TwoGpusAgreeWithOne) {
     std::filesystem::create_directories(one);
     std::filesystem::create_directories(two);
     const int T = 40;  // past the sliding window of every preset (rings wrap)
-    ASSERT_EQ(in_child([&] { forward_runs(path, 1, T, one); }), 0) << "the one-GPU run failed";
-    ASSERT_EQ(in_child([&] { forward_runs(path, 2, T, two); }), 0) << "the two-GPU run failed";
+    auto run = [&](int ranks, const std::filesystem::path& out) {
+        return run_in_child([&] {
+            forward_runs(path, ranks, T, out);
+            return 0;
+        });
+    };
+    ASSERT_EQ(run(1, one), 0) << "the one-GPU run failed";
+    ASSERT_EQ(run(2, two), 0) << "the two-GPU run failed";
 
     const auto counts = load(two / "counts");
     ASSERT_EQ(counts.size(), 3u);

@@ -7,46 +7,22 @@
 // Every group is made in a forked child of the test process, so that what a worker process does
 // after returning from the RankGroup constructor (it runs the same code as rank 0) never reaches
 // gtest.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cstdio>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/gpu/tensor_parallel.h"
+#include "tests/support/test_env.h"
 
 using gj::gemma4::RankGroup;
 
-namespace {
-
-// Runs `body` in a forked child; its exit status (3: it threw).
-int in_child(const std::function<int()>& body) {
-    std::fflush(stdout);
-    std::fflush(stderr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        int code = 3;
-        try {
-            code = body();
-        } catch (const std::exception& e) {
-            std::fprintf(stderr, "child: %s\n", e.what());
-        }
-        std::fflush(stderr);
-        ::_exit(code);
-    }
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-}  // namespace
+using gj::test::run_in_child;
 
 TEST(RankGroup, RankCountOutsideOneToEightIsAnError) {
     EXPECT_THROW(RankGroup(0), std::invalid_argument);
@@ -60,7 +36,7 @@ TEST(RankGroup, RankCountOutsideOneToEightIsAnError) {
 // Rank 0 sends three records to two workers; each worker checks them in order and exits 0 at the
 // end of the stream; finish() sees every worker succeed.
 TEST(RankGroup, WorkersReceiveRankZerosRecordsInOrder) {
-    const int status = in_child([] {
+    const int status = run_in_child([] {
         RankGroup group(3);
         const std::vector<std::vector<int32_t>> sent = {{1, 2, 3}, {}, {7, -1, 1 << 30, 42}};
         if (!group.leader()) {
@@ -78,7 +54,7 @@ TEST(RankGroup, WorkersReceiveRankZerosRecordsInOrder) {
 
 // A worker that fails is named by finish(), with its exit status.
 TEST(RankGroup, FinishNamesTheWorkerThatFailed) {
-    const int status = in_child([] {
+    const int status = run_in_child([] {
         RankGroup group(3);
         if (group.rank() == 2) ::_exit(5);
         if (!group.leader()) {
@@ -105,7 +81,7 @@ TEST(RankGroup, FinishNamesTheWorkerThatFailed) {
 // exit status 1 after a short grace period, instead of leaving it waiting forever.
 TEST(RankGroup, AWorkerDyingMidRunEndsRankZero) {
     const auto t0 = std::chrono::steady_clock::now();
-    const int status = in_child([] {
+    const int status = run_in_child([] {
         RankGroup group(2);
         if (!group.leader()) ::_exit(7);
         std::this_thread::sleep_for(std::chrono::seconds(30));  // "stuck in a collective"

@@ -44,6 +44,26 @@ ScratchDir::~ScratchDir() {
     std::filesystem::remove_all(path_, ec);
 }
 
+int run_in_child(const std::function<int()>& body) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        int code = 3;
+        try {
+            code = body();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "child %d: %s\n", int(::getpid()), e.what());
+        }
+        std::fflush(stdout);
+        std::fflush(stderr);
+        ::_exit(code);
+    }
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 CommandResult run_command(const std::string& cmdline) {
     CommandResult r;
     std::string full = cmdline + " 2>&1";

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "jit/device.h"
@@ -29,6 +30,12 @@ struct CommandResult {
 };
 // Runs a shell command line (with `env` prefix if needed); captures output.
 CommandResult run_command(const std::string& cmdline);
+
+// Runs `body` in a forked child of the test process and returns the child's exit status: what
+// `body` returns, 3 when it threw (the message on stderr), 128 + the signal that killed it.
+// Processes `body` forks itself (tensor-parallel workers) end there too, never in gtest. For tests
+// that must keep the GPU driver out of the test process (it does not survive fork()).
+int run_in_child(const std::function<int()>& body);
 
 }  // namespace gj::test
 

@@ -13,6 +13,19 @@
 
 namespace gj::gemma4 {
 
+namespace {
+
+// Row t of the logits every rank gathered, [rank][per_rank floats] with each rank's rows as long
+// as its own vocabulary slice, as one whole row `out` [V].
+void join_vocab_row(const float* gathered, uint64_t per_rank, int t, int V, int ranks, float* out) {
+    for (int r = 0; r < ranks; ++r) {
+        const Range v = part_of(V, 1, r, ranks);
+        std::copy_n(gathered + r * per_rank + uint64_t(t) * v.count, v.count, out + v.first);
+    }
+}
+
+}  // namespace
+
 void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) {
     const TensorParallel& tp = model_.tensor_parallel();
     if (!tp.active()) return;
@@ -48,6 +61,13 @@ std::vector<StepOutput> GpuSession::merge_readouts(std::span<const Readout> read
         api.cuMemcpyDtoHAsync(host, w.tp_results.ptr(), uint64_t(ranks) * block, stream),
         "cuMemcpyDtoHAsync(gathered readouts)");
     jit::check_driver(api.cuStreamSynchronize(stream), "forward step");
+    // Logits rows, when asked for: every rank's rows of its largest-slice stride, in one copy.
+    const uint64_t per_rank = uint64_t(n) * w.layout.vocab;
+    std::vector<float> gathered;
+    if (std::find(readouts.begin(), readouts.end(), Readout::Logits) != readouts.end()) {
+        gathered.resize(per_rank * ranks);
+        w.tp_logits.download(gathered.data(), gathered.size() * 4);
+    }
     struct Candidate {
         float value;
         int32_t id;
@@ -61,12 +81,7 @@ std::vector<StepOutput> GpuSession::merge_readouts(std::span<const Readout> read
         StepOutput& out = outs[size_t(i)];
         if (readouts[size_t(i)] == Readout::Logits) {
             out.logits.resize(size_t(V));
-            const uint64_t stride = uint64_t(n) * w.layout.vocab;  // one rank's gathered rows
-            for (int r = 0; r < ranks; ++r) {
-                const Range v = part_of(V, 1, r, ranks);
-                w.tp_logits.download(out.logits.data() + v.first, uint64_t(v.count) * 4,
-                                     (r * stride + uint64_t(i) * v.count) * 4);
-            }
+            join_vocab_row(gathered.data(), per_rank, i, V, ranks, out.logits.data());
             continue;
         }
         std::vector<Candidate> all;
@@ -111,12 +126,8 @@ void GpuSession::gather_all_logits(int T, float* out) {
                       "all-gather of the logits");
     std::vector<float> host(per_rank * ranks);
     gathered.download(host.data(), host.size() * 4);
-    for (int r = 0; r < ranks; ++r) {
-        const Range v = part_of(V, 1, r, ranks);
-        for (int t = 0; t < T; ++t)
-            std::copy_n(host.data() + r * per_rank + uint64_t(t) * v.count, v.count,
-                        out + uint64_t(t) * V + v.first);
-    }
+    for (int t = 0; t < T; ++t)
+        join_vocab_row(host.data(), per_rank, t, V, ranks, out + uint64_t(t) * V);
 }
 
 }  // namespace gj::gemma4

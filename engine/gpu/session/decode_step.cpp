@@ -43,7 +43,7 @@ std::vector<StepOutput> GpuSession::decode_batch(std::span<const BatchToken> bat
         seqs.push_back(b.seq);
         readouts.push_back(b.readout);
     }
-    {
+    if (mirroring()) {  // a tensor-parallel server's rank 0 (no record on the usual path)
         std::vector<int32_t> rows;
         for (int i = 0; i < B; ++i)
             rows.insert(rows.end(),

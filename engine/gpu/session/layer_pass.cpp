@@ -177,7 +177,7 @@ void GpuSession::record_layer(int l, int T) {
     const bool planes_ok = !model_.tensor_parallel().active();
     int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", planes_ok);
     // Tensor parallelism: this rank's heads gave a partial sum of the projection.
-    all_reduce(product(parts), uint64_t(parts) * T * cfg_.d_model, "attn_output");
+    all_reduce(product(parts), uint64_t(T) * cfg_.d_model, "attn_output");
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, product(parts), parts, T);
     else {
@@ -195,7 +195,7 @@ void GpuSession::record_layer(int l, int T) {
     } else {
         parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", planes_ok);
         ffn_out = product(parts);
-        all_reduce(ffn_out, uint64_t(parts) * T * cfg_.d_model, "ffn_down");
+        all_reduce(ffn_out, uint64_t(T) * cfg_.d_model, "ffn_down");
     }
     // The next pre-norm in f16 when the next layer's attention reads it so (never the output
     // norm: the LM head's products are int8 or float).
