@@ -21,6 +21,7 @@ struct Blas::Api {
                               cudaDataType, int, const void*, void*, cudaDataType, int,
                               cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
     decltype(&cublasGetStatusString) status_string = nullptr;
+    decltype(&cublasSetSmCountTarget) set_sm_target = nullptr;  // optional (cuBLAS 11.3+)
 };
 
 namespace {
@@ -59,6 +60,8 @@ Blas* Blas::get(std::string* why) {
         sym(api->gemm_ex, "cublasGemmEx");
         sym(api->status_string, "cublasGetStatusString");
         if (!ok) return;
+        api->set_sm_target = reinterpret_cast<decltype(&cublasSetSmCountTarget)>(
+            ::dlsym(lib, "cublasSetSmCountTarget"));
         Device::get().make_current();  // the handle binds to the current (primary) context
         cublasHandle_t handle = nullptr;
         if (const cublasStatus_t s = api->create(&handle); s != CUBLAS_STATUS_SUCCESS) {
@@ -76,9 +79,13 @@ Blas* Blas::get(std::string* why) {
 }
 
 void Blas::gemm(CUstream stream, BlasType t, int m, int n, int k, CUdeviceptr w, CUdeviceptr x,
-                CUdeviceptr y) {
+                CUdeviceptr y, int sm_target) {
     auto handle = static_cast<cublasHandle_t>(handle_);
     cublasStatus_t s = api_->set_stream(handle, reinterpret_cast<cudaStream_t>(stream));
+    if (s == CUBLAS_STATUS_SUCCESS && api_->set_sm_target && sm_target != sm_target_) {
+        s = api_->set_sm_target(handle, sm_target);
+        if (s == CUBLAS_STATUS_SUCCESS) sm_target_ = sm_target;
+    }
     const cudaDataType in = t == BlasType::F32   ? CUDA_R_32F
                             : t == BlasType::F16 ? CUDA_R_16F
                                                  : CUDA_R_16BF;
@@ -96,6 +103,10 @@ void Blas::gemm(CUstream stream, BlasType t, int m, int n, int k, CUdeviceptr w,
     if (s != CUBLAS_STATUS_SUCCESS)
         throw DeviceError(fmt::format("cublasGemmEx ({}x{}x{}): {}", m, n, k,
                                       status_text(api_->status_string, s)));
+}
+
+bool Blas::sm_target_supported() const {
+    return api_->set_sm_target != nullptr;
 }
 
 }  // namespace gj::jit

@@ -24,8 +24,12 @@ class Blas {
     // output and fp32 accumulation, on `stream`. w and x have type `t` (an F16/BF16 matrix takes
     // activations converted to its type by the caller; F32 runs on TF32 tensor cores). Throws
     // DeviceError on failure.
+    // sm_target > 0: the product is planned for that many SMs (cuBLAS's SM-count target), so a
+    // kernel running beside it on another stream keeps the rest; 0: the whole GPU. A cuBLAS
+    // without the setting ignores it (sm_target_supported() says which).
     void gemm(CUstream stream, BlasType t, int m, int n, int k, CUdeviceptr w, CUdeviceptr x,
-              CUdeviceptr y);
+              CUdeviceptr y, int sm_target = 0);
+    bool sm_target_supported() const;
 
     int version() const { return version_; }  // e.g. 130100
 
@@ -35,6 +39,7 @@ class Blas {
     Api* api_ = nullptr;
     void* handle_ = nullptr;
     int version_ = 0;
+    int sm_target_ = 0;  // the handle's current SM-count target (set only when it changes)
 };
 
 }  // namespace gj::jit

@@ -180,6 +180,17 @@ const std::vector<FlagDef>& flag_table() {
                  "before reducing the context",
          .min = 1,
          .max = 4096},
+        {.name = "GEMMAJIT_COPY_SMS",
+         .family = "tuning",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "-1",
+         .help = "SMs a prefill chunk's cuBLAS products leave to the F16 copies of the next "
+                 "layer's quantized weights made beside them (cuBLAS's SM-count target); -1: "
+                 "1/11 of the GPU's SMs for chunks under 1024 rows and none for longer ones, "
+                 "0: none (the copies run only in the products' gaps)",
+         .min = -1,
+         .max = 1024},
         {.name = "GEMMAJIT_STREAMS",
          .family = "path",
          .type = T::Bool,
@@ -194,6 +205,13 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "1",
          .help = "0: launch a layer's Q, K and V decode matvecs one by one (K and V on the side "
                  "streams) instead of as one launch over the three matrices (same results)"},
+        {.name = "GEMMAJIT_FUSE_PLE",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: a float PLE gate's matvec and its GeLU product with the token's PLE input "
+                 "as two launches instead of one (same results)"},
         {.name = "GEMMAJIT_PARALLEL_UPLOAD",
          .family = "path",
          .type = T::Bool,

@@ -92,7 +92,9 @@ static_assert(ROWS >= 1 && ROWS <= 8, "matvec: ROWS must be in [1, 8]");
 static_assert(NCOLS >= 1 && NCOLS <= 8, "matvec: NCOLS must be in [1, 8]");
 static_assert(UNROLL >= 1 && UNROLL <= 16, "matvec: UNROLL must be in [1, 16]");
 
-enum { gj_epi_store = 0, gj_epi_add = 1, gj_epi_geglu = 2 };
+// gj_epi_gelu_mul: y = gelu_tanh(W x) * other, with other (the residual argument) read at
+// column c, row r from other[c * other_stride + r] (the PLE gate times the token's PLE input).
+enum { gj_epi_store = 0, gj_epi_add = 1, gj_epi_geglu = 2, gj_epi_gelu_mul = 3 };
 
 // Weight-format traits (matvec_q8_0.cu, matvec_q4_0.cu define them):
 //   kUnits                       units per row (the work items threads split K into)
@@ -172,7 +174,7 @@ template <class F, int kEpi, class Cols = gj_cols_dense, int kThreads = THREADS,
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
                          const void* __restrict__ x, const float2* __restrict__ xds,
                          const float* residual, float* y, int n_rows, const Cols& cols = Cols(),
-                         int block = -1) {
+                         int block = -1, int other_stride = 0) {
     constexpr int kVr = kEpi == gj_epi_geglu ? 2 * kRows : kRows;  // rows read per block
     constexpr int kUnits = F::kUnits;
     constexpr int kIters = (kUnits + kThreads - 1) / kThreads;
@@ -272,6 +274,8 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
 #pragma unroll
         for (int k = 0; k < kWarps; ++k) up += partial[k][(r + kRows) * NCOLS + c];
         y[out] = gelu_tanh(s) * up;
+    } else if (kEpi == gj_epi_gelu_mul) {
+        y[out] = gelu_tanh(s) * residual[(size_t)cols.out(c) * other_stride + row];
     } else {
         y[out] = s;
     }

@@ -18,6 +18,9 @@
 //   matvec_f        y = W x
 //   matvec_f_add    y = residual + W x
 //   matvec_f_geglu  y = gelu_tanh(W x) * (W_up x)
+//   matvec_f_gelu_mul(w, x, other, other_stride, y, n_rows)
+//                   y = gelu_tanh(W x) * other, column c reading other + c * other_stride (a PLE
+//                   gate and its GeLU product with the token's PLE input in one launch)
 #include "matvec_common.cuh"
 
 #ifndef WTYPE
@@ -92,4 +95,10 @@ GJ_MATVEC_MOE_ENTRY(matvec_f_moe_geglu, gj_wf, gj_epi_geglu, float)
 GJ_MATVEC_F_ENTRY(matvec_f, gj_epi_store)
 GJ_MATVEC_F_ENTRY(matvec_f_add, gj_epi_add)
 GJ_MATVEC_F_ENTRY(matvec_f_geglu, gj_epi_geglu)
+extern "C" __global__ void __launch_bounds__(THREADS)
+    matvec_f_gelu_mul(const void* w, const float* x, const float* other, int other_stride, float* y,
+                      int n_rows) {
+    gj_matvec<gj_wf, gj_epi_gelu_mul>((const uint8*)w, nullptr, x, nullptr, other, y, n_rows,
+                                      gj_cols_dense(), -1, other_stride);
+}
 #endif

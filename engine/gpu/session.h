@@ -127,23 +127,25 @@ class GpuSession {
 
     // How often each prefill fast path ran (tests assert that the path they compare really ran).
     struct PathCounts {
-        uint64_t mmq = 0;            // int8 tensor-core GEMM launches (mma.sync)
-        uint64_t wgmma = 0;          // bf16 warpgroup GEMM launches (sm_90)
-        uint64_t blas = 0;           // cuBLAS products
-        uint64_t dequant = 0;        // quantized matrices dequantized to F16 for cuBLAS
-        uint64_t dequant_ahead = 0;  // ... of them, layers copied on the dequantization stream
-        uint64_t geglu_f16 = 0;      // cuBLAS GeGLUs written as the f16 input of the down product
-        uint64_t norm_f16 = 0;       // norms written as the f16 input of cuBLAS products
-        uint64_t attn_f16 = 0;       // prefill attention outputs also written in f16 (the same)
-        uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
-        uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
-        uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
-        uint64_t attn_q8 = 0;        // attention outputs quantized by flash_combine (no quantize)
-        uint64_t qkv_fused = 0;      // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
-        uint64_t dependent = 0;      // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
-        uint64_t all_reduce = 0;     // tensor parallelism: NCCL all-reduces of partial products
-        uint64_t all_gather = 0;     // ... and all-gathers of the ranks' readouts
-        uint64_t launches = 0;       // every kernel launch of the engine's own kernels
+        uint64_t mmq = 0;                 // int8 tensor-core GEMM launches (mma.sync)
+        uint64_t wgmma = 0;               // bf16 warpgroup GEMM launches (sm_90)
+        uint64_t blas = 0;                // cuBLAS products
+        uint64_t dequant = 0;             // quantized matrices dequantized to F16 for cuBLAS
+        uint64_t dequant_ahead = 0;       // ... of them, layers copied on the dequantization stream
+        uint64_t blas_beside_copies = 0;  // cuBLAS products leaving SMs to those copies
+        uint64_t geglu_f16 = 0;       // cuBLAS GeGLUs written as the f16 input of the down product
+        uint64_t norm_f16 = 0;        // norms written as the f16 input of cuBLAS products
+        uint64_t attn_f16 = 0;        // prefill attention outputs also written in f16 (the same)
+        uint64_t flash_prefill = 0;   // tensor-core prefill attention launches
+        uint64_t moe_grouped = 0;     // grouped expert matvec launches (MoE layers)
+        uint64_t moe_gemm = 0;        // grouped expert tensor-core GEMM launches (MoE prefill)
+        uint64_t attn_q8 = 0;         // attention outputs quantized by flash_combine (no quantize)
+        uint64_t qkv_fused = 0;       // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
+        uint64_t ple_gate_fused = 0;  // PLE gates with their GeLU product (GEMMAJIT_FUSE_PLE)
+        uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
+        uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
+        uint64_t all_gather = 0;      // ... and all-gathers of the ranks' readouts
+        uint64_t launches = 0;        // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
 
@@ -263,6 +265,12 @@ class GpuSession {
     // column group; then matvec_qkv enqueues it, writing q, k_raw and v_raw.
     bool fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) const;
     void matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T);
+    // Whether a PLE gate over T rows runs with its GeLU product in one launch (GEMMAJIT_FUSE_PLE):
+    // a float gate on the matvecs (the matvec_f _gelu_mul entry); then matvec_gelu_mul writes
+    // y = gelu(gate x) * other, column c reading other + c * other_stride.
+    bool fused_ple_gate(const GpuMatrix& gate, int T) const;
+    void matvec_gelu_mul(const GpuMatrix& m, CUdeviceptr x, CUdeviceptr other, int other_stride,
+                         CUdeviceptr y, int T);
     bool splits_k(const GpuMatrix& m) const;  // its prefill GEMM writes split-K partial planes
     CUdeviceptr product(int parts) const;     // where a residual product of `parts` planes is
     // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
@@ -289,6 +297,9 @@ class GpuSession {
     // run in order on the compute stream.
     void dequantize_layer(int l, int T);
     void wait_dequantized(int l);
+    // The SM-count target of a cuBLAS product of a T-row chunk: the GPU less the SMs left to the
+    // copies running beside it (GEMMAJIT_COPY_SMS), or 0 (all SMs) when none run.
+    int blas_sm_target(int T) const;
     void quantize(CUdeviceptr x, int n_values);  // into the shared Q8_1 buffer (xq, xds)
     void quantize(CUdeviceptr x, int n_values, CUdeviceptr xq, CUdeviceptr xds);
     Input normed(int row = 0) const;  // the h / Q8_1 (or f16) buffers at `row`
@@ -338,16 +349,19 @@ class GpuSession {
     CUstream deq_stream_ = nullptr;  // F16 copies of the next layer during prefill (lowest
                                      // priority)
     CUevent slot_free_ = nullptr, deq_ready_[2] = {};
-    int deq_layer_ = -1;       // the layer whose copies the cuBLAS products read; -1: copy inline
-    bool normed_f16_ = false;  // the half buffer holds the last norm's output (f16 norms)
-    std::vector<int> pos_;     // next position of each sequence
-    int seq_ = 0;              // the sequence a prefill chunk runs on
-    bool decoding_ = false;    // the forward being recorded is a decode step
+    int deq_layer_ = -1;  // the layer whose copies the cuBLAS products read; -1: copy inline
+    bool copies_beside_ = false;  // the next layer's copies run on the dequantization stream
+    bool normed_f16_ = false;     // the half buffer holds the last norm's output (f16 norms)
+    std::vector<int> pos_;        // next position of each sequence
+    int seq_ = 0;                 // the sequence a prefill chunk runs on
+    bool decoding_ = false;       // the forward being recorded is a decode step
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
     bool pdl_ = true;       // GEMMAJIT_PDL: kernels launched as programmatic dependents
     bool fuse_qkv_ = true;  // GEMMAJIT_FUSE_QKV
+    bool fuse_ple_ = true;  // GEMMAJIT_FUSE_PLE
+    int copy_sms_ = -1;     // GEMMAJIT_COPY_SMS (-1: by chunk length)
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
     PathCounts paths_;
 };

@@ -181,6 +181,48 @@ TEST(BatchDecode, FusedQkvIsBitIdenticalToSeparateLaunches) {
     }
 }
 
+// A float PLE gate with its GeLU product in one launch (GEMMAJIT_FUSE_PLE, the default) gives
+// the values of the two launches: bit-identical logits over single-column decode steps, batches
+// and prefill chunks on the batched matvecs (GEMMAJIT_BLAS=0: cuBLAS products keep two passes),
+// and the fused launch really ran.
+TEST(BatchDecode, FusedPleGateIsBitIdenticalToSeparateLaunches) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-fused-ple");
+    for (const auto& [wtype, blas] :
+         {std::pair{ggml::Type::Q8_0, "1"}, std::pair{ggml::Type::F32, "1"},
+          std::pair{ggml::Type::Q4_0, "0"}}) {
+        SCOPED_TRACE(std::string(ggml::type_name(wtype)) + " GEMMAJIT_BLAS=" + blas);
+        const auto path = synth(dir, "tiny-e2b", wtype);
+        auto mf = load_gpu(path, 128, 16, flags({{"GEMMAJIT_BLAS", blas}}), 3);
+        auto ms = load_gpu(path, 128, 16,
+                           flags({{"GEMMAJIT_BLAS", blas}, {"GEMMAJIT_FUSE_PLE", "0"}}), 3);
+        ASSERT_TRUE(mf->config().has_ple());
+        ASSERT_FALSE(mf->layers()[0].inp_gate.quantized()) << "the synthetic PLE gate is float";
+        GpuSession f(*mf), s(*ms);
+        const int V = mf->config().vocab_size;
+        prefill_both(f, s, 3, 5, 4, 11);
+        const uint64_t after_prefill = f.path_counts().ple_gate_fused;
+        // Chunks of 11 rows: on the batched matvecs (fused) or through cuBLAS (not).
+        if (std::string(blas) == "0") {
+            EXPECT_GT(after_prefill, 0u);
+        }
+        for (int step = 0; step < 20; ++step) {
+            std::vector<BatchToken> batch;
+            const int B = step % 2 ? 3 : 1;  // single-column decode and a batch
+            for (int j = 0; j < B; ++j)
+                batch.push_back({j, step_token(j, step, V), Readout::Logits});
+            const auto a = f.decode_batch(batch), b = s.decode_batch(batch);
+            for (int j = 0; j < B; ++j)
+                ASSERT_EQ(0, std::memcmp(a[j].logits.data(), b[j].logits.data(), size_t(V) * 4))
+                    << "step " << step << " row " << j;
+        }
+        // Counted when recorded: every layer of the two captured graphs (B = 1 and 3), at least.
+        EXPECT_GE(f.path_counts().ple_gate_fused - after_prefill,
+                  uint64_t(2 * mf->config().n_layers));
+        EXPECT_EQ(s.path_counts().ple_gate_fused, 0u);
+    }
+}
+
 // Each row gets its own readout: the greedy token and the top-k candidates of a row are those of
 // its logits, whatever the other rows ask for.
 TEST(BatchDecode, MixedReadoutsInOneBatch) {

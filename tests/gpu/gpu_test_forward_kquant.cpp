@@ -156,6 +156,12 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
             << "every cuBLAS product but the F32 PLE projection reads a dequantized copy";
         EXPECT_EQ(s.path_counts().dequant_ahead, uint64_t(model->config().n_layers))
             << "the layers' copies were not made ahead on the dequantization stream";
+        // Every layer but the last runs its products beside the next layer's copies, leaving them
+        // SMs (GEMMAJIT_COPY_SMS, by default at this chunk length).
+        if (model->blas()->sm_target_supported()) {
+            EXPECT_GT(s.path_counts().blas_beside_copies, 0u)
+                << "no cuBLAS product left SMs to the copies made beside it";
+        }
         EXPECT_EQ(s.path_counts().geglu_f16, uint64_t(model->config().n_layers))
             << "the FFN GeGLUs were not written as the down products' f16 input";
         // Every pre-norm but the output norm (the LM head reads Q8_1): attn_norm and ffn_norm.
@@ -164,13 +170,21 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
         EXPECT_EQ(s.path_counts().attn_f16, uint64_t(model->config().n_layers))
             << "the attention outputs were not written in f16 for the output projections";
         // Made in order on one stream instead: the same products of the same copies, bit for bit
-        // (a copy read before it was complete, or overwritten while read, would differ).
-        const auto one_stream = flags({{"GEMMAJIT_STREAMS", "0"}});
-        auto serial = load_gpu(path, 256, 64, one_stream);
+        // (a copy read before it was complete, or overwritten while read, would differ). Both on
+        // the whole GPU: an SM-count target may give cuBLAS another kernel, so other last bits.
+        auto whole = load_gpu(path, 256, 64, flags({{"GEMMAJIT_COPY_SMS", "0"}}));
+        GpuSession beside(*whole);
+        const auto ahead_whole = beside.prefill_logits(tokens);
+        EXPECT_EQ(beside.path_counts().dequant_ahead, uint64_t(model->config().n_layers));
+        EXPECT_EQ(beside.path_counts().blas_beside_copies, 0u);
+        expect_agree(ahead, ahead_whole, V, kTolQuant,
+                     std::string(mix.name) + " copies beside products on all SMs vs fewer");
+        auto serial = load_gpu(path, 256, 64, flags({{"GEMMAJIT_STREAMS", "0"}}));
         GpuSession in_order(*serial);
-        EXPECT_TRUE(in_order.prefill_logits(tokens) == ahead)
+        EXPECT_TRUE(in_order.prefill_logits(tokens) == ahead_whole)
             << "copies made ahead on their own stream differ from in-order ones";
         EXPECT_EQ(in_order.path_counts().dequant_ahead, 0u);
+        EXPECT_EQ(in_order.path_counts().blas_beside_copies, 0u);
         EXPECT_GT(in_order.path_counts().dequant, 0u);
         s.reset();
         EXPECT_TRUE(s.prefill_logits(tokens) == ahead)

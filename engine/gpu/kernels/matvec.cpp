@@ -259,7 +259,7 @@ jit::KernelSpec make_matvec_f_spec(ggml::Type weight_type, int k, int ncols, Row
                    {"ROWS", rows},
                    {"NCOLS", ncols},
                    {"UNROLL", unroll}};
-    s.entries = {"matvec_f", "matvec_f_add", "matvec_f_geglu"};
+    s.entries = {"matvec_f", "matvec_f_add", "matvec_f_geglu", "matvec_f_gelu_mul"};
     s.priority = 0;
     return s;
 }

@@ -165,6 +165,31 @@ void GpuSession::matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, 
     ++paths_.qkv_fused;
 }
 
+bool GpuSession::fused_ple_gate(const GpuMatrix& gate, int T) const {
+    return fuse_ple_ && !gate.quantized() && !blas_for(gate, T);
+}
+
+void GpuSession::matvec_gelu_mul(const GpuMatrix& m, CUdeviceptr x, CUdeviceptr other,
+                                 int other_stride, CUdeviceptr y, int T) {
+    const std::string& spec_name = T == 1 ? m.spec_decode : m.spec_prefill;
+    const jit::KernelSpec& spec = model_.kernels().spec(spec_name);
+    const int cols = int(spec_constant(spec, "NCOLS"));
+    const auto [threads, rows_per_block] = matvec_launch(spec, false);
+    const jit::Kernel& k = model_.kernels().get(spec_name, spec.family + "_gelu_mul");
+    CUdeviceptr w = m.ptr;
+    int n_rows = m.rows;
+    for (int c0 = 0; c0 < T; c0 += cols) {
+        CUdeviceptr xf = x + uint64_t(c0) * m.cols * 4, out = y + uint64_t(c0) * m.rows * 4,
+                    o = other + uint64_t(c0) * other_stride * 4;
+        void* args[] = {&w, &xf, &o, &other_stride, &out, &n_rows};
+        launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args,
+               spec_name + " gelu_mul inp_gate",
+               LaunchCost{m.bytes, 2.0 * double(m.rows) * m.cols * std::min(cols, T - c0),
+                          WorkKind::Gemm});
+    }
+    ++paths_.ple_gate_fused;
+}
+
 GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what) {
     if (in.bf) return in;
     in.bf = convert(in.f, n, "f32_to_bf16", w_->xbf.ptr(), what);
@@ -313,6 +338,7 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in,
         x = convert(x, T * m.cols, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16",
                     w_->xhalf.ptr(), what);
     const double flops = 2.0 * double(m.rows) * m.cols * T;
+    const int sm_target = blas.sm_target_supported() ? blas_sm_target(T) : 0;
     auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
         // A layer's copies were made ahead (dequantize_layer); others (the PLE projection) now.
         const CUdeviceptr weights =
@@ -324,8 +350,9 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in,
         profiled(
             fmt::format("cublas.{}.k{}.n{} {}", type_name, w.cols, w.rows, label),
             LaunchCost{kquant ? uint64_t(w.rows) * w.cols * 2 : w.bytes, flops, WorkKind::Gemm},
-            [&] { blas.gemm(stream_, type, w.rows, T, w.cols, weights, x, out); });
+            [&] { blas.gemm(stream_, type, w.rows, T, w.cols, weights, x, out, sm_target); });
         ++paths_.blas;
+        paths_.blas_beside_copies += sm_target > 0;
     };
     if (!up) {
         product(m, y, what);

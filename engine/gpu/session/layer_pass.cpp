@@ -210,10 +210,7 @@ void GpuSession::record_layer(int l, int T) {
     post_norm(model_.spec_post_quant(parts), ffn_out, g.post_ffw_norm, 0, 0, T, "post_ffw_norm");
 
     // PLE: x = (x + post_norm(proj(gelu(inp_gate x) * ple[l]))) * layer_output_scale.
-    matvec(g.inp_gate, nullptr, Input{w.x.ptr(), w.xq.ptr(), w.xds.ptr()}, w.ple_gate.ptr(), T,
-           "inp_gate");
     {
-        const std::string& name = model_.spec_gelu_mul();
         // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM and cuBLAS
         // read fp32).
         const bool q8 =
@@ -222,14 +219,22 @@ void GpuSession::record_layer(int l, int T) {
                     out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
         int stride = cfg_.n_layers * cfg_.ple_dim;
         const uint64_t n = uint64_t(T) * cfg_.ple_dim;
-        if (q8) {
-            void* args[] = {&gate, &other, &stride, &yq, &yds, &T};
-            launch(model_.kernels().get(name, "gelu_mul_q8"), {ceil_div(n, 512)}, {128}, 0, args,
-                   name + " q8");
+        if (!q8 && fused_ple_gate(g.inp_gate, T)) {
+            // One launch: the gate's product and gelu(gate) * ple[l] in its epilogue.
+            matvec_gelu_mul(g.inp_gate, w.x.ptr(), other, stride, out, T);
         } else {
-            void* args[] = {&gate, &other, &stride, &out, &T};
-            launch(model_.kernels().get(name, "gelu_mul"), {ceil_div(n, 128)}, {128}, 0, args,
-                   name);
+            matvec(g.inp_gate, nullptr, Input{w.x.ptr(), w.xq.ptr(), w.xds.ptr()}, gate, T,
+                   "inp_gate");
+            const std::string& name = model_.spec_gelu_mul();
+            if (q8) {
+                void* args[] = {&gate, &other, &stride, &yq, &yds, &T};
+                launch(model_.kernels().get(name, "gelu_mul_q8"), {ceil_div(n, 512)}, {128}, 0,
+                       args, name + " q8");
+            } else {
+                void* args[] = {&gate, &other, &stride, &out, &T};
+                launch(model_.kernels().get(name, "gelu_mul"), {ceil_div(n, 128)}, {128}, 0, args,
+                       name);
+            }
         }
         matvec(g.proj, nullptr, q8 ? Input{0, yq, yds} : Input{out}, w.tmp.ptr(), T, "ple_proj");
     }
@@ -255,10 +260,12 @@ void GpuSession::record_forward(int T, bool decode) {
             wait_dequantized(l);
             if (l + 1 < cfg_.n_layers) dequantize_layer(l + 1, T);
             deq_layer_ = l;
+            copies_beside_ = l + 1 < cfg_.n_layers && streams_ && !profiler_;
         }
         record_layer(l, T);
     }
     deq_layer_ = -1;
+    copies_beside_ = false;
     // h (and its Q8_1 form) now hold output_norm(x) of every row.
 }
 

@@ -20,8 +20,14 @@ GpuSession::GpuSession(GpuModel& model)
       graphs_(model.flags().get_bool("GEMMAJIT_GRAPHS")),
       streams_(model.flags().get_bool("GEMMAJIT_STREAMS")),
       pdl_(model.flags().get_bool("GEMMAJIT_PDL")),
-      fuse_qkv_(model.flags().get_bool("GEMMAJIT_FUSE_QKV")) {
+      fuse_qkv_(model.flags().get_bool("GEMMAJIT_FUSE_QKV")),
+      fuse_ple_(model.flags().get_bool("GEMMAJIT_FUSE_PLE")),
+      copy_sms_(int(model.flags().get_int("GEMMAJIT_COPY_SMS"))) {
     jit::Device& dev = jit::Device::get();
+    if (copy_sms_ >= dev.sm_count())
+        throw jit::FlagError(fmt::format(
+            "GEMMAJIT_COPY_SMS={} leaves no SM to the cuBLAS products: this GPU has {} SMs",
+            copy_sms_, dev.sm_count()));
     dev.make_current();
     const jit::DriverApi& api = jit::driver();
     stream_ = dev.stream();
@@ -90,6 +96,18 @@ void GpuSession::dequantize_layer(int l, int T) {
         stream_ = main;
         ++paths_.dequant_ahead;
     }
+}
+
+int GpuSession::blas_sm_target(int T) const {
+    if (!copies_beside_) return 0;
+    // cuBLAS's Hopper kernels take a whole SM's registers and shared memory, so without a target
+    // the low-priority copy blocks run only in the gaps between products: at 512 rows the copies
+    // are a third of a 31B chunk's time and hardly overlap. With 12 of 132 SMs left to them the
+    // two overlap (31B Q4_0 pp512 +4%, E4B Q8_0 +2.4% on the H100); from 2048 rows the copies
+    // are a small share and the products lose more than the overlap gains (docs/PERFORMANCE.md).
+    const int sms = jit::Device::get().sm_count();
+    const int reserve = copy_sms_ >= 0 ? copy_sms_ : T < 1024 ? sms / 11 : 0;
+    return reserve > 0 ? sms - reserve : 0;
 }
 
 void GpuSession::wait_dequantized(int l) {
