@@ -65,6 +65,21 @@ void prefill_both(GpuSession& a, GpuSession& b, int n, int len0, int step, uint3
     }
 }
 
+// 20 decode steps on both sessions, alternating single-column steps of sequence 0 and batches of
+// sequences 0..2, with bit-identical logits (a fatal failure at the first difference).
+void expect_same_decode_logits(GpuSession& f, GpuSession& s) {
+    const int V = f.model().config().vocab_size;
+    for (int step = 0; step < 20; ++step) {
+        std::vector<BatchToken> batch;
+        const int B = step % 2 ? 3 : 1;  // single-column decode and a batch
+        for (int j = 0; j < B; ++j) batch.push_back({j, step_token(j, step, V), Readout::Logits});
+        const auto a = f.decode_batch(batch), b = s.decode_batch(batch);
+        for (int j = 0; j < B; ++j)
+            ASSERT_EQ(0, std::memcmp(a[j].logits.data(), b[j].logits.data(), size_t(V) * 4))
+                << "step " << step << " row " << j;
+    }
+}
+
 class BatchDecodeTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BatchDecodeTest, EachRowEqualsItsSequenceDecodedAlone) {
@@ -161,18 +176,9 @@ TEST(BatchDecode, FusedQkvIsBitIdenticalToSeparateLaunches) {
         auto mf = load_gpu(path, 128, 16, flags(), 3);
         auto ms = load_gpu(path, 128, 16, flags({{"GEMMAJIT_FUSE_QKV", "0"}}), 3);
         GpuSession f(*mf), s(*ms);
-        const int V = mf->config().vocab_size;
         prefill_both(f, s, 3, 5, 4, 11);
-        for (int step = 0; step < 20; ++step) {
-            std::vector<BatchToken> batch;
-            const int B = step % 2 ? 3 : 1;  // single-column decode and a batch
-            for (int j = 0; j < B; ++j)
-                batch.push_back({j, step_token(j, step, V), Readout::Logits});
-            const auto a = f.decode_batch(batch), b = s.decode_batch(batch);
-            for (int j = 0; j < B; ++j)
-                ASSERT_EQ(0, std::memcmp(a[j].logits.data(), b[j].logits.data(), size_t(V) * 4))
-                    << "step " << step << " row " << j;
-        }
+        expect_same_decode_logits(f, s);
+        if (HasFatalFailure()) return;
         int kv_layers = 0;
         for (const auto& l : mf->config().layers) kv_layers += l.has_kv;
         // Counted when recorded: the two captured graphs (B = 1 and 3), at least.
@@ -199,23 +205,15 @@ TEST(BatchDecode, FusedPleGateIsBitIdenticalToSeparateLaunches) {
         ASSERT_TRUE(mf->config().has_ple());
         ASSERT_FALSE(mf->layers()[0].inp_gate.quantized()) << "the synthetic PLE gate is float";
         GpuSession f(*mf), s(*ms);
-        const int V = mf->config().vocab_size;
         prefill_both(f, s, 3, 5, 4, 11);
         const uint64_t after_prefill = f.path_counts().ple_gate_fused;
-        // Chunks of 11 rows: on the batched matvecs (fused) or through cuBLAS (not).
+        // Prompts of 5, 9 and 13 rows: 5 on the matvecs (fused) either way; 9 and 13 on the
+        // batched matvecs (fused) or through cuBLAS (not).
         if (std::string(blas) == "0") {
             EXPECT_GT(after_prefill, 0u);
         }
-        for (int step = 0; step < 20; ++step) {
-            std::vector<BatchToken> batch;
-            const int B = step % 2 ? 3 : 1;  // single-column decode and a batch
-            for (int j = 0; j < B; ++j)
-                batch.push_back({j, step_token(j, step, V), Readout::Logits});
-            const auto a = f.decode_batch(batch), b = s.decode_batch(batch);
-            for (int j = 0; j < B; ++j)
-                ASSERT_EQ(0, std::memcmp(a[j].logits.data(), b[j].logits.data(), size_t(V) * 4))
-                    << "step " << step << " row " << j;
-        }
+        expect_same_decode_logits(f, s);
+        if (HasFatalFailure()) return;
         // Counted when recorded: every layer of the two captured graphs (B = 1 and 3), at least.
         EXPECT_GE(f.path_counts().ple_gate_fused - after_prefill,
                   uint64_t(2 * mf->config().n_layers));
