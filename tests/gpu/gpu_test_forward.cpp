@@ -63,12 +63,6 @@ constexpr float kTolBlas = 2e-2f;
 // q8_0 KV cache: K and V rounded to 8 bits per 32-block (measured 0.7-2.5% of max|logit|).
 constexpr float kTolQ8Kv = 6e-2f;
 
-// An sm_90 GPU: GEMMAJIT_MMQ_VARIANT=auto takes the wgmma GEMM there for chunks shorter than
-// copy_min_rows and cuBLAS on F16 copies from there on (else mma.sync).
-bool sm90() {
-    return gj::jit::Device::get().arch() == "sm_90";
-}
-
 struct Case {
     std::string variant;
     ggml::Type wtype;

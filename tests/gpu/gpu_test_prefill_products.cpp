@@ -26,12 +26,6 @@ namespace {
 
 constexpr float kTolQuant = 3e-2f;
 
-// An sm_90 GPU: GEMMAJIT_MMQ_VARIANT=auto takes the wgmma GEMM there for chunks shorter than
-// copy_min_rows and cuBLAS on F16 copies from there on (else mma.sync).
-bool sm90() {
-    return gj::jit::Device::get().arch() == "sm_90";
-}
-
 }  // namespace
 
 // Each prefill GEMM variant the GPU has (mma and blas everywhere, wgmma on sm_90), forced, against

@@ -8,6 +8,7 @@
 
 #include "engine/cpu/cpu_forward.h"
 #include "engine/model/synth.h"
+#include "jit/device.h"
 
 namespace gj::test {
 
@@ -70,6 +71,10 @@ std::vector<float> cpu_logits(const std::filesystem::path& path,
     auto model = CpuModel::load(path);
     CpuSession s(*model);
     return s.prefill(tokens);
+}
+
+bool sm90() {
+    return jit::Device::get().arch() == "sm_90";
 }
 
 int argmax(const float* row, int n) {

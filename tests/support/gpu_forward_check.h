@@ -42,6 +42,10 @@ std::vector<float> cpu_logits(const std::filesystem::path& path,
 // Index of the largest of n values (the first on ties).
 int argmax(const float* row, int n);
 
+// Whether the GPU is sm_90: GEMMAJIT_MMQ_VARIANT=auto takes the wgmma GEMM there for chunks
+// shorter than copy_min_rows and cuBLAS on F16 copies from there on (else mma.sync).
+bool sm90();
+
 struct Agreement {
     float max_diff = 0, scale = 0;
     int mismatches = 0, near_ties = 0;
