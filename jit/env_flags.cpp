@@ -138,6 +138,16 @@ const std::vector<FlagDef>& flag_table() {
                  "0..N-1); the default of --tp",
          .min = 1,
          .max = 8},
+        {.name = "GEMMAJIT_TP_BF16_ROWS",
+         .family = "device",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "64",
+         .help = "tensor parallelism: prefill chunks of at least this many rows all-reduce their "
+                 "partial products in bf16 (half the bytes; the residual stream stays fp32); 0: "
+                 "fp32 always (decode steps always all-reduce fp32)",
+         .min = 0,
+         .max = 1 << 20},
         {.name = "GEMMAJIT_NCCL_LIB",
          .family = "device",
          .type = T::Path,

@@ -467,7 +467,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, true)).name;
     }
     spec_quantize_ = kernels_.add(quantize_spec()).name;
-    if (blas_half || gemm_bf16) spec_convert_ = kernels_.add(convert_f32_spec()).name;
+    // (Also a tensor-parallel rank's: its prefill all-reduces move bf16.)
+    if (blas_half || gemm_bf16 || tp_.active())
+        spec_convert_ = kernels_.add(convert_f32_spec()).name;
     spec_logits_ = kernels_.add(logits_spec(lm_head_.rows, std::min(kMaxTopK, lm_head_.rows))).name;
 
     // Every fp32 vector: norms (d, head dims, P) and one float per layer scale.
@@ -768,18 +770,6 @@ void GpuModel::upload(const GpuModelOptions& opts) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     say(fmt::format("weights on the GPU in {:.1f} s ({:.1f} GB/s){}; {}", s,
                     s > 0 ? double(done) / s / 1e9 : 0.0, bound, mem_.describe()));
-}
-
-std::map<ggml::Type, uint64_t> GpuModel::layer_bytes_by_type() const {
-    std::map<ggml::Type, uint64_t> by_type;
-    for (const auto& g : layers_) {
-        for (const GpuMatrix* m :
-             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
-            if (m->present()) by_type[m->type] += m->bytes;
-        for (const GpuExperts* x : {&g.gate_up, &g.up_exps, &g.down_exps})
-            if (x->present()) by_type[x->all.type] += x->all.bytes;
-    }
-    return by_type;
 }
 
 std::string GpuModel::summary() const {

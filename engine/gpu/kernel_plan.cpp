@@ -347,6 +347,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix
 std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
                                                const std::vector<PlanTypes>& types) {
     PlanUnion all;
+    if (shards.shards.size() > 1) all.add({convert_f32_spec()});  // bf16 prefill all-reduces
     for (const RankShard& rank : shards.shards)
         for (PlanTypes p : types) {
             p.lm_head_rows = rank.vocab.count;

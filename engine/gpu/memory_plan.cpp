@@ -126,4 +126,16 @@ void GpuModel::agree_across_ranks(const GpuModelOptions& opts) {
         all[0], all[1]));
 }
 
+std::map<ggml::Type, uint64_t> GpuModel::layer_bytes_by_type() const {
+    std::map<ggml::Type, uint64_t> by_type;
+    for (const auto& g : layers_) {
+        for (const GpuMatrix* m :
+             {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
+            if (m->present()) by_type[m->type] += m->bytes;
+        for (const GpuExperts* x : {&g.gate_up, &g.up_exps, &g.down_exps})
+            if (x->present()) by_type[x->all.type] += x->all.bytes;
+    }
+    return by_type;
+}
+
 }  // namespace gj::gemma4

@@ -144,8 +144,9 @@ class GpuSession {
         uint64_t ple_gate_fused = 0;  // PLE gates with their GeLU product (GEMMAJIT_FUSE_PLE)
         uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
         uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
-        uint64_t all_gather = 0;      // ... and all-gathers of the ranks' readouts
-        uint64_t launches = 0;        // every kernel launch of the engine's own kernels
+        uint64_t all_reduce_bf16 = 0;  // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
+        uint64_t all_gather = 0;       // ... and all-gathers of the ranks' readouts
+        uint64_t launches = 0;         // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
 
@@ -358,10 +359,11 @@ class GpuSession {
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
-    bool pdl_ = true;       // GEMMAJIT_PDL: kernels launched as programmatic dependents
-    bool fuse_qkv_ = true;  // GEMMAJIT_FUSE_QKV
-    bool fuse_ple_ = true;  // GEMMAJIT_FUSE_PLE
-    int copy_sms_ = -1;     // GEMMAJIT_COPY_SMS (-1: by chunk length)
+    bool pdl_ = true;        // GEMMAJIT_PDL: kernels launched as programmatic dependents
+    bool fuse_qkv_ = true;   // GEMMAJIT_FUSE_QKV
+    bool fuse_ple_ = true;   // GEMMAJIT_FUSE_PLE
+    int tp_bf16_rows_ = 64;  // GEMMAJIT_TP_BF16_ROWS (0: never)
+    int copy_sms_ = -1;      // GEMMAJIT_COPY_SMS (-1: by chunk length)
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
     PathCounts paths_;
 };

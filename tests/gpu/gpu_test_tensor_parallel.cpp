@@ -20,7 +20,8 @@
 // and the random tiny models amplify such steps: the single-GPU tests' GPU-vs-CPU tolerances
 // (3e-2 quantized, measured 1.1-1.5% on the tiny presets and 0.6% at the 31B widths; 2e-2 for
 // cuBLAS's bf16 activations, measured 0.4%). The greedy tokens must be equal, the top-k sets all
-// but a few candidates at their low end.
+// but a few candidates at their low end. Prefill chunks whose all-reduces move bf16 (the default
+// from 64 rows) round each rank's partial products to bf16: the bf16 tolerance.
 
 #include <gtest/gtest.h>
 
@@ -128,15 +129,21 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
         const auto decode = decode_logits(s, tokens);
         if (group.leader()) save(out / "decode_eager", decode);
     }
-    {
-        // Chunks of 32: the tensor-core GEMMs / cuBLAS with their all-reduces over whole chunks.
+    // Chunks of 32: the tensor-core GEMMs / cuBLAS with their all-reduces over whole chunks; then
+    // the same with bf16 all-reduces (GEMMAJIT_TP_BF16_ROWS; by default only chunks of 64 rows
+    // and more take them).
+    const gj::jit::Flags bf16 = flags({{"GEMMAJIT_TP_BF16_ROWS", "1"}});
+    for (const auto& [f, name] :
+         {std::pair{&graphs, "prefill32"}, std::pair{&bf16, "prefill32_bf16"}}) {
         GpuModelOptions ol = o;
-        ol.flags = &graphs;
+        ol.flags = f;
         ol.prefill_chunk = 32;
         auto ml = GpuModel::load(model, ol);
         GpuSession s(*ml);
         const auto prefill = s.prefill_logits(tokens);
-        if (group.leader()) save(out / "prefill32", prefill);
+        if (group.leader()) save(out / name, prefill);
+        if (group.leader() && f == &bf16)
+            save(out / "bf16_count", {float(s.path_counts().all_reduce_bf16)});
     }
     group.finish();
 }
@@ -209,6 +216,12 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
                      tp + "prefill in chunks of 32");
         expect_agree(load(one / "decode"), load(split / "decode"), V, kTolSplit,
                      tp + "decode steps");
+        // bf16 partial products: rounding of 2^-9 relative per all-reduce; the bf16 tolerance.
+        EXPECT_GT(load(split / "bf16_count").at(0), 0) << "no bf16 all-reduce ran";
+        EXPECT_EQ(load(one / "bf16_count").at(0), 0);
+        expect_agree(load(one / "prefill32"), load(split / "prefill32_bf16"), V,
+                     std::max(kTolSplit, kTolBf16),
+                     tp + "prefill in chunks of 32, bf16 all-reduces");
         // Graph replay with NCCL inside vs the same launches eagerly: identical.
         const auto graph = load(split / "decode"), eager = load(split / "decode_eager");
         ASSERT_EQ(graph.size(), eager.size());

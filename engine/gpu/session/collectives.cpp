@@ -29,10 +29,25 @@ void join_vocab_row(const float* gathered, uint64_t per_rank, int t, int V, int 
 void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) {
     const TensorParallel& tp = model_.tensor_parallel();
     if (!tp.active()) return;
+    ++paths_.all_reduce;
+    // A long prefill chunk's all-reduce is bound by NVLink bandwidth: its partial products go as
+    // bf16 (half the bytes, two conversions on the GPU). A decode step's is bound by latency
+    // (bf16 gains nothing there) and keeps fp32.
+    const uint64_t rows = floats / uint64_t(cfg_.d_model);
+    if (!decoding_ && tp_bf16_rows_ > 0 && rows >= uint64_t(tp_bf16_rows_)) {
+        const CUdeviceptr half = w_->tp_bf16.ptr();
+        convert(buf, int(floats), "f32_to_bf16", half, what);
+        profiled(fmt::format("nccl all_reduce bf16 {}", what), LaunchCost{}, [&] {
+            tp.nccl->all_reduce(tp.comm, half, floats, jit::NcclType::BF16, jit::NcclOp::Sum,
+                                stream_);
+        });
+        convert(half, int(floats), "bf16_to_f32", buf, what);
+        ++paths_.all_reduce_bf16;
+        return;
+    }
     profiled(fmt::format("nccl all_reduce {}", what), LaunchCost{}, [&] {
         tp.nccl->all_reduce(tp.comm, buf, floats, jit::NcclType::F32, jit::NcclOp::Sum, stream_);
     });
-    ++paths_.all_reduce;
 }
 
 void GpuSession::gather_readouts(int n_rows, bool logits) {

@@ -22,6 +22,7 @@ GpuSession::GpuSession(GpuModel& model)
       pdl_(model.flags().get_bool("GEMMAJIT_PDL")),
       fuse_qkv_(model.flags().get_bool("GEMMAJIT_FUSE_QKV")),
       fuse_ple_(model.flags().get_bool("GEMMAJIT_FUSE_PLE")),
+      tp_bf16_rows_(int(model.flags().get_int("GEMMAJIT_TP_BF16_ROWS"))),
       copy_sms_(int(model.flags().get_int("GEMMAJIT_COPY_SMS"))) {
     jit::Device& dev = jit::Device::get();
     if (copy_sms_ >= dev.sm_count())

@@ -89,7 +89,7 @@ uint64_t WorkLayout::bytes() const {
            + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
            (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
            (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + state_bytes() + readout_bytes() +
-           (ranks > 1 ? uint64_t(ranks) * result_bytes() : 0);
+           (ranks > 1 ? uint64_t(ranks) * result_bytes() + R * d * 2 : 0);
 }
 
 uint64_t session_work_bytes(const GpuModel& model) {
@@ -155,6 +155,7 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     if (L.ranks > 1) {
         tp_results = zeroed(uint64_t(L.ranks) * L.result_bytes());
         tp_logits = zeroed(uint64_t(L.ranks) * L.logit_rows * L.vocab * 4);
+        tp_bf16 = jit::DeviceBuffer(R * L.d * 2);
     }
     state_host = PinnedHost(L.state_bytes());
     result_host = PinnedHost(uint64_t(L.ranks) * L.result_bytes());

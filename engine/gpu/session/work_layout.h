@@ -59,6 +59,7 @@ struct GpuSession::Work {
         gbf, gemm_split, wdeq;
     // Tensor parallelism: every rank's readout results and logits rows, gathered ([rank][...]).
     jit::DeviceBuffer tp_results, tp_logits;
+    jit::DeviceBuffer tp_bf16;  // a prefill chunk's partial product in bf16, all-reduced so
     // MoE: router logits [rows][E]; expert ids, weights and grouped slots [rows][K]; the group
     // table (+ its count); expert GeGLU outputs [rows * K][F] (fp32 and Q8_1); expert outputs
     // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d]; the
