@@ -38,6 +38,6 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const int i = blockIdx.x * THREADS + threadIdx.x;
     if (i >= n / 4) return;
     const uint2 v = __ldg(x + i);
-    y[i] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
-                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+    y[i] = make_float4(bf16_to_f32((bf16_bits)v.x), bf16_to_f32((bf16_bits)(v.x >> 16)),
+                       bf16_to_f32((bf16_bits)v.y), bf16_to_f32((bf16_bits)(v.y >> 16)));
 }
