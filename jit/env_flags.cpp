@@ -223,6 +223,14 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "1",
          .help = "0: a float PLE gate's matvec and its GeLU product with the token's PLE input "
                  "as two launches instead of one (same results)"},
+        {.name = "GEMMAJIT_PLE_INPUT",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "1: a decode step's PLE gate makes the post-FFW residual update, and a quantized "
+                 "PLE projection its Q8_1 input, in each of its blocks instead of in launches of "
+                 "their own (same results; not yet measured faster, so off by default)"},
         {.name = "GEMMAJIT_PARALLEL_UPLOAD",
          .family = "path",
          .type = T::Bool,

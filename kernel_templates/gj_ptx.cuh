@@ -321,9 +321,19 @@ GJ_DEVICE float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2/pi)
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
+// gelu_tanh(a) * o over 4 values: the PLE gate times the token's PLE input (o 4-byte aligned).
+GJ_DEVICE float4 gelu_mul4(float4 a, const float* o) {
+    return make_float4(gelu_tanh(a.x) * o[0], gelu_tanh(a.y) * o[1], gelu_tanh(a.z) * o[2],
+                       gelu_tanh(a.w) * o[3]);
+}
 
 // ------------------------------------------------------------------------------------------------
 // Global loads.
+
+// Asks for p's cache line in L1 (no register, no wait): data a later loop reads again.
+GJ_DEVICE void prefetch_l1(const void* p) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
 
 // Streaming read-only 16-byte load (weights): no L1 allocation, read-only path. p 16-byte aligned.
 GJ_DEVICE uint4 ld_stream_u32x4(const void* p) {

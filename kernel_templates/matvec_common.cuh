@@ -19,6 +19,9 @@
 //            once for all of them
 //   UNROLL   loop iterations whose loads are issued together (bytes in flight per thread)
 //   MULTI    1: also the <name>_multi entry (not where it would spill: batched split K-quants)
+//   PLE_IN   1: also the _gelu_in and _norm_in entries (matvec_f: _gelu_mul_norm_in), for the
+//            single-column specs of a PLE model's gate and projection; NORM_TPR: the TPR of the
+//            rmsnorm spec of width K, whose sum order _norm_in repeats
 //   GEGLU_THREADS, GEGLU_ROWS, GEGLU_UNROLL   the _geglu entry's (default: THREADS, ROWS, UNROLL;
 //            block GEGLU_THREADS, grid ceil(n_rows / GEGLU_ROWS))
 // Launch: block THREADS, grid ceil(n_rows / ROWS).
@@ -33,6 +36,7 @@
 //   <name>_add    y = residual + W x
 //   <name>_geglu  y = gelu_tanh(W x) * (W_up x)   (the FFN gate|up pair in one pass)
 //   <name>_multi  up to three products of one input in one launch (its own signature, below)
+//   <name>_gelu_in, <name>_norm_in  the input made by each block from fp32 vectors (PLE_IN; below)
 // With MOE = 1 the module holds the grouped expert forms instead (a MoE layer's routed experts,
 // stacked [E][n_rows][K]: in LAYOUT 0 the GGUF tensor as it is, in LAYOUT 1 each expert's matrix
 // repacked on its own, so expert e is a whole split matrix at w + e * expert_bytes):
@@ -73,6 +77,12 @@
 #endif
 #ifndef MULTI
 #define MULTI 0
+#endif
+#ifndef PLE_IN
+#define PLE_IN 0
+#endif
+#ifndef NORM_TPR  // with PLE_IN: the threads per row of the rmsnorm spec of width K
+#define NORM_TPR 32
 #endif
 #ifndef GEGLU_THREADS  // the _geglu entry's own launch shape (default: the spec's)
 #define GEGLU_THREADS THREADS
@@ -137,15 +147,36 @@ GJ_DEVICE int32 gj_q4_dot8(uint32 q0, uint32 q1, int32 lo0, int32 lo1, int32 hi0
     return dp4a_s8((int32)((q1 >> 4) & m), hi1, acc);
 }
 
+// An activation load (the traits' load_x<kS>): through the read-only cache from global memory,
+// or (kS) a plain load from the block's own shared-memory copy that an input prologue made (the
+// _gelu_in / _norm_in entries below); ld.global.nc must never see a shared address.
+template <bool kS, class T>
+GJ_DEVICE T gj_ldx(const T* p) {
+    if constexpr (kS)
+        return *p;
+    else
+        return __ldg(p);
+}
+
 // The Q8_1 activations of the 32-element block u of column c, the unit of the split layouts
 // (Q4_0, Q4_K, Q5_K, Q6_K): its 32 int8 values in two 16-byte loads and its {d, d * sum(q)}.
 struct gj_x32 {
     int4 lo, hi;  // activations 0..15 and 16..31
     float2 ds;
+    template <bool kS = false>
     static GJ_DEVICE gj_x32 load(const void* x, const float2* xds, int c, int u) {
         const int4* x4 = (const int4*)((const int8*)x + (size_t)c * K) + 2 * u;
-        return gj_x32{__ldg(x4), __ldg(x4 + 1), __ldg(&xds[(size_t)c * (K / 32) + u])};
+        return gj_x32{gj_ldx<kS>(x4), gj_ldx<kS>(x4 + 1),
+                      gj_ldx<kS>(&xds[(size_t)c * (K / 32) + u])};
     }
+};
+
+// What a matvec block does right after its grid dependency wait, before its first activation
+// load: nothing (the input is in global memory), or an input prologue (below) that makes the
+// block's Q8_1 input in shared memory (kShared: the activation loads then read shared memory).
+struct gj_no_prologue {
+    enum : bool { kShared = false };
+    GJ_DEVICE void operator()() const {}
 };
 
 // Which activation row each of the NCOLS columns reads and which output row it writes.
@@ -170,11 +201,11 @@ struct gj_cols_gather {  // an expert group's slots (the MOE entries)
 };
 
 template <class F, int kEpi, class Cols = gj_cols_dense, int kThreads = THREADS, int kRows = ROWS,
-          int kUnroll = UNROLL>
+          int kUnroll = UNROLL, class Pro = gj_no_prologue>
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
                          const void* __restrict__ x, const float2* __restrict__ xds,
                          const float* residual, float* y, int n_rows, const Cols& cols = Cols(),
-                         int block = -1, int other_stride = 0) {
+                         int block = -1, int other_stride = 0, const Pro& prologue = Pro()) {
     constexpr int kVr = kEpi == gj_epi_geglu ? 2 * kRows : kRows;  // rows read per block
     constexpr int kUnits = F::kUnits;
     constexpr int kIters = (kUnits + kThreads - 1) / kThreads;
@@ -222,6 +253,7 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
     };
     if (kEarlyWeights) load_weights(0);
     gj_grid_sync();
+    prologue();  // with the first weights in flight
 #pragma unroll 1
     for (int it0 = 0; it0 < kIters; it0 += kBatch) {
         typename F::XFrag xf[kBatch][NCOLS];
@@ -230,7 +262,8 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
         for (int b = 0; b < kBatch; ++b) {
             const int u = unit(it0 + b, live[b]);
 #pragma unroll
-            for (int c = 0; c < NCOLS; ++c) xf[b][c] = F::load_x(x, xds, cols.in(c), u);
+            for (int c = 0; c < NCOLS; ++c)
+                xf[b][c] = F::template load_x<Pro::kShared>(x, xds, cols.in(c), u);
             if (!kEarlyWeights)
 #pragma unroll
                 for (int v = 0; v < kVr; ++v) wf[b][v] = F::load_w(rows[v], u);
@@ -349,6 +382,137 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
         gj_matvec<F, gj_epi_store>((const uint8*)w, nullptr, xq, xds, nullptr, y, n,            \
                                    gj_cols_dense(), b);                                         \
     }
+// Input prologues of the PLE entries: each block makes the whole Q8_1 input (K values) in its
+// shared memory, so the launch that made it in global memory is gone from the decode chain. Both
+// run after the grid dependency wait, with the block's first weights in flight. Values of 8
+// consecutive lanes form one 32-block (THREADS % 32 == 0, K % 32 == 0): every lane runs the same
+// trip count, as quantize_q8_1_group8's shuffles need.
+#define GJ_PRO_VEC (K / 4)  // float4 of the input
+#define GJ_PRO_ITERS ((GJ_PRO_VEC + THREADS - 1) / THREADS)
+
+// q8(gelu_tanh(gate) * other): bit-identical to ple.cu's gelu_mul_q8 for one token.
+struct gj_pro_gelu_mul {
+    enum : bool { kShared = true };
+    const float* gate;
+    const float* other;
+    uint32* xq;
+    float2* xds;
+    GJ_DEVICE void operator()() const {
+        for (int k = 0; k < GJ_PRO_ITERS; ++k) {
+            const int i = k * THREADS + (int)threadIdx.x;
+            const bool live = i < GJ_PRO_VEC;
+            float4 g = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (live) g = gelu_mul4(__ldg((const float4*)gate + i), other + 4 * i);
+            float2 ds;
+            const uint32 packed = quantize_q8_1_group8(g, &ds);
+            if (live) {
+                xq[i] = packed;
+                if (i % 8 == 0) xds[i / 8] = ds;
+            }
+        }
+        __syncthreads();
+    }
+};
+
+// x1 = x_in + rmsnorm(u) * w1, quantized (kQ8) or as fp32 (block 0 also stores x1): bit for bit
+// what rmsnorm.cu computes with ADD = 1 for one row of K. Its sum of squares is added in that
+// kernel's order: NORM_TPR threads, thread t summing float4 t, t + NORM_TPR, ... in turn, then
+// the butterfly of each warp and the warps' partials in order; this block's threads play those
+// NORM_TPR threads a warp at a time. The quantization (per 32-block) does not depend on order.
+template <bool kQ8>
+struct gj_pro_norm_add {
+    enum : bool { kShared = true };
+    const float* u;
+    const float* w1;
+    const float* x_in;
+    float* x_out;
+    void* xs;     // kQ8: uint32 [K / 4] (int8 values); else float [K]
+    float2* xds;  // kQ8: the Q8_1 scales
+    float eps;
+    GJ_DEVICE void operator()() const {
+        constexpr int kTpr = NORM_TPR, kVpt = (GJ_PRO_VEC + kTpr - 1) / kTpr;
+        constexpr int kWidth = kTpr < 32 ? kTpr : 32, kParts = kTpr < 32 ? 1 : kTpr / 32;
+        __shared__ float partial[kParts];
+        const float4* u4 = (const float4*)u;
+        for (int t0 = 0; t0 < kTpr; t0 += THREADS) {
+            // Whole warps past the norm's threads stop (NORM_TPR is < 32 or a multiple of 32).
+            if (t0 + (int)(threadIdx.x & ~31u) >= kTpr) break;
+            const int t = t0 + (int)threadIdx.x;
+            float ss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < kVpt; ++k) {
+                const int i = k * kTpr + t;
+                if (t < kTpr && (GJ_PRO_VEC % kTpr == 0 || i < GJ_PRO_VEC)) {
+                    const float4 v = u4[i];
+                    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    prefetch_l1(x_in + 4 * i);  // read by the second pass
+                    prefetch_l1(w1 + 4 * i);
+                }
+            }
+            ss = warp_sum<kWidth>(ss);
+            if (t % 32 == 0 && t < kTpr) partial[t / 32] = ss;
+        }
+        __syncthreads();
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kParts; ++k) ss += partial[k];
+        const float s1 = rsqrt_refined(ss * (1.0f / K) + eps);
+#pragma unroll 2
+        for (int k = 0; k < GJ_PRO_ITERS; ++k) {
+            const int i = k * THREADS + (int)threadIdx.x;
+            const bool live = GJ_PRO_VEC % THREADS == 0 || i < GJ_PRO_VEC;
+            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (live) {
+                const float4 v = u4[i], g = __ldg((const float4*)w1 + i);
+                const float4 r = ((const float4*)x_in)[i];
+                o = make_float4(__fmul_rn(v.x * s1, g.x) + r.x, __fmul_rn(v.y * s1, g.y) + r.y,
+                                __fmul_rn(v.z * s1, g.z) + r.z, __fmul_rn(v.w * s1, g.w) + r.w);
+                if (blockIdx.x == 0) ((float4*)x_out)[i] = o;
+                if (!kQ8) ((float4*)xs)[i] = o;
+            }
+            if (kQ8) {
+                float2 ds;
+                const uint32 packed = quantize_q8_1_group8(o, &ds);
+                if (live) {
+                    ((uint32*)xs)[i] = packed;
+                    if (i % 8 == 0) xds[i / 8] = ds;
+                }
+            }
+        }
+        __syncthreads();
+    }
+};
+
+// <name>_gelu_in(w, gate, other, y, n_rows): y = W q8(gelu_tanh(gate) * other), gate and other
+//   K floats (a decode step's PLE projection: no gelu_mul_q8 launch before it).
+// <name>_norm_in(w, u, w1, x_in, x_out, y, n_rows, eps): x1 = x_in + rmsnorm(u) * w1 (the
+//   post-FFW residual update of a decode step), y = W q8(x1) (the PLE gate: no norm launch before
+//   it); block 0 stores x1 to x_out, which must not alias x_in (the other blocks still read it).
+#define GJ_MATVEC_PLE_IN_ENTRIES(NAME, F)                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME##_gelu_in(                        \
+        const void* w, const float* gate, const float* other, float* y, int n_rows) {            \
+        __shared__ __align__(16) uint32 xq[K / 4];                                               \
+        __shared__ float2 xds[K / 32];                                                           \
+        gj_matvec<F, gj_epi_store, gj_cols_dense, THREADS, ROWS, UNROLL, gj_pro_gelu_mul>(       \
+            (const uint8*)w, nullptr, xq, xds, nullptr, y, n_rows, gj_cols_dense(), -1, 0,       \
+            gj_pro_gelu_mul{gate, other, xq, xds});                                              \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                        \
+        NAME##_norm_in(const void* w, const float* u, const float* __restrict__ w1,              \
+                       const float* x_in, float* x_out, float* y, int n_rows, float eps) {       \
+        __shared__ __align__(16) uint32 xq[K / 4];                                               \
+        __shared__ float2 xds[K / 32];                                                           \
+        gj_matvec<F, gj_epi_store, gj_cols_dense, THREADS, ROWS, UNROLL, gj_pro_norm_add<true>>( \
+            (const uint8*)w, nullptr, xq, xds, nullptr, y, n_rows, gj_cols_dense(), -1, 0,       \
+            gj_pro_norm_add<true>{u, w1, x_in, x_out, xq, xds, eps});                            \
+    }
+#if PLE_IN
+static_assert(NCOLS == 1, "matvec: the PLE_IN entries take one column");
+#define GJ_MATVEC_PLE_IN_IF(NAME, F) GJ_MATVEC_PLE_IN_ENTRIES(NAME, F)
+#else
+#define GJ_MATVEC_PLE_IN_IF(NAME, F)
+#endif
+
 #if MOE
 #define GJ_MATVEC_ENTRIES(NAME, F)                         \
     GJ_MATVEC_MOE_ENTRY(NAME##_moe, F, gj_epi_store, int8) \
@@ -363,7 +527,8 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
     GJ_MATVEC_ENTRY(NAME, F, gj_epi_store)     \
     GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
     GJ_MATVEC_GEGLU_ENTRY(NAME##_geglu, F)     \
-    GJ_MATVEC_MULTI_IF(NAME##_multi, F)
+    GJ_MATVEC_MULTI_IF(NAME##_multi, F)        \
+    GJ_MATVEC_PLE_IN_IF(NAME, F)
 #endif
 
 #endif  // GJ_MATVEC_COMMON_CUH

@@ -44,11 +44,12 @@ struct gj_wf {
     }
     static GJ_DEVICE WFrag load_w(Row row, int u) { return ld_stream_u32x4(row.p + 16 * u); }
     static GJ_DEVICE float scale(const WFrag&, int) { return 1.0f; }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2*, int c, int u) {
         const float4* p = (const float4*)((const float*)x + c * K) + u * (kPerUnit / 4);
         XFrag f;
 #pragma unroll
-        for (int i = 0; i < kPerUnit / 4; ++i) f.v[i] = __ldg(p + i);
+        for (int i = 0; i < kPerUnit / 4; ++i) f.v[i] = gj_ldx<kS>(p + i);
         return f;
     }
     // The 2 weights of one 32-bit word, in memory order.
@@ -101,4 +102,21 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     gj_matvec<gj_wf, gj_epi_gelu_mul>((const uint8*)w, nullptr, x, nullptr, other, y, n_rows,
                                       gj_cols_dense(), -1, other_stride);
 }
+#if PLE_IN
+static_assert(NCOLS == 1, "matvec_f: the PLE_IN entry takes one column");
+// matvec_f_gelu_mul_norm_in(w, u, w1, x_in, x_out, other, y, n_rows, eps): x1 = x_in +
+// rmsnorm(u) * w1 (a decode step's post-FFW residual update), y = gelu_tanh(W x1) * other (the
+// PLE gate and its GeLU product); x1 made by every block in shared memory, stored by block 0 to
+// x_out, which must not alias x_in (matvec_common.cuh, gj_pro_norm_add).
+extern "C" __global__ void __launch_bounds__(THREADS)
+    matvec_f_gelu_mul_norm_in(const void* w, const float* u, const float* __restrict__ w1,
+                              const float* x_in, float* x_out, const float* other, float* y,
+                              int n_rows, float eps) {
+    __shared__ __align__(16) float xs[K];
+    gj_matvec<gj_wf, gj_epi_gelu_mul, gj_cols_dense, THREADS, ROWS, UNROLL,
+              gj_pro_norm_add<false> >(
+        (const uint8*)w, nullptr, xs, nullptr, other, y, n_rows, gj_cols_dense(), -1, 0,
+        gj_pro_norm_add<false>{u, w1, x_in, x_out, xs, nullptr, eps});
+}
+#endif
 #endif

@@ -53,12 +53,13 @@ struct gj_kq_min {
         return f;
     }
     static GJ_DEVICE float scale(const WFrag&, int) { return 1.0f; }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
         const int b = u / 8, i = u % 8, j = i / 2, h = i % 2;
         const int blk_lo = 8 * b + 2 * j;  // Q8_1 block of the low nibbles; +1 for the high
         const int4* x4 = (const int4*)((const int8*)x + (size_t)c * K) + 2 * blk_lo + h;
         const float2* ds = xds + (size_t)c * (K / 32) + blk_lo;
-        return XFrag{__ldg(x4), __ldg(x4 + 2), __ldg(ds), __ldg(ds + 1)};
+        return XFrag{gj_ldx<kS>(x4), gj_ldx<kS>(x4 + 2), gj_ldx<kS>(ds), gj_ldx<kS>(ds + 1)};
     }
     static GJ_DEVICE uint32 bits(uint32 q, uint32 h, int shift, int hbit) {
         uint32 v = (q >> shift) & 0x0f0f0f0fu;

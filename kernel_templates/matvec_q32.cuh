@@ -46,10 +46,12 @@ struct gj_q32 {
         return f;
     }
     static GJ_DEVICE float scale(const WFrag&, int) { return 1.0f; }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
         const int b = u / 2, p = u % 2;
         const int2* x2 = (const int2*)((const int8*)x + (size_t)c * K) + 4 * b + p;
-        return XFrag{__ldg(x2), __ldg(x2 + 2), __ldg(&xds[(size_t)c * (K / 32) + b])};
+        return XFrag{gj_ldx<kS>(x2), gj_ldx<kS>(x2 + 2),
+                     gj_ldx<kS>(&xds[(size_t)c * (K / 32) + b])};
     }
     // Four payload nibbles of a word plus their fifth bits (4 bits of qh from `shift`).
     static GJ_DEVICE int32 bytes(uint32 nibbles, uint32 qh, int shift) {

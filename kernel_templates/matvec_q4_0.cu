@@ -37,10 +37,11 @@ struct gj_q4_0 {
     static GJ_DEVICE float scale(const WFrag& f, int lane) {
         return f16_to_f32((uint16)__shfl_sync(GJ_FULL_MASK, f.dbits, lane & ~1));
     }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
         const int b = u / 2, p = u % 2;
         const int2* x2 = (const int2*)((const int8*)x + c * K) + 4 * b + p;
-        return XFrag{__ldg(x2), __ldg(x2 + 2), __ldg(&xds[c * (K / 32) + b])};
+        return XFrag{gj_ldx<kS>(x2), gj_ldx<kS>(x2 + 2), gj_ldx<kS>(&xds[c * (K / 32) + b])};
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         const int32 s = gj_q4_dot8(f.q0, f.q1, x.lo.x, x.lo.y, x.hi.x, x.hi.y, 0);
@@ -68,8 +69,9 @@ struct gj_q4_0 {
         return WFrag{ld_stream_u32x4(row.q + 16 * u), ld_nc_u16(row.d + u)};
     }
     static GJ_DEVICE float scale(const WFrag& f, int) { return f16_to_f32(f.dbits); }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
-        return gj_x32::load(x, xds, c, u);
+        return gj_x32::load<kS>(x, xds, c, u);
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         int32 s = gj_q4_dot8(f.q.x, f.q.y, x.lo.x, x.lo.y, x.hi.x, x.hi.y, 0);

@@ -57,8 +57,9 @@ struct gj_q4_k_split {
                      (uint32)ld_nc_u16(row.scm + u)};
     }
     static GJ_DEVICE float scale(const WFrag&, int) { return 1.0f; }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
-        return gj_x32::load(x, xds, c, u);
+        return gj_x32::load<kS>(x, xds, c, u);
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         int32 s = gj_q4_dot8(f.q.x, f.q.y, x.lo.x, x.lo.y, x.hi.x, x.hi.y, 0);

@@ -54,8 +54,9 @@ struct gj_q5_k_split {
                      (uint32)ld_nc_u16((const uint16*)(row.w + gj_q5_k_scm_plane(units)) + i)};
     }
     static GJ_DEVICE float scale(const WFrag&, int) { return 1.0f; }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
-        return gj_x32::load(x, xds, c, u);
+        return gj_x32::load<kS>(x, xds, c, u);
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         const uint32 ql[4] = {f.q.x, f.q.y, f.q.z, f.q.w};

@@ -54,6 +54,7 @@ struct gj_q6_k {
         return f;
     }
     static GJ_DEVICE float scale(const WFrag& f, int) { return f16_to_f32(f.dbits); }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
         const int b = u / 4, i = u % 4, n = i / 2, t = i % 2;
         const int blk0 = 8 * b + 4 * n;  // Q8_1 block of group 0
@@ -62,8 +63,8 @@ struct gj_q6_k {
         XFrag r;
 #pragma unroll
         for (int g = 0; g < 4; ++g) {
-            r.q[g] = __ldg(x4 + 2 * g);
-            r.d[g] = __ldg(&ds[g].x);
+            r.q[g] = gj_ldx<kS>(x4 + 2 * g);
+            r.d[g] = gj_ldx<kS>(&ds[g].x);
         }
         return r;
     }
@@ -118,8 +119,9 @@ struct gj_q6_k {
                      (uint32)ld_nc_u16(row.sc + u), ld_nc_u16(row.d + u / 8)};
     }
     static GJ_DEVICE float scale(const WFrag& f, int) { return f16_to_f32(f.dbits); }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
-        return gj_x32::load(x, xds, c, u);
+        return gj_x32::load<kS>(x, xds, c, u);
     }
     // Nibble word t's signed 6-bit values (q - 32): its low nibbles (hi 0) or high nibbles (1).
     static GJ_DEVICE int32 word(uint32 ql, uint32 h, int t, int hi) {

@@ -31,9 +31,10 @@ struct gj_q8_0 {
     static GJ_DEVICE float scale(const WFrag& f, int lane) {
         return f16_to_f32((uint16)__shfl_sync(GJ_FULL_MASK, f.dbits, lane & ~3));
     }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
         const int8* xq = (const int8*)x + c * K;
-        return XFrag{__ldg((const int2*)xq + u), __ldg(&xds[c * (K / 32) + u / 4].x)};
+        return XFrag{gj_ldx<kS>((const int2*)xq + u), gj_ldx<kS>(&xds[c * (K / 32) + u / 4].x)};
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         return x.d * (float)dp4a_s8((int32)f.q1, x.q.y, dp4a_s8((int32)f.q0, x.q.x, 0));
@@ -63,9 +64,10 @@ struct gj_q8_0 {
         return WFrag{ld_stream_u32x4(row.q + 16 * u), ld_nc_u16(row.d + u / 2)};
     }
     static GJ_DEVICE float scale(const WFrag& f, int) { return f16_to_f32(f.dbits); }
+    template <bool kS = false>
     static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
         const int8* xq = (const int8*)x + c * K;
-        return XFrag{__ldg((const int4*)xq + u), __ldg(&xds[c * (K / 32) + u / 2].x)};
+        return XFrag{gj_ldx<kS>((const int4*)xq + u), gj_ldx<kS>(&xds[c * (K / 32) + u / 2].x)};
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
         int32 s = dp4a_s8((int32)f.q.x, x.q.x, 0);

@@ -87,9 +87,7 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     if (live) {
         const int t = i / (P / 4), j = 4 * (i % (P / 4));
         const float4 a = __ldg((const float4*)gate + i);
-        const float* o = other + (size_t)t * other_stride + j;
-        g = make_float4(gelu_tanh(a.x) * o[0], gelu_tanh(a.y) * o[1], gelu_tanh(a.z) * o[2],
-                        gelu_tanh(a.w) * o[3]);
+        g = gelu_mul4(a, other + (size_t)t * other_stride + j);
     }
     float2 ds;
     const uint32 packed = quantize_q8_1_group8(g, &ds);

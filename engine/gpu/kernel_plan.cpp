@@ -116,10 +116,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         return spec_util::has_split(t) ? types.layout : MatvecLayout::Ggml;
     };
     // n: the matrix's rows (single-column shapes of some types depend on them).
-    auto add_matvec = [&](ggml::Type t, int k, int n) {
+    // ple_in: a PLE gate or projection (its single-column spec has the PLE input entries).
+    auto add_matvec = [&](ggml::Type t, int k, int n, bool ple_in = false) {
         if (!fits(t, k)) return;
         for (int ncols : col_counts)
-            add(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0));
+            add(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple_in));
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A K-quant
@@ -176,13 +177,14 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             shapes.insert({ffn, d});
         }
     }
-    if (cfg.has_ple()) {
-        shapes.insert({d, cfg.ple_dim});
-        shapes.insert({cfg.ple_dim, d});
-    }
     std::set<int> widths;  // the input widths alone (the prefill dequantization specs)
     for (auto [k, n] : shapes) widths.insert(k);
     for (auto [k, n] : shapes) add_matvec(types.matmul, k, n);
+    if (cfg.has_ple()) {  // the PLE gate (d -> P) and projection (P -> d)
+        widths.insert({d, cfg.ple_dim});
+        add_matvec(types.matmul, d, cfg.ple_dim, true);
+        add_matvec(types.matmul, cfg.ple_dim, d, true);
+    }
     // MoE: the router (a float matrix: quantizers keep it unquantized; f32 in our files) and the
     // grouped expert matvecs of gate|up (input d) and down (input F), with the routing kernels.
     if (cfg.is_moe()) {

@@ -142,6 +142,7 @@ class GpuSession {
         uint64_t attn_q8 = 0;         // attention outputs quantized by flash_combine (no quantize)
         uint64_t qkv_fused = 0;       // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
         uint64_t ple_gate_fused = 0;  // PLE gates with their GeLU product (GEMMAJIT_FUSE_PLE)
+        uint64_t ple_input = 0;       // PLE gates / projections making their own input (PLE_INPUT)
         uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
         uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
         uint64_t all_reduce_bf16 = 0;  // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
@@ -249,8 +250,10 @@ class GpuSession {
     // next pre-norm), or without w2 just x' (quantized when `quantize`).
     // With `f16` (a ".h16" spec) the normed output goes to the half buffer in f16 instead of
     // Q8_1, and normed() hands it on as its f16 form.
+    // `residual`: where the stream is read from when not the stream buffer (x' goes there).
     void post_norm(const std::string& spec, CUdeviceptr x, CUdeviceptr w, CUdeviceptr scale,
-                   CUdeviceptr w2, int T, const char* what, bool f16 = false);
+                   CUdeviceptr w2, int T, const char* what, bool f16 = false,
+                   CUdeviceptr residual = 0);
     void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what, bool f16 = false);
     // Whether every product of layer l's attention input (Q, K, V) / of a layer's FFN input
     // (gate, up) over T rows is an F16 cuBLAS product: the norm before them then writes f16.
@@ -272,6 +275,15 @@ class GpuSession {
     bool fused_ple_gate(const GpuMatrix& gate, int T) const;
     void matvec_gelu_mul(const GpuMatrix& m, CUdeviceptr x, CUdeviceptr other, int other_stride,
                          CUdeviceptr y, int T);
+    // Whether a decode step's PLE gate or projection m makes its own input in each block
+    // through `entry` (GEMMAJIT_PLE_INPUT): a single-column matvec whose spec has it. Then
+    // matvec_ple_input enqueues it. _norm_in (quantized gate) and _gelu_mul_norm_in (float gate,
+    // y = gelu(W x1) * other): a = the FFN output, b = the post-FFW norm weight, c = the stream,
+    // d = where its update x1 goes; _gelu_in (quantized projection): a = the gate, b = the
+    // token's PLE input (c, d, other unused).
+    bool ple_input(const GpuMatrix& m, const char* entry, int T) const;
+    void matvec_ple_input(const GpuMatrix& m, const char* entry, CUdeviceptr a, CUdeviceptr b,
+                          CUdeviceptr c, CUdeviceptr d, CUdeviceptr other, CUdeviceptr y);
     bool splits_k(const GpuMatrix& m) const;  // its prefill GEMM writes split-K partial planes
     CUdeviceptr product(int parts) const;     // where a residual product of `parts` planes is
     // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
@@ -359,11 +371,12 @@ class GpuSession {
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
-    bool pdl_ = true;        // GEMMAJIT_PDL: kernels launched as programmatic dependents
-    bool fuse_qkv_ = true;   // GEMMAJIT_FUSE_QKV
-    bool fuse_ple_ = true;   // GEMMAJIT_FUSE_PLE
-    int tp_bf16_rows_ = 64;  // GEMMAJIT_TP_BF16_ROWS (0: never)
-    int copy_sms_ = -1;      // GEMMAJIT_COPY_SMS (-1: by chunk length)
+    bool pdl_ = true;         // GEMMAJIT_PDL: kernels launched as programmatic dependents
+    bool fuse_qkv_ = true;    // GEMMAJIT_FUSE_QKV
+    bool fuse_ple_ = true;    // GEMMAJIT_FUSE_PLE
+    bool ple_input_ = false;  // GEMMAJIT_PLE_INPUT
+    int tp_bf16_rows_ = 64;   // GEMMAJIT_TP_BF16_ROWS (0: never)
+    int copy_sms_ = -1;       // GEMMAJIT_COPY_SMS (-1: by chunk length)
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
     PathCounts paths_;
 };

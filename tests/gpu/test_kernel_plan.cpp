@@ -51,7 +51,8 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
                              "matvec_q8_0.k2048.split",
                              "matvec_q8_0.k4096.split",
                              "matvec_q8_0.k10240.split",
-                             "matvec_q8_0.k256.split",
+                             "matvec_q8_0.k256.split.ple",   // the PLE projection
+                             "matvec_q8_0.k2560.split.ple",  // the PLE gate
                              "matvec_q8_0.k2560.b8.split",
                              "embed_rows.q8_0.n2560.v262144",
                              "embed_rows.q8_0.n10752.v262144",
@@ -73,10 +74,12 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
           "flash_prefill.hd512.g4.kv2.w0.f16"})
         EXPECT_TRUE(names.count(want)) << want;
     // Exactly the matvec widths the model has: d (also the LM head and the PLE context
-    // projection), o-proj inputs (2048, 4096), FFN, PLE; for 1 and 8 columns.
+    // projection), o-proj inputs (2048, 4096), FFN, PLE; for 1 and 8 columns; and the PLE gate's
+    // own single-column spec (with the entries that make their input, like the projection's).
     size_t matvecs = std::count_if(plan.begin(), plan.end(),
                                    [](const KernelSpec& k) { return k.family == "matvec_q8_0"; });
-    EXPECT_EQ(matvecs, 10u);
+    EXPECT_EQ(matvecs, 11u);
+    EXPECT_FALSE(names.count("matvec_q8_0.k256.split")) << "the projection's spec is the .ple one";
 }
 
 TEST(KernelPlan, PerVariantWidths) {
@@ -116,7 +119,7 @@ TEST(KernelPlan, PerVariantWidths) {
     // Float weights: matvec_f everywhere, fp32 norms, no activation quantization.
     auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16));
     for (const char* want :
-         {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240", "matvec_f.bf16.k256",
+         {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240", "matvec_f.bf16.k256.ple",
           "matvec_f.bf16.k2560.b8", "rmsnorm.n2560.w1", "rmsnorm.n2560.w1.add.scale.n2",
           "embed_rows.bf16.n2560.v262144", "logits.v262144.k64",
           // prefill through cuBLAS: bf16 activations, the GeGLU of two products
@@ -364,7 +367,8 @@ TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
             EXPECT_TRUE(names.count(fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(t),
                                                 cfg.d_model, cfg.vocab_size)));
             if (cfg.has_ple()) {
-                EXPECT_TRUE(names.count(mv + std::to_string(cfg.ple_dim) + sfx));  // K = 32
+                // The PLE projection (K = 32), with the entries that make its input.
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.ple_dim) + sfx + ".ple"));
                 EXPECT_TRUE(
                     names.count(fmt::format("ple_finish.l{}.p{}", cfg.n_layers, cfg.ple_dim)));
             }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "engine/model/gemma4_config.h"
 
@@ -67,6 +68,22 @@ jit::KernelSpec with_row_class(jit::KernelSpec s, jit::KernelSpec any, Rows rows
 }
 
 jit::KernelSpec make_matvec_f_spec(ggml::Type weight_type, int k, int ncols, Rows row_class);
+
+// A decode step's PLE gate and projection make their own input in each block (the PLE_IN
+// entries), so the launches that made it in global memory are gone from the chain.
+jit::KernelSpec with_ple_input(jit::KernelSpec s, int k) {
+    s.name += ".ple";
+    s.constants.push_back({"PLE_IN", 1});
+    // The post-FFW norm's sum of squares in the norm kernel's order (bit-identical results).
+    s.constants.push_back({"NORM_TPR", rmsnorm_threads_per_row(k)});
+    if (s.family == "matvec_f") {
+        s.entries.push_back("matvec_f_gelu_mul_norm_in");
+    } else {
+        s.entries.push_back(s.family + "_gelu_in");
+        s.entries.push_back(s.family + "_norm_in");
+    }
+    return s;
+}
 
 // The spec of matvec_spec; moe: for the grouped expert entries (matvec_moe_spec), which keep
 // the launch shapes they were measured with.
@@ -296,16 +313,22 @@ uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint6
 }
 
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout,
-                            int n_rows) {
+                            int n_rows, bool ple_in) {
     const Rows rows = row_class(n_rows);
-    return with_row_class(make_matvec_spec(weight_type, k, ncols, layout, false, rows),
-                          make_matvec_spec(weight_type, k, ncols, layout, false, Rows::Any), rows);
+    jit::KernelSpec s =
+        with_row_class(make_matvec_spec(weight_type, k, ncols, layout, false, rows),
+                       make_matvec_spec(weight_type, k, ncols, layout, false, Rows::Any), rows);
+    // Not for the K-quants' GGUF blocks: their larger units leave no registers for it (Q6_K
+    // spilled 4 bytes on sm_80).
+    const bool kq_blocks = is_kquant(weight_type) && layout == MatvecLayout::Ggml;
+    return ple_in && ncols == 1 && !kq_blocks ? with_ple_input(std::move(s), k) : s;
 }
 
-jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols, int n_rows) {
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols, int n_rows, bool ple_in) {
     const Rows rows = row_class(n_rows);
-    return with_row_class(make_matvec_f_spec(weight_type, k, ncols, rows),
-                          make_matvec_f_spec(weight_type, k, ncols, Rows::Any), rows);
+    jit::KernelSpec s = with_row_class(make_matvec_f_spec(weight_type, k, ncols, rows),
+                                       make_matvec_f_spec(weight_type, k, ncols, Rows::Any), rows);
+    return ple_in && ncols == 1 ? with_ple_input(std::move(s), k) : s;
 }
 
 jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {

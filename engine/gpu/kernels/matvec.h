@@ -45,8 +45,12 @@ uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint6
 // for a few types (a vocabulary-sized LM head, float matrices of few rows), and a spec whose
 // shape it changed carries ".wide" (>= 65536 rows), ".tall" (> 4096) or ".few" (< 1024) in its
 // name.
+// ple_in: a single-column spec also gets the entries that make their input per block
+// (matvec_common.cuh: _gelu_in and _norm_in; matvec_f: _gelu_mul_norm_in; name suffix ".ple"),
+// for a PLE model's gate and projection.
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
-                            MatvecLayout layout = MatvecLayout::Ggml, int n_rows = 0);
+                            MatvecLayout layout = MatvecLayout::Ggml, int n_rows = 0,
+                            bool ple_in = false);
 
 // The launch shape of a matvec spec's entry: block `threads`, grid ceil(n_rows / rows); the
 // _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
@@ -57,7 +61,8 @@ MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu);
 
 // matvec for float weights (f32, f16, bf16) against fp32 activations:
 // "matvec_f.<type>.k<k>[.b<ncols>][.few]". Throws like matvec_spec.
-jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1, int n_rows = 0);
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1, int n_rows = 0,
+                              bool ple_in = false);
 
 // The grouped expert matvecs of a MoE layer (entries <base>_moe, <base>_moe_geglu; see
 // matvec_common.cuh) over stacked experts, in their GGUF layout or (Q8_0 / Q4_0, `layout` Split)

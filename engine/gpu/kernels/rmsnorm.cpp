@@ -13,6 +13,13 @@ namespace gj::gemma4 {
 using spec_util::next_pow2;
 using spec_util::round_up;
 
+int rmsnorm_threads_per_row(int n) {
+    // About 4 float4 per thread. Narrow rows (head dims) share a warp between several rows (a
+    // block holds 128 / TPR of them); wide rows (d_model) get a block each.
+    return n <= 512 ? std::clamp(next_pow2((n + 15) / 16), 8, 32)
+                    : std::min(1024, round_up((n + 15) / 16, 32));
+}
+
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
                              int parts, bool moe_norms, bool half) {
     if (half && (!quant || moe_norms))
@@ -38,16 +45,7 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     if (n > 16 * 1024 * 4)
         throw std::invalid_argument(
             fmt::format("rmsnorm: width {} is above the 65536 supported", n));
-    // About 4 float4 per thread. Narrow rows (head dims) share a warp between several rows;
-    // wide rows (d_model) get a block each.
-    int tpr, rpb;
-    if (n <= 512) {
-        tpr = std::clamp(next_pow2((n + 15) / 16), 8, 32);
-        rpb = 128 / tpr;
-    } else {
-        tpr = std::min(1024, round_up((n + 15) / 16, 32));
-        rpb = 1;
-    }
+    const int tpr = rmsnorm_threads_per_row(n), rpb = n <= 512 ? 128 / tpr : 1;
     jit::KernelSpec s;
     s.family = "rmsnorm";
     s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",

@@ -22,6 +22,10 @@ namespace gj::gemma4 {
 //           router input and experts' pre-norm; needs norm2 and quant, not scale): ".moe"
 // Entry "rmsnorm" without scale and norm2, "rmsnorm_moe" with moe_norms, else "rmsnorm_ext" (see
 // kernel_templates/rmsnorm.cu). Throws std::invalid_argument for an impossible combination.
+// The threads that sum one row of n floats (TPR): the order of its sum of squares, which the
+// matvecs that make their input from a norm (matvec_common.cuh, NORM_TPR) repeat.
+int rmsnorm_threads_per_row(int n);
+
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
                              bool scale = false, bool norm2 = false, int parts = 1,
                              bool moe_norms = false, bool half = false);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 namespace gj::gemma4 {
 
@@ -53,22 +54,24 @@ void GpuSession::pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what,
 }
 
 void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w, CUdeviceptr scale,
-                           CUdeviceptr w2, int T, const char* what, bool f16) {
+                           CUdeviceptr w2, int T, const char* what, bool f16,
+                           CUdeviceptr residual) {
     const jit::KernelSpec& spec = model_.kernels().spec(name);
     const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
     CUdeviceptr x = w_->x.ptr(), yq = f16 ? w_->xhalf.ptr() : w_->xq.ptr(),
                 yds = f16 ? 0 : w_->xds.ptr();
+    if (residual == 0) residual = x;
     float eps = cfg_.rms_eps;
     normed_f16_ = f16;
     paths_.norm_f16 += f16;
     if (spec.entries.at(0) == "rmsnorm") {  // x += norm(u) * w, quantized
-        void* args[] = {&u, &w, &x, &x, &yq, &yds, &T, &eps};
+        void* args[] = {&u, &w, &residual, &x, &yq, &yds, &T, &eps};
         launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
                name + " " + what);
         return;
     }
     CUdeviceptr y2 = w_->h.ptr();
-    void* args[] = {&u, &w, &x, &x, &scale, &w2, &y2, &yq, &yds, &T, &eps};
+    void* args[] = {&u, &w, &residual, &x, &scale, &w2, &y2, &yq, &yds, &T, &eps};
     launch(model_.kernels().get(name, "rmsnorm_ext"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
            name + " " + what);
 }
@@ -188,6 +191,35 @@ void GpuSession::matvec_gelu_mul(const GpuMatrix& m, CUdeviceptr x, CUdeviceptr 
                           WorkKind::Gemm});
     }
     ++paths_.ple_gate_fused;
+}
+
+bool GpuSession::ple_input(const GpuMatrix& m, const char* entry, int T) const {
+    if (!ple_input_ || T != 1 || blas_for(m, T) || chunk_products(T)) return false;
+    const jit::KernelSpec& spec = model_.kernels().spec(m.spec_decode);
+    return std::find(spec.entries.begin(), spec.entries.end(), spec.family + entry) !=
+           spec.entries.end();
+}
+
+void GpuSession::matvec_ple_input(const GpuMatrix& m, const char* entry, CUdeviceptr a,
+                                  CUdeviceptr b, CUdeviceptr c, CUdeviceptr d, CUdeviceptr other,
+                                  CUdeviceptr y) {
+    const jit::KernelSpec& spec = model_.kernels().spec(m.spec_decode);
+    const auto [threads, rows_per_block] = matvec_launch(spec, false);
+    const jit::Kernel& k = model_.kernels().get(m.spec_decode, spec.family + entry);
+    CUdeviceptr w = m.ptr;
+    int n_rows = m.rows;
+    float eps = cfg_.rms_eps;
+    const std::string_view e = entry;
+    void* norm_args[] = {&w, &a, &b, &c, &d, &y, &n_rows, &eps};
+    void* gelu_norm_args[] = {&w, &a, &b, &c, &d, &other, &y, &n_rows, &eps};
+    void* gelu_args[] = {&w, &a, &b, &y, &n_rows};
+    void** args = e == "_norm_in" ? norm_args : e == "_gelu_in" ? gelu_args : gelu_norm_args;
+    launch(k, {ceil_div(m.rows, rows_per_block)}, {threads}, 0, args,
+           m.spec_decode + " " + std::string(e.substr(1)) +
+               (e == "_gelu_in" ? " ple_proj" : " inp_gate"),
+           LaunchCost{m.bytes, 2.0 * double(m.rows) * m.cols, WorkKind::Gemm});
+    ++paths_.ple_input;
+    paths_.ple_gate_fused += e == "_gelu_mul_norm_in";
 }
 
 GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what) {

@@ -206,40 +206,55 @@ void GpuSession::record_layer(int l, int T) {
                   g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm", f16);
         return;
     }
-    // The updated stream is the PLE gate's input (quantized by the same launch).
-    post_norm(model_.spec_post_quant(parts), ffn_out, g.post_ffw_norm, 0, 0, T, "post_ffw_norm");
-
     // PLE: x = (x + post_norm(proj(gelu(inp_gate x) * ple[l]))) * layer_output_scale.
-    {
-        // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM and cuBLAS
-        // read fp32).
-        const bool q8 =
-            g.proj.quantized() && !(chunk_products(T) && g.proj.gemm_bf16) && !blas_for(g.proj, T);
-        CUdeviceptr gate = w.ple_gate.ptr(), other = w.ple.ptr() + uint64_t(l) * cfg_.ple_dim * 4,
-                    out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
-        int stride = cfg_.n_layers * cfg_.ple_dim;
-        const uint64_t n = uint64_t(T) * cfg_.ple_dim;
-        if (!q8 && fused_ple_gate(g.inp_gate, T)) {
-            // One launch: the gate's product and gelu(gate) * ple[l] in its epilogue.
-            matvec_gelu_mul(g.inp_gate, w.x.ptr(), other, stride, out, T);
-        } else {
+    // The product goes straight to Q8_1 for an int8 consumer (the wgmma GEMM and cuBLAS read
+    // fp32).
+    const bool q8 =
+        g.proj.quantized() && !(chunk_products(T) && g.proj.gemm_bf16) && !blas_for(g.proj, T);
+    CUdeviceptr gate = w.ple_gate.ptr(), other = w.ple.ptr() + uint64_t(l) * cfg_.ple_dim * 4,
+                out = w.ple_mul.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
+    int stride = cfg_.n_layers * cfg_.ple_dim;
+    const uint64_t n = uint64_t(T) * cfg_.ple_dim;
+    // A float gate: its product and gelu(gate) * ple[l] in one launch (GEMMAJIT_FUSE_PLE).
+    const bool gelu_epilogue = !q8 && fused_ple_gate(g.inp_gate, T);
+    // The updated stream is the gate's input (quantized by the same launch). Or, in a decode
+    // step, every block of the gate makes it from the FFN output (GEMMAJIT_PLE_INPUT): one
+    // launch less. The updated stream then goes to h (free until the next pre-norm; the gate's
+    // other blocks still read x), where the PLE post-norm reads it.
+    const char* gate_entry = gelu_epilogue ? "_gelu_mul_norm_in" : "_norm_in";
+    const bool gate_in = parts == 1 && ple_input(g.inp_gate, gate_entry, T);
+    const CUdeviceptr stream = gate_in ? w.h.ptr() : w.x.ptr();
+    if (gate_in)
+        matvec_ple_input(g.inp_gate, gate_entry, ffn_out, g.post_ffw_norm, w.x.ptr(), stream, other,
+                         gelu_epilogue ? out : gate);
+    else
+        post_norm(model_.spec_post_quant(parts), ffn_out, g.post_ffw_norm, 0, 0, T,
+                  "post_ffw_norm");
+    // A decode step's quantized projection makes q8(gelu(gate) * ple[l]) in each block.
+    const bool proj_in = q8 && ple_input(g.proj, "_gelu_in", T);
+    if (gelu_epilogue) {
+        if (!gate_in) matvec_gelu_mul(g.inp_gate, w.x.ptr(), other, stride, out, T);
+    } else {
+        if (!gate_in)
             matvec(g.inp_gate, nullptr, Input{w.x.ptr(), w.xq.ptr(), w.xds.ptr()}, gate, T,
                    "inp_gate");
-            const std::string& name = model_.spec_gelu_mul();
-            if (q8) {
-                void* args[] = {&gate, &other, &stride, &yq, &yds, &T};
-                launch(model_.kernels().get(name, "gelu_mul_q8"), {ceil_div(n, 512)}, {128}, 0,
-                       args, name + " q8");
-            } else {
-                void* args[] = {&gate, &other, &stride, &out, &T};
-                launch(model_.kernels().get(name, "gelu_mul"), {ceil_div(n, 128)}, {128}, 0, args,
-                       name);
-            }
+        const std::string& name = model_.spec_gelu_mul();
+        if (q8 && !proj_in) {
+            void* args[] = {&gate, &other, &stride, &yq, &yds, &T};
+            launch(model_.kernels().get(name, "gelu_mul_q8"), {ceil_div(n, 512)}, {128}, 0, args,
+                   name + " q8");
+        } else if (!q8) {
+            void* args[] = {&gate, &other, &stride, &out, &T};
+            launch(model_.kernels().get(name, "gelu_mul"), {ceil_div(n, 128)}, {128}, 0, args,
+                   name);
         }
-        matvec(g.proj, nullptr, q8 ? Input{0, yq, yds} : Input{out}, w.tmp.ptr(), T, "ple_proj");
     }
+    if (proj_in)
+        matvec_ple_input(g.proj, "_gelu_in", gate, other, 0, 0, 0, w.tmp.ptr());
+    else
+        matvec(g.proj, nullptr, q8 ? Input{0, yq, yds} : Input{out}, w.tmp.ptr(), T, "ple_proj");
     post_norm(model_.spec_post_scale_prenorm(1, next_f16), w.tmp.ptr(), g.post_norm, g.output_scale,
-              next_norm, T, "ple_post_norm*scale+next_norm", next_f16);
+              next_norm, T, "ple_post_norm*scale+next_norm", next_f16, stream);
 }
 
 void GpuSession::record_forward(int T, bool decode) {

@@ -22,6 +22,7 @@ GpuSession::GpuSession(GpuModel& model)
       pdl_(model.flags().get_bool("GEMMAJIT_PDL")),
       fuse_qkv_(model.flags().get_bool("GEMMAJIT_FUSE_QKV")),
       fuse_ple_(model.flags().get_bool("GEMMAJIT_FUSE_PLE")),
+      ple_input_(model.flags().get_bool("GEMMAJIT_PLE_INPUT")),
       tp_bf16_rows_(int(model.flags().get_int("GEMMAJIT_TP_BF16_ROWS"))),
       copy_sms_(int(model.flags().get_int("GEMMAJIT_COPY_SMS"))) {
     jit::Device& dev = jit::Device::get();
