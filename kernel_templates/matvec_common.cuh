@@ -19,9 +19,9 @@
 //            once for all of them
 //   UNROLL   loop iterations whose loads are issued together (bytes in flight per thread)
 //   MULTI    1: also the <name>_multi entry (not where it would spill: batched split K-quants)
-//   PLE_IN   1: also the _gelu_in and _norm_in entries (matvec_f: _gelu_mul_norm_in), for the
-//            single-column specs of a PLE model's gate and projection; NORM_TPR: the TPR of the
-//            rmsnorm spec of width K, whose sum order _norm_in repeats
+//   PLE_IN   1: also the _norm_in entry (matvec_f: _gelu_mul_norm_in), a PLE gate's single-column
+//            spec; NORM_TPR: the TPR of the rmsnorm spec of width K, whose sum order it repeats.
+//            2: also the _gelu_in entry, a quantized PLE projection's
 //   GEGLU_THREADS, GEGLU_ROWS, GEGLU_UNROLL   the _geglu entry's (default: THREADS, ROWS, UNROLL;
 //            block GEGLU_THREADS, grid ceil(n_rows / GEGLU_ROWS))
 // Launch: block THREADS, grid ceil(n_rows / ROWS).
@@ -81,7 +81,7 @@
 #ifndef PLE_IN
 #define PLE_IN 0
 #endif
-#ifndef NORM_TPR  // with PLE_IN: the threads per row of the rmsnorm spec of width K
+#ifndef NORM_TPR  // with PLE_IN 1: the threads per row of the rmsnorm spec of width K
 #define NORM_TPR 32
 #endif
 #ifndef GEGLU_THREADS  // the _geglu entry's own launch shape (default: the spec's)
@@ -390,6 +390,17 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
 #define GJ_PRO_VEC (K / 4)  // float4 of the input
 #define GJ_PRO_ITERS ((GJ_PRO_VEC + THREADS - 1) / THREADS)
 
+// Stores float4 i's Q8_1 form (its 8-lane group's scale by the group's first lane) when live;
+// every lane calls it (the group shuffles).
+GJ_DEVICE void gj_pro_store_q8(float4 v, bool live, int i, uint32* xq, float2* xds) {
+    float2 ds;
+    const uint32 packed = quantize_q8_1_group8(v, &ds);
+    if (live) {
+        xq[i] = packed;
+        if (i % 8 == 0) xds[i / 8] = ds;
+    }
+}
+
 // q8(gelu_tanh(gate) * other): bit-identical to ple.cu's gelu_mul_q8 for one token.
 struct gj_pro_gelu_mul {
     enum : bool { kShared = true };
@@ -403,12 +414,7 @@ struct gj_pro_gelu_mul {
             const bool live = i < GJ_PRO_VEC;
             float4 g = make_float4(0.f, 0.f, 0.f, 0.f);
             if (live) g = gelu_mul4(__ldg((const float4*)gate + i), other + 4 * i);
-            float2 ds;
-            const uint32 packed = quantize_q8_1_group8(g, &ds);
-            if (live) {
-                xq[i] = packed;
-                if (i % 8 == 0) xds[i / 8] = ds;
-            }
+            gj_pro_store_q8(g, live, i, xq, xds);
         }
         __syncthreads();
     }
@@ -470,14 +476,7 @@ struct gj_pro_norm_add {
                 if (blockIdx.x == 0) ((float4*)x_out)[i] = o;
                 if (!kQ8) ((float4*)xs)[i] = o;
             }
-            if (kQ8) {
-                float2 ds;
-                const uint32 packed = quantize_q8_1_group8(o, &ds);
-                if (live) {
-                    ((uint32*)xs)[i] = packed;
-                    if (i % 8 == 0) xds[i / 8] = ds;
-                }
-            }
+            if (kQ8) gj_pro_store_q8(o, live, i, (uint32*)xs, xds);
         }
         __syncthreads();
     }
@@ -488,15 +487,16 @@ struct gj_pro_norm_add {
 // <name>_norm_in(w, u, w1, x_in, x_out, y, n_rows, eps): x1 = x_in + rmsnorm(u) * w1 (the
 //   post-FFW residual update of a decode step), y = W q8(x1) (the PLE gate: no norm launch before
 //   it); block 0 stores x1 to x_out, which must not alias x_in (the other blocks still read it).
-#define GJ_MATVEC_PLE_IN_ENTRIES(NAME, F)                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME##_gelu_in(                        \
-        const void* w, const float* gate, const float* other, float* y, int n_rows) {            \
-        __shared__ __align__(16) uint32 xq[K / 4];                                               \
-        __shared__ float2 xds[K / 32];                                                           \
-        gj_matvec<F, gj_epi_store, gj_cols_dense, THREADS, ROWS, UNROLL, gj_pro_gelu_mul>(       \
-            (const uint8*)w, nullptr, xq, xds, nullptr, y, n_rows, gj_cols_dense(), -1, 0,       \
-            gj_pro_gelu_mul{gate, other, xq, xds});                                              \
-    }                                                                                            \
+#define GJ_MATVEC_GELU_IN_ENTRY(NAME, F)                                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS) NAME##_gelu_in(                  \
+        const void* w, const float* gate, const float* other, float* y, int n_rows) {      \
+        __shared__ __align__(16) uint32 xq[K / 4];                                         \
+        __shared__ float2 xds[K / 32];                                                     \
+        gj_matvec<F, gj_epi_store, gj_cols_dense, THREADS, ROWS, UNROLL, gj_pro_gelu_mul>( \
+            (const uint8*)w, nullptr, xq, xds, nullptr, y, n_rows, gj_cols_dense(), -1, 0, \
+            gj_pro_gelu_mul{gate, other, xq, xds});                                        \
+    }
+#define GJ_MATVEC_NORM_IN_ENTRY(NAME, F)                                                         \
     extern "C" __global__ void __launch_bounds__(THREADS)                                        \
         NAME##_norm_in(const void* w, const float* u, const float* __restrict__ w1,              \
                        const float* x_in, float* x_out, float* y, int n_rows, float eps) {       \
@@ -506,9 +506,12 @@ struct gj_pro_norm_add {
             (const uint8*)w, nullptr, xq, xds, nullptr, y, n_rows, gj_cols_dense(), -1, 0,       \
             gj_pro_norm_add<true>{u, w1, x_in, x_out, xq, xds, eps});                            \
     }
-#if PLE_IN
-static_assert(NCOLS == 1, "matvec: the PLE_IN entries take one column");
-#define GJ_MATVEC_PLE_IN_IF(NAME, F) GJ_MATVEC_PLE_IN_ENTRIES(NAME, F)
+static_assert(PLE_IN >= 0 && PLE_IN <= 2, "matvec: PLE_IN must be 0, 1 (gate) or 2 (projection)");
+static_assert(PLE_IN == 0 || NCOLS == 1, "matvec: the PLE_IN entries take one column");
+#if PLE_IN == 1
+#define GJ_MATVEC_PLE_IN_IF(NAME, F) GJ_MATVEC_NORM_IN_ENTRY(NAME, F)
+#elif PLE_IN == 2
+#define GJ_MATVEC_PLE_IN_IF(NAME, F) GJ_MATVEC_GELU_IN_ENTRY(NAME, F)
 #else
 #define GJ_MATVEC_PLE_IN_IF(NAME, F)
 #endif

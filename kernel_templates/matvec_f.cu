@@ -102,8 +102,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     gj_matvec<gj_wf, gj_epi_gelu_mul>((const uint8*)w, nullptr, x, nullptr, other, y, n_rows,
                                       gj_cols_dense(), -1, other_stride);
 }
-#if PLE_IN
-static_assert(NCOLS == 1, "matvec_f: the PLE_IN entry takes one column");
+#if PLE_IN == 1
 // matvec_f_gelu_mul_norm_in(w, u, w1, x_in, x_out, other, y, n_rows, eps): x1 = x_in +
 // rmsnorm(u) * w1 (a decode step's post-FFW residual update), y = gelu_tanh(W x1) * other (the
 // PLE gate and its GeLU product); x1 made by every block in shared memory, stored by block 0 to

@@ -166,9 +166,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     // `prefill_gemm`: whether T-token products may take cuBLAS through a dequantized F16 copy
     // (not for the LM head, whose copy would be as large as the vocabulary).
     // `rows` / `cols`: the tensor-parallel slice of the tensor (count 0: all of it).
-    // `ple_in`: a PLE gate or projection (its decode spec gets the PLE input entries).
+    // `ple`: a PLE gate or projection (its decode spec gets the entry that makes its input).
     auto plan_matrix = [&](const Matrix& m, bool prefill_gemm = true, Range rows = {},
-                           Range cols = {}, bool ple_in = false) {
+                           Range cols = {}, PleInput ple = PleInput::None) {
         GpuMatrix g;
         g.name = m.name();
         g.rows = rows.count ? rows.count : int(m.rows());
@@ -182,7 +182,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         if (is_block_quant(t) && g.cols % 32 == 0) {
             g.type = t;
             g.layout = kept_layout;
-            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple_in)).name;
+            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             const bool copies = quant_blas && prefill_gemm && g.layout == MatvecLayout::Split;
             if (copies) {
@@ -207,7 +207,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             // chunks multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
             g.layout = kept_layout;
-            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple_in)).name;
+            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple)).name;
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             if (blas && prefill_gemm) {
                 g.blas = true;
@@ -222,7 +222,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                 d.first += 1;
                 d.second += type_bytes(t, g.rows, g.cols);
             }
-            g.spec_decode = kernels_.add(matvec_f_spec(g.type, g.cols, 1, g.rows, ple_in)).name;
+            g.spec_decode = kernels_.add(matvec_f_spec(g.type, g.cols, 1, g.rows, ple)).name;
             g.spec_prefill = kernels_.add(matvec_f_spec(g.type, g.cols, kPrefillCols)).name;
             g.blas = blas;
             wants_blas_ = wants_blas_ || blas;
@@ -356,8 +356,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                 "needs one type",
                 path_.string(), l, ggml::type_name(g.gate.type), ggml::type_name(g.up.type)));
         if (c.has_ple()) {
-            g.inp_gate = plan_matrix(lw.inp_gate, true, {}, {}, true);
-            g.proj = plan_matrix(lw.proj, true, {}, {}, true);
+            g.inp_gate = plan_matrix(lw.inp_gate, true, {}, {}, PleInput::Gate);
+            g.proj = plan_matrix(lw.proj, true, {}, {}, PleInput::Proj);
             account(g.inp_gate);
             account(g.proj);
         }

@@ -116,11 +116,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         return spec_util::has_split(t) ? types.layout : MatvecLayout::Ggml;
     };
     // n: the matrix's rows (single-column shapes of some types depend on them).
-    // ple_in: a PLE gate or projection (its single-column spec has the PLE input entries).
-    auto add_matvec = [&](ggml::Type t, int k, int n, bool ple_in = false) {
+    // ple: a PLE gate or projection (its single-column spec has the entry making its input).
+    auto add_matvec = [&](ggml::Type t, int k, int n, PleInput ple = PleInput::None) {
         if (!fits(t, k)) return;
         for (int ncols : col_counts)
-            add(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple_in));
+            add(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple));
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A K-quant
@@ -182,8 +182,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     for (auto [k, n] : shapes) add_matvec(types.matmul, k, n);
     if (cfg.has_ple()) {  // the PLE gate (d -> P) and projection (P -> d)
         widths.insert({d, cfg.ple_dim});
-        add_matvec(types.matmul, d, cfg.ple_dim, true);
-        add_matvec(types.matmul, cfg.ple_dim, d, true);
+        add_matvec(types.matmul, d, cfg.ple_dim, PleInput::Gate);
+        add_matvec(types.matmul, cfg.ple_dim, d, PleInput::Proj);
     }
     // MoE: the router (a float matrix: quantizers keep it unquantized; f32 in our files) and the
     // grouped expert matvecs of gate|up (input d) and down (input F), with the routing kernels.

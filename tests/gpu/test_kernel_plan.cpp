@@ -51,8 +51,8 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
                              "matvec_q8_0.k2048.split",
                              "matvec_q8_0.k4096.split",
                              "matvec_q8_0.k10240.split",
-                             "matvec_q8_0.k256.split.ple",   // the PLE projection
-                             "matvec_q8_0.k2560.split.ple",  // the PLE gate
+                             "matvec_q8_0.k256.split.ple_proj",   // the PLE projection
+                             "matvec_q8_0.k2560.split.ple_gate",  // the PLE gate
                              "matvec_q8_0.k2560.b8.split",
                              "embed_rows.q8_0.n2560.v262144",
                              "embed_rows.q8_0.n10752.v262144",
@@ -79,7 +79,8 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
     size_t matvecs = std::count_if(plan.begin(), plan.end(),
                                    [](const KernelSpec& k) { return k.family == "matvec_q8_0"; });
     EXPECT_EQ(matvecs, 11u);
-    EXPECT_FALSE(names.count("matvec_q8_0.k256.split")) << "the projection's spec is the .ple one";
+    EXPECT_FALSE(names.count("matvec_q8_0.k256.split"))
+        << "the projection's spec is the .ple_proj one";
 }
 
 TEST(KernelPlan, PerVariantWidths) {
@@ -119,9 +120,10 @@ TEST(KernelPlan, PerVariantWidths) {
     // Float weights: matvec_f everywhere, fp32 norms, no activation quantization.
     auto bf = names_of(build_kernel_plan(Config::preset("e4b"), ggml::Type::BF16));
     for (const char* want :
-         {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240", "matvec_f.bf16.k256.ple",
-          "matvec_f.bf16.k2560.b8", "rmsnorm.n2560.w1", "rmsnorm.n2560.w1.add.scale.n2",
-          "embed_rows.bf16.n2560.v262144", "logits.v262144.k64",
+         {"matvec_f.bf16.k2560", "matvec_f.bf16.k10240",
+          "matvec_f.bf16.k256",  // a float projection: no entry of its own
+          "matvec_f.bf16.k2560.few.ple_gate", "matvec_f.bf16.k2560.b8", "rmsnorm.n2560.w1",
+          "rmsnorm.n2560.w1.add.scale.n2", "embed_rows.bf16.n2560.v262144", "logits.v262144.k64",
           // prefill through cuBLAS: bf16 activations, the GeGLU of two products
           "convert_f32", "gelu_mul.p10240"})
         EXPECT_TRUE(bf.count(want)) << want;
@@ -367,8 +369,12 @@ TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
             EXPECT_TRUE(names.count(fmt::format("embed_rows.{}.n{}.v{}", ggml::type_name(t),
                                                 cfg.d_model, cfg.vocab_size)));
             if (cfg.has_ple()) {
-                // The PLE projection (K = 32), with the entries that make its input.
-                EXPECT_TRUE(names.count(mv + std::to_string(cfg.ple_dim) + sfx + ".ple"));
+                // The PLE projection (K = 32), a quantized one with the entry making its input.
+                EXPECT_TRUE(names.count(mv + std::to_string(cfg.ple_dim) + sfx +
+                                        (quant ? ".ple_proj" : "")));
+                // The gate's own spec, with the entry that makes its input (d wide).
+                const std::string gate = mv + std::to_string(cfg.d_model) + sfx;
+                EXPECT_TRUE(names.count(gate + ".ple_gate") + names.count(gate + ".few.ple_gate"));
                 EXPECT_TRUE(
                     names.count(fmt::format("ple_finish.l{}.p{}", cfg.n_layers, cfg.ple_dim)));
             }

@@ -69,19 +69,17 @@ jit::KernelSpec with_row_class(jit::KernelSpec s, jit::KernelSpec any, Rows rows
 
 jit::KernelSpec make_matvec_f_spec(ggml::Type weight_type, int k, int ncols, Rows row_class);
 
-// A decode step's PLE gate and projection make their own input in each block (the PLE_IN
-// entries), so the launches that made it in global memory are gone from the chain.
-jit::KernelSpec with_ple_input(jit::KernelSpec s, int k) {
-    s.name += ".ple";
-    s.constants.push_back({"PLE_IN", 1});
-    // The post-FFW norm's sum of squares in the norm kernel's order (bit-identical results).
-    s.constants.push_back({"NORM_TPR", rmsnorm_threads_per_row(k)});
-    if (s.family == "matvec_f") {
-        s.entries.push_back("matvec_f_gelu_mul_norm_in");
-    } else {
-        s.entries.push_back(s.family + "_gelu_in");
-        s.entries.push_back(s.family + "_norm_in");
-    }
+// A decode step's PLE gate (PLE_IN 1) or quantized projection (PLE_IN 2) makes its own input in
+// each block, so the launch that made it in global memory is gone from the chain.
+jit::KernelSpec with_ple_input(jit::KernelSpec s, int k, PleInput ple) {
+    const bool gate = ple == PleInput::Gate;
+    s.name += gate ? ".ple_gate" : ".ple_proj";
+    s.constants.push_back({"PLE_IN", gate ? 1 : 2});
+    if (gate)  // the post-FFW norm's sum of squares in the norm kernel's order (bit-identical)
+        s.constants.push_back({"NORM_TPR", rmsnorm_threads_per_row(k)});
+    s.entries.push_back(
+        s.family +
+        (gate ? (s.family == "matvec_f" ? "_gelu_mul_norm_in" : "_norm_in") : "_gelu_in"));
     return s;
 }
 
@@ -313,7 +311,7 @@ uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint6
 }
 
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout,
-                            int n_rows, bool ple_in) {
+                            int n_rows, PleInput ple) {
     const Rows rows = row_class(n_rows);
     jit::KernelSpec s =
         with_row_class(make_matvec_spec(weight_type, k, ncols, layout, false, rows),
@@ -321,14 +319,19 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols, MatvecLayo
     // Not for the K-quants' GGUF blocks: their larger units leave no registers for it (Q6_K
     // spilled 4 bytes on sm_80).
     const bool kq_blocks = is_kquant(weight_type) && layout == MatvecLayout::Ggml;
-    return ple_in && ncols == 1 && !kq_blocks ? with_ple_input(std::move(s), k) : s;
+    // A float projection reads the fp32 GeLU product itself (as matvec_f_spec plans it).
+    const bool entry =
+        ncols == 1 && !kq_blocks &&
+        (ple == PleInput::Gate || (ple == PleInput::Proj && !is_float_type(weight_type)));
+    return entry ? with_ple_input(std::move(s), k, ple) : s;
 }
 
-jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols, int n_rows, bool ple_in) {
+jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols, int n_rows, PleInput ple) {
     const Rows rows = row_class(n_rows);
     jit::KernelSpec s = with_row_class(make_matvec_f_spec(weight_type, k, ncols, rows),
                                        make_matvec_f_spec(weight_type, k, ncols, Rows::Any), rows);
-    return ple_in && ncols == 1 ? with_ple_input(std::move(s), k) : s;
+    // A float projection reads the fp32 GeLU product itself: only the gate has an entry.
+    return ple == PleInput::Gate && ncols == 1 ? with_ple_input(std::move(s), k, ple) : s;
 }
 
 jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, MatvecLayout layout) {

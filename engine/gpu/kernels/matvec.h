@@ -27,6 +27,9 @@ enum class MatvecLayout {
             // size)
 };
 
+// Which PLE matrix a matvec spec is for (matvec_spec's `ple`).
+enum class PleInput { None, Gate, Proj };
+
 // The entry of a split matvec spec that repacks a GGUF matrix of type t into the split layout
 // ("repack_<type>"; one thread per 32 elements, any grid covering them).
 std::string repack_entry(ggml::Type t);
@@ -45,12 +48,12 @@ uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint6
 // for a few types (a vocabulary-sized LM head, float matrices of few rows), and a spec whose
 // shape it changed carries ".wide" (>= 65536 rows), ".tall" (> 4096) or ".few" (< 1024) in its
 // name.
-// ple_in: a single-column spec also gets the entries that make their input per block
-// (matvec_common.cuh: _gelu_in and _norm_in; matvec_f: _gelu_mul_norm_in; name suffix ".ple"),
-// for a PLE model's gate and projection.
+// ple: a PLE model's gate or projection, whose single-column spec also gets the entry that
+// makes its input in each block (matvec_common.cuh): the gate's _norm_in (matvec_f:
+// _gelu_mul_norm_in; name suffix ".ple_gate"), a quantized projection's _gelu_in (".ple_proj").
 jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
                             MatvecLayout layout = MatvecLayout::Ggml, int n_rows = 0,
-                            bool ple_in = false);
+                            PleInput ple = PleInput::None);
 
 // The launch shape of a matvec spec's entry: block `threads`, grid ceil(n_rows / rows); the
 // _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
@@ -62,7 +65,7 @@ MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu);
 // matvec for float weights (f32, f16, bf16) against fp32 activations:
 // "matvec_f.<type>.k<k>[.b<ncols>][.few]". Throws like matvec_spec.
 jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1, int n_rows = 0,
-                              bool ple_in = false);
+                              PleInput ple = PleInput::None);
 
 // The grouped expert matvecs of a MoE layer (entries <base>_moe, <base>_moe_geglu; see
 // matvec_common.cuh) over stacked experts, in their GGUF layout or (Q8_0 / Q4_0, `layout` Split)
