@@ -227,10 +227,10 @@ const std::vector<FlagDef>& flag_table() {
          .family = "path",
          .type = T::Bool,
          .cls = C::Neutral,
-         .default_value = "0",
-         .help = "1: a decode step's PLE gate makes the post-FFW residual update, and a quantized "
-                 "PLE projection its Q8_1 input, in each of its blocks instead of in launches of "
-                 "their own (same results; not yet measured faster, so off by default)"},
+         .default_value = "1",
+         .help = "0: a decode step's post-FFW residual update and a quantized PLE projection's "
+                 "Q8_1 input in launches of their own instead of in each block of the PLE gate "
+                 "and projection that read them (same results)"},
         {.name = "GEMMAJIT_PARALLEL_UPLOAD",
          .family = "path",
          .type = T::Bool,

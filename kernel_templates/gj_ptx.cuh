@@ -326,6 +326,10 @@ GJ_DEVICE float4 gelu_mul4(float4 a, const float* o) {
     return make_float4(gelu_tanh(a.x) * o[0], gelu_tanh(a.y) * o[1], gelu_tanh(a.z) * o[2],
                        gelu_tanh(a.w) * o[3]);
 }
+GJ_DEVICE float4 gelu_mul4(float4 a, float4 o) {
+    return make_float4(gelu_tanh(a.x) * o.x, gelu_tanh(a.y) * o.y, gelu_tanh(a.z) * o.z,
+                       gelu_tanh(a.w) * o.w);
+}
 
 // ------------------------------------------------------------------------------------------------
 // Global loads.

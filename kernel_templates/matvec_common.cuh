@@ -401,7 +401,9 @@ GJ_DEVICE void gj_pro_store_q8(float4 v, bool live, int i, uint32* xq, float2* x
     }
 }
 
-// q8(gelu_tanh(gate) * other): bit-identical to ple.cu's gelu_mul_q8 for one token.
+// q8(gelu_tanh(gate) * other): bit-identical to ple.cu's gelu_mul_q8 for one token (other 16-byte
+// aligned: a layer's P-slice of the PLE inputs). All loads are issued before any math: the
+// prologue is on the step's critical path, so it costs one memory round trip.
 struct gj_pro_gelu_mul {
     enum : bool { kShared = true };
     const float* gate;
@@ -409,22 +411,33 @@ struct gj_pro_gelu_mul {
     uint32* xq;
     float2* xds;
     GJ_DEVICE void operator()() const {
+        float4 g[GJ_PRO_ITERS], o[GJ_PRO_ITERS];
+#pragma unroll
         for (int k = 0; k < GJ_PRO_ITERS; ++k) {
             const int i = k * THREADS + (int)threadIdx.x;
-            const bool live = i < GJ_PRO_VEC;
-            float4 g = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (live) g = gelu_mul4(__ldg((const float4*)gate + i), other + 4 * i);
-            gj_pro_store_q8(g, live, i, xq, xds);
+            if (GJ_PRO_VEC % THREADS == 0 || i < GJ_PRO_VEC) {
+                g[k] = __ldg((const float4*)gate + i);
+                o[k] = __ldg((const float4*)other + i);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < GJ_PRO_ITERS; ++k) {
+            const int i = k * THREADS + (int)threadIdx.x;
+            const bool live = GJ_PRO_VEC % THREADS == 0 || i < GJ_PRO_VEC;
+            const float4 v = live ? gelu_mul4(g[k], o[k]) : make_float4(0.f, 0.f, 0.f, 0.f);
+            gj_pro_store_q8(v, live, i, xq, xds);
         }
         __syncthreads();
     }
 };
 
 // x1 = x_in + rmsnorm(u) * w1, quantized (kQ8) or as fp32 (block 0 also stores x1): bit for bit
-// what rmsnorm.cu computes with ADD = 1 for one row of K. Its sum of squares is added in that
-// kernel's order: NORM_TPR threads, thread t summing float4 t, t + NORM_TPR, ... in turn, then
-// the butterfly of each warp and the warps' partials in order; this block's threads play those
-// NORM_TPR threads a warp at a time. The quantization (per 32-block) does not depend on order.
+// what rmsnorm.cu computes with ADD = 1 for one row of K. The block plays the norm kernel's
+// NORM_TPR threads (kTrips of them per thread) with that kernel's element mapping: norm thread t
+// sums float4 t, t + NORM_TPR, ... in turn, then the butterfly of each warp and the warps'
+// partials in order. Each thread loads all its u (and, while they fit in registers, its x_in
+// and w1) at once, so the prologue costs one memory round trip, not one per pass. Eight
+// consecutive norm threads hold one 32-block (NORM_TPR % 8 == 0), as the Q8_1 store needs.
 template <bool kQ8>
 struct gj_pro_norm_add {
     enum : bool { kShared = true };
@@ -437,25 +450,51 @@ struct gj_pro_norm_add {
     float eps;
     GJ_DEVICE void operator()() const {
         constexpr int kTpr = NORM_TPR, kVpt = (GJ_PRO_VEC + kTpr - 1) / kTpr;
+        constexpr int kTrips = (kTpr + THREADS - 1) / THREADS;
         constexpr int kWidth = kTpr < 32 ? kTpr : 32, kParts = kTpr < 32 ? 1 : kTpr / 32;
+        constexpr bool kHold = kTrips * kVpt <= 8;  // x_in and w1 in registers too
+        static_assert(kTpr % 8 == 0 && (kTpr < 32 || kTpr % 32 == 0), "NORM_TPR: whole warps");
+        static_assert(kTrips * kVpt <= 24, "gj_pro_norm_add: too many values per thread");
         __shared__ float partial[kParts];
         const float4* u4 = (const float4*)u;
-        for (int t0 = 0; t0 < kTpr; t0 += THREADS) {
-            // Whole warps past the norm's threads stop (NORM_TPR is < 32 or a multiple of 32).
-            if (t0 + (int)(threadIdx.x & ~31u) >= kTpr) break;
-            const int t = t0 + (int)threadIdx.x;
-            float ss = 0.0f;
+        const float4* r4 = (const float4*)x_in;
+        const float4* g4 = (const float4*)w1;
+        // Whole warps past the norm's threads sit a trip out (NORM_TPR is < 32 or a multiple of
+        // 32); lanes past it within a live warp (NORM_TPR < 32) hold zeros.
+        auto warp_on = [](int j) { return j * THREADS + (int)(threadIdx.x & ~31u) < kTpr; };
+        auto at = [](int j, int k, bool& live) {
+            const int t = j * THREADS + (int)threadIdx.x, i = k * kTpr + t;
+            live = t < kTpr && (GJ_PRO_VEC % kTpr == 0 || i < GJ_PRO_VEC);
+            return i;
+        };
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 v[kTrips][kVpt], r[kHold ? kTrips : 1][kHold ? kVpt : 1],
+            g[kHold ? kTrips : 1][kHold ? kVpt : 1];
+#pragma unroll
+        for (int j = 0; j < kTrips; ++j)
 #pragma unroll
             for (int k = 0; k < kVpt; ++k) {
-                const int i = k * kTpr + t;
-                if (t < kTpr && (GJ_PRO_VEC % kTpr == 0 || i < GJ_PRO_VEC)) {
-                    const float4 v = u4[i];
-                    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                    prefetch_l1(x_in + 4 * i);  // read by the second pass
+                bool live;
+                const int i = at(j, k, live);
+                v[j][k] = live && warp_on(j) ? u4[i] : zero;
+                if (kHold) {
+                    r[kHold ? j : 0][kHold ? k : 0] = live && warp_on(j) ? r4[i] : zero;
+                    g[kHold ? j : 0][kHold ? k : 0] = live && warp_on(j) ? __ldg(g4 + i) : zero;
+                } else if (live && warp_on(j)) {
+                    prefetch_l1(x_in + 4 * i);
                     prefetch_l1(w1 + 4 * i);
                 }
             }
+#pragma unroll
+        for (int j = 0; j < kTrips; ++j) {
+            if (!warp_on(j)) break;
+            float ss = 0.0f;
+#pragma unroll
+            for (int k = 0; k < kVpt; ++k)
+                ss += v[j][k].x * v[j][k].x + v[j][k].y * v[j][k].y + v[j][k].z * v[j][k].z +
+                      v[j][k].w * v[j][k].w;
             ss = warp_sum<kWidth>(ss);
+            const int t = j * THREADS + (int)threadIdx.x;
             if (t % 32 == 0 && t < kTpr) partial[t / 32] = ss;
         }
         __syncthreads();
@@ -463,20 +502,25 @@ struct gj_pro_norm_add {
 #pragma unroll
         for (int k = 0; k < kParts; ++k) ss += partial[k];
         const float s1 = rsqrt_refined(ss * (1.0f / K) + eps);
-#pragma unroll 2
-        for (int k = 0; k < GJ_PRO_ITERS; ++k) {
-            const int i = k * THREADS + (int)threadIdx.x;
-            const bool live = GJ_PRO_VEC % THREADS == 0 || i < GJ_PRO_VEC;
-            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (live) {
-                const float4 v = u4[i], g = __ldg((const float4*)w1 + i);
-                const float4 r = ((const float4*)x_in)[i];
-                o = make_float4(__fmul_rn(v.x * s1, g.x) + r.x, __fmul_rn(v.y * s1, g.y) + r.y,
-                                __fmul_rn(v.z * s1, g.z) + r.z, __fmul_rn(v.w * s1, g.w) + r.w);
-                if (blockIdx.x == 0) ((float4*)x_out)[i] = o;
-                if (!kQ8) ((float4*)xs)[i] = o;
+#pragma unroll
+        for (int j = 0; j < kTrips; ++j) {
+            if (!warp_on(j)) break;
+#pragma unroll
+            for (int k = 0; k < kVpt; ++k) {
+                bool live;
+                const int i = at(j, k, live);
+                float4 o = zero;
+                if (live) {
+                    const float4 x = v[j][k];
+                    const float4 w = kHold ? g[kHold ? j : 0][kHold ? k : 0] : __ldg(g4 + i);
+                    const float4 q = kHold ? r[kHold ? j : 0][kHold ? k : 0] : r4[i];
+                    o = make_float4(__fmul_rn(x.x * s1, w.x) + q.x, __fmul_rn(x.y * s1, w.y) + q.y,
+                                    __fmul_rn(x.z * s1, w.z) + q.z, __fmul_rn(x.w * s1, w.w) + q.w);
+                    if (blockIdx.x == 0) ((float4*)x_out)[i] = o;
+                    if (!kQ8) ((float4*)xs)[i] = o;
+                }
+                if (kQ8) gj_pro_store_q8(o, live, i, (uint32*)xs, xds);
             }
-            if (kQ8) gj_pro_store_q8(o, live, i, (uint32*)xs, xds);
         }
         __syncthreads();
     }

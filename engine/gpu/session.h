@@ -371,12 +371,12 @@ class GpuSession {
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
-    bool pdl_ = true;         // GEMMAJIT_PDL: kernels launched as programmatic dependents
-    bool fuse_qkv_ = true;    // GEMMAJIT_FUSE_QKV
-    bool fuse_ple_ = true;    // GEMMAJIT_FUSE_PLE
-    bool ple_input_ = false;  // GEMMAJIT_PLE_INPUT
-    int tp_bf16_rows_ = 64;   // GEMMAJIT_TP_BF16_ROWS (0: never)
-    int copy_sms_ = -1;       // GEMMAJIT_COPY_SMS (-1: by chunk length)
+    bool pdl_ = true;        // GEMMAJIT_PDL: kernels launched as programmatic dependents
+    bool fuse_qkv_ = true;   // GEMMAJIT_FUSE_QKV
+    bool fuse_ple_ = true;   // GEMMAJIT_FUSE_PLE
+    bool ple_input_ = true;  // GEMMAJIT_PLE_INPUT
+    int tp_bf16_rows_ = 64;  // GEMMAJIT_TP_BF16_ROWS (0: never)
+    int copy_sms_ = -1;      // GEMMAJIT_COPY_SMS (-1: by chunk length)
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
     PathCounts paths_;
 };

@@ -222,11 +222,12 @@ TEST(BatchDecode, FusedPleGateIsBitIdenticalToSeparateLaunches) {
 }
 
 // A decode step's PLE gate makes the post-FFW residual update in each of its blocks, and a
-// quantized PLE projection its Q8_1 input (GEMMAJIT_PLE_INPUT=1), instead of the norm and
-// GeLU-product launches: a float gate (tiny-e2b Q8_0, with its GeLU epilogue) and quantized gates
-// and projections (tiny-256 Q4_K_M). The gate's blocks sum the norm's squares in the norm
-// kernel's order, so single-sequence steps past the window and batches (which keep the
-// launches) give bit-identical logits; the fused entries ran on every layer.
+// quantized PLE projection its Q8_1 input (GEMMAJIT_PLE_INPUT, the default), instead of the norm
+// and GeLU-product launches (GEMMAJIT_PLE_INPUT=0): a float gate (tiny-e2b Q8_0, with its GeLU
+// epilogue) and quantized gates and projections (tiny-256 Q4_K_M). The gate's blocks sum the
+// norm's squares in the norm kernel's order, so single-sequence steps past the window and
+// batches (which keep the launches) give bit-identical logits; the fused entries ran on every
+// layer.
 TEST(BatchDecode, PleInputsMadeInTheMatvecsAreBitIdenticalToSeparateLaunches) {
     GJ_REQUIRE_GPU();
     ScratchDir dir("gpu-ple-input");
@@ -234,8 +235,8 @@ TEST(BatchDecode, PleInputsMadeInTheMatvecsAreBitIdenticalToSeparateLaunches) {
         SCOPED_TRACE(mix.empty() ? "tiny-e2b q8_0" : "tiny-256 " + mix);
         const auto path = mix.empty() ? synth(dir, "tiny-e2b", ggml::Type::Q8_0)
                                       : synth_mix(dir, "tiny-256", mix);
-        auto mf = load_gpu(path, 128, 16, flags({{"GEMMAJIT_PLE_INPUT", "1"}}), 3);
-        auto ms = load_gpu(path, 128, 16, flags(), 3);
+        auto mf = load_gpu(path, 128, 16, flags(), 3);
+        auto ms = load_gpu(path, 128, 16, flags({{"GEMMAJIT_PLE_INPUT", "0"}}), 3);
         ASSERT_TRUE(mf->config().has_ple());
         const bool quantized = mf->layers()[0].inp_gate.quantized();
         EXPECT_EQ(quantized, !mix.empty());
@@ -246,7 +247,7 @@ TEST(BatchDecode, PleInputsMadeInTheMatvecsAreBitIdenticalToSeparateLaunches) {
         expect_same_decode_logits(f, s);
         if (HasFatalFailure()) return;
         // Counted when recorded: every layer's gate (and quantized projection) of the captured
-        // single-column graph, at least; never by the default.
+        // single-column graph, at least; never with the flag off.
         const uint64_t L = uint64_t(mf->config().n_layers);
         EXPECT_GE(f.path_counts().ple_input - before, quantized ? 2 * L : L);
         EXPECT_EQ(s.path_counts().ple_input, 0u);
