@@ -322,13 +322,12 @@ GJ_DEVICE float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 // gelu_tanh(a) * o over 4 values: the PLE gate times the token's PLE input (o 4-byte aligned).
-GJ_DEVICE float4 gelu_mul4(float4 a, const float* o) {
-    return make_float4(gelu_tanh(a.x) * o[0], gelu_tanh(a.y) * o[1], gelu_tanh(a.z) * o[2],
-                       gelu_tanh(a.w) * o[3]);
-}
 GJ_DEVICE float4 gelu_mul4(float4 a, float4 o) {
     return make_float4(gelu_tanh(a.x) * o.x, gelu_tanh(a.y) * o.y, gelu_tanh(a.z) * o.z,
                        gelu_tanh(a.w) * o.w);
+}
+GJ_DEVICE float4 gelu_mul4(float4 a, const float* o) {
+    return gelu_mul4(a, make_float4(o[0], o[1], o[2], o[3]));
 }
 
 // ------------------------------------------------------------------------------------------------

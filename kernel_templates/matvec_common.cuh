@@ -432,12 +432,12 @@ struct gj_pro_gelu_mul {
 };
 
 // x1 = x_in + rmsnorm(u) * w1, quantized (kQ8) or as fp32 (block 0 also stores x1): bit for bit
-// what rmsnorm.cu computes with ADD = 1 for one row of K. The block plays the norm kernel's
-// NORM_TPR threads (kTrips of them per thread) with that kernel's element mapping: norm thread t
-// sums float4 t, t + NORM_TPR, ... in turn, then the butterfly of each warp and the warps'
-// partials in order. Each thread loads all its u (and, while they fit in registers, its x_in
-// and w1) at once, so the prologue costs one memory round trip, not one per pass. Eight
-// consecutive norm threads hold one 32-block (NORM_TPR % 8 == 0), as the Q8_1 store needs.
+// what rmsnorm.cu computes with ADD = 1 for one row of K. Thread t plays the norm kernel's
+// thread t (the spec gives the block at least NORM_TPR threads) with that kernel's mapping and
+// order: it sums float4 t, t + NORM_TPR, ... in turn, then the butterfly of each warp and the
+// warps' partials in order. Each thread loads all its u, x_in and w1 at once, so the prologue
+// costs one memory round trip. Eight consecutive threads hold one 32-block (NORM_TPR % 8 == 0),
+// as the Q8_1 store needs.
 template <bool kQ8>
 struct gj_pro_norm_add {
     enum : bool { kShared = true };
@@ -450,51 +450,35 @@ struct gj_pro_norm_add {
     float eps;
     GJ_DEVICE void operator()() const {
         constexpr int kTpr = NORM_TPR, kVpt = (GJ_PRO_VEC + kTpr - 1) / kTpr;
-        constexpr int kTrips = (kTpr + THREADS - 1) / THREADS;
         constexpr int kWidth = kTpr < 32 ? kTpr : 32, kParts = kTpr < 32 ? 1 : kTpr / 32;
-        constexpr bool kHold = kTrips * kVpt <= 8;  // x_in and w1 in registers too
+        static_assert(THREADS >= kTpr, "gj_pro_norm_add: the block plays every norm thread");
         static_assert(kTpr % 8 == 0 && (kTpr < 32 || kTpr % 32 == 0), "NORM_TPR: whole warps");
-        static_assert(kTrips * kVpt <= 24, "gj_pro_norm_add: too many values per thread");
         __shared__ float partial[kParts];
-        const float4* u4 = (const float4*)u;
-        const float4* r4 = (const float4*)x_in;
-        const float4* g4 = (const float4*)w1;
-        // Whole warps past the norm's threads sit a trip out (NORM_TPR is < 32 or a multiple of
-        // 32); lanes past it within a live warp (NORM_TPR < 32) hold zeros.
-        auto warp_on = [](int j) { return j * THREADS + (int)(threadIdx.x & ~31u) < kTpr; };
-        auto at = [](int j, int k, bool& live) {
-            const int t = j * THREADS + (int)threadIdx.x, i = k * kTpr + t;
+        const int t = (int)threadIdx.x;
+        // Whole warps past the norm's threads sit out (NORM_TPR is < 32 or a multiple of 32);
+        // lanes past it within a live warp (NORM_TPR < 32) hold zeros.
+        const bool on = (t & ~31) < kTpr;
+        auto at = [t](int k, bool& live) {
+            const int i = k * kTpr + t;
             live = t < kTpr && (GJ_PRO_VEC % kTpr == 0 || i < GJ_PRO_VEC);
             return i;
         };
         const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-        float4 v[kTrips][kVpt], r[kHold ? kTrips : 1][kHold ? kVpt : 1],
-            g[kHold ? kTrips : 1][kHold ? kVpt : 1];
+        float4 v[kVpt], r[kVpt], g[kVpt];
 #pragma unroll
-        for (int j = 0; j < kTrips; ++j)
-#pragma unroll
-            for (int k = 0; k < kVpt; ++k) {
-                bool live;
-                const int i = at(j, k, live);
-                v[j][k] = live && warp_on(j) ? u4[i] : zero;
-                if (kHold) {
-                    r[kHold ? j : 0][kHold ? k : 0] = live && warp_on(j) ? r4[i] : zero;
-                    g[kHold ? j : 0][kHold ? k : 0] = live && warp_on(j) ? __ldg(g4 + i) : zero;
-                } else if (live && warp_on(j)) {
-                    prefetch_l1(x_in + 4 * i);
-                    prefetch_l1(w1 + 4 * i);
-                }
-            }
-#pragma unroll
-        for (int j = 0; j < kTrips; ++j) {
-            if (!warp_on(j)) break;
+        for (int k = 0; k < kVpt; ++k) {
+            bool live;
+            const int i = at(k, live);
+            v[k] = live && on ? ((const float4*)u)[i] : zero;
+            r[k] = live && on ? ((const float4*)x_in)[i] : zero;
+            g[k] = live && on ? __ldg((const float4*)w1 + i) : zero;
+        }
+        if (on) {
             float ss = 0.0f;
 #pragma unroll
             for (int k = 0; k < kVpt; ++k)
-                ss += v[j][k].x * v[j][k].x + v[j][k].y * v[j][k].y + v[j][k].z * v[j][k].z +
-                      v[j][k].w * v[j][k].w;
+                ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
             ss = warp_sum<kWidth>(ss);
-            const int t = j * THREADS + (int)threadIdx.x;
             if (t % 32 == 0 && t < kTpr) partial[t / 32] = ss;
         }
         __syncthreads();
@@ -503,24 +487,18 @@ struct gj_pro_norm_add {
         for (int k = 0; k < kParts; ++k) ss += partial[k];
         const float s1 = rsqrt_refined(ss * (1.0f / K) + eps);
 #pragma unroll
-        for (int j = 0; j < kTrips; ++j) {
-            if (!warp_on(j)) break;
-#pragma unroll
-            for (int k = 0; k < kVpt; ++k) {
-                bool live;
-                const int i = at(j, k, live);
-                float4 o = zero;
-                if (live) {
-                    const float4 x = v[j][k];
-                    const float4 w = kHold ? g[kHold ? j : 0][kHold ? k : 0] : __ldg(g4 + i);
-                    const float4 q = kHold ? r[kHold ? j : 0][kHold ? k : 0] : r4[i];
-                    o = make_float4(__fmul_rn(x.x * s1, w.x) + q.x, __fmul_rn(x.y * s1, w.y) + q.y,
-                                    __fmul_rn(x.z * s1, w.z) + q.z, __fmul_rn(x.w * s1, w.w) + q.w);
-                    if (blockIdx.x == 0) ((float4*)x_out)[i] = o;
-                    if (!kQ8) ((float4*)xs)[i] = o;
-                }
-                if (kQ8) gj_pro_store_q8(o, live, i, (uint32*)xs, xds);
+        for (int k = 0; k < kVpt && on; ++k) {
+            bool live;
+            const int i = at(k, live);
+            float4 o = zero;
+            if (live) {
+                const float4 x = v[k], w = g[k], q = r[k];
+                o = make_float4(__fmul_rn(x.x * s1, w.x) + q.x, __fmul_rn(x.y * s1, w.y) + q.y,
+                                __fmul_rn(x.z * s1, w.z) + q.z, __fmul_rn(x.w * s1, w.w) + q.w);
+                if (blockIdx.x == 0) ((float4*)x_out)[i] = o;
+                if (!kQ8) ((float4*)xs)[i] = o;
             }
+            if (kQ8) gj_pro_store_q8(o, live, i, (uint32*)xs, xds);
         }
         __syncthreads();
     }
