@@ -1,15 +1,21 @@
 // gemm_wgmma: prompt-batch matrix product Y = X W^T on Hopper's warpgroup tensor cores
 // (wgmma.mma_async, sm_90a) for Q8_0 / Q4_0 weights in the split layout, dequantized to bf16 in
-// shared memory, against bf16 activations; fp32 accumulation over the whole K.
+// registers, against bf16 activations in shared memory; fp32 accumulation over the whole K.
 //
 // Why bf16 and not int8 wgmma: int8 products of Q8_0 / Q4_0 blocks give one int32 dot per 32-block
 // of K that must be scaled by both blocks' scales and folded into an fp32 accumulator: about four
 // fp32-pipe instructions per output element and 32 K (1/8 per multiply-add), which caps any int8
 // kernel near a quarter of the int8 tensor rate (mmq.cu, on mma.sync, is bound by exactly that).
-// Dequantizing the weight tile once per block tile costs ~4 instructions per weight element,
-// shared by the BM tokens of the tile (1/32 per multiply-add at BM = 128), and the bf16 wgmma then
-// accumulates across all of K with no per-block work; it runs asynchronously while the same
-// threads convert the next tile.
+// Dequantizing weights costs ~4 instructions per weight element, shared by the BM tokens of the
+// tile, and the bf16 wgmma then accumulates across all of K with no per-block work.
+//
+// Why the weights are the register operand: wgmma takes its A operand (64 rows x 16 of K) from
+// registers or shared memory, B only from shared memory. With the weight rows as A, each thread
+// turns the quantized bytes of its own fragment into bf16 pairs in registers: no converted tile is
+// written to shared memory, no proxy fence or barrier orders it, and the conversion of step s + 1
+// runs while the tensor cores work through step s. (The first form of this kernel converted a bf16
+// weight tile in shared memory for the activations-as-A product: 310-370 TFLOP/s on the 31B
+// shapes of an H200, its tensor cores waiting on every step's conversion and fence.)
 //
 // Numerics: every weight the tensor core sees is bf16(d * q) (Q4_0: d * (nibble - 8)), the
 // correctly rounded bf16 of the exactly dequantized weight (d * q is exact in fp32); activations
@@ -18,30 +24,31 @@
 // Data flow per pipeline step (64 elements of K, two 32-blocks):
 //  - cp.async: activations X [BM][64] bf16 into a 128-byte-swizzled tile (16-byte chunk c of row r
 //    at r * 128 + ((c ^ r) & 7) * 16: the canonical SWIZZLE_128B K-major layout of wgmma, tiles
-//    1024-byte aligned), the weight payload ([BN][64] int8 or [BN][32] nibble bytes) and the two
-//    fp16 scales per row into a linear staging area; STAGES steps in flight.
-//  - conversion: all threads turn one staged step into a bf16 tile [BN][64] (same swizzle) in one
-//  of
-//    two conversion buffers.
-//  - wgmma: each warpgroup (128 threads) multiplies its 64 tokens by the converted tile, four k16
-//    instructions per step, descriptors pointing into the swizzled tiles.
-// Iteration s: issue the copies of step s + STAGES - 1; issue step s's wgmmas (async); convert
-// step s + 1 meanwhile; wait for the wgmmas and for step s + 2's copies; proxy fence (the tiles
-// were written by the generic proxy, wgmma reads through the async proxy); barrier.
+//    1024-byte aligned), the weight payload ([BN][64] int8 or [BN][32] nibble bytes, rows padded by
+//    16 bytes so the fragment loads hit distinct banks) and the two fp16 scales per row; STAGES
+//    steps in flight.
+//  - conversion: warpgroup g's 128 threads load their fragment of weight rows 64 g .. 64 g + 63
+//    and make the four k16 A operands of the step (16 registers) in one of two register sets.
+//  - wgmma: four m64nNk16 per warpgroup and step (A registers, B = the activation tile), N = BM
+//    or, for a block with at most 128 / 64 tokens, 128 / 64 (the block's branch, uniform).
+// Iteration s: issue step s's wgmmas (async); wait for step s - 1's (its stage and register set
+// are free); wait for step s + 1's copies, proxy fence (wgmma reads through the async proxy),
+// barrier; issue the copies of step s + STAGES - 1 into the stage of s - 1; convert step s + 1.
 // Rows past T or n_rows read the last valid row (clamped) and are never written. K % 64 == 32 ends
 // with a half step.
 //
-// The converted tile holds BN weight rows in every entry: the plain entry BN rows of W (one
-// m64nBN wgmma per k16), the GeGLU entries BN / 2 rows of the gate and the same BN / 2 rows of up
-// (two m64n(BN/2) wgmmas), so both keep BN / 2 fp32 accumulators per thread and one shared-memory
-// layout.
+// The weight tile holds BN rows in every entry: the plain entry BN rows of W, the GeGLU entries
+// BN / 2 rows of the gate then the same BN / 2 rows of up; the epilogue stages the fp32 tile
+// [BM][BN] in shared memory and writes whole output rows (the GeGLU pairs gate row r with up row
+// r + BN / 2 there).
 //
 // Constants (prologue #defines):
 //   K        inner dimension (multiple of 32)      WTYPE    0 = Q8_0, 1 = Q4_0 (split layout)
-//   BM       tokens per block: 64 or 128 (one or two warpgroups)
-//   BN       converted weight rows per block: 64, 128 or 256
-//   STAGES   copy pipeline depth (3..6)            THREADS  2 * BM (128 per warpgroup)
-//   SMEM     dynamic shared memory bytes (the layout below plus 1024 for alignment)
+//   BM       tokens per block (the wgmma N): 64, 128 or 256
+//   BN       weight rows per block: 64 or 128 (one warpgroup per 64)
+//   STAGES   copy pipeline depth (3..6)            THREADS  2 * BN (128 per warpgroup)
+//   SMEM     dynamic shared memory bytes (the larger of the pipeline and the epilogue tile, plus
+//            1024 for alignment)
 //   SPLITS   the plain entry splits K over SPLITS blocks (1: no split); see gemm_wgmma_reduce
 // Launch: grid (ceil(n_rows / R), ceil(T / BM)) with R = BN (gemm_wgmma) or BN / 2 (the GeGLU
 // entries), block THREADS, dynamic smem SMEM (above 48 KiB the engine opts in). With SPLITS > 1
@@ -49,7 +56,7 @@
 // block z summing its share of the pipeline steps into plane z; then
 // gemm_wgmma_reduce(workspace, y, T * n_rows), grid ceil(T * n_rows / 256), block 256, adds the
 // planes in a fixed order (or a consumer reads the planes itself: rmsnorm's PARTS). Split K fills
-// the SMs when the tiles alone leave many idle (the n 5376 products of 31B: 84 tiles at T = 512).
+// the SMs when the tiles alone leave many idle (the n 5376 products of 31B).
 //
 // Entries, one signature:
 //   (w, w_up, x, y, T, n_rows)
@@ -64,9 +71,9 @@
 
 static_assert(K % 32 == 0 && K > 0, "gemm_wgmma: K must be a positive multiple of 32");
 static_assert(WTYPE == 0 || WTYPE == 1, "gemm_wgmma: WTYPE must be 0 (Q8_0) or 1 (Q4_0)");
-static_assert(BM == 64 || BM == 128, "gemm_wgmma: BM must be 64 or 128");
-static_assert(BN == 64 || BN == 128 || BN == 256, "gemm_wgmma: BN must be 64, 128 or 256");
-static_assert(THREADS == 2 * BM, "gemm_wgmma: THREADS must be 2 * BM (a warpgroup per 64 tokens)");
+static_assert(BM == 64 || BM == 128 || BM == 256, "gemm_wgmma: BM must be 64, 128 or 256");
+static_assert(BN == 64 || BN == 128, "gemm_wgmma: BN must be 64 or 128");
+static_assert(THREADS == 2 * BN, "gemm_wgmma: THREADS must be 2 * BN (a warpgroup per 64 rows)");
 static_assert(STAGES >= 3 && STAGES <= 6, "gemm_wgmma: STAGES must be in [3, 6]");
 #ifndef SPLITS
 #define SPLITS 1
@@ -78,20 +85,24 @@ constexpr int kSteps = (kKb + 1) / 2;                 // pipeline steps of 64 (t
 constexpr bool kRagged = kKb % 2 != 0;                // K % 64 == 32
 constexpr int kRawRow = WTYPE == 0 ? 64 : 32;         // staged payload bytes per row and step
 constexpr size_t kRowBytes = WTYPE == 0 ? K : K / 2;  // payload bytes per weight row
+constexpr int kRowStride = kRawRow + 16;              // staged row pitch: conflict-free loads
 constexpr int kABytes = BM * 128;                     // bf16 [BM][64]
-constexpr int kCBytes = BN * 128;                     // converted bf16 [BN][64]
 
 __host__ __device__ constexpr int wg_align1k(int v) {
     return (v + 1023) / 1024 * 1024;
 }
-// Stage: activations, payloads [BN][kRawRow], fp16 scales [BN][2]; padded so that every stage
+// Stage: activations, payloads [BN][kRowStride], fp16 scales [BN][2]; padded so that every stage
 // (and its activation tile) starts 1024-byte aligned, as the 128-byte swizzle needs.
 constexpr int kRaw = kABytes;
-constexpr int kScale = kRaw + BN * kRawRow;
+constexpr int kScale = kRaw + BN * kRowStride;
 constexpr int kStage = wg_align1k(kScale + BN * 4);
-constexpr int kConv = STAGES * kStage;       // two conversion buffers of kCBytes
-constexpr int kBytes = kConv + 2 * kCBytes;  // + up to 1024 bytes to align the base
-static_assert(SMEM >= kBytes + 1024, "gemm_wgmma: SMEM is smaller than the pipeline needs");
+// Epilogue tile fp32 [BM][kOutPitch], over the stages once the pipeline has drained; the pitch
+// of BN + 4 puts the 32 lanes of every accumulator store in 32 distinct banks.
+constexpr int kOutPitch = BN + 4;
+constexpr int kPipeBytes = STAGES * kStage;
+constexpr int kOutBytes = BM * kOutPitch * 4;
+constexpr int kBytes = kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes;  // + 1024 to align
+static_assert(SMEM >= kBytes + 1024, "gemm_wgmma: SMEM is smaller than the kernel needs");
 
 // Byte offset of 16-byte chunk c (0..7) of row r in a tile of 128-byte rows (SWIZZLE_128B).
 GJ_DEVICE uint32 wg_swizzle(int r, int c) {
@@ -124,17 +135,18 @@ GJ_DEVICE uint64 wg_desc(uint32 addr) {
     return (uint64)((addr & 0x3ffff) >> 4) | ((uint64)1 << 16) | ((uint64)(1024 >> 4) << 32) |
            ((uint64)1 << 62);
 }
-GJ_DEVICE void wg_fence() {  // orders register accesses to the accumulators before the wgmmas
+GJ_DEVICE void wg_fence() {  // orders register writes (A operands, accumulators) before wgmmas
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 }
 GJ_DEVICE void wg_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-GJ_DEVICE void wg_wait_all() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+template <int N>
+GJ_DEVICE void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to the async
-// proxy that wgmma reads through; a barrier must follow before other warps' wgmmas.
+// Makes this thread's generic-proxy shared-memory writes (cp.async) visible to the async proxy
+// that wgmma reads through; a barrier must follow before other warps' wgmmas.
 GJ_DEVICE void wg_fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -145,48 +157,36 @@ GJ_DEVICE void wg_pin(float (&d)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64][N] += A[64][16] * B[N][16]^T, A and B K-major bf16 tiles in shared memory (descriptors).
-// Accumulator layout: register 4 j + e of lane l of warp w (of the warpgroup) holds row
-// 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2.
-GJ_DEVICE void wg_mma_bf16_n32(float (&d)[16], uint64 da, uint64 db) {
+// D[64][N] += A[64][16] * B[N][16]^T: A bf16 in registers, B a K-major bf16 tile in shared memory
+// (descriptor). A fragment (per warp w of the warpgroup, rows 16 w ..): register j of lane l holds
+// row 16 w + l / 4 + 8 (j % 2), columns 2 (l % 4) + 8 (j / 2) and the next (low half first).
+// Accumulator: register 4 j + e holds row 16 w + l / 4 + 8 (e / 2), column 8 j + 2 (l % 4) + e % 2.
+GJ_DEVICE void wg_mma_rs_n64(float (&d)[32], const uint32 (&a)[4], uint64 db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15])
-        : "l"(da), "l"(db), "r"(1)
-        : "memory");
-}
-GJ_DEVICE void wg_mma_bf16_n64(float (&d)[32], uint64 da, uint64 db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
           "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
           "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(1)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
         : "memory");
 }
-GJ_DEVICE void wg_mma_bf16_n128(float (&d)[64], uint64 da, uint64 db) {
+GJ_DEVICE void wg_mma_rs_n128(float (&d)[64], const uint32 (&a)[4], uint64 db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
         "{"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
         "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
         "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -197,12 +197,12 @@ GJ_DEVICE void wg_mma_bf16_n128(float (&d)[64], uint64 da, uint64 db) {
           "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
           "+f"(d[63])
-        : "l"(da), "l"(db), "r"(1)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
         : "memory");
 }
-GJ_DEVICE void wg_mma_bf16_n256(float (&d)[128], uint64 da, uint64 db) {
+GJ_DEVICE void wg_mma_rs_n256(float (&d)[128], const uint32 (&a)[4], uint64 db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
         "{"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
@@ -215,7 +215,7 @@ GJ_DEVICE void wg_mma_bf16_n256(float (&d)[128], uint64 da, uint64 db) {
         "%111,"
         "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
         "%127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
           "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
@@ -235,33 +235,32 @@ GJ_DEVICE void wg_mma_bf16_n256(float (&d)[128], uint64 da, uint64 db) {
           "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
           "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
           "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(1)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1)
         : "memory");
 }
 
 template <int N>
-GJ_DEVICE void wg_mma(float (&d)[N / 2], uint64 da, uint64 db) {
-    if constexpr (N == 32)
-        wg_mma_bf16_n32(d, da, db);
-    else if constexpr (N == 64)
-        wg_mma_bf16_n64(d, da, db);
+GJ_DEVICE void wg_mma_rs(float (&d)[N / 2], const uint32 (&a)[4], uint64 db) {
+    if constexpr (N == 64)
+        wg_mma_rs_n64(d, a, db);
     else if constexpr (N == 128)
-        wg_mma_bf16_n128(d, da, db);
+        wg_mma_rs_n128(d, a, db);
     else
-        wg_mma_bf16_n256(d, da, db);
+        wg_mma_rs_n256(d, a, db);
 }
 
 // ---- Copies and conversion ---------------------------------------------------------------------
 
-// Issues the copies of step `step` into the stage at shared address `st`: tokens m0.., rows of the
-// converted tile r < kRows from w[0] (row n0 + r), the rest (GeGLU) from w[1] (row n0 + r - kRows).
-template <int kMats>
+// Issues the copies of step `step` into the stage at shared address `st`: tokens m0 .. m0 + kN - 1
+// (the block's wgmma N), weight rows
+// r < kRows from w[0] (row n0 + r), the rest (GeGLU) from w[1] (row n0 + r - kRows).
+template <int kMats, int kN>
 GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const uint16* x, int m0,
                              int n0, int T, int n_rows, int step) {
     constexpr int kRows = BN / kMats;  // rows per matrix
     const int kb0 = step * 2;
 #pragma unroll
-    for (int j = 0; j < BM * 8 / THREADS; ++j) {
+    for (int j = 0; j < kN * 8 / THREADS; ++j) {
         const int i = threadIdx.x + j * THREADS;
         const int r = i / 8, c = i % 8;
         if (!kRagged || kb0 + c / 4 < kKb) {
@@ -278,7 +277,7 @@ GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const 
         const uint8* w = kMats == 2 && r >= kRows ? w1 : w0;  // a select, not an indexed array
         const int n = min(n0 + r % kRows, n_rows - 1);
         if (!kRagged || kb0 + c * 2 / kCpr < kKb)
-            cp_async_cg16(st + kRaw + r * kRawRow + c * 16,
+            cp_async_cg16(st + kRaw + r * kRowStride + c * 16,
                           w + n * kRowBytes + (size_t)step * kRawRow + c * 16);
     }
     // The step's two fp16 scales per row, from the scale plane after the payload plane: one 4-byte
@@ -300,44 +299,43 @@ GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const 
     }
 }
 
-// Converts the staged payload of one step (generic pointer `st`) into the bf16 tile at `conv`.
-// Units: Q8_0 8 int8 -> one 16-byte chunk; Q4_0 8 bytes -> the two chunks of their low and high
-// nibbles (elements i and i + 16 of a block).
-GJ_DEVICE void wg_convert(const uint8* st, uint8* conv, bool half_step) {
-    constexpr int kUnitsPerRow = WTYPE == 0 ? 8 : 4;
-    constexpr int kUnits = BN * kUnitsPerRow;
-    static_assert(kUnits % THREADS == 0, "gemm_wgmma: conversion units must split evenly");
-#pragma unroll 4
-    for (int j = 0; j < kUnits / THREADS; ++j) {
-        const int i = threadIdx.x + j * THREADS;
-        const int r = i / kUnitsPerRow, c = i % kUnitsPerRow;
-        const int blk = WTYPE == 0 ? c / 4 : c / 2;
-        if (kRagged && half_step && blk > 0) continue;  // the half step has no second block
-        const uint2 raw = *(const uint2*)(st + kRaw + r * kRawRow + c * 8);
-        const float d = f16_to_f32(*(const uint16*)(st + kScale + r * 4 + blk * 2));
-        if (WTYPE == 0) {
-            const uint32 x0 = raw.x ^ 0x80808080u, x1 = raw.y ^ 0x80808080u;  // q + 128
-            const float off = 8388736.0f;                                     // 2^23 + 128
-            uint4 o;
-            o.x = wg_pack_bf16x2((wg_magic(x0, 0) - off) * d, (wg_magic(x0, 1) - off) * d);
-            o.y = wg_pack_bf16x2((wg_magic(x0, 2) - off) * d, (wg_magic(x0, 3) - off) * d);
-            o.z = wg_pack_bf16x2((wg_magic(x1, 0) - off) * d, (wg_magic(x1, 1) - off) * d);
-            o.w = wg_pack_bf16x2((wg_magic(x1, 2) - off) * d, (wg_magic(x1, 3) - off) * d);
-            *(uint4*)(conv + wg_swizzle(r, c)) = o;
-        } else {
-            const float off = 8388616.0f;  // 2^23 + 8
+// Two bf16 weights bf16(d * (byte - off)) from bytes 0 and 1 of `b` (each < 256).
+GJ_DEVICE uint32 wg_pair(uint32 b, float off, float d) {
+    return wg_pack_bf16x2((wg_magic(b, 0) - off) * d, (wg_magic(b, 1) - off) * d);
+}
+
+// The four k16 A operands of one step for this thread's weight rows r0 and r0 + 8 (local to the
+// block), from the staged payload at generic pointer `st`: a[kk][j] per the fragment layout of
+// wg_mma_rs (k16 kk covers elements 16 (kk % 2) .. of block kk / 2). Lane l needs elements
+// 2 (l % 4) + {0, 1, 8, 9} of each k16: Q4_0 bytes 2 (l % 4) + {0, 1, 8, 9} of the block (low
+// nibbles for the first k16, high for the second), Q8_0 the int8 at 16 (kk % 2) + those.
+GJ_DEVICE void wg_convert_regs(const uint8* st, int r0, int tq, uint32 (&a)[4][4]) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {  // low nibbles, then high
-                const uint32 x0 = (raw.x >> (4 * h)) & 0x0f0f0f0fu;
-                const uint32 x1 = (raw.y >> (4 * h)) & 0x0f0f0f0fu;
-                uint4 o;
-                o.x = wg_pack_bf16x2((wg_magic(x0, 0) - off) * d, (wg_magic(x0, 1) - off) * d);
-                o.y = wg_pack_bf16x2((wg_magic(x0, 2) - off) * d, (wg_magic(x0, 3) - off) * d);
-                o.z = wg_pack_bf16x2((wg_magic(x1, 0) - off) * d, (wg_magic(x1, 1) - off) * d);
-                o.w = wg_pack_bf16x2((wg_magic(x1, 2) - off) * d, (wg_magic(x1, 3) - off) * d);
-                // Bytes 8 (c % 2).. of block blk hold elements 8 (c % 2).. (low nibbles) and
-                // 16 + 8 (c % 2).. (high): chunk 4 blk + 2 h + c % 2 of the 64-element row.
-                *(uint4*)(conv + wg_swizzle(r, 4 * blk + 2 * h + c % 2)) = o;
+    for (int i = 0; i < 2; ++i) {  // rows r0, r0 + 8: registers j = i and i + 2
+        const int r = r0 + 8 * i;
+        const uint32 sc = *(const uint32*)(st + kScale + r * 4);
+        const uint8* row = st + kRaw + r * kRowStride + 2 * tq;
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+            const float d = f16_to_f32((uint16)(b == 0 ? sc & 0xffffu : sc >> 16));
+            if (WTYPE == 1) {
+                const uint32 lo = *(const uint16*)(row + 16 * b);
+                const uint32 hi = *(const uint16*)(row + 16 * b + 8);
+                const float off = 8388616.0f;  // 2^23 + 8
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    a[2 * b + h][i] = wg_pair((lo >> (4 * h)) & 0x0f0fu, off, d);
+                    a[2 * b + h][i + 2] = wg_pair((hi >> (4 * h)) & 0x0f0fu, off, d);
+                }
+            } else {
+                const float off = 8388736.0f;  // 2^23 + 128: q + 128 from the flipped sign bit
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint32 lo = *(const uint16*)(row + 32 * b + 16 * h) ^ 0x8080u;
+                    const uint32 hi = *(const uint16*)(row + 32 * b + 16 * h + 8) ^ 0x8080u;
+                    a[2 * b + h][i] = wg_pair(lo, off, d);
+                    a[2 * b + h][i + 2] = wg_pair(hi, off, d);
+                }
             }
         }
     }
@@ -347,130 +345,176 @@ GJ_DEVICE void wg_convert(const uint8* st, uint8* conv, bool half_step) {
 
 enum { wg_epi_store = 0, wg_epi_geglu = 1, wg_epi_geglu_bf16 = 2 };
 
-template <int kEpi>
+template <int kMats, int kN>
+struct WgPipe {
+    uint32 base;  // shared address of the stages
+    const uint8* smem;
+    const uint8 *w0, *w1;
+    const uint16* x;
+    int m0, n0, T, n_rows, s_begin, n_steps;
+    int r0, tq;  // this thread's fragment rows (local) and lane % 4
+
+    GJ_DEVICE void load(int ls) const {  // the copies of the block's step ls (a group, maybe empty)
+        if (ls < n_steps)
+            wg_load_stage<kMats, kN>(base + (ls % STAGES) * kStage, w0, w1, x, m0, n0, T, n_rows,
+                                     s_begin + ls);
+        cp_async_commit();
+    }
+    GJ_DEVICE void convert(int ls, uint32 (&a)[4][4]) const {
+        wg_convert_regs(smem + (ls % STAGES) * kStage, r0, tq, a);
+    }
+    // Step ls on registers `a` (converted), then step ls + 1 converted into `next`.
+    GJ_DEVICE void step(int ls, float (&acc)[kN / 2], const uint32 (&a)[4][4],
+                        uint32 (&next)[4][4]) const {
+        const uint32 sb = base + (ls % STAGES) * kStage;
+        const int k16s = kRagged && s_begin + ls == kSteps - 1 ? 2 : 4;
+        wg_pin(acc);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            if (kk >= k16s) break;
+            wg_mma_rs<kN>(acc, a[kk], wg_desc(sb + kk * 32));
+        }
+        wg_commit();
+        wg_wait<1>();  // step ls - 1 done: its stage and register set are free
+        wg_pin(acc);
+        cp_async_wait<STAGES - 3>();  // this thread's copies of step ls + 1
+        wg_fence_proxy_async();
+        __syncthreads();
+        load(ls + STAGES - 1);
+        if (ls + 1 < n_steps) convert(ls + 1, next);
+    }
+};
+
+// One block's product with kN tokens (the wgmma N: BM, or less for a last block of few tokens).
+template <int kEpi, int kN>
 GJ_DEVICE void gemm_wgmma_body(const void* w_gate, const void* w_up, const uint16* __restrict__ x,
                                void* y, int T, int n_rows) {
     constexpr int kMats = kEpi == wg_epi_store ? 1 : 2;
-    constexpr int kRows = BN / kMats;  // weight rows per matrix and block
-    constexpr int kAcc = kRows / 2;    // fp32 accumulators per thread and matrix
+    constexpr int kRows = BN / kMats;  // output rows per block
+    constexpr int kAcc = kN / 2;       // fp32 accumulators per thread
     extern __shared__ __align__(1024) uint8 smem_raw[];
     // The swizzle is a function of the address bits, so the tiles must sit 1024-byte aligned.
     const uint32 raw_base = smem_addr(smem_raw);
     const uint32 pad = ((raw_base + 1023u) & ~1023u) - raw_base;
     uint8* smem = smem_raw + pad;
-    const uint32 base = raw_base + pad;
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int n0 = blockIdx.x * kRows, m0 = blockIdx.y * BM;
-    const uint8* w0 = (const uint8*)w_gate;
-    const uint8* w1 = (const uint8*)w_up;
 
     // Split K (plain entry only): block z takes pipeline steps [s_begin, s_begin + n_steps) and
     // writes its partial product to plane z of y.
     constexpr int kSplits = kEpi == wg_epi_store ? SPLITS : 1;
     const int z = kSplits > 1 ? (int)blockIdx.z : 0;
-    const int s_begin = z * kSteps / kSplits, n_steps = (z + 1) * kSteps / kSplits - s_begin;
+    WgPipe<kMats, kN> p;
+    p.base = raw_base + pad;
+    p.smem = smem;
+    p.w0 = (const uint8*)w_gate;
+    p.w1 = (const uint8*)w_up;
+    p.x = x;
+    p.m0 = blockIdx.y * BM;
+    p.n0 = blockIdx.x * kRows;
+    p.T = T;
+    p.n_rows = n_rows;
+    p.s_begin = z * kSteps / kSplits;
+    p.n_steps = (z + 1) * kSteps / kSplits - p.s_begin;
+    p.r0 = wg * 64 + warp * 16 + lane / 4;
+    p.tq = lane % 4;
     if (kSplits > 1) y = (float*)y + (size_t)z * T * n_rows;
 
-    float acc[kMats][kAcc];
+    float acc[kAcc];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m)
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) acc[m][i] = 0.0f;
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+    uint32 a0[4][4], a1[4][4];
 
-            // Prologue: steps 0 .. STAGES - 2 in flight (empty groups past the end keep the count),
-            // step 0 converted, step 1's copies landed.
+    // Prologue: steps 0 .. STAGES - 2 in flight, step 0 landed and converted.
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < n_steps)
-            wg_load_stage<kMats>(base + s * kStage, w0, w1, x, m0, n0, T, n_rows, s_begin + s);
-        cp_async_commit();
-    }
+    for (int s = 0; s < STAGES - 1; ++s) p.load(s);
     cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    if (n_steps > 0) wg_convert(smem, smem + kConv, s_begin == kSteps - 1);
-    cp_async_wait<STAGES - 3>();
     wg_fence_proxy_async();
     __syncthreads();
+    if (p.n_steps > 0) p.convert(0, a0);
 
+        // Two steps per trip: the register sets alternate by name (registers cannot be indexed).
 #pragma unroll 1
-    for (int ls = 0; ls < n_steps; ++ls) {  // ls: the block's step; s_begin + ls: the step of K
-        {  // refill the stage of ls - 1 (read by the last iteration's wgmmas and conversion)
-            const int next = ls + STAGES - 1;
-            if (next < n_steps)
-                wg_load_stage<kMats>(base + (next % STAGES) * kStage, w0, w1, x, m0, n0, T, n_rows,
-                                     s_begin + next);
-            cp_async_commit();
-        }
-        const uint32 sa = base + (ls % STAGES) * kStage + wg * 64 * 128;
-        const uint32 sb = base + kConv + (ls % 2) * kCBytes;
-        const int k16s = kRagged && s_begin + ls == kSteps - 1 ? 2 : 4;
-#pragma unroll
-        for (int m = 0; m < kMats; ++m) wg_pin(acc[m]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            if (kk >= k16s) break;
-#pragma unroll
-            for (int m = 0; m < kMats; ++m)
-                wg_mma<kRows>(acc[m], wg_desc(sa + kk * 32),
-                              wg_desc(sb + m * kRows * 128 + kk * 32));
-        }
-        wg_commit();
-        if (ls + 1 < n_steps)
-            wg_convert(smem + ((ls + 1) % STAGES) * kStage, smem + kConv + ((ls + 1) % 2) * kCBytes,
-                       s_begin + ls + 1 == kSteps - 1);
-        wg_wait_all();
-#pragma unroll
-        for (int m = 0; m < kMats; ++m) wg_pin(acc[m]);
-        cp_async_wait<STAGES - 3>();
-        wg_fence_proxy_async();
-        __syncthreads();
+    for (int ls = 0; ls < p.n_steps; ls += 2) {
+        p.step(ls, acc, a0, a1);
+        if (ls + 1 < p.n_steps) p.step(ls + 1, acc, a1, a0);
     }
+    wg_wait<0>();
+    wg_pin(acc);
     cp_async_wait<0>();
+    __syncthreads();  // every warp is past the pipeline: its shared memory becomes the out tile
 
-    // Epilogue: register 4 j + e holds token 16 warp + lane / 4 + 8 (e / 2), weight row
-    // 8 j + 2 (lane % 4) + e % 2.
-    const int g = lane / 4, tq = lane % 4;
+    float* out = (float*)smem;
+    {
+        const int g = lane / 4, tq = lane % 4;
+        const int r = wg * 64 + warp * 16 + g;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int t = m0 + wg * 64 + warp * 16 + h * 8 + g;
-        if (t >= T) continue;
+        for (int j = 0; j < kAcc / 4; ++j)
 #pragma unroll
-        for (int j = 0; j < kRows / 8; ++j) {
-            float v[2];
+            for (int e = 0; e < 4; ++e)
+                out[(8 * j + 2 * tq + e % 2) * kOutPitch + r + 8 * (e / 2)] = acc[4 * j + e];
+    }
+    __syncthreads();
+    // Whole output rows: token t, four consecutive weight rows per thread and pass.
+    constexpr int kQuads = kRows / 4;
+    const bool vec = n_rows % 4 == 0;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < kN * kQuads; i += THREADS) {
+        const int tl = i / kQuads, rl = (i % kQuads) * 4;
+        const int t = p.m0 + tl, n = p.n0 + rl;
+        if (t >= T || n >= n_rows) continue;
+        const float4 g4 = *(const float4*)(out + tl * kOutPitch + rl);
+        float v[4] = {g4.x, g4.y, g4.z, g4.w};
+        if (kEpi != wg_epi_store) {
+            const float4 u4 = *(const float4*)(out + tl * kOutPitch + rl + kRows);
+            const float u[4] = {u4.x, u4.y, u4.z, u4.w};
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float z = acc[0][4 * j + 2 * h + e];
-                v[e] = kEpi == wg_epi_store ? z : gelu_tanh(z) * acc[kMats - 1][4 * j + 2 * h + e];
-            }
-            const int n = n0 + j * 8 + 2 * tq;
-            if (kEpi == wg_epi_geglu_bf16) {
-                uint16* yr = (uint16*)y + (size_t)t * n_rows;
-                const uint32 p = wg_pack_bf16x2(v[0], v[1]);
-                if (n_rows % 2 == 0) {  // 4-byte aligned pairs, both in or both out
-                    if (n < n_rows) *(uint32*)(yr + n) = p;
-                } else {
-                    if (n < n_rows) yr[n] = (uint16)(p & 0xffffu);
-                    if (n + 1 < n_rows) yr[n + 1] = (uint16)(p >> 16);
-                }
+            for (int e = 0; e < 4; ++e) v[e] = gelu_tanh(v[e]) * u[e];
+        }
+        if (kEpi == wg_epi_geglu_bf16) {
+            uint16* yr = (uint16*)y + (size_t)t * n_rows + n;
+            const uint32 p01 = wg_pack_bf16x2(v[0], v[1]), p23 = wg_pack_bf16x2(v[2], v[3]);
+            if (vec) {
+                *(uint2*)yr = make_uint2(p01, p23);
             } else {
-                float* yr = (float*)y + (size_t)t * n_rows;
-                if (n_rows % 2 == 0) {  // 8-byte aligned pairs, both in or both out
-                    if (n < n_rows) *(float2*)(yr + n) = make_float2(v[0], v[1]);
-                } else {
-                    if (n < n_rows) yr[n] = v[0];
-                    if (n + 1 < n_rows) yr[n + 1] = v[1];
-                }
+                const uint16 h[4] = {(uint16)(p01 & 0xffffu), (uint16)(p01 >> 16),
+                                     (uint16)(p23 & 0xffffu), (uint16)(p23 >> 16)};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (n + e < n_rows) yr[e] = h[e];
+            }
+        } else {
+            float* yr = (float*)y + (size_t)t * n_rows + n;
+            if (vec) {
+                *(float4*)yr = make_float4(v[0], v[1], v[2], v[3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (n + e < n_rows) yr[e] = v[e];
             }
         }
     }
+}
+
+// The wgmma N of a block: the smallest of 64 / 128 / 256 (at most BM) that covers its tokens, so
+// a short chunk (a chat turn, the end of a prompt) does not multiply rows that are not there.
+template <int kEpi>
+GJ_DEVICE void gemm_wgmma_tokens(const void* w, const void* w_up, const uint16* x, void* y, int T,
+                                 int n_rows) {
+    const int tokens = T - (int)blockIdx.y * BM;  // uniform across the block
+    if (BM >= 256 && tokens > 128)
+        gemm_wgmma_body<kEpi, BM >= 256 ? 256 : 64>(w, w_up, x, y, T, n_rows);
+    else if (BM >= 128 && tokens > 64)
+        gemm_wgmma_body<kEpi, BM >= 128 ? 128 : 64>(w, w_up, x, y, T, n_rows);
+    else
+        gemm_wgmma_body<kEpi, 64>(w, w_up, x, y, T, n_rows);
 }
 
 #define GEMM_WGMMA_ENTRY(NAME, EPI)                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS, 1)                                 \
         NAME(const void* w, const void* w_up, const uint16* x, void* y, int T, int n_rows) { \
         gj_grid_sync();                                                                      \
-        gemm_wgmma_body<EPI>(w, w_up, x, y, T, n_rows);                                      \
+        gemm_wgmma_tokens<EPI>(w, w_up, x, y, T, n_rows);                                    \
     }
 GEMM_WGMMA_ENTRY(gemm_wgmma, wg_epi_store)
 GEMM_WGMMA_ENTRY(gemm_wgmma_geglu, wg_epi_geglu)

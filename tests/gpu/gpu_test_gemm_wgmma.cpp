@@ -54,10 +54,10 @@ struct WgCase {
 };
 
 // Tiles the planner picks or the bench compares.
-const std::vector<GemmWgmmaTile> kTiles = {{128, 128, 4},    {128, 256, 4},   {128, 256, 3},
-                                           {64, 128, 4},     {64, 256, 4},    {128, 64, 4},
-                                           {64, 64, 4},      {64, 128, 6},    {128, 256, 4, 3},
-                                           {128, 128, 4, 3}, {64, 128, 4, 3}, {128, 64, 4, 2}};
+const std::vector<GemmWgmmaTile> kTiles = {
+    {256, 128, 4},    {256, 128, 3},    {256, 128, 5},    {128, 128, 4},   {128, 128, 6},
+    {64, 128, 4},     {256, 64, 4},     {128, 64, 4},     {64, 64, 4},     {256, 128, 4, 2},
+    {256, 128, 4, 3}, {128, 128, 4, 2}, {128, 128, 4, 3}, {128, 64, 4, 3}, {64, 128, 4, 3}};
 
 KernelSpec spec_of(const WgCase& c) {
     return c.plan ? gj::gemma4::gemm_wgmma_spec(c.type, c.k, c.n)

@@ -179,8 +179,8 @@ TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
                 add(gj::gemma4::gemm_wgmma_spec(t, cfg.layers[l].ffn_dim, cfg.d_model));
             }
         }
-        for (const GemmWgmmaTile& tile : {GemmWgmmaTile{64, 64, 3}, GemmWgmmaTile{128, 256, 4},
-                                          GemmWgmmaTile{64, 256, 6}, GemmWgmmaTile{128, 64, 5}})
+        for (const GemmWgmmaTile& tile : {GemmWgmmaTile{64, 64, 3}, GemmWgmmaTile{256, 128, 4},
+                                          GemmWgmmaTile{256, 64, 5}, GemmWgmmaTile{128, 64, 5}})
             add(gj::gemma4::gemm_wgmma_spec(t, 96, tile));
     }
     gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});

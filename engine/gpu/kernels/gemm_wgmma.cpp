@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -10,18 +11,21 @@
 
 namespace gj::gemma4 {
 
-GemmWgmmaTile gemm_wgmma_tile(ggml::Type /*weight_type*/, int k, int n_rows) {
-    // Measured on the H100 at T = 512 (GemmWgmmaBench.DISABLED_Shapes, TFLOP/s Q4_0): 128 x 256
-    // tiles win once there are about a wave of them (n 8192: 371 vs 320 for 128 x 128; n 16384:
-    // 376; the GeGLU's 128 + 128 rows at n 21504: 324, n 10240: 292), 128 x 128 at n 4096 (319
-    // vs 191 for 64 tiles of 256). The n 5376 and 2560 products of deep inputs leave SMs idle
-    // without a K split (84 tiles of 128 x 256: 234-257). Narrow products: 64 x 64 (n 2560 at
-    // k 2048: 154).
-    if (n_rows >= 8192) return {128, 256, 4, 1};
-    if (n_rows >= 5120) return {128, 256, 4, k >= 4096 ? kMmqSplits : 1};
-    if (n_rows >= 4096) return {128, 128, 4, 1};
-    if (n_rows >= 2560 && k >= 4096) return {128, 128, 4, kMmqSplits};
-    return {64, 64, 4, 1};
+GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows) {
+    // Measured on the H200 at T = 512 (GemmWgmmaBench.DISABLED_Shapes, Q4_0 TFLOP/s; Q8_0 within
+    // a few percent): 256 tokens x 128 rows wherever that makes about a wave of blocks (31B n 16384
+    // 579, n 8192 568, GeGLU n 21504 494, E4B GeGLU n 10240 434; the deep n 5376 products 405 at
+    // k 21504 and 370 at k 8192, where a K split of 3 measured 401 / 357); 256 x 64 at n 4096 (421
+    // vs 391 for 128 x 128) and for the E4B n 2560 at k 2048 (216); the E4B n 2560 at k 10240 needs
+    // a K split (345); n 2048 128 x 64 (237); n 512 128 x 64 split 3 (96 vs 73 unsplit 64 x 64).
+    // Q8_0 256 x 64 blocks (one warpgroup) spill, so Q8_0 takes 128 x 128 there.
+    const GemmWgmmaTile narrow = weight_type == ggml::Type::Q8_0 ? GemmWgmmaTile{128, 128, 4, 1}
+                                                                 : GemmWgmmaTile{256, 64, 4, 1};
+    if (n_rows >= 5120) return {256, 128, 4, 1};
+    if (n_rows >= 4096) return narrow;
+    if (n_rows >= 2560) return k >= 4096 ? GemmWgmmaTile{256, 128, 4, kMmqSplits} : narrow;
+    if (n_rows >= 2048) return {128, 64, 4, 1};
+    return {128, 64, 4, kMmqSplits};
 }
 
 jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, int n_rows) {
@@ -42,18 +46,18 @@ jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTi
     const std::string tile =
         fmt::format("m{}n{}.s{}{}", t.bm, t.bn, t.stages,
                     t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string());
-    if ((t.bm != 64 && t.bm != 128) || (t.bn != 64 && t.bn != 128 && t.bn != 256) || t.stages < 3 ||
+    if ((t.bm != 64 && t.bm != 128 && t.bm != 256) || (t.bn != 64 && t.bn != 128) || t.stages < 3 ||
         t.stages > 6 || t.splits < 1 || t.splits > 8)
         throw std::invalid_argument(
-            fmt::format("gemm_wgmma: impossible tile {} (BM 64 or 128, BN 64, 128 or 256, 3..6 "
+            fmt::format("gemm_wgmma: impossible tile {} (BM 64, 128 or 256, BN 64 or 128, 3..6 "
                         "stages, 1..8 K splits)",
                         tile));
     // The layout of kernel_templates/gemm_wgmma.cu: per stage the bf16 activations [BM][64], the
-    // payloads [BN][64 or 32 bytes] and fp16 scales [BN][2], padded to 1 KiB; two conversion
-    // buffers of bf16 [BN][64]; 1 KiB to align the base.
-    const int64_t raw_row = weight_type == ggml::Type::Q8_0 ? 64 : 32;
-    const int64_t stage = (int64_t{t.bm} * 128 + t.bn * raw_row + t.bn * 4 + 1023) / 1024 * 1024;
-    const int64_t smem = t.stages * stage + 2 * int64_t{t.bn} * 128 + 1024;
+    // payloads [BN][64 or 32 bytes + 16 of padding] and fp16 scales [BN][2], padded to 1 KiB; the
+    // epilogue's fp32 tile [BM][BN + 4] over the stages; 1 KiB to align the base.
+    const int64_t row_pitch = (weight_type == ggml::Type::Q8_0 ? 64 : 32) + 16;
+    const int64_t stage = (int64_t{t.bm} * 128 + t.bn * row_pitch + t.bn * 4 + 1023) / 1024 * 1024;
+    const int64_t smem = std::max(t.stages * stage, int64_t{t.bm} * (t.bn + 4) * 4) + 1024;
     if (smem > 227 * 1024)
         throw std::invalid_argument(fmt::format(
             "gemm_wgmma: tile {} needs {} bytes of shared memory per block (at most 227 KiB)", tile,
@@ -67,7 +71,7 @@ jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTi
                    {"BN", t.bn},
                    {"STAGES", t.stages},
                    {"SPLITS", t.splits},
-                   {"THREADS", 2 * t.bm},
+                   {"THREADS", 2 * t.bn},
                    {"SMEM", smem}};
     s.entries = {"gemm_wgmma", "gemm_wgmma_geglu", "gemm_wgmma_geglu_bf16", "gemm_wgmma_reduce"};
     s.priority = 1;

@@ -15,11 +15,11 @@ namespace gj::gemma4 {
 
 // Prompt-batch product Y = X W^T on Hopper's warpgroup tensor cores (kernel_templates/
 // gemm_wgmma.cu, sm_90a only): Q8_0 / Q4_0 weights in the split layout dequantized to bf16 in
-// shared memory, bf16 activations X [T][k]; entries gemm_wgmma (fp32 Y), gemm_wgmma_geglu (fp32),
-// gemm_wgmma_geglu_bf16 (bf16, the down projection's input). The tile: BM tokens (64 or 128: one
-// or two warpgroups), BN converted weight rows (64, 128, 256), `stages` copy steps of 64 elements
-// of K, and the K split of the plain entry (1 or kMmqSplits, whose partial planes the post-norms
-// read; else entry gemm_wgmma_reduce sums them).
+// registers, bf16 activations X [T][k]; entries gemm_wgmma (fp32 Y), gemm_wgmma_geglu (fp32),
+// gemm_wgmma_geglu_bf16 (bf16, the down projection's input). The tile: BM tokens (64, 128 or 256:
+// the wgmma N), BN weight rows (64 or 128: one warpgroup per 64), `stages` copy steps of 64
+// elements of K, and the K split of the plain entry (1 or kMmqSplits, whose partial planes the
+// post-norms read; else entry gemm_wgmma_reduce sums them).
 struct GemmWgmmaTile {
     int bm = 128, bn = 128, stages = 4, splits = 1;
     bool operator==(const GemmWgmmaTile&) const = default;
@@ -29,7 +29,7 @@ struct GemmWgmmaTile {
 GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows);
 // "gemm_wgmma.<type>.k<k>.m<BM>n<BN>.s<stages>[.k<splits>]" (arch_specific 90). Throws
 // ConfigError for a weight type other than q8_0 / q4_0, std::invalid_argument for k not a positive
-// multiple of 32, n_rows < 1 or an impossible tile (BM 64/128, BN 64/128/256, 3..6 stages, 1..8
+// multiple of 32, n_rows < 1 or an impossible tile (BM 64/128/256, BN 64/128, 3..6 stages, 1..8
 // splits, shared memory within 227 KiB).
 jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, int n_rows);
 jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTile& tile);
