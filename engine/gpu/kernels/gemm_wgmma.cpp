@@ -12,19 +12,25 @@
 namespace gj::gemma4 {
 
 GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows) {
-    // Measured on the H200 at T = 512 (GemmWgmmaBench.DISABLED_Shapes, Q4_0 TFLOP/s; Q8_0 within
-    // a few percent): 256 tokens x 128 rows wherever that makes about a wave of blocks (31B n 16384
-    // 579, n 8192 568, GeGLU n 21504 494, E4B GeGLU n 10240 434; the deep n 5376 products 405 at
-    // k 21504 and 370 at k 8192, where a K split of 3 measured 401 / 357); 256 x 64 at n 4096 (421
-    // vs 391 for 128 x 128) and for the E4B n 2560 at k 2048 (216); the E4B n 2560 at k 10240 needs
-    // a K split (345); n 2048 128 x 64 (237); n 512 128 x 64 split 3 (96 vs 73 unsplit 64 x 64).
-    // Q8_0 256 x 64 blocks (one warpgroup) spill, so Q8_0 takes 128 x 128 there.
-    const GemmWgmmaTile narrow = weight_type == ggml::Type::Q8_0 ? GemmWgmmaTile{128, 128, 4, 1}
-                                                                 : GemmWgmmaTile{256, 64, 4, 1};
-    if (n_rows >= 5120) return {256, 128, 4, 1};
-    if (n_rows >= 4096) return narrow;
-    if (n_rows >= 2560) return k >= 4096 ? GemmWgmmaTile{256, 128, 4, kMmqSplits} : narrow;
-    if (n_rows >= 2048) return {128, 64, 4, 1};
+    // By default the GEMM runs the chunks shorter than copy_min_rows (kernel_plan.h: 256 rows for
+    // d_model < 4096, 512 from 4096), so the tiles are the best measured at T = 128 and 256 on the
+    // H200 (GemmWgmmaBench.DISABLED_Shapes with GJ_BENCH_T; Q4_0 TFLOP/s at T = 256 / 128):
+    //  - 256 tokens x 128 rows for the wide products (31B GeGLU n 21504 464 / 340, n 16384
+    //    561 / 381; 568 / 494 at T = 512);
+    //  - a K split of 3 wherever the row tiles alone leave SMs idle: 31B n 5376 at k 21504 411 /
+    //  327
+    //    (unsplit 203 / 137), k 8192 335 / 272, n 4096 256 / 200;
+    //  - 31B n 8192: 256 x 64, unsplit (425 / 269);
+    //  - the E4B shapes (run below 256 rows): 128 x 64, GeGLU unsplit (n 10240 244 at T = 128),
+    //    the rest split 3 (n 2560 at k 10240 174, n 2048 97, n 2560 at k 2048 102, n 512 26).
+    // Q8_0 blocks of 256 x 64 (one warpgroup) spill, so Q8_0 takes 128 x 128 for n 8192 (388 at
+    // T = 256).
+    if (n_rows >= 16384 || (n_rows >= 10240 && k >= 4096)) return {256, 128, 4, 1};
+    if (n_rows >= 10240) return {128, 64, 4, 1};
+    if (n_rows >= 8192)
+        return weight_type == ggml::Type::Q8_0 ? GemmWgmmaTile{128, 128, 4, 1}
+                                               : GemmWgmmaTile{256, 64, 4, 1};
+    if (n_rows >= 4096) return {256, 128, 4, kMmqSplits};
     return {128, 64, 4, kMmqSplits};
 }
 
