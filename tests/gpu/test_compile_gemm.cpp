@@ -159,9 +159,10 @@ TEST(KernelTemplates, MmqSpecsCompileWithTheirInstructionsAndNoSpills) {
         });
 }
 
-// The wgmma GEMM (sm_90a only) at the E4B and 31B shapes and every tile the plan or the GPU test
-// uses: it compiles for sm_90a with warpgroup tensor-core instructions, swizzled shared-memory
-// descriptors and the async-proxy fence, no local memory; another target is refused by name.
+// The wgmma GEMM (sm_90a only) at every model's layer shapes (Q, K/V, O, FFN) and every tile
+// the plan or the GPU test uses: it compiles for sm_90a with warpgroup tensor-core instructions,
+// swizzled shared-memory descriptors and the async-proxy fence, no local memory; another target is
+// refused by name.
 TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
     using gj::gemma4::GemmWgmmaTile;
     std::vector<KernelSpec> specs;
@@ -170,11 +171,13 @@ TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
         if (seen.insert(s.name).second) specs.push_back(s);
     };
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
-        for (const char* v : {"e4b", "31b"}) {
+        for (const char* v : {"e2b", "e4b", "12b", "31b", "26b-a4b"}) {
             const Config cfg = Config::preset(v);
             for (int l = 0; l < cfg.n_layers; ++l) {
                 add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.q_dim(l)));
+                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.kv_dim(l)));
                 add(gj::gemma4::gemm_wgmma_spec(t, cfg.q_dim(l), cfg.d_model));
+                if (cfg.layers[l].ffn_dim == 0) continue;  // no dense FFN
                 add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.layers[l].ffn_dim));
                 add(gj::gemma4::gemm_wgmma_spec(t, cfg.layers[l].ffn_dim, cfg.d_model));
             }
