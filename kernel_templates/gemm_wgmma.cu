@@ -13,8 +13,9 @@
 // registers or shared memory, B only from shared memory. With the weight rows as A, each thread
 // turns the quantized bytes of its own fragment into bf16 pairs in registers: no converted tile is
 // written to shared memory, no proxy fence or barrier orders it, and the conversion of step s + 1
-// runs while the tensor cores work through step s. (The first form of this kernel converted a bf16
-// weight tile in shared memory for the activations-as-A product: 310-370 TFLOP/s on the 31B
+// runs while the tensor cores work through step s (in part only: the same threads issue the
+// wgmmas and the copies; docs/PERFORMANCE.md measures what each costs). (The first form converted a
+// bf16 weight tile in shared memory for the activations-as-A product: 310-370 TFLOP/s on the 31B
 // shapes of an H200, its tensor cores waiting on every step's conversion and fence.)
 //
 // Numerics: every weight the tensor core sees is bf16(d * q) (Q4_0: d * (nibble - 8)), the
