@@ -187,6 +187,7 @@ TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
             add(gj::gemma4::gemm_wgmma_spec(t, 96, tile));
     }
     gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
+    specs = gj::test::compile_sample(specs);
     const auto compiled = jit.compile_plan(specs, "sm_90", 2);
     ASSERT_EQ(compiled.size(), specs.size());
     for (const auto& c : compiled) {

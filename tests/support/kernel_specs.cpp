@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
@@ -235,10 +236,28 @@ size_t occurrences(const std::string& text, const std::string& what) {
     return n;
 }
 
+std::vector<KernelSpec> compile_sample(const std::vector<KernelSpec>& specs) {
+    const char* env = std::getenv("GJ_COMPILE_SAMPLE");
+    if (env == nullptr || *env == '\0') return specs;
+    char* end = nullptr;
+    const long every = std::strtol(env, &end, 10);
+    if (*end != '\0' || every < 1) {
+        ADD_FAILURE() << "GJ_COMPILE_SAMPLE=" << env << " is not a positive integer";
+        return specs;
+    }
+    std::vector<KernelSpec> out;
+    for (size_t i = 0; i < specs.size(); ++i)
+        if (i % size_t(every) == 0 || i + 1 == specs.size()) out.push_back(specs[i]);
+    std::printf("[ sample   ] %zu of %zu specs (GJ_COMPILE_SAMPLE=%ld)\n", out.size(), specs.size(),
+                every);
+    return out;
+}
+
 // Bounded by deduplication across presets and weight types, and run on 2 threads.
 void compile_and_check(
-    const std::vector<KernelSpec>& specs,
+    const std::vector<KernelSpec>& grid,
     const std::function<void(const jit::CompiledKernel&, const std::string& arch)>& check) {
+    const std::vector<KernelSpec> specs = compile_sample(grid);
     jit::Jit jit(jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
     for (const std::string arch : {"sm_80", "sm_90"}) {
         const auto t0 = std::chrono::steady_clock::now();

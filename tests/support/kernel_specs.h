@@ -34,10 +34,18 @@ std::string entry_ptx(const std::string& ptx, const std::string& entry);
 // How many times `what` occurs in `text`.
 size_t occurrences(const std::string& text, const std::string& what);
 
-// NVRTC for every spec, for sm_80 and sm_90, on 2 threads without a cache, with the checks every
-// kernel shares: a CUBIN, every entry in the PTX, and no spills and no stack for the model's hot
-// kernels (attn_prep may keep a stack frame; the selftest is not a model kernel). `check` adds the
-// family's own checks per compiled kernel and arch (run under a trace naming both).
+// The specs a compile test compiles: all of them, or with GJ_COMPILE_SAMPLE=N (tools/test.sh sets
+// it for the sanitizer pass) every N-th one plus the last. NVRTC is not instrumented and the
+// Release pass compiles the whole grid; the sanitizer pass needs a cross-section of it for the host
+// code it runs (rendering, the JIT, the checks). A value that is not a positive integer fails the
+// calling test.
+std::vector<jit::KernelSpec> compile_sample(const std::vector<jit::KernelSpec>& specs);
+
+// NVRTC for every spec (of compile_sample), for sm_80 and sm_90, on 2 threads without a cache, with
+// the checks every kernel shares: a CUBIN, every entry in the PTX, and no spills and no stack for
+// the model's hot kernels (attn_prep may keep a stack frame; the selftest is not a model kernel).
+// `check` adds the family's own checks per compiled kernel and arch (run under a trace naming
+// both).
 void compile_and_check(
     const std::vector<jit::KernelSpec>& specs,
     const std::function<void(const jit::CompiledKernel&, const std::string& arch)>& check);
