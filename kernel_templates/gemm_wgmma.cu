@@ -253,8 +253,8 @@ GJ_DEVICE void wg_mma_rs(float (&d)[N / 2], const uint32 (&a)[4], uint64 db) {
 // ---- Copies and conversion ---------------------------------------------------------------------
 
 // Issues the copies of step `step` into the stage at shared address `st`: tokens m0 .. m0 + kN - 1
-// (the block's wgmma N), weight rows
-// r < kRows from w[0] (row n0 + r), the rest (GeGLU) from w[1] (row n0 + r - kRows).
+// (the block's wgmma N), weight rows r < kRows from w[0] (row n0 + r), the rest (GeGLU) from w[1]
+// (row n0 + r - kRows).
 template <int kMats, int kN>
 GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const uint16* x, int m0,
                              int n0, int T, int n_rows, int step) {

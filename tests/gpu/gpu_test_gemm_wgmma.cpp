@@ -24,7 +24,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -251,8 +250,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, GemmWgmma, ::testing::ValuesIn(cases()),
                          });
 
 // Timing at the E4B and 31B prefill shapes, T = 512 (or GJ_BENCH_T): the plan's tile and the
-// candidates. TFLOP/s =
-// 2 * T * n * k (times 2 for the GeGLU entries) / time.
+// candidates. TFLOP/s = 2 * T * n * k (times 2 for the GeGLU entries) / time.
 TEST(GemmWgmmaBench, DISABLED_Shapes) {
     GJ_REQUIRE_SM90();
     struct Shape {
@@ -263,9 +261,7 @@ TEST(GemmWgmmaBench, DISABLED_Shapes) {
         {2560, 2048, false},  {2560, 512, false},   {2048, 2560, false}, {2560, 10240, true},
         {10240, 2560, false}, {5376, 8192, false},  {5376, 4096, false}, {8192, 5376, false},
         {5376, 16384, false}, {16384, 5376, false}, {5376, 21504, true}, {21504, 5376, false}};
-    const char* t_env = std::getenv("GJ_BENCH_T");  // the chunk length, 512 unless given
-    const int T = t_env ? std::atoi(t_env) : 512;
-    ASSERT_GT(T, 0) << "GJ_BENCH_T=" << t_env;
+    const int T = gj::test::env_positive_int("GJ_BENCH_T", 512);  // the chunk length
     std::vector<KernelSpec> specs;
     std::set<std::string> seen;
     auto candidates = [&](ggml::Type t, const Shape& sh) {

@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
@@ -18,6 +17,7 @@
 #include "engine/model/quant_mix.h"
 #include "jit/env_flags.h"
 #include "jit/grid_dependency.h"
+#include "tests/support/test_env.h"
 
 namespace gj::test {
 
@@ -237,18 +237,12 @@ size_t occurrences(const std::string& text, const std::string& what) {
 }
 
 std::vector<KernelSpec> compile_sample(const std::vector<KernelSpec>& specs) {
-    const char* env = std::getenv("GJ_COMPILE_SAMPLE");
-    if (env == nullptr || *env == '\0') return specs;
-    char* end = nullptr;
-    const long every = std::strtol(env, &end, 10);
-    if (*end != '\0' || every < 1) {
-        ADD_FAILURE() << "GJ_COMPILE_SAMPLE=" << env << " is not a positive integer";
-        return specs;
-    }
+    const size_t every = size_t(env_positive_int("GJ_COMPILE_SAMPLE", 1));
+    if (every == 1) return specs;
     std::vector<KernelSpec> out;
     for (size_t i = 0; i < specs.size(); ++i)
-        if (i % size_t(every) == 0 || i + 1 == specs.size()) out.push_back(specs[i]);
-    std::printf("[ sample   ] %zu of %zu specs (GJ_COMPILE_SAMPLE=%ld)\n", out.size(), specs.size(),
+        if (i % every == 0 || i + 1 == specs.size()) out.push_back(specs[i]);
+    std::printf("[ sample   ] %zu of %zu specs (GJ_COMPILE_SAMPLE=%zu)\n", out.size(), specs.size(),
                 every);
     return out;
 }

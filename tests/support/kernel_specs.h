@@ -37,8 +37,8 @@ size_t occurrences(const std::string& text, const std::string& what);
 // The specs a compile test compiles: all of them, or with GJ_COMPILE_SAMPLE=N (tools/test.sh sets
 // it for the sanitizer pass) every N-th one plus the last. NVRTC is not instrumented and the
 // Release pass compiles the whole grid; the sanitizer pass needs a cross-section of it for the host
-// code it runs (rendering, the JIT, the checks). A value that is not a positive integer fails the
-// calling test.
+// code it runs (rendering, the JIT, the checks). A value that is not a positive integer throws
+// (env_positive_int), failing the calling test.
 std::vector<jit::KernelSpec> compile_sample(const std::vector<jit::KernelSpec>& specs);
 
 // NVRTC for every spec (of compile_sample), for sm_80 and sm_90, on 2 threads without a cache, with

@@ -6,6 +6,8 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <system_error>
@@ -18,6 +20,16 @@ std::filesystem::path data_dir() {
 std::filesystem::path source_dir() {
     return GJ_SOURCE_DIR;
 }
+int env_positive_int(const char* name, int fallback) {
+    const char* env = std::getenv(name);
+    if (env == nullptr || *env == '\0') return fallback;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (*end != '\0' || v < 1 || v > std::numeric_limits<int>::max())
+        throw std::invalid_argument(std::string(name) + "=" + env + " is not a positive integer");
+    return int(v);
+}
+
 std::string gemmajit_exe() {
     return GJ_GEMMAJIT_EXE;
 }

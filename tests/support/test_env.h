@@ -13,6 +13,10 @@ std::filesystem::path data_dir();    // tests/data in the source tree
 std::filesystem::path source_dir();  // the repository root
 std::string gemmajit_exe();          // path of the built CLI
 
+// The test knob `name` (an environment variable) as a positive integer, `fallback` when it is
+// unset or empty; std::invalid_argument naming the variable when it is anything else.
+int env_positive_int(const char* name, int fallback);
+
 // A fresh directory under the build's temp area, removed when the object dies.
 class ScratchDir {
   public:

@@ -17,9 +17,8 @@ GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows) {
     // H200 (GemmWgmmaBench.DISABLED_Shapes with GJ_BENCH_T; Q4_0 TFLOP/s at T = 256 / 128):
     //  - 256 tokens x 128 rows for the wide products (31B GeGLU n 21504 464 / 340, n 16384
     //    561 / 381; 568 / 494 at T = 512);
-    //  - a K split of 3 wherever the row tiles alone leave SMs idle: 31B n 5376 at k 21504 411 /
-    //  327
-    //    (unsplit 203 / 137), k 8192 335 / 272, n 4096 256 / 200;
+    //  - a K split of 3 wherever the row tiles alone leave SMs idle: 31B n 5376 at k 21504
+    //    411 / 327 (unsplit 203 / 137), k 8192 335 / 272, n 4096 256 / 200;
     //  - 31B n 8192: 256 x 64, unsplit (425 / 269);
     //  - the E4B shapes (run below 256 rows): 128 x 64, GeGLU unsplit (n 10240 244 at T = 128),
     //    the rest split 3 (n 2560 at k 10240 174, n 2048 97, n 2560 at k 2048 102, n 512 26).
