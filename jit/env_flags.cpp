@@ -216,6 +216,14 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "1",
          .help = "0: launch a layer's Q, K and V decode matvecs one by one (K and V on the side "
                  "streams) instead of as one launch over the three matrices (same results)"},
+        {.name = "GEMMAJIT_MERGE_QKV",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: a prefill chunk's Q, K and V products on F16 weight copies as three cuBLAS "
+                 "products (K and V on the side streams) instead of one product over the three "
+                 "copies, which lie side by side (same math; cuBLAS may pick other kernels)"},
         {.name = "GEMMAJIT_FUSE_PLE",
          .family = "path",
          .type = T::Bool,

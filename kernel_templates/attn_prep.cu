@@ -21,9 +21,12 @@
 // (+ 2 * N_KV_HEADS when HAS_KV); blocks with blockIdx.y >= T exit, so a grid sized for the
 // largest batch serves every T (CUDA graphs).
 // Entry: attn_prep(q, k_raw, v_raw, q_norm_w, k_norm_w, kv, seqs, positions, T, slots,
-//                  rope_base, eps). q [T][N_HEADS * HEAD_DIM], k_raw / v_raw
+//                  rope_base, eps, qkv, qkv_stride). q [T][N_HEADS * HEAD_DIM], k_raw / v_raw
 // [T][N_KV_HEADS * HEAD_DIM] (v_raw ignored when HAS_V = 0; both, the norm weight of K and the
-// caches ignored when HAS_KV = 0). kv: the layer's cache planes of every sequence, [n_seqs][2]
+// caches ignored when HAS_KV = 0). qkv non-null: the raw rows come from one merged product
+// instead, token t's row at qkv + t * qkv_stride holding its Q, K (and V) projections side by
+// side (one cuBLAS product over adjacent weight copies); k_raw / v_raw are then ignored and q is
+// written, not read. kv: the layer's cache planes of every sequence, [n_seqs][2]
 // addresses (K, V); token t appends to sequence seqs[t] (seqs null: sequence 0), so one launch
 // serves the tokens of several sequences (batched decode).
 //
@@ -99,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
               const float* __restrict__ v_raw, const float* __restrict__ q_norm_w,
               const float* __restrict__ k_norm_w, const unsigned long long* __restrict__ kv,
               const int* __restrict__ seqs, const int* __restrict__ positions, int T, int slots,
-              float rope_base, float eps) {
+              float rope_base, float eps, const float* __restrict__ qkv, int qkv_stride) {
     gj_grid_sync();
     const int t = blockIdx.y;
     if (t >= T) return;
@@ -119,6 +122,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
 
     // What this row is: a query head (in place), a K head or a V head (into the cache).
     const float* src;
+    const bool is_q = !HAS_KV || row < N_HEADS;  // else a K or V row, into the cache
+    float* q_row = nullptr;                      // where a query row goes
     const float* w = nullptr;
     bool rotate = true;
     char* cache_row = nullptr;
@@ -128,14 +133,19 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
     __shared__ __align__(16) float q8_rows[WARPS][HEAD_DIM];
     float* q8_row = q8_rows[threadIdx.x / 32];
 #endif
-    if (row < N_HEADS) {
-        src = q + ((size_t)t * N_HEADS + row) * HEAD_DIM;
+    if (is_q) {
+        q_row = q + ((size_t)t * N_HEADS + row) * HEAD_DIM;
+        src = qkv != nullptr ? qkv + (size_t)t * qkv_stride + row * HEAD_DIM : q_row;
         w = q_norm_w;
     } else {
         const bool is_k = row < N_HEADS + N_KV_HEADS;
         const int kvh = is_k ? row - N_HEADS : row - N_HEADS - N_KV_HEADS;
-        const float* raw = is_k || !HAS_V ? k_raw : v_raw;
-        src = raw + ((size_t)t * N_KV_HEADS + kvh) * HEAD_DIM;
+        // The merged rows hold Q, then K, then V (none on k_eq_v layers: V reads K's).
+        if (qkv != nullptr)
+            src = qkv + (size_t)t * qkv_stride +
+                  (N_HEADS + (is_k || !HAS_V ? 0 : N_KV_HEADS) + kvh) * HEAD_DIM;
+        else
+            src = (is_k || !HAS_V ? k_raw : v_raw) + ((size_t)t * N_KV_HEADS + kvh) * HEAD_DIM;
         w = is_k ? k_norm_w : nullptr;
         rotate = is_k;
         const size_t cache_idx = (size_t)(pos % slots) * N_KV_HEADS + kvh;
@@ -179,8 +189,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
             rope_pair(a.z, b.z, j + 2, pos, inv_freq);
             rope_pair(a.w, b.w, j + 3, pos, inv_freq);
         }
-        if (cache_row == nullptr) {
-            float4* dst = (float4*)src;  // the query row, in place
+        if (is_q) {
+            float4* dst = (float4*)q_row;  // in place unless read from the merged rows
             dst[i] = a;
             dst[HALF_VEC + i] = b;
         } else {

@@ -401,6 +401,8 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             for (GpuMatrix* m :
                  {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down, &g.inp_gate, &g.proj})
                 if (m->spec_gemm.empty() != with_gemm) offset = place_scratch(*m, offset);
+        g.qkv_one_product = flags.get_bool("GEMMAJIT_MERGE_QKV") && lc.has_kv &&
+                            copy_follows(g.q, g.k) && (!lc.has_v_proj || copy_follows(g.k, g.v));
         g.attn_prep_spec = kernels_.add(attn_prep_spec(c, l, kv_geo_.type)).name;
         // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;

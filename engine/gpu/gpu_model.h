@@ -104,6 +104,15 @@ struct GpuMatrix {
     bool quantized() const { return spec_util::quant_type_tag(type) != nullptr; }
 };
 
+// Whether b's F16 copy directly follows a's in their layer's scratch, both made for the same
+// chunks: one product over both then reads them as one matrix of a.rows + b.rows rows.
+inline bool copy_follows(const GpuMatrix& a, const GpuMatrix& b) {
+    return a.present() && b.present() && a.blas && b.blas && !a.spec_dequant.empty() &&
+           !b.spec_dequant.empty() && a.cols == b.cols &&
+           a.spec_gemm.empty() == b.spec_gemm.empty() &&
+           b.scratch_offset == a.scratch_offset + uint64_t(a.rows) * a.cols * 2;
+}
+
 // A table read by row (token embedding, PLE table) with the embed_rows kernel.
 struct GpuTable {
     std::string name;
@@ -148,6 +157,10 @@ struct GpuLayer {
     // fp32 vectors (and the layer output scale as one float) in the model's vector arena.
     CUdeviceptr attn_norm = 0, q_norm = 0, k_norm = 0, post_attention_norm = 0, ffn_norm = 0,
                 post_ffw_norm = 0, post_norm = 0, output_scale = 0;
+    // Prefill's Q, K and V products as one cuBLAS product (GEMMAJIT_MERGE_QKV): their F16
+    // copies lie side by side in the layer's scratch (Q, K, then V; no V on k_eq_v layers), so
+    // one product over q.rows + k.rows (+ v.rows) weight rows writes each token's Q|K|V row.
+    bool qkv_one_product = false;
     std::string attn_prep_spec, flash_spec;
     // Tensor-core prefill attention (GEMMAJIT_FLASH_PREFILL; not for a q8_0 KV cache); empty:
     // prefill attends through flash_spec, one query at a time.

@@ -141,6 +141,7 @@ class GpuSession {
         uint64_t moe_gemm = 0;        // grouped expert tensor-core GEMM launches (MoE prefill)
         uint64_t attn_q8 = 0;         // attention outputs quantized by flash_combine (no quantize)
         uint64_t qkv_fused = 0;       // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
+        uint64_t qkv_merged = 0;      // Q, K and V prefill products as one cuBLAS product
         uint64_t ple_gate_fused = 0;  // PLE gates with their GeLU product (GEMMAJIT_FUSE_PLE)
         uint64_t ple_input = 0;       // PLE gates / projections making their own input (PLE_INPUT)
         uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
@@ -269,6 +270,11 @@ class GpuSession {
     // column group; then matvec_qkv enqueues it, writing q, k_raw and v_raw.
     bool fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) const;
     void matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T);
+    // Whether layer g's Q, K and V products over T rows are one cuBLAS product over their
+    // adjacent F16 copies made ahead (GpuLayer::qkv_one_product); then blas_qkv enqueues it,
+    // writing each token's Q|K|V row into the qkv buffer (attn_prep reads it there).
+    bool merged_qkv(const GpuLayer& g, int T) const;
+    void blas_qkv(const GpuLayer& g, Input in, int T);
     // Whether a PLE gate over T rows runs with its GeLU product in one launch (GEMMAJIT_FUSE_PLE):
     // a float gate on the matvecs (the matvec_f _gelu_mul entry); then matvec_gelu_mul writes
     // y = gelu(gate x) * other, column c reading other + c * other_stride.

@@ -95,10 +95,10 @@ TEST_P(AttnChainTest, PrefillThenDecodeMatchesFp32) {
         auto dv = to_device(v_raw);
         launch(gp.get(prep.name, "attn_prep"), {ceil_div(H + 2 * Hkv, warps), unsigned(max_t)},
                {unsigned(32 * warps)}, dq.ptr(), dk.ptr(), c.has_v ? dv.ptr() : kNull, dqw.ptr(),
-               dkw.ptr(), table.ptr(), kNull, dpos.ptr(), T, c.slots, c.base, kEps);
+               dkw.ptr(), table.ptr(), kNull, dpos.ptr(), T, c.slots, c.base, kEps, kNull, 0);
         launch(gs.get(prep_shared.name, "attn_prep"), {ceil_div(H, warps), unsigned(max_t)},
                {unsigned(32 * warps)}, dq2.ptr(), kNull, kNull, dqw.ptr(), kNull, kNull, kNull,
-               dpos.ptr(), T, c.slots, c.base, kEps);
+               dpos.ptr(), T, c.slots, c.base, kEps, kNull, 0);
         const auto ref = attn_prep(q, k_raw, c.has_v ? &v_raw : nullptr, qw.data(), kw.data(),
                                    positions, H, Hkv, hd, c.pairs, c.base, kEps, true);
         const auto ref2 = attn_prep(q2, k_raw, nullptr, qw.data(), nullptr, positions, H, Hkv, hd,

@@ -3,6 +3,7 @@
 // f16, bf16 and q8_0 caches, T = 1 and T > 1 at mixed positions up to 131071.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <tuple>
@@ -74,7 +75,8 @@ TEST_P(AttnPrepTest, MatchesCpu) {
     const DeviceBuffer table = kv_table({{dkc.ptr(), dvc.ptr()}});
     launch(g.get(spec.name, "attn_prep"), {ceil_div(rows, warps), unsigned(T + 1)},
            {unsigned(32 * warps)}, dq.ptr(), dk.ptr(), c.has_v ? dv.ptr() : kNull, dqw.ptr(),
-           dkw.ptr(), c.has_kv ? table.ptr() : kNull, kNull, dpos.ptr(), T, c.slots, c.base, kEps);
+           dkw.ptr(), c.has_kv ? table.ptr() : kNull, kNull, dpos.ptr(), T, c.slots, c.base, kEps,
+           kNull, 0);
 
     const auto want =
         attn_prep(q, k_raw, c.has_v ? &v_raw : nullptr, qw.data(), kw.data(), c.positions, c.heads,
@@ -99,6 +101,33 @@ TEST_P(AttnPrepTest, MatchesCpu) {
 
     const auto kc = from_device<uint8_t>(dkc, sentinel.size());
     const auto vc = from_device<uint8_t>(dvc, sentinel.size());
+
+    // The same rows read from one merged product ([T][Q | K | V], the prefill's single cuBLAS
+    // product over adjacent copies; V absent on k_eq_v layers): the same queries, written to q,
+    // and the same cache bytes, bit for bit.
+    if (c.has_kv) {
+        const size_t q_width = size_t(c.heads) * c.hd, kv_width = size_t(c.kv_heads) * c.hd;
+        const size_t stride = q_width + kv_width * (c.has_v ? 2 : 1);
+        std::vector<float> merged(size_t(T) * stride);
+        for (int t = 0; t < T; ++t) {
+            float* row = merged.data() + t * stride;
+            std::copy_n(q.begin() + t * q_width, q_width, row);
+            std::copy_n(k_raw.begin() + t * kv_width, kv_width, row + q_width);
+            if (c.has_v)
+                std::copy_n(v_raw.begin() + t * kv_width, kv_width, row + q_width + kv_width);
+        }
+        auto dm = to_device(merged);
+        auto dq_out = to_device(std::vector<float>(qn, std::nanf("")));
+        auto dkc2 = to_device(sentinel), dvc2 = to_device(sentinel);
+        const DeviceBuffer table2 = kv_table({{dkc2.ptr(), dvc2.ptr()}});
+        launch(g.get(spec.name, "attn_prep"), {ceil_div(rows, warps), unsigned(T + 1)},
+               {unsigned(32 * warps)}, dq_out.ptr(), kNull, kNull, dqw.ptr(), dkw.ptr(),
+               table2.ptr(), kNull, dpos.ptr(), T, c.slots, c.base, kEps, dm.ptr(), int(stride));
+        EXPECT_EQ(from_device<float>(dq_out, qn), got_q) << "queries from the merged rows";
+        EXPECT_EQ(from_device<uint8_t>(dkc2, sentinel.size()), kc) << "K cache from merged rows";
+        EXPECT_EQ(from_device<uint8_t>(dvc2, sentinel.size()), vc) << "V cache from merged rows";
+        EXPECT_EQ(from_device<float>(dm, merged.size()), merged) << "the merged rows were written";
+    }
     if (!c.has_kv) {
         EXPECT_EQ(kc, sentinel) << "a KV-shared layer wrote the K cache";
         EXPECT_EQ(vc, sentinel) << "a KV-shared layer wrote the V cache";
@@ -242,7 +271,7 @@ TEST(AttnPrep, TokensAppendToTheirOwnSequence) {
         auto dpos = to_device(positions), dseq = to_device(seqs);
         launch(g.get(spec.name, "attn_prep"), {blocks, unsigned(T)}, {unsigned(32 * warps)},
                dq.ptr(), dk.ptr(), dv.ptr(), dqw.ptr(), dkw.ptr(), table.ptr(), dseq.ptr(),
-               dpos.ptr(), T, slots, 1e4f, kEps);
+               dpos.ptr(), T, slots, 1e4f, kEps, kNull, 0);
         const auto q_batched = from_device<float>(dq, q.size());
 
         // Each token alone (seqs null) into a fresh pair of planes for its sequence.
@@ -261,7 +290,7 @@ TEST(AttnPrep, TokensAppendToTheirOwnSequence) {
             const DeviceBuffer one = kv_table({{kw[seqs[t]].ptr(), vw[seqs[t]].ptr()}});
             launch(g.get(spec.name, "attn_prep"), {blocks, 1u}, {unsigned(32 * warps)}, dq1.ptr(),
                    dk1.ptr(), dv1.ptr(), dqw.ptr(), dkw.ptr(), one.ptr(), kNull, dp1.ptr(), 1,
-                   slots, 1e4f, kEps);
+                   slots, 1e4f, kEps, kNull, 0);
             const auto r = from_device<float>(dq1, qs);
             q_alone.insert(q_alone.end(), r.begin(), r.end());
         }

@@ -152,8 +152,17 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
         const auto ahead = s.prefill_logits(tokens);
         expect_agree(ref, ahead, V, kTolQuant, std::string(mix.name) + " one-chunk prefill vs CPU");
         EXPECT_GT(s.path_counts().dequant, 0u) << "no K-quant matrix was dequantized for cuBLAS";
-        EXPECT_EQ(s.path_counts().dequant, s.path_counts().blas - 1)
-            << "every cuBLAS product but the F32 PLE projection reads a dequantized copy";
+        // A layer with K and V multiplies its Q, K (and V) copies in one product.
+        uint64_t merged = 0, merged_copies = 0;
+        for (const auto& g : model->layers()) {
+            merged += g.qkv_one_product;
+            merged_copies += g.qkv_one_product ? (g.v.present() ? 3 : 2) : 0;
+        }
+        EXPECT_GT(merged, 0u) << "no layer's Q, K and V copies lie side by side";
+        EXPECT_EQ(s.path_counts().qkv_merged, merged)
+            << "not every such layer ran its Q, K and V as one cuBLAS product";
+        EXPECT_EQ(s.path_counts().dequant + merged, s.path_counts().blas - 1 + merged_copies)
+            << "every cuBLAS product but the F32 PLE projection reads dequantized copies";
         EXPECT_EQ(s.path_counts().dequant_ahead, uint64_t(model->config().n_layers))
             << "the layers' copies were not made ahead on the dequantization stream";
         // Every layer but the last runs its products beside the next layer's copies, leaving them
@@ -179,6 +188,13 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
         EXPECT_EQ(beside.path_counts().blas_beside_copies, 0u);
         expect_agree(ahead, ahead_whole, V, kTolQuant,
                      std::string(mix.name) + " copies beside products on all SMs vs fewer");
+        // Q, K and V as three products instead (K and V on the side streams).
+        auto apart = load_gpu(path, 256, 64, flags({{"GEMMAJIT_MERGE_QKV", "0"}}));
+        GpuSession three(*apart);
+        expect_agree(ahead, three.prefill_logits(tokens), V, kTolQuant,
+                     std::string(mix.name) + " one Q|K|V product vs three");
+        EXPECT_EQ(three.path_counts().qkv_merged, 0u);
+        EXPECT_EQ(three.path_counts().dequant, s.path_counts().dequant);
         auto serial = load_gpu(path, 256, 64, flags({{"GEMMAJIT_STREAMS", "0"}}));
         GpuSession in_order(*serial);
         EXPECT_TRUE(in_order.prefill_logits(tokens) == ahead_whole)

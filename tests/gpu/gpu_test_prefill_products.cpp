@@ -99,9 +99,15 @@ TEST(GpuForward, AutoTakesTheGemmForShortChunksAndCopiesForLongOnes) {
         if (T < min_rows) {
             EXPECT_GT(p.wgmma, 0u);
             EXPECT_EQ(p.dequant, 0u) << "copies made for a chunk shorter than " << min_rows;
+            EXPECT_EQ(p.qkv_merged, 0u);
         } else {
             EXPECT_EQ(p.dequant_ahead, uint64_t(cfg.n_layers));
             EXPECT_GT(p.blas, 0u);
+            // Q, K and V of every layer with K and V as one product over their adjacent copies.
+            uint64_t merged = 0;
+            for (const auto& g : model->layers()) merged += g.qkv_one_product;
+            EXPECT_GT(merged, 0u);
+            EXPECT_EQ(p.qkv_merged, merged);
             // Under 1024 rows the products beside the next layer's copies leave SMs to them.
             if (model->blas()->sm_target_supported()) {
                 EXPECT_GT(p.blas_beside_copies, 0u);

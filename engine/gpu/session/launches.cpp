@@ -145,6 +145,29 @@ bool GpuSession::fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) cons
            std::find(s.entries.begin(), s.entries.end(), multi) != s.entries.end();
 }
 
+bool GpuSession::merged_qkv(const GpuLayer& g, int T) const {
+    // The copies come from the slot made ahead (deq_layer_); the PLE-style per-product copies
+    // made on the spot would not lie side by side.
+    return g.qkv_one_product && deq_layer_ >= 0 && f16_product(g.q, T) && f16_product(g.k, T) &&
+           (!g.v.present() || f16_product(g.v, T));
+}
+
+void GpuSession::blas_qkv(const GpuLayer& g, Input in, int T) {
+    const int rows = g.q.rows + g.k.rows + (g.v.present() ? g.v.rows : 0), cols = g.q.cols;
+    const CUdeviceptr weights =
+        w_->wdeq.ptr() + (deq_layer_ % 2) * model_.dequant_slot_bytes() + g.q.scratch_offset;
+    const int sm_target = model_.blas()->sm_target_supported() ? blas_sm_target(T) : 0;
+    profiled(fmt::format("cublas.f16.k{}.n{} attn_q|k|v", cols, rows),
+             LaunchCost{uint64_t(rows) * cols * 2, 2.0 * double(rows) * cols * T, WorkKind::Gemm},
+             [&] {
+                 model_.blas()->gemm(stream_, jit::BlasType::F16, rows, T, cols, weights, in.h,
+                                     w_->qkv.ptr(), sm_target);
+             });
+    ++paths_.blas;
+    paths_.blas_beside_copies += sm_target > 0;
+    ++paths_.qkv_merged;
+}
+
 void GpuSession::matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T) {
     const Work& w = *w_;
     if (in.q == 0) {

@@ -128,7 +128,8 @@ void GpuSession::record_layer(int l, int T) {
     // profiling, whose per-launch events time one kernel at a time.
     // Or all three as one launch of the matvec's multi entry (fused).
     const bool fused = fused_qkv(g, lc, T);
-    const int branches = !fused && lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
+    const bool merged = !fused && merged_qkv(g, T);
+    const int branches = !fused && !merged && lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
     // Split-K products share one partial-plane workspace: those run one at a time.
     bool split_qkv = false;
     for (const GpuMatrix* m : {&g.q, &g.k, &g.v})
@@ -146,6 +147,8 @@ void GpuSession::record_layer(int l, int T) {
     if (concurrent) fork(branches);
     if (fused) {
         matvec_qkv(g, lc, h, T);
+    } else if (merged) {
+        blas_qkv(g, h, T);
     } else if (lc.has_kv) {
         if (concurrent) stream_ = side_[0];
         matvec(g.k, nullptr, h, w.kraw.ptr(), T, "attn_k");
@@ -155,7 +158,7 @@ void GpuSession::record_layer(int l, int T) {
         }
         stream_ = jit::Device::get().stream();
     }
-    if (!fused) matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
+    if (!fused && !merged) matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
     if (concurrent) join(branches);
     {
         const jit::KernelSpec& spec = model_.kernels().spec(g.attn_prep_spec);
@@ -165,8 +168,10 @@ void GpuSession::record_layer(int l, int T) {
                     kn = g.k_norm, table = kv_.table(l), seqs = w.seqs(), positions = w.positions();
         int slots = kv_.layer(l).slots;
         float base = lc.rope_base, eps = cfg_.rms_eps;
-        void* args[] = {&q,    &kraw,      &vraw, &qn,    &kn,   &table,
-                        &seqs, &positions, &T,    &slots, &base, &eps};
+        CUdeviceptr qkv = merged ? w.qkv.ptr() : 0;
+        int qkv_stride = g.q.rows + g.k.rows + (g.v.present() ? g.v.rows : 0);
+        void* args[] = {&q,         &kraw, &vraw,  &qn,   &kn,  &table, &seqs,
+                        &positions, &T,    &slots, &base, &eps, &qkv,   &qkv_stride};
         launch(model_.kernels().get(g.attn_prep_spec, "attn_prep"),
                {ceil_div(rows, warps), unsigned(T)}, {32 * warps}, 0, args, g.attn_prep_spec);
     }

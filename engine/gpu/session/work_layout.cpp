@@ -56,6 +56,9 @@ WorkLayout::WorkLayout(const GpuModel& m) {
         gemm_bf16_ffn = gemm_bf16_ffn || g.gate.gemm_bf16;
     }
     dequant_bytes = m.dequant_scratch_bytes();
+    for (const GpuLayer& g : m.layers())
+        if (g.qkv_one_product)
+            qkv_width = std::max(qkv_width, g.q.rows + g.k.rows + (g.v.present() ? g.v.rows : 0));
     if (c.is_moe()) {
         moe_e = c.n_experts;
         moe_k = c.n_experts_used;
@@ -79,7 +82,7 @@ uint64_t WorkLayout::bytes() const {
                             + uint64_t(logit_rows) * vocab   // logits of a decode batch
                             + (ranks > 1 ? uint64_t(ranks) * logit_rows * vocab : 0)  // gathered
                             + part_o_floats + 2 * part_ml_pairs + (float_gate ? R * ffn_max : 0) +
-                            gemm_split_floats;
+                            gemm_split_floats + R * qkv_width;
     const uint64_t RK = R * uint64_t(moe_k);
     const uint64_t moe = moe_e == 0 ? 0
                                     : (R * moe_e + 3 * RK + RK * moe_f + RK * d + 2 * R * d) * 4 +
@@ -135,6 +138,7 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     }
     if (L.gemm_bf16_ffn) gbf = jit::DeviceBuffer(R * L.ffn_max * 2);
     if (L.dequant_bytes) wdeq = jit::DeviceBuffer(L.dequant_bytes);
+    if (L.qkv_width) qkv = jit::DeviceBuffer(R * L.qkv_width * 4);
     if (L.moe_e) {
         const uint64_t RK = R * uint64_t(L.moe_k);
         moe_logits = zeroed(R * L.moe_e * 4);

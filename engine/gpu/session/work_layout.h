@@ -38,6 +38,7 @@ struct WorkLayout {
     bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
     uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
     uint64_t dequant_bytes = 0;      // F16 copies of quantized matrices for cuBLAS products
+    int qkv_width = 0;  // widest Q|K|V row of a layer's one-product projections (qkv_one_product)
     // MoE: experts E, K per token, expert width F; groups: the most a chunk can form.
     int moe_e = 0, moe_k = 0, moe_f = 0, moe_groups = 0;
 
@@ -56,7 +57,7 @@ struct GpuSession::Work {
     WorkLayout layout;
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
         logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, xbf, fgate, gq, gds,
-        gbf, gemm_split, wdeq;
+        gbf, gemm_split, wdeq, qkv;
     // Tensor parallelism: every rank's readout results and logits rows, gathered ([rank][...]).
     jit::DeviceBuffer tp_results, tp_logits;
     jit::DeviceBuffer tp_bf16;  // a prefill chunk's partial product in bf16, all-reduced so
