@@ -370,6 +370,7 @@ class GpuSession {
     CUevent slot_free_ = nullptr, deq_ready_[2] = {};
     int deq_layer_ = -1;  // the layer whose copies the cuBLAS products read; -1: copy inline
     bool copies_beside_ = false;  // the next layer's copies run on the dequantization stream
+                                  // (in order while profiling): products leave them SMs
     bool normed_f16_ = false;     // the half buffer holds the last norm's output (f16 norms)
     std::vector<int> pos_;        // next position of each sequence
     int seq_ = 0;                 // the sequence a prefill chunk runs on

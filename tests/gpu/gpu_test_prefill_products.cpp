@@ -5,6 +5,7 @@
 // Tolerance: quantized weights, 3e-2 of the largest |logit| (gpu_test_forward.cpp says why).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,14 @@ TEST(GpuForward, AutoTakesTheGemmForShortChunksAndCopiesForLongOnes) {
             if (model->blas()->sm_target_supported()) {
                 EXPECT_GT(p.blas_beside_copies, 0u);
             }
+            // A profile times the products as a timed run plans them (SMs left to the copies,
+            // though it makes them in order), and lists the merged Q|K|V product.
+            GpuSession prof(*model);
+            const auto times = prof.profile_prefill(tokens);
+            EXPECT_EQ(prof.path_counts().blas_beside_copies, p.blas_beside_copies);
+            EXPECT_TRUE(std::any_of(times.begin(), times.end(), [](const auto& k) {
+                return k.label.find("attn_q|k|v") != std::string::npos;
+            })) << "no merged Q|K|V product in the profile";
             // Only the LM head's GEMM (every row's logits) is left on wgmma.
             EXPECT_EQ(p.wgmma, 1u);
         }
