@@ -74,55 +74,67 @@ TEST(GpuForward, GemmVariantsMatchTheCpuReference) {
 
 // GEMMAJIT_MMQ_VARIANT=auto on sm_90: a chunk shorter than copy_min_rows multiplies the quantized
 // weights on the wgmma GEMM, a longer one their per-layer F16 copies with cuBLAS (each against
-// the CPU reference).
+// the CPU reference; Q, K and V as one product, also on k_eq_v layers).
 TEST(GpuForward, AutoTakesTheGemmForShortChunksAndCopiesForLongOnes) {
     GJ_REQUIRE_GPU();
     if (!sm90()) GTEST_SKIP() << "the wgmma / copies choice is made on sm_90 only";
     gj::test::ScratchDir dir("gpu-auto-prefill");
-    const auto path = synth(dir, "tiny", ggml::Type::Q4_0);
-    const auto f = flags();
-    auto model = load_gpu(path, 1024, 512, f);
-    const Config& cfg = model->config();
-    const int min_rows = model->copy_min_rows();
-    ASSERT_EQ(min_rows, gj::gemma4::copy_min_rows(cfg.d_model));
-    ASSERT_FALSE(model->layers()[0].q.spec_gemm.empty());
-    ASSERT_FALSE(model->layers()[0].q.spec_dequant.empty());
-    // A session whose chunks never reach copy_min_rows holds no scratch for these copies.
-    EXPECT_GT(model->dequant_slot_bytes(), 0u);
-    EXPECT_EQ(load_gpu(path, 1024, 64, f)->dequant_slot_bytes(), 0u);
-    for (const int T : {min_rows - 1, min_rows + 20}) {
-        SCOPED_TRACE(T);
-        const auto tokens = test_tokens(T, cfg.vocab_size, 31);
-        GpuSession s(*model);
-        expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), cfg.vocab_size, kTolQuant,
-                     "one chunk of " + std::to_string(T) + " vs CPU");
-        const auto& p = s.path_counts();
-        if (T < min_rows) {
-            EXPECT_GT(p.wgmma, 0u);
-            EXPECT_EQ(p.dequant, 0u) << "copies made for a chunk shorter than " << min_rows;
-            EXPECT_EQ(p.qkv_merged, 0u);
-        } else {
-            EXPECT_EQ(p.dequant_ahead, uint64_t(cfg.n_layers));
-            EXPECT_GT(p.blas, 0u);
-            // Q, K and V of every layer with K and V as one product over their adjacent copies.
-            uint64_t merged = 0;
-            for (const auto& g : model->layers()) merged += g.qkv_one_product;
-            EXPECT_GT(merged, 0u);
-            EXPECT_EQ(p.qkv_merged, merged);
-            // Under 1024 rows the products beside the next layer's copies leave SMs to them.
-            if (model->blas()->sm_target_supported()) {
-                EXPECT_GT(p.blas_beside_copies, 0u);
+    // tiny-keqv: global layers whose V is K's raw row (one product over Q and K only).
+    for (const char* preset : {"tiny", "tiny-keqv"}) {
+        SCOPED_TRACE(preset);
+        const auto path = synth(dir, preset, ggml::Type::Q4_0);
+        const auto f = flags();
+        auto model = load_gpu(path, 1024, 512, f);
+        const Config& cfg = model->config();
+        const int min_rows = model->copy_min_rows();
+        ASSERT_EQ(min_rows, gj::gemma4::copy_min_rows(cfg.d_model));
+        ASSERT_FALSE(model->layers()[0].q.spec_gemm.empty());
+        ASSERT_FALSE(model->layers()[0].q.spec_dequant.empty());
+        // A session whose chunks never reach copy_min_rows holds no scratch for these copies.
+        EXPECT_GT(model->dequant_slot_bytes(), 0u);
+        EXPECT_EQ(load_gpu(path, 1024, 64, f)->dequant_slot_bytes(), 0u);
+        for (const int T : {min_rows - 1, min_rows + 20}) {
+            SCOPED_TRACE(T);
+            const auto tokens = test_tokens(T, cfg.vocab_size, 31);
+            GpuSession s(*model);
+            expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), cfg.vocab_size,
+                         kTolQuant, "one chunk of " + std::to_string(T) + " vs CPU");
+            const auto& p = s.path_counts();
+            if (T < min_rows) {
+                EXPECT_GT(p.wgmma, 0u);
+                EXPECT_EQ(p.dequant, 0u) << "copies made for a chunk shorter than " << min_rows;
+                EXPECT_EQ(p.qkv_merged, 0u);
+            } else {
+                EXPECT_EQ(p.dequant_ahead, uint64_t(cfg.n_layers));
+                EXPECT_GT(p.blas, 0u);
+                // Q, K and V of every layer with K and V as one product over their adjacent copies.
+                uint64_t merged = 0, merged_keqv = 0;
+                for (const auto& g : model->layers()) {
+                    merged += g.qkv_one_product;
+                    merged_keqv += g.qkv_one_product && !g.v.present();
+                }
+                EXPECT_GT(merged, 0u);
+                if (std::string(preset) == "tiny-keqv") {
+                    EXPECT_GT(merged_keqv, 0u) << "no k_eq_v layer took one Q|K product";
+                }
+                EXPECT_EQ(p.qkv_merged, merged);
+                // Under 1024 rows the products beside the next layer's copies leave SMs to them.
+                if (model->blas()->sm_target_supported()) {
+                    EXPECT_GT(p.blas_beside_copies, 0u);
+                }
+                // A profile times the products as a timed run plans them (SMs left to the copies,
+                // though it makes them in order), and lists the merged Q|K|V product.
+                GpuSession prof(*model);
+                const auto times = prof.profile_prefill(tokens);
+                EXPECT_EQ(prof.path_counts().blas_beside_copies, p.blas_beside_copies);
+                EXPECT_EQ(prof.path_counts().dequant_ahead, 0u);
+                EXPECT_GT(prof.path_counts().dequant, 0u);
+                EXPECT_TRUE(std::any_of(times.begin(), times.end(), [](const auto& k) {
+                    return k.label.find("attn_q|k|v") != std::string::npos;
+                })) << "no merged Q|K|V product in the profile";
+                // Only the LM head's GEMM (every row's logits) is left on wgmma.
+                EXPECT_EQ(p.wgmma, 1u);
             }
-            // A profile times the products as a timed run plans them (SMs left to the copies,
-            // though it makes them in order), and lists the merged Q|K|V product.
-            GpuSession prof(*model);
-            const auto times = prof.profile_prefill(tokens);
-            EXPECT_EQ(prof.path_counts().blas_beside_copies, p.blas_beside_copies);
-            EXPECT_TRUE(std::any_of(times.begin(), times.end(), [](const auto& k) {
-                return k.label.find("attn_q|k|v") != std::string::npos;
-            })) << "no merged Q|K|V product in the profile";
-            // Only the LM head's GEMM (every row's logits) is left on wgmma.
-            EXPECT_EQ(p.wgmma, 1u);
         }
     }
 }

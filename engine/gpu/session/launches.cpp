@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string_view>
 
 namespace gj::gemma4 {
@@ -146,13 +147,16 @@ bool GpuSession::fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) cons
 }
 
 bool GpuSession::merged_qkv(const GpuLayer& g, int T) const {
-    // The copies come from the slot made ahead (deq_layer_); the PLE-style per-product copies
-    // made on the spot would not lie side by side.
+    // The layer's copies are made together, ahead of it (dequantize_layer makes every copy
+    // whose product is an F16 cuBLAS one); copies made on the spot (deq_layer_ < 0, before each
+    // product of its own) would not all exist when the merged product runs.
     return g.qkv_one_product && deq_layer_ >= 0 && f16_product(g.q, T) && f16_product(g.k, T) &&
            (!g.v.present() || f16_product(g.v, T));
 }
 
 void GpuSession::blas_qkv(const GpuLayer& g, Input in, int T) {
+    if (!in.h)
+        throw std::logic_error("blas_qkv: the Q|K|V product needs the f16 form of its input");
     const int rows = g.q.rows + g.k.rows + (g.v.present() ? g.v.rows : 0), cols = g.q.cols;
     const CUdeviceptr weights =
         w_->wdeq.ptr() + (deq_layer_ % 2) * model_.dequant_slot_bytes() + g.q.scratch_offset;

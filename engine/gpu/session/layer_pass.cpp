@@ -126,9 +126,9 @@ void GpuSession::record_layer(int l, int T) {
     // The K and V projections (same input, own outputs) run beside Q on side streams: small
     // matvecs that alone leave most of the GPU idle (in a graph: parallel branches). Not while
     // profiling, whose per-launch events time one kernel at a time.
-    // Or all three as one launch of the matvec's multi entry (fused, decode), or as one cuBLAS
-    // product over their adjacent F16 copies (merged, long prefill chunks: three products of
-    // 512 rows ran 1.9-5% slower end to end than one).
+    // Or all three as one launch of the matvec's multi entry (fused: chunks of at most 8 rows),
+    // or as one cuBLAS product over their adjacent F16 copies (merged: wherever the layer's
+    // copies are made; three products of 512 rows ran 1-5% slower end to end than one).
     const bool fused = fused_qkv(g, lc, T);
     const bool merged = !fused && merged_qkv(g, T);
     const int branches = !fused && !merged && lc.has_kv ? (lc.has_v_proj ? 2 : 1) : 0;
