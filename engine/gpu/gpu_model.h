@@ -161,6 +161,7 @@ struct GpuLayer {
     // copies lie side by side in the layer's scratch (Q, K, then V; no V on k_eq_v layers), so
     // one product over q.rows + k.rows (+ v.rows) weight rows writes each token's Q|K|V row.
     bool qkv_one_product = false;
+    int qkv_rows() const { return q.rows + k.rows + (v.present() ? v.rows : 0); }
     std::string attn_prep_spec, flash_spec;
     // Tensor-core prefill attention (GEMMAJIT_FLASH_PREFILL; not for a q8_0 KV cache); empty:
     // prefill attends through flash_spec, one query at a time.
@@ -270,8 +271,11 @@ class GpuModel {
     // (Copies of matrices that also have a GEMM count only when the chunk reaches
     // copy_min_rows(): a session of shorter chunks never makes them.)
     uint64_t dequant_slot_bytes() const {
-        return kv_geo_.max_chunk >= copy_min_rows_ ? dequant_slot_ : dequant_slot_no_gemm_;
+        return gemm_copies_made() ? dequant_slot_ : dequant_slot_no_gemm_;
     }
+    // Whether this load's prefill chunks reach copy_min_rows(), so that matrices with a GEMM
+    // ever take their F16 copies.
+    bool gemm_copies_made() const { return kv_geo_.max_chunk >= copy_min_rows_; }
     // The shortest prefill chunk whose products of a Q8_0/Q4_0 matrix that also has a GEMM
     // (spec_gemm) take its F16 copy (QuantPrefill::WgmmaBlas); matrices without a GEMM take
     // their copies from kPrefillCols + 1 rows.

@@ -275,6 +275,8 @@ class GpuSession {
     // writing each token's Q|K|V row into the qkv buffer (attn_prep reads it there).
     bool merged_qkv(const GpuLayer& g, int T) const;
     void blas_qkv(const GpuLayer& g, Input in, int T);
+    // Where m's F16 copy made ahead for the current layer (deq_layer_ >= 0) lies.
+    CUdeviceptr copy_ahead(const GpuMatrix& m) const;
     // Whether a PLE gate over T rows runs with its GeLU product in one launch (GEMMAJIT_FUSE_PLE):
     // a float gate on the matvecs (the matvec_f _gelu_mul entry); then matvec_gelu_mul writes
     // y = gelu(gate x) * other, column c reading other + c * other_stride.
@@ -317,7 +319,8 @@ class GpuSession {
     void dequantize_layer(int l, int T);
     void wait_dequantized(int l);
     // The SM-count target of a cuBLAS product of a T-row chunk: the GPU less the SMs left to the
-    // copies running beside it (GEMMAJIT_COPY_SMS), or 0 (all SMs) when none run.
+    // copies running beside it (GEMMAJIT_COPY_SMS), or 0 (all SMs) when none run or the cuBLAS
+    // library cannot set one.
     int blas_sm_target(int T) const;
     void quantize(CUdeviceptr x, int n_values);  // into the shared Q8_1 buffer (xq, xds)
     void quantize(CUdeviceptr x, int n_values, CUdeviceptr xq, CUdeviceptr xds);

@@ -146,6 +146,10 @@ bool GpuSession::fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) cons
            std::find(s.entries.begin(), s.entries.end(), multi) != s.entries.end();
 }
 
+CUdeviceptr GpuSession::copy_ahead(const GpuMatrix& m) const {
+    return w_->wdeq.ptr() + (deq_layer_ % 2) * model_.dequant_slot_bytes() + m.scratch_offset;
+}
+
 bool GpuSession::merged_qkv(const GpuLayer& g, int T) const {
     // The layer's copies are made together, ahead of it (dequantize_layer makes every copy
     // whose product is an F16 cuBLAS one); copies made on the spot (deq_layer_ < 0, before each
@@ -157,10 +161,9 @@ bool GpuSession::merged_qkv(const GpuLayer& g, int T) const {
 void GpuSession::blas_qkv(const GpuLayer& g, Input in, int T) {
     if (!in.h)
         throw std::logic_error("blas_qkv: the Q|K|V product needs the f16 form of its input");
-    const int rows = g.q.rows + g.k.rows + (g.v.present() ? g.v.rows : 0), cols = g.q.cols;
-    const CUdeviceptr weights =
-        w_->wdeq.ptr() + (deq_layer_ % 2) * model_.dequant_slot_bytes() + g.q.scratch_offset;
-    const int sm_target = model_.blas()->sm_target_supported() ? blas_sm_target(T) : 0;
+    const int rows = g.qkv_rows(), cols = g.q.cols;
+    const CUdeviceptr weights = copy_ahead(g.q);  // K's and V's copies follow Q's
+    const int sm_target = blas_sm_target(T);
     profiled(fmt::format("cublas.f16.k{}.n{} attn_q|k|v", cols, rows),
              LaunchCost{uint64_t(rows) * cols * 2, 2.0 * double(rows) * cols * T, WorkKind::Gemm},
              [&] {
@@ -397,14 +400,12 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in,
         x = convert(x, T * m.cols, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16",
                     w_->xhalf.ptr(), what);
     const double flops = 2.0 * double(m.rows) * m.cols * T;
-    const int sm_target = blas.sm_target_supported() ? blas_sm_target(T) : 0;
+    const int sm_target = blas_sm_target(T);
     auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
         // A layer's copies were made ahead (dequantize_layer); others (the PLE projection) now.
-        const CUdeviceptr weights =
-            !kquant ? w.ptr
-            : deq_layer_ >= 0
-                ? w_->wdeq.ptr() + (deq_layer_ % 2) * model_.dequant_slot_bytes() + w.scratch_offset
-                : dequantized(w);
+        const CUdeviceptr weights = !kquant           ? w.ptr
+                                    : deq_layer_ >= 0 ? copy_ahead(w)
+                                                      : dequantized(w);
         const std::string type_name = ggml::type_name(kquant ? ggml::Type::F16 : w.type);
         profiled(
             fmt::format("cublas.{}.k{}.n{} {}", type_name, w.cols, w.rows, label),

@@ -171,7 +171,7 @@ void GpuSession::record_layer(int l, int T) {
         int slots = kv_.layer(l).slots;
         float base = lc.rope_base, eps = cfg_.rms_eps;
         CUdeviceptr qkv = merged ? w.qkv.ptr() : 0;
-        int qkv_stride = g.q.rows + g.k.rows + (g.v.present() ? g.v.rows : 0);
+        int qkv_stride = g.qkv_rows();
         void* args[] = {&q,         &kraw, &vraw,  &qn,   &kn,  &table, &seqs,
                         &positions, &T,    &slots, &base, &eps, &qkv,   &qkv_stride};
         launch(model_.kernels().get(g.attn_prep_spec, "attn_prep"),

@@ -101,7 +101,7 @@ void GpuSession::dequantize_layer(int l, int T) {
 }
 
 int GpuSession::blas_sm_target(int T) const {
-    if (!copies_beside_) return 0;
+    if (!copies_beside_ || !model_.blas()->sm_target_supported()) return 0;
     // cuBLAS's Hopper kernels take a whole SM's registers and shared memory, so without a target
     // the low-priority copy blocks run only in the gaps between products: at 512 rows the copies
     // are a third of a 31B chunk's time and hardly overlap. With 12 of 132 SMs left to them the

@@ -56,11 +56,10 @@ WorkLayout::WorkLayout(const GpuModel& m) {
         gemm_bf16_ffn = gemm_bf16_ffn || g.gate.gemm_bf16;
     }
     dequant_bytes = m.dequant_scratch_bytes();
-    // (Not for layers whose copies this session's chunks never reach: Q8_0/Q4_0 with a GEMM
-    // below copy_min_rows.)
+    // (Not for layers whose copies this session's chunks never make.)
     for (const GpuLayer& l : m.layers())
-        if (l.qkv_one_product && (l.q.spec_gemm.empty() || g.max_chunk >= m.copy_min_rows()))
-            qkv_width = std::max(qkv_width, l.q.rows + l.k.rows + (l.v.present() ? l.v.rows : 0));
+        if (l.qkv_one_product && (l.q.spec_gemm.empty() || m.gemm_copies_made()))
+            qkv_width = std::max(qkv_width, l.qkv_rows());
     if (c.is_moe()) {
         moe_e = c.n_experts;
         moe_k = c.n_experts_used;
