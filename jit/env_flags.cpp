@@ -190,6 +190,16 @@ const std::vector<FlagDef>& flag_table() {
                  "before reducing the context",
          .min = 1,
          .max = 4096},
+        {.name = "GEMMAJIT_MATVEC_PREFETCH",
+         .family = "tuning",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "2",
+         .help = "sixteenths of each weight row a decode matvec block asks L2 for between its "
+                 "first weight loads and its wait on the kernel before (sm_90); the prefetch "
+                 "also keeps those loads ahead of the wait in ptxas' schedule. 0: none",
+         .min = 0,
+         .max = 16},
         {.name = "GEMMAJIT_COPY_SMS",
          .family = "tuning",
          .type = T::Int,

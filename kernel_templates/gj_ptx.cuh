@@ -333,6 +333,19 @@ GJ_DEVICE float4 gelu_mul4(float4 a, const float* o) {
 // ------------------------------------------------------------------------------------------------
 // Global loads.
 
+// Asks L2 for the whole 16-byte pieces within the `bytes` bytes at p (nothing past either end),
+// without waiting and without a register: one bulk prefetch by the calling thread (sm_90; a
+// no-op before).
+GJ_DEVICE void prefetch_l2_range(const void* p, uint32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    const uint64 a = ((uint64)p + 15) & ~(uint64)15;
+    const uint64 e = ((uint64)p + bytes) & ~(uint64)15;
+    if (e > a)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32)(e - a))
+                     : "memory");
+#endif
+}
+
 // Asks for p's cache line in L1 (no register, no wait): data a later loop reads again.
 GJ_DEVICE void prefetch_l1(const void* p) {
     asm volatile("prefetch.global.L1 [%0];" ::"l"(p));

@@ -22,6 +22,8 @@
 //   PLE_IN   1: also the _norm_in entry (matvec_f: _gelu_mul_norm_in), a PLE gate's single-column
 //            spec; NORM_TPR: the TPR of the rmsnorm spec of width K, whose sum order it repeats.
 //            2: also the _gelu_in entry, a quantized PLE projection's
+//   L2_PREFETCH  sixteenths (0..16) of each weight row a single-column (NCOLS 1) block asks L2
+//            for, between its first weight loads and its grid dependency wait (sm_90; below)
 //   GEGLU_THREADS, GEGLU_ROWS, GEGLU_UNROLL   the _geglu entry's (default: THREADS, ROWS, UNROLL;
 //            block GEGLU_THREADS, grid ceil(n_rows / GEGLU_ROWS))
 // Launch: block THREADS, grid ceil(n_rows / ROWS).
@@ -84,6 +86,9 @@
 #ifndef NORM_TPR  // with PLE_IN 1: the threads per row of the rmsnorm spec of width K
 #define NORM_TPR 32
 #endif
+#ifndef L2_PREFETCH
+#define L2_PREFETCH 0
+#endif
 #ifndef GEGLU_THREADS  // the _geglu entry's own launch shape (default: the spec's)
 #define GEGLU_THREADS THREADS
 #endif
@@ -101,6 +106,7 @@ static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024,
 static_assert(ROWS >= 1 && ROWS <= 8, "matvec: ROWS must be in [1, 8]");
 static_assert(NCOLS >= 1 && NCOLS <= 8, "matvec: NCOLS must be in [1, 8]");
 static_assert(UNROLL >= 1 && UNROLL <= 16, "matvec: UNROLL must be in [1, 16]");
+static_assert(L2_PREFETCH >= 0 && L2_PREFETCH <= 16, "matvec: L2_PREFETCH must be in [0, 16]");
 
 // gj_epi_gelu_mul: y = gelu_tanh(W x) * other, with other (the residual argument) read at
 // column c, row r from other[c * other_stride + r] (the PLE gate times the token's PLE input).
@@ -115,6 +121,8 @@ enum { gj_epi_store = 0, gj_epi_add = 1, gj_epi_geglu = 2, gj_epi_gelu_mul = 3 }
 //   load_x(x, xds, c, u) -> XFrag  the unit's activations of column c (x: the activation base
 //                                  pointer of the entry, xds its Q8_1 scales or null)
 //   dot(WFrag, XFrag) -> float   the unit's contribution before the weight scale
+//   prefetch_l2(Row)             ask L2 for the leading L2_PREFETCH sixteenths of each of the
+//                                row's planes (gj_prefetch_plane)
 
 // ggml block layout helper: the 8 payload bytes at byte `part8 * 8` of the block at `blk`, and
 // the raw fp16 scale bits as seen by the block's part-0 lane (meaningless on the other lanes).
@@ -200,6 +208,11 @@ struct gj_cols_gather {  // an expert group's slots (the MOE entries)
     }
 };
 
+// The leading L2_PREFETCH sixteenths of one row's plane of `bytes` bytes at p, asked of L2.
+GJ_DEVICE void gj_prefetch_plane(const void* p, int bytes) {
+    prefetch_l2_range(p, (uint32)bytes * L2_PREFETCH / 16);
+}
+
 template <class F, int kEpi, class Cols = gj_cols_dense, int kThreads = THREADS, int kRows = ROWS,
           int kUnroll = UNROLL, class Pro = gj_no_prologue>
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
@@ -252,6 +265,15 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
         }
     };
     if (kEarlyWeights) load_weights(0);
+#if __CUDA_ARCH__ >= 900
+    // Then the block asks L2 for the leading part of each of its rows (GEMMAJIT_MATVEC_PREFETCH).
+    // The bulk prefetch is also what keeps the loads above early: without an instruction of the
+    // kind between them, ptxas schedules the grid wait (ACQBULK) ahead of them, so the block
+    // loaded nothing before the kernel before had finished (docs/PERFORMANCE.md, 2026-11-27).
+    if (kEarlyWeights && L2_PREFETCH > 0 && threadIdx.x == 0)
+#pragma unroll
+        for (int v = 0; v < kVr; ++v) F::prefetch_l2(rows[v]);
+#endif
     gj_grid_sync();
     prologue();  // with the first weights in flight
 #pragma unroll 1

@@ -42,6 +42,9 @@ struct gj_wf {
     static GJ_DEVICE Row row(const uint8* w, int, int r) {
         return Row{w + (size_t)r * (K * (WTYPE == 0 ? 4 : 2))};
     }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.p, K * (WTYPE == 0 ? 4 : 2));
+    }
     static GJ_DEVICE WFrag load_w(Row row, int u) { return ld_stream_u32x4(row.p + 16 * u); }
     static GJ_DEVICE float scale(const WFrag&, int) { return 1.0f; }
     template <bool kS = false>

@@ -39,6 +39,9 @@ struct gj_kq_min {
     static GJ_DEVICE Row row(const uint8* w, int, int r) {
         return Row{w + (size_t)r * (K / 256) * kBlockBytes};
     }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.p, K / 256 * kBlockBytes);
+    }
     static GJ_DEVICE WFrag load_w(Row row, int u) {
         const int i = u % 8, j = i / 2, h = i % 2;
         const uint8* blk = row.p + (size_t)(u / 8) * kBlockBytes;

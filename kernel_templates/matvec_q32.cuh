@@ -35,6 +35,9 @@ struct gj_q32 {
     static GJ_DEVICE Row row(const uint8* w, int, int r) {
         return Row{w + (size_t)r * (K / 32) * L::kBytes};
     }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.p, K / 32 * L::kBytes);
+    }
     static GJ_DEVICE WFrag load_w(Row row, int u) {
         const int p = u % 2;
         const uint8* blk = row.p + (size_t)(u / 2) * L::kBytes;

@@ -29,6 +29,9 @@ struct gj_q4_0 {
     static GJ_DEVICE Row row(const uint8* w, int, int r) {
         return Row{w + (size_t)r * (K / 32) * kBlockBytes};
     }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.p, K / 32 * kBlockBytes);
+    }
     static GJ_DEVICE WFrag load_w(Row row, int u) {
         WFrag f;
         gj_load_ggml_unit(row.p + (u / 2) * kBlockBytes, u % 2, f.q0, f.q1, f.dbits);
@@ -64,6 +67,10 @@ struct gj_q4_0 {
     static GJ_DEVICE Row row(const uint8* w, int n_rows, int r) {
         return Row{w + (size_t)r * (K / 2),
                    (const uint16*)(w + (size_t)n_rows * (K / 2)) + (size_t)r * (K / 32)};
+    }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.q, K / 2);
+        gj_prefetch_plane(row.d, K / 16);
     }
     static GJ_DEVICE WFrag load_w(Row row, int u) {
         return WFrag{ld_stream_u32x4(row.q + 16 * u), ld_nc_u16(row.d + u)};

@@ -52,6 +52,11 @@ struct gj_q4_k_split {
     static GJ_DEVICE Row row(const uint8* w, int n_rows, int r) {
         return gj_q4_k_planes(w, n_rows, (size_t)r);
     }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.q, K / 2);
+        gj_prefetch_plane(row.dm, K / 64);
+        gj_prefetch_plane(row.scm, K / 16);
+    }
     static GJ_DEVICE WFrag load_w(const Row& row, int u) {
         return WFrag{ld_stream_u32x4(row.q + 16 * u), __ldg(row.dm + u / 8),
                      (uint32)ld_nc_u16(row.scm + u)};

@@ -46,6 +46,13 @@ struct gj_q5_k_split {
     static GJ_DEVICE Row row(const uint8* w, int n_rows, int r) {
         return Row{w, (uint32)n_rows * (K / 32), (uint32)r * (K / 32)};
     }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        const size_t units = row.units, i = row.u0;
+        gj_prefetch_plane(row.w + 16 * i, K / 2);
+        gj_prefetch_plane((const uint32*)(row.w + gj_q5_k_qh_plane(units)) + i, K / 8);
+        gj_prefetch_plane((const uint32*)(row.w + gj_q5_k_dm_plane(units)) + i / 8, K / 64);
+        gj_prefetch_plane((const uint16*)(row.w + gj_q5_k_scm_plane(units)) + i, K / 16);
+    }
     static GJ_DEVICE WFrag load_w(const Row& row, int u) {
         const size_t units = row.units, i = row.u0 + (uint32)u;
         return WFrag{ld_stream_u32x4(row.w + 16 * i),

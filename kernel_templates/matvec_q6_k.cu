@@ -41,6 +41,9 @@ struct gj_q6_k {
     static GJ_DEVICE Row row(const uint8* w, int, int r) {
         return Row{w + (size_t)r * (K / 256) * GJ_Q6_K_BYTES};
     }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.p, K / 256 * GJ_Q6_K_BYTES);
+    }
     static GJ_DEVICE WFrag load_w(Row row, int u) {
         const int i = u % 4, n = i / 2, t = i % 2;
         const uint8* blk = row.p + (size_t)(u / 4) * GJ_Q6_K_BYTES;
@@ -113,6 +116,12 @@ struct gj_q6_k {
         return Row{w + u0 * 16, (const uint2*)(w + gj_q6_k_qh_plane(units)) + u0,
                    (const uint16*)(w + gj_q6_k_sc_plane(units)) + u0,
                    (const uint16*)(w + gj_q6_k_d_plane(units)) + (size_t)r * (K / 256)};
+    }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        gj_prefetch_plane(row.ql, K / 2);
+        gj_prefetch_plane(row.qh, K / 4);
+        gj_prefetch_plane(row.sc, K / 16);
+        gj_prefetch_plane(row.d, K / 128);
     }
     static GJ_DEVICE WFrag load_w(const Row& row, int u) {
         return WFrag{ld_stream_u32x4(row.ql + 16 * u), ld_stream_u32x2(row.qh + u),

@@ -163,6 +163,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
 
     // Every matrix: kept in its type when a kernel reads it, else dequantized to F16.
     std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
+    const int prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
+    auto decode_spec = [&](jit::KernelSpec s) {
+        return kernels_.add(with_decode_prefetch(std::move(s), prefetch)).name;
+    };
     // `prefill_gemm`: whether T-token products may take cuBLAS through a dequantized F16 copy
     // (not for the LM head, whose copy would be as large as the vocabulary).
     // `rows` / `cols`: the tensor-parallel slice of the tensor (count 0: all of it).
@@ -182,7 +186,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         if (is_block_quant(t) && g.cols % 32 == 0) {
             g.type = t;
             g.layout = kept_layout;
-            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple)).name;
+            g.spec_decode = decode_spec(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple));
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             const bool copies = quant_blas && prefill_gemm && g.layout == MatvecLayout::Split;
             if (copies) {
@@ -207,7 +211,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             // chunks multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
             g.layout = kept_layout;
-            g.spec_decode = kernels_.add(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple)).name;
+            g.spec_decode = decode_spec(matvec_spec(t, g.cols, 1, g.layout, g.rows, ple));
             g.spec_prefill = kernels_.add(matvec_spec(t, g.cols, kPrefillCols, g.layout)).name;
             if (blas && prefill_gemm) {
                 g.blas = true;
@@ -222,7 +226,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                 d.first += 1;
                 d.second += type_bytes(t, g.rows, g.cols);
             }
-            g.spec_decode = kernels_.add(matvec_f_spec(g.type, g.cols, 1, g.rows, ple)).name;
+            g.spec_decode = decode_spec(matvec_f_spec(g.type, g.cols, 1, g.rows, ple));
             g.spec_prefill = kernels_.add(matvec_f_spec(g.type, g.cols, kPrefillCols)).name;
             g.blas = blas;
             wants_blas_ = wants_blas_ || blas;

@@ -66,6 +66,7 @@ void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::s
     types.mmq = q != QuantPrefill::Matvec;
     types.wgmma = q == QuantPrefill::Wgmma || q == QuantPrefill::WgmmaBlas;
     types.quant_blas = q == QuantPrefill::Blas || q == QuantPrefill::WgmmaBlas;
+    types.decode_prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type, KvType kv,
@@ -120,7 +121,9 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     auto add_matvec = [&](ggml::Type t, int k, int n, PleInput ple = PleInput::None) {
         if (!fits(t, k)) return;
         for (int ncols : col_counts)
-            add(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple));
+            add(with_decode_prefetch(
+                matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple),
+                types.decode_prefetch));
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A K-quant
@@ -190,7 +193,9 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (cfg.is_moe()) {
         add(moe_spec(cfg));
         for (int ncols : col_counts)
-            add(matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0));
+            add(with_decode_prefetch(
+                matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0),
+                types.decode_prefetch));
         // Q8_0 / Q4_0 experts in the split layout (each expert repacked on its own) also get
         // the grouped int8 tensor-core GEMMs of prefill (gate|up: d -> F, down: F -> d).
         const int F = cfg.expert_ffn_dim;

@@ -44,6 +44,9 @@ struct PlanTypes {
                                 // (dequant_f16) with cuBLAS (the LM head keeps its GEMM, MoE
                                 // experts their int8 GEMM); with wgmma as well: both (WgmmaBlas,
                                 // by chunk length)
+    int decode_prefetch = 2;    // GEMMAJIT_MATVEC_PREFETCH (its default): sixteenths of each
+                                // weight row a decode matvec block asks L2 for
+                                // (with_decode_prefetch)
     int lm_head_rows = 0;       // LM head rows (0: the vocabulary; a tensor-parallel rank: its
                                 // vocabulary slice, engine/gpu/shard_plan.h)
 };
@@ -72,7 +75,8 @@ int copy_min_rows(int d_model);
 QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& arch,
                                   bool blas_available);
 // The prefill product choices of `flags` (GEMMAJIT_MMQ_VARIANT, GEMMAJIT_BLAS) for a plan
-// targeting `arch`, as a GPU load with cuBLAS makes them: sets mmq, wgmma, quant_blas and blas.
+// targeting `arch`, as a GPU load with cuBLAS makes them: sets mmq, wgmma, quant_blas and blas;
+// also the decode matvecs' L2 prefetch (GEMMAJIT_MATVEC_PREFETCH: decode_prefetch).
 void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::string& arch);
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 

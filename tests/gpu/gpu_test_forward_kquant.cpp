@@ -338,3 +338,38 @@ TEST(GpuKQuant, UnsupportedTensorTypesAreDequantizedToF16) {
     expect_agree(cpu_logits(path, tokens), s.prefill_logits(tokens), model->config().vocab_size,
                  kTolQuant, "IQ4_NL PLE table (F16 on the GPU) vs CPU");
 }
+
+// GEMMAJIT_MATVEC_PREFETCH: the decode matvecs' L2 prefetch (on by default) changes no logit.
+// Every weight format of the decode matvecs (split Q4_0 with the float PLE matrices of tiny-e2b,
+// split Q4_K / Q6_K of a Q4_K_M mix, GGUF-block Q8_0, F32), bitwise against the prefetch off, and
+// the single-column specs really carry it (the MoE-free plans: every decode matvec).
+TEST(GpuKQuant, DecodeL2PrefetchIsBitIdenticalToNone) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-prefetch");
+    struct Case {
+        std::filesystem::path path;
+        const char* repack;
+    };
+    const Case cases[] = {{synth(dir, "tiny-e2b", ggml::Type::Q4_0), "1"},
+                          {synth_mix(dir, "tiny-256", "q4_k_m"), "1"},
+                          {synth(dir, "tiny", ggml::Type::Q8_0), "0"},
+                          {synth(dir, "tiny", ggml::Type::F32), "1"}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.path.filename().string());
+        const auto on = flags({{"GEMMAJIT_REPACK", c.repack}});
+        const auto off = flags({{"GEMMAJIT_REPACK", c.repack}, {"GEMMAJIT_MATVEC_PREFETCH", "0"}});
+        auto a = load_gpu(c.path, 128, 8, on);
+        auto b = load_gpu(c.path, 128, 8, off);
+        for (const auto* m : {&a->layers()[0].q, &a->layers()[0].down, &a->lm_head()})
+            EXPECT_EQ(gj::gemma4::spec_constant(a->kernels().spec(m->spec_decode), "L2_PREFETCH"),
+                      2)
+                << m->name << " " << m->spec_decode;
+        for (const auto& s : b->kernels().specs())
+            for (const auto& [name, value] : s.constants) EXPECT_NE(name, "L2_PREFETCH") << s.name;
+        const auto tokens = test_tokens(40, a->config().vocab_size, 77);
+        GpuSession sa(*a), sb(*b);
+        const auto la = decode_logits(sa, tokens), lb = decode_logits(sb, tokens);
+        ASSERT_EQ(la.size(), lb.size());
+        EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4)) << "logits differ";
+    }
+}

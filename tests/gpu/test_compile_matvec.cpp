@@ -22,8 +22,28 @@ TEST(KernelTemplates, MatvecSpecsCompileWithTheirInstructionsAndNoSpills) {
     compile_and_check(
         all_specs_of({"matvec_q8_0", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
                       "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_f"}),
-        [](const CompiledKernel& c, const std::string& /*arch*/) {
+        [](const CompiledKernel& c, const std::string& arch) {
             const auto& s = c.spec;
+            // The decode L2 prefetch (a plan's single-column specs, L2_PREFETCH): on sm_90 every
+            // entry but the repack asks L2 after its first weight load and before its grid wait,
+            // the place that keeps ptxas from scheduling the wait ahead of the loads; sm_80 has
+            // no bulk prefetch (and no grid wait to order against).
+            const bool prefetch =
+                std::any_of(s.constants.begin(), s.constants.end(),
+                            [](const auto& kv) { return kv.first == "L2_PREFETCH"; });
+            for (const auto& e : s.entries) {
+                if (e.starts_with("repack_")) continue;
+                const auto body = entry_ptx(c.ptx, e);
+                const size_t pf = body.find("cp.async.bulk.prefetch.L2.global");
+                if (!prefetch || arch == "sm_80") {
+                    EXPECT_EQ(pf, std::string::npos) << e;
+                    continue;
+                }
+                const size_t load = body.find("ld.global"), wait = body.find("griddepcontrol.wait");
+                ASSERT_NE(pf, std::string::npos) << e;
+                EXPECT_LT(load, pf) << e << ": the prefetch follows the first weight load";
+                EXPECT_LT(pf, wait) << e << ": and comes before the grid wait";
+            }
             // The plain and the GeGLU entry (the grouped expert forms of a ".moe" spec read each
             // group's expert and columns first).
             const bool moe = s.name.ends_with(".moe");

@@ -576,3 +576,50 @@ TEST(KernelPlan, LaunchGeometryIsConsistent) {
         }
     }
 }
+
+// GEMMAJIT_MATVEC_PREFETCH (read by apply_prefill_flags as a load reads it): every single-column
+// matvec spec of a plan (the decode matvecs, the MoE router's) carries the L2 prefetch, with the
+// flag's default when unset; 0 plans none; batched and grouped expert specs never take it; the
+// flag's range is checked.
+TEST(KernelPlan, DecodeMatvecsCarryTheL2Prefetch) {
+    using gj::gemma4::spec_constant;
+    auto has = [](const gj::jit::KernelSpec& s) {
+        return std::any_of(s.constants.begin(), s.constants.end(),
+                           [](const auto& c) { return c.first == "L2_PREFETCH"; });
+    };
+    const gj::gemma4::PlanTypes defaults{ggml::Type::Q4_0, ggml::Type::Q4_0, ggml::Type::Q4_0,
+                                         ggml::Type::Q4_0};
+    EXPECT_EQ(
+        defaults.decode_prefetch,
+        std::stoi(std::string(gj::jit::find_flag("GEMMAJIT_MATVEC_PREFETCH")->default_value)));
+    for (const char* value : {"", "5", "0"}) {
+        SCOPED_TRACE(value);
+        for (const char* preset : {"e4b", "26b-a4b"}) {
+            gj::gemma4::PlanTypes types = defaults;
+            gj::gemma4::apply_prefill_flags(
+                types,
+                *value ? gj::jit::Flags::parse({{"GEMMAJIT_MATVEC_PREFETCH", value}})
+                       : gj::jit::Flags::parse({}),
+                "sm_90");
+            const int want = *value ? std::stoi(value) : defaults.decode_prefetch;
+            int single = 0;
+            for (const auto& s : build_kernel_plan(Config::preset(preset), types)) {
+                if (!s.family.starts_with("matvec_")) continue;
+                const bool decode = spec_constant(s, "NCOLS") == 1 && !s.name.ends_with(".moe");
+                single += decode;
+                if (decode && want > 0) {
+                    ASSERT_TRUE(has(s)) << s.name;
+                    EXPECT_EQ(spec_constant(s, "L2_PREFETCH"), want) << s.name;
+                } else {
+                    EXPECT_FALSE(has(s)) << s.name;
+                }
+            }
+            EXPECT_GT(single, 4) << preset;
+        }
+    }
+    EXPECT_THROW(gj::jit::Flags::parse({{"GEMMAJIT_MATVEC_PREFETCH", "17"}}),
+                 std::invalid_argument);
+    EXPECT_THROW(
+        gj::gemma4::with_decode_prefetch(gj::gemma4::matvec_spec(ggml::Type::Q4_0, 2560, 1), -1),
+        std::invalid_argument);
+}

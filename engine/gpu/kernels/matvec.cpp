@@ -301,6 +301,17 @@ std::string repack_entry(ggml::Type t) {
     return std::string("repack_") + tag;
 }
 
+jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths) {
+    if (sixteenths < 0 || sixteenths > 16)
+        throw std::invalid_argument(
+            fmt::format("matvec L2 prefetch: {} sixteenths of a row (0..16)", sixteenths));
+    const bool moe = std::any_of(s.constants.begin(), s.constants.end(),
+                                 [](const auto& c) { return c.first == "MOE"; });
+    if (sixteenths == 0 || moe || spec_constant(s, "NCOLS") != 1) return s;
+    s.constants.push_back({"L2_PREFETCH", sixteenths});
+    return s;
+}
+
 MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu) {
     auto get = [&](const char* name, const char* geglu_name) {
         for (const auto& [n, v] : spec.constants)

@@ -55,6 +55,13 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
                             MatvecLayout layout = MatvecLayout::Ggml, int n_rows = 0,
                             PleInput ple = PleInput::None);
 
+// A single-column (decode) spec `s` of matvec_spec / matvec_f_spec whose blocks ask L2 for the
+// leading `sixteenths` of each of their weight rows between their first weight loads and their
+// grid dependency wait (constant L2_PREFETCH; GEMMAJIT_MATVEC_PREFETCH, on sm_90). On sm_90 the
+// bulk prefetch also keeps those loads ahead of the wait in ptxas' schedule. `s` unchanged for 0
+// and for specs of several columns or of MoE experts. Throws std::invalid_argument outside 0..16.
+jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths);
+
 // The launch shape of a matvec spec's entry: block `threads`, grid ceil(n_rows / rows); the
 // _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
 struct MatvecLaunch {

@@ -1,0 +1,104 @@
+// The SASS of the decode matvecs on sm_90 (through `gemmajit sass`, which needs the CUDA toolkit's
+// cuobjdump or nvdisasm: present on the GPU machines, not in CI, hence the gpu label): every
+// single-column matvec entry issues its first weight load before its grid dependency wait
+// (ACQBULK), so a block launched as a programmatic dependent streams weights while the kernel
+// before it finishes. ptxas is free to schedule the wait first, and did for every entry until the
+// L2 prefetch (GEMMAJIT_MATVEC_PREFETCH) came between them (docs/PERFORMANCE.md, 2026-11-27).
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_env.h"
+
+namespace {
+
+using gj::test::run_command;
+
+std::string cli(const gj::test::ScratchDir& cache, const std::string& args,
+                const std::string& env = "") {
+    return "env -u XDG_CACHE_HOME GEMMAJIT_CACHE_DIR='" + cache.path().string() + "' " + env + " " +
+           gj::test::gemmajit_exe() + " " + args;
+}
+
+bool have_disassembler() {
+    return run_command(
+               "command -v cuobjdump || command -v nvdisasm || "
+               "test -x /usr/local/cuda/bin/cuobjdump")
+               .exit_code == 0;
+}
+
+// The single-column (decode) matvec specs `gemmajit kernels` lists for a preset.
+std::vector<std::string> decode_matvec_specs(const gj::test::ScratchDir& cache,
+                                             const std::string& model, const std::string& env) {
+    const auto r = run_command(cli(cache, "kernels " + model + " --arch sm_90", env));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    std::vector<std::string> specs;
+    std::istringstream in(r.out);
+    std::string line;
+    while (std::getline(in, line)) {
+        std::istringstream cols(line);
+        std::string prio, name;
+        cols >> prio >> name;
+        if (name.starts_with("matvec_") && !std::regex_search(name, std::regex(R"(\.b[0-9])")) &&
+            !name.ends_with(".moe"))  // not the batched (".b8") or the grouped expert forms
+            specs.push_back(name);
+    }
+    return specs;
+}
+
+}  // namespace
+
+TEST(SassOrder, DecodeMatvecsLoadWeightsBeforeTheirGridWait) {
+    if (!have_disassembler()) GTEST_SKIP() << "no cuobjdump or nvdisasm (CUDA toolkit) here";
+    gj::test::ScratchDir cache("sass-order");
+    struct Case {
+        const char* model;
+        const char* env;
+    };
+    // Split Q4_0 (with its PLE entries), the K-quant split planes and Q6_K of a Q4_K_M mix, GGUF
+    // Q8_0 blocks, float weights.
+    const Case cases[] = {{"--variant e4b --wtype q4_0", ""},
+                          {"--variant e4b --wtype q4_k_m", ""},
+                          {"--variant e2b --wtype q8_0", "GEMMAJIT_REPACK=0"},
+                          {"--variant e2b --wtype bf16", ""}};
+    int checked = 0;
+    for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(c.model) + " " + c.env);
+        const auto specs = decode_matvec_specs(cache, c.model, c.env);
+        EXPECT_GE(specs.size(), 3u);
+        for (const auto& spec : specs) {
+            const auto r = run_command(
+                cli(cache, "sass " + std::string(c.model) + " --arch sm_90 " + spec, c.env));
+            ASSERT_EQ(r.exit_code, 0) << spec << "\n" << r.out;
+            // Per function: the line of the first global load and of the grid wait.
+            std::istringstream in(r.out);
+            std::string line, fn;
+            size_t n = 0, first_load = 0, wait = 0;
+            auto check = [&] {
+                if (fn.empty() || fn.starts_with("repack_")) return;
+                EXPECT_GT(wait, 0u) << spec << " " << fn << ": no grid wait";
+                EXPECT_GT(first_load, 0u) << spec << " " << fn << ": no global load";
+                EXPECT_LT(first_load, wait)
+                    << spec << " " << fn << ": the grid wait comes before the first weight load";
+                ++checked;
+            };
+            while (std::getline(in, line)) {
+                ++n;
+                if (const size_t f = line.find("Function : "); f != std::string::npos) {
+                    check();
+                    fn = line.substr(f + 11);
+                    first_load = wait = 0;
+                } else if (!first_load && line.find(" LDG.") != std::string::npos) {
+                    first_load = n;
+                } else if (!wait && line.find("ACQBULK") != std::string::npos) {
+                    wait = n;
+                }
+            }
+            check();
+        }
+    }
+    EXPECT_GT(checked, 20) << "entries checked";
+}
