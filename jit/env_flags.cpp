@@ -322,6 +322,16 @@ const std::vector<FlagDef>& flag_table() {
                  "(which rounds activations to the weight type, F32 to TF32, and multiplies "
                  "quantized weights as per-layer F16 copies); with it GEMMAJIT_MMQ_VARIANT=auto "
                  "takes wgmma alone on sm_90"},
+        {.name = "GEMMAJIT_FLASH_WGMMA",
+         .family = "path",
+         .type = T::Enum,
+         .cls = C::OutputChanging,
+         .default_value = "auto",
+         .help = "prefill attention on Hopper's warpgroup tensor cores (sm_90 only; head dims up "
+                 "to 256 over an f16/bf16 cache, the other layers keep the mma.sync kernel): auto "
+                 "(for chunks whose row blocks fill the GPU, e.g. every 31B chunk and E2B/E4B/12B "
+                 "chunks from about 1024 tokens), on (every chunk), off (never)",
+         .choices = {"auto", "on", "off"}},
         {.name = "GEMMAJIT_FLASH_PREFILL",
          .family = "path",
          .type = T::Bool,

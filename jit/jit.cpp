@@ -124,7 +124,8 @@ std::string target_arch(const KernelSpec& spec, std::string_view arch) {
     if (arch == want || arch == want + "a") return want + "a";
     throw std::invalid_argument(fmt::format(
         "kernel {} uses {}a-only instructions and cannot be compiled for {} (it belongs to a plan "
-        "for {}; plan for {} instead, or set GEMMAJIT_MMQ_VARIANT=mma)",
+        "for {}; plan for {} instead, or set GEMMAJIT_MMQ_VARIANT=mma and "
+        "GEMMAJIT_FLASH_WGMMA=off)",
         spec.name, want, arch, want, arch));
 }
 

@@ -68,6 +68,7 @@
 //   gemm_wgmma_geglu_bf16  the gemm_wgmma_geglu product rounded to bf16 [T][n_rows] (the input of
 //                          the down projection), bit-equal to bf16(gemm_wgmma_geglu's output)
 #include "gj_ptx.cuh"
+#include "gj_wgmma.cuh"
 #include "split_k_reduce.cuh"
 
 static_assert(K % 32 == 0 && K > 0, "gemm_wgmma: K must be a positive multiple of 32");
@@ -128,36 +129,6 @@ GJ_DEVICE float wg_magic(uint32 bytes, int i) {
 }
 
 // ---- wgmma (sm_90a) --------------------------------------------------------------------------
-// Shared-memory matrix descriptor of a K-major SWIZZLE_128B tile at shared address `addr`
-// (1024-byte aligned, or advanced by 32 bytes per k16 within a 128-byte row): start address >> 4,
-// leading byte offset 1 (unused by swizzled K-major tiles), stride 1024 bytes between 8-row groups,
-// swizzle mode 1 (128 B) in bits 62-63.
-GJ_DEVICE uint64 wg_desc(uint32 addr) {
-    return (uint64)((addr & 0x3ffff) >> 4) | ((uint64)1 << 16) | ((uint64)(1024 >> 4) << 32) |
-           ((uint64)1 << 62);
-}
-GJ_DEVICE void wg_fence() {  // orders register writes (A operands, accumulators) before wgmmas
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-GJ_DEVICE void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-GJ_DEVICE void wg_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Makes this thread's generic-proxy shared-memory writes (cp.async) visible to the async proxy
-// that wgmma reads through; a barrier must follow before other warps' wgmmas.
-GJ_DEVICE void wg_fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-// Keeps the compiler from moving accumulator accesses across the asynchronous window.
-template <int N>
-GJ_DEVICE void wg_pin(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 // D[64][N] += A[64][16] * B[N][16]^T: A bf16 in registers, B a K-major bf16 tile in shared memory
 // (descriptor). A fragment (per warp w of the warpgroup, rows 16 w ..): register j of lane l holds
 // row 16 w + l / 4 + 8 (j % 2), columns 2 (l % 4) + 8 (j / 2) and the next (low half first).

@@ -40,9 +40,7 @@ namespace gj::gemma4 {
 
 namespace {
 
-bool is_float_type(ggml::Type t) {
-    return t == ggml::Type::F32 || t == ggml::Type::F16 || t == ggml::Type::BF16;
-}
+using spec_util::is_float_type;
 bool is_block_quant(ggml::Type t) {
     return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0;
 }
@@ -141,16 +139,17 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     const bool blas = flags.get_bool("GEMMAJIT_BLAS");
     // Prefill products of Q8_0/Q4_0 matrices (split layout only), GEMMAJIT_MMQ_VARIANT: cuBLAS
     // on F16 copies dequantized per layer as for K-quants (MoE experts keep the int8 GEMM, the LM
-    // head its GEMM), the wgmma GEMM (sm_90 only), both by chunk length (auto on sm_90), the
-    // int8 mma.sync GEMM, or the batched matvecs. A load asks
-    // whether cuBLAS loads where the choice depends on it; planning alone (kernel_specs, no
-    // target) takes it to load.
+    // head its GEMM), the wgmma GEMM (sm_90 only), both by chunk length (auto on sm_90), the int8
+    // mma.sync GEMM, or the batched matvecs. A load asks whether cuBLAS loads where the choice
+    // depends on it; planning alone (kernel_specs, no target) takes it to load.
     const std::string arch =
         opts.target_arch.empty() ? jit::default_target_arch(flags) : opts.target_arch;
     const bool blas_loads = opts.target_arch.empty() || !blas ||
                             flags.get_string("GEMMAJIT_MMQ_VARIANT") == "none" ||
                             jit::Blas::get() != nullptr;
     const QuantPrefill quant_prefill = quant_prefill_choice(flags, arch, blas_loads);
+    const std::string flash_wgmma =
+        arch.starts_with("sm_90") ? flags.get_string("GEMMAJIT_FLASH_WGMMA") : "off";
     const bool mmq = quant_prefill != QuantPrefill::Matvec;
     const bool quant_blas =
         quant_prefill == QuantPrefill::Blas || quant_prefill == QuantPrefill::WgmmaBlas;
@@ -411,11 +410,15 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         // GEMMAJIT_FLASH_MMA: tensor-core attention where the head dim allows it.
         const bool mma = flags.get_bool("GEMMAJIT_FLASH_MMA") && lc.head_dim % 64 == 0;
         g.flash_spec = kernels_.add(flash_decode_spec(c, l, kv_geo_.type, mma)).name;
-        if (flags.get_bool("GEMMAJIT_FLASH_PREFILL"))
-            // Tiled for kFlashPrefillDefaultChunk rows (512), not this load's chunk: the kernel
-            // set then does not depend on the context or chunk a session asks for, so
-            // `precompile --model` covers it (a longer chunk runs more row blocks).
+        if (flags.get_bool("GEMMAJIT_FLASH_PREFILL")) {
+            // Tiled for kFlashPrefillDefaultChunk rows (512), not this load's chunk: the kernel set
+            // does not depend on the chunk a session asks for (`precompile --model` covers it).
             g.flash_prefill_spec = kernels_.add(flash_prefill_spec(c, l, kv_geo_.type)).name;
+            if (flash_wgmma != "off" && flash_prefill_wgmma_fits(lc.head_dim, kv_geo_.type))
+                for (const auto& spec : flash_prefill_wgmma_specs(c, l, kv_geo_.type))
+                    g.flash_prefill_wgmma_specs.push_back(kernels_.add(spec).name);
+            g.flash_wgmma_always = flash_wgmma == "on";
+        }
     }
     if (c.has_ple()) {
         ple_table_ = plan_table(w.per_layer_token_embd);

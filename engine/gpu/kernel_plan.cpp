@@ -67,6 +67,8 @@ void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::s
     types.wgmma = q == QuantPrefill::Wgmma || q == QuantPrefill::WgmmaBlas;
     types.quant_blas = q == QuantPrefill::Blas || q == QuantPrefill::WgmmaBlas;
     types.decode_prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
+    types.flash_wgmma =
+        (arch == "sm_90" || arch == "sm_90a") && flags.get_string("GEMMAJIT_FLASH_WGMMA") != "off";
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type, KvType kv,
@@ -293,7 +295,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {
         add(attn_prep_spec(cfg, l, types.kv));
         add(flash_decode_spec(cfg, l, types.kv, types.flash_mma));
-        if (types.flash_prefill) add(flash_prefill_spec(cfg, l, types.kv));
+        if (types.flash_prefill) {
+            add(flash_prefill_spec(cfg, l, types.kv));
+            if (types.flash_wgmma && flash_prefill_wgmma_fits(cfg.layers[l].head_dim, types.kv))
+                for (const auto& spec : flash_prefill_wgmma_specs(cfg, l, types.kv)) add(spec);
+        }
     }
     return plan;
 }

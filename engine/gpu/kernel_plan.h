@@ -38,6 +38,7 @@ struct PlanTypes {
     bool blas = true;           // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
                                 // (and K-quant ones, through dequant_f16 copies)
     bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
+    bool flash_wgmma = false;   // GEMMAJIT_FLASH_WGMMA != off on sm_90: also its wgmma form
     bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
     bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
     bool quant_blas = false;    // Q8_0/Q4_0 layer matrices (may) multiply F16 copies

@@ -137,6 +137,7 @@ class GpuSession {
         uint64_t norm_f16 = 0;        // norms written as the f16 input of cuBLAS products
         uint64_t attn_f16 = 0;        // prefill attention outputs also written in f16 (the same)
         uint64_t flash_prefill = 0;   // tensor-core prefill attention launches
+        uint64_t flash_wgmma = 0;     // ... of them on the warpgroup kernel (sm_90)
         uint64_t moe_grouped = 0;     // grouped expert matvec launches (MoE layers)
         uint64_t moe_gemm = 0;        // grouped expert tensor-core GEMM launches (MoE prefill)
         uint64_t attn_q8 = 0;         // attention outputs quantized by flash_combine (no quantize)

@@ -16,6 +16,7 @@
 #include "engine/gpu/kernel_plan.h"
 #include "jit/cuda_driver.h"
 #include "tests/support/attention_gpu.h"
+#include "tests/support/graph_timer.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"
@@ -342,41 +343,6 @@ TEST(FlashDecode, NanInVisibleRowPropagates) {
 // ---------------------------------------------------------------------------------------------
 // Timing: E4B attention at depth 4096, one query token, as a CUDA graph of many layers (caches
 // rotate over enough copies to defeat the L2). Reports us per layer and the KV read rate.
-
-struct GraphTimer {
-    const gj::jit::DriverApi& d = gj::jit::driver();
-    CUstream stream = gj::jit::Device::get().stream();
-    CUgraphExec exec = nullptr;
-    template <class F>
-    double time_us(F&& record, int launches_per_graph, int reps) {
-        CUgraph graph = nullptr;
-        gj::jit::check_driver(d.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED),
-                              "begin capture");
-        record();
-        gj::jit::check_driver(d.cuStreamEndCapture(stream, &graph), "end capture");
-        gj::jit::check_driver(d.cuGraphInstantiateWithFlags(&exec, graph, 0), "instantiate");
-        CUevent a, b;
-        gj::jit::check_driver(d.cuEventCreate(&a, 0), "event");
-        gj::jit::check_driver(d.cuEventCreate(&b, 0), "event");
-        gj::jit::check_driver(d.cuGraphLaunch(exec, stream), "warm-up");
-        std::vector<double> per;
-        for (int r = 0; r < reps; ++r) {
-            gj::jit::check_driver(d.cuEventRecord(a, stream), "record");
-            gj::jit::check_driver(d.cuGraphLaunch(exec, stream), "graph launch");
-            gj::jit::check_driver(d.cuEventRecord(b, stream), "record");
-            gj::jit::check_driver(d.cuEventSynchronize(b), "sync");
-            float ms = 0;
-            gj::jit::check_driver(d.cuEventElapsedTime(&ms, a, b), "elapsed");
-            per.push_back(ms * 1000.0 / launches_per_graph);
-        }
-        d.cuEventDestroy(a);
-        d.cuEventDestroy(b);
-        d.cuGraphExecDestroy(exec);
-        d.cuGraphDestroy(graph);
-        std::sort(per.begin(), per.end());
-        return per[per.size() / 2];
-    }
-};
 
 // One attention layer (E4B: group 4, 2 KV heads) at depth 4096 and T = 1: flash_decode alone,
 // flash_combine alone, and both, each as a graph over `copies` caches.

@@ -3,7 +3,10 @@
 // 32..512, groups 1..16 (and 3, 12), causal and sliding windows, chunks of 1..512 tokens across
 // the 16-row and tile edges, first chunks (pos0 = 0) and later ones whose ring has wrapped, f16 and
 // bf16 caches, the default tiling of every head dim and the other warp roles (more key sets, head
-// dims split over warps by keys or by dims, key splits over clusters of 1..8 blocks).
+// dims split over warps by keys or by dims, key splits over clusters of 1..8 blocks), and the
+// wgmma kernel (flash_prefill_wgmma, sm_90) in one and two consumer warpgroups.
+// FlashPrefillBench.DISABLED_* time the tilings and the wgmma kernel at every model's attention
+// shapes (run with --gtest_also_run_disabled_tests).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +17,10 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/gguf/half.h"
 #include "engine/gpu/kernels/flash_decode.h"
@@ -22,12 +29,14 @@
 #include "engine/gpu/kv_cache.h"
 #include "engine/gpu/kv_type.h"
 #include "tests/support/attention_gpu.h"
+#include "tests/support/graph_timer.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
 #include "tests/support/test_env.h"
 
 using namespace gj::test::kref;
 using gj::gemma4::FlashPrefillTiling;
+using gj::gemma4::FlashPrefillWgmmaTiling;
 using gj::gemma4::KvType;
 using gj::gemma4::spec_constant;
 using gj::jit::DeviceBuffer;
@@ -50,7 +59,8 @@ std::vector<float> decode(const std::vector<uint16_t>& h, bool bf16) {
 struct PrefillCase {
     int hd, group, kv_heads, window, T, pos0;
     KvType kv;
-    std::optional<FlashPrefillTiling> tiling = std::nullopt;  // default: the builder's
+    std::optional<FlashPrefillTiling> tiling = std::nullopt;      // default: the builder's
+    std::optional<FlashPrefillWgmmaTiling> wgmma = std::nullopt;  // the sm_90a kernel instead
 };
 
 void PrintTo(const PrefillCase& c, std::ostream* os) {
@@ -59,6 +69,7 @@ void PrintTo(const PrefillCase& c, std::ostream* os) {
     if (c.tiling)
         *os << " tiling " << c.tiling->row_warps << "x" << c.tiling->dim_slices << "x"
             << c.tiling->key_sets << " kw" << c.tiling->warp_keys << " s" << c.tiling->stages;
+    if (c.wgmma) *os << " wgmma wg" << c.wgmma->warpgroups << " s" << c.wgmma->stages;
 }
 
 // Cache slots as the engine sizes them for a chunk of T tokens: a ring of window + T - 1 (rounded
@@ -141,8 +152,13 @@ TEST_P(FlashPrefillTest, MatchesCpuAndFlashDecode) {
     const PrefillCase& c = GetParam();
     const bool bf16 = c.kv == KvType::BF16, q8 = c.kv == KvType::Q8_0;
     const int T = c.T, H = c.group * c.kv_heads, hd = c.hd, slots = slots_for(c);
+    if (c.wgmma && gj::jit::Device::get().arch() != "sm_90")
+        GTEST_SKIP() << "flash_prefill_wgmma needs an sm_90 GPU (wgmma); this one is "
+                     << gj::jit::Device::get().arch();
     const KernelSpec spec =
-        c.tiling
+        c.wgmma ? gj::gemma4::flash_prefill_wgmma_spec(hd, c.group, c.kv_heads, c.window, c.kv,
+                                                       *c.wgmma)
+        : c.tiling
             ? gj::gemma4::flash_prefill_spec(hd, c.group, c.kv_heads, c.window, c.kv, *c.tiling)
             : gj::gemma4::flash_prefill_spec(hd, c.group, c.kv_heads, c.window, c.kv);
     SCOPED_TRACE(spec.name);
@@ -328,6 +344,20 @@ std::vector<PrefillCase> cases() {
     v.push_back({128, 2, 2, 0, 64, 5, KvType::F16, FlashPrefillTiling{2, 2, 2, 16, 2, 2, true}});
     v.push_back({512, 8, 4, 0, 17, 33, KvType::BF16, FlashPrefillTiling{3, 2, 1, 16, 3, 4, true}});
     v.push_back({512, 4, 2, 0, 512, 0, KvType::F16, FlashPrefillTiling{4, 2, 1, 16, 3, 2}});
+    // The wgmma kernel (sm_90a): one and two warpgroups, 2 and 3 stages, every head dim it takes,
+    // f16 and bf16, first chunks at the 31B and E4B shapes, wrapped rings, causal layers, partial
+    // row blocks and single tokens.
+    using W = FlashPrefillWgmmaTiling;
+    v.push_back({256, 2, 16, 1024, 512, 0, KvType::F16, std::nullopt, W{2, 2}});
+    v.push_back({256, 4, 2, 512, 512, 0, KvType::F16, std::nullopt, W{1, 2}});
+    v.push_back({256, 4, 2, 512, 130, 600, KvType::BF16, std::nullopt, W{1, 3}});
+    v.push_back({256, 2, 8, 1024, 130, 2000, KvType::F16, std::nullopt, W{1, 3}});
+    v.push_back({256, 4, 2, 512, 512, 4100, KvType::F16, std::nullopt, W{2, 2}});
+    v.push_back({128, 4, 2, 0, 130, 0, KvType::F16, std::nullopt, W{2, 2}});
+    v.push_back({128, 1, 4, 0, 1, 0, KvType::BF16, std::nullopt, W{1, 2}});
+    v.push_back({64, 8, 1, 8, 17, 100, KvType::F16, std::nullopt, W{2, 3}});
+    v.push_back({64, 2, 2, 0, 64, 30, KvType::BF16, std::nullopt, W{1, 2}});
+    v.push_back({256, 3, 2, 100, 64, 333, KvType::F16, std::nullopt, W{2, 2}});
     return v;
 }
 
@@ -357,6 +387,228 @@ TEST(FlashPrefill, NanInVisibleRowPropagates) {
         for (int h = 0; h < H; ++h)
             EXPECT_EQ(std::isnan(out[(size_t(t) * H + h) * hd]), t >= 10 && h < group)
                 << "token " << t << " head " << h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing (FlashPrefillBench.DISABLED_*, run with --gtest_also_run_disabled_tests): first chunks
+// (pos0 0) at every model's attention shapes, the builder's tiling against candidates. Phase 1
+// times every candidate on the 31B and E4B shapes; phase 2 the best of them on every shape at
+// 512 and 2048 tokens.
+
+struct BenchShape {
+    const char* layer;
+    int hd, group, kvh, window;
+};
+
+const BenchShape kBenchShapes[] = {
+    {"31B sliding", 256, 2, 16, 1024},    {"E4B sliding", 256, 4, 2, 512},
+    {"31B global", 512, 8, 4, 0},         {"E4B global", 512, 4, 2, 0},
+    {"12B/26B sliding", 256, 2, 8, 1024}, {"E2B sliding", 256, 8, 1, 512},
+    {"12B global", 512, 16, 1, 0},        {"26B global", 512, 8, 2, 0},
+    {"E2B global", 512, 8, 1, 0}};
+
+std::string tiling_name(const FlashPrefillTiling& t) {
+    char b[64];
+    std::snprintf(b, sizeof b, "m%dd%d%sk%dw%ds%dx%d", t.row_warps, t.dim_slices,
+                  t.dim_scores ? "h" : "", t.key_sets, t.warp_keys, t.stages, t.splits);
+    return b;
+}
+
+// Tilings worth timing at a head dim: 128..512 threads, O at most 128 registers per thread.
+std::vector<FlashPrefillTiling> bench_tilings(int hd) {
+    const std::vector<std::pair<int, bool>> dims =
+        hd >= 512 ? std::vector<std::pair<int, bool>>{{2, false}, {2, true}, {4, false}, {4, true}}
+                  : std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {2, true}, {4, true}};
+    const std::vector<int> kws = hd >= 512 ? std::vector<int>{16, 32} : std::vector<int>{32, 64};
+    std::vector<FlashPrefillTiling> v;
+    for (int wm : {1, 2, 4, 8})
+        for (const auto& [ds, dim] : dims)
+            for (int ks : {1, 2})
+                for (int kw : kws)
+                    for (int stages : {2, 3}) {
+                        const int threads = 32 * wm * ds * ks;
+                        if (threads < 128 || threads > 512) continue;
+                        const FlashPrefillTiling t{wm, ds, ks, kw, stages, 1, dim};
+                        try {
+                            gj::gemma4::flash_prefill_spec(hd, 1, 1, 0, KvType::F16, t);
+                        } catch (const std::invalid_argument&) {
+                            continue;
+                        }
+                        v.push_back(t);
+                    }
+    return v;
+}
+
+// One chunk's inputs at a shape: queries, f16 caches, positions 0..T-1 and the outputs.
+struct BenchChunk {
+    int T, slots, H, hd;
+    DeviceBuffer q, kc, vc, pos, out, out_h;
+    double flops;  // 4 x head dim x visible (query, key) pairs x heads
+    BenchChunk(const BenchShape& s, int t)
+        : T(t),
+          slots(s.window > 0 ? gj::gemma4::sliding_slots(s.window, t, 1 << 30) : t),
+          H(s.group * s.kvh),
+          hd(s.hd),
+          q(size_t(t) * H * hd * 4),
+          kc(size_t(slots) * s.kvh * hd * 2),
+          vc(size_t(slots) * s.kvh * hd * 2),
+          pos(size_t(t) * 4),
+          out(size_t(t) * H * hd * 4),
+          out_h(size_t(t) * H * hd * 2) {
+        std::mt19937 rng(7);
+        const auto qv = random_normal(size_t(T) * H * hd, 4.0f / std::sqrt(float(hd)), rng);
+        q.upload(qv.data(), qv.size() * 4);
+        const auto kv = encode(random_normal(size_t(slots) * s.kvh * hd, 1.0f, rng), false);
+        kc.upload(kv.data(), kv.size() * 2);
+        vc.upload(kv.data(), kv.size() * 2);
+        std::vector<int> p(T);
+        double pairs = 0;
+        for (int i = 0; i < T; ++i) {
+            p[i] = i;
+            pairs += s.window > 0 ? std::min(i + 1, s.window) : i + 1;
+        }
+        pos.upload(p.data(), p.size() * 4);
+        flops = 4.0 * hd * pairs * H;
+    }
+};
+
+struct BenchResult {
+    double us;
+    double max_diff;  // against the first spec timed, relative to its largest |output|
+};
+
+// Times each spec on the chunk (a graph of 10 launches, median of 7) and compares its output with
+// the first spec's.
+std::vector<BenchResult> time_specs(const std::vector<KernelSpec>& specs, BenchChunk& c) {
+    const GpuKernels g(specs);
+    std::vector<BenchResult> r;
+    std::vector<float> first;
+    for (const KernelSpec& spec : specs) {
+        auto k = [&](const char* n) { return unsigned(spec_constant(spec, n)); };
+        auto run = [&] {
+            launch_smem_async(g.get(spec.name, "flash_prefill"),
+                              {ceil_div(size_t(c.T) * k("GROUP"), k("BLOCK_ROWS")) * k("SPLITS"),
+                               k("N_KV_HEADS")},
+                              {k("THREADS")}, k("SMEM"), c.q.ptr(), c.kc.ptr(), c.vc.ptr(),
+                              c.pos.ptr(), c.T, c.slots, c.out.ptr(), c.out_h.ptr());
+        };
+        GraphTimer timer;
+        const double us = timer.time_us(
+            [&] {
+                for (int i = 0; i < 10; ++i) run();
+            },
+            10, 7);
+        const auto o = from_device<float>(c.out, size_t(c.T) * c.H * c.hd);
+        if (first.empty()) first = o;
+        double big = 0, diff = 0;
+        for (size_t i = 0; i < o.size(); ++i) {
+            big = std::max(big, double(std::fabs(first[i])));
+            diff = std::max(diff, double(std::fabs(o[i] - first[i])));
+        }
+        r.push_back({us, std::isfinite(diff) ? diff / std::max(big, 1e-30) : 1e30});
+    }
+    return r;
+}
+
+void print_row(const KernelSpec& spec, const std::string& name, const BenchResult& r, double flops,
+               double base_us) {
+    std::printf("  %-22s %4lld thr %6lld B smem %9.2f us %7.1f TFLOP/s %6.3fx diff %.1e\n",
+                name.c_str(), static_cast<long long>(spec_constant(spec, "THREADS")),
+                static_cast<long long>(spec_constant(spec, "SMEM")), r.us, flops / (r.us * 1e6),
+                base_us / r.us, r.max_diff);
+}
+
+TEST(FlashPrefillBench, DISABLED_Tilings) {
+    GJ_REQUIRE_GPU();
+    using gj::gemma4::flash_prefill_spec;
+    using gj::gemma4::flash_prefill_splits;
+    using gj::gemma4::flash_prefill_tiling;
+    // Phase 1: every candidate on the 31B and E4B shapes at 512 tokens; log(time / default)
+    // summed per tiling (without its splits) and head dim.
+    std::map<std::string, double> score;
+    std::map<std::string, FlashPrefillTiling> by_name;
+    for (int si = 0; si < 4; ++si) {
+        const BenchShape& s = kBenchShapes[si];
+        BenchChunk chunk(s, 512);
+        std::vector<FlashPrefillTiling> tilings{flash_prefill_tiling(s.hd, s.group, s.kvh)};
+        for (FlashPrefillTiling t : bench_tilings(s.hd)) {
+            t.splits = flash_prefill_splits(t, s.group, s.kvh, 512);
+            tilings.push_back(t);
+        }
+        std::vector<KernelSpec> specs;
+        for (const auto& t : tilings)
+            specs.push_back(flash_prefill_spec(s.hd, s.group, s.kvh, s.window, KvType::F16, t));
+        const auto r = time_specs(specs, chunk);
+        std::printf("%s (hd %d, group %d, %d KV heads, window %d), T 512, %zu tilings:\n", s.layer,
+                    s.hd, s.group, s.kvh, s.window, tilings.size());
+        std::vector<size_t> order(tilings.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::sort(order.begin(), order.end(),
+                  [&](size_t a, size_t b) { return r[a].us < r[b].us; });
+        for (size_t i : order)
+            print_row(specs[i], tiling_name(tilings[i]), r[i], chunk.flops, r[0].us);
+        for (size_t i = 1; i < tilings.size(); ++i) {
+            FlashPrefillTiling t = tilings[i];
+            t.splits = 1;
+            const std::string key = std::to_string(s.hd) + " " + tiling_name(t);
+            score[key] += std::log(r[i].us / r[0].us) + (r[i].max_diff > 1e-2 ? 1e9 : 0.0);
+            by_name[key] = t;
+        }
+    }
+    // Phase 2: the six best per head dim on every shape, at 512 and 2048 tokens.
+    for (int hd : {256, 512}) {
+        std::vector<std::pair<double, std::string>> ranked;
+        for (const auto& [key, sc] : score)
+            if (key.rfind(std::to_string(hd) + " ", 0) == 0) ranked.push_back({sc, key});
+        std::sort(ranked.begin(), ranked.end());
+        ranked.resize(std::min<size_t>(ranked.size(), 6));
+        for (const BenchShape& s : kBenchShapes) {
+            if (s.hd != hd) continue;
+            for (int T : {512, 2048}) {
+                BenchChunk chunk(s, T);
+                std::vector<FlashPrefillTiling> tilings{flash_prefill_tiling(s.hd, s.group, s.kvh)};
+                for (const auto& [sc, key] : ranked) {
+                    FlashPrefillTiling t = by_name[key];
+                    t.splits = flash_prefill_splits(t, s.group, s.kvh, T);
+                    tilings.push_back(t);
+                }
+                std::vector<KernelSpec> specs;
+                for (const auto& t : tilings)
+                    specs.push_back(
+                        flash_prefill_spec(s.hd, s.group, s.kvh, s.window, KvType::F16, t));
+                const auto r = time_specs(specs, chunk);
+                std::printf("%s, T %d (default first):\n", s.layer, T);
+                for (size_t i = 0; i < tilings.size(); ++i)
+                    print_row(specs[i], tiling_name(tilings[i]), r[i], chunk.flops, r[0].us);
+            }
+        }
+    }
+}
+
+// The wgmma kernel (sm_90a) against the builder's mma.sync tiling on the head dim 256 shapes.
+TEST(FlashPrefillBench, DISABLED_Wgmma) {
+    GJ_REQUIRE_GPU();
+    if (gj::jit::Device::get().arch() != "sm_90") GTEST_SKIP() << "needs an sm_90 GPU";
+    for (const BenchShape& s : kBenchShapes) {
+        if (s.hd != 256) continue;
+        for (int T : {512, 2048}) {
+            BenchChunk chunk(s, T);
+            std::vector<KernelSpec> specs{
+                gj::gemma4::flash_prefill_spec(s.hd, s.group, s.kvh, s.window, KvType::F16)};
+            std::vector<std::string> names{"mma.sync default"};
+            for (int wg : {1, 2})
+                for (int st : {2, 3}) {
+                    if (wg == 2 && st == 3) continue;  // over the shared memory at head dim 256
+                    specs.push_back(gj::gemma4::flash_prefill_wgmma_spec(
+                        s.hd, s.group, s.kvh, s.window, KvType::F16, {wg, st}));
+                    names.push_back("wgmma wg" + std::to_string(wg) + "s" + std::to_string(st));
+                }
+            const auto r = time_specs(specs, chunk);
+            std::printf("%s, T %d:\n", s.layer, T);
+            for (size_t i = 0; i < specs.size(); ++i)
+                print_row(specs[i], names[i], r[i], chunk.flops, r[0].us);
+        }
+    }
 }
 
 }  // namespace

@@ -181,6 +181,44 @@ TEST(GpuForward, FlashPrefillKillSwitchAgrees) {
     }
 }
 
+// GEMMAJIT_FLASH_WGMMA=on takes the warpgroup attention kernel on every layer it fits (sm_90;
+// the tiny presets' head dim 64 global layers, not their head dim 32 sliding ones) for every
+// chunk; =off never. Both round q and P to the KV type, so they agree within the quantized
+// tolerance; auto leaves these small chunks on the mma.sync kernel (too few row blocks).
+TEST(GpuForward, FlashWgmmaAgreesWithMmaSync) {
+    GJ_REQUIRE_GPU();
+    if (!sm90()) GTEST_SKIP() << "the wgmma attention needs an sm_90 GPU";
+    gj::test::ScratchDir dir("gpu-flash-wgmma");
+    for (const char* variant : {"tiny", "tiny-keqv"}) {
+        const auto path = synth(dir, variant, ggml::Type::Q8_0);
+        auto on = load_gpu(path, 128, 32, flags({{"GEMMAJIT_FLASH_WGMMA", "on"}}));
+        auto off = load_gpu(path, 128, 32, flags({{"GEMMAJIT_FLASH_WGMMA", "off"}}));
+        auto automatic = load_gpu(path, 128, 32, flags());
+        const Config& cfg = on->config();
+        int fitting = 0;
+        for (int l = 0; l < cfg.n_layers; ++l) {
+            const bool fits = cfg.layers[l].head_dim == 64;
+            fitting += fits;
+            EXPECT_EQ(on->layers()[l].flash_prefill_wgmma_specs.size(), fits ? 2u : 0u)
+                << "layer " << l;
+            EXPECT_TRUE(off->layers()[l].flash_prefill_wgmma_specs.empty());
+        }
+        ASSERT_GT(fitting, 0);
+        const auto tokens = test_tokens(40, cfg.vocab_size);
+        GpuSession a(*on), b(*off), c(*automatic);
+        const auto want = b.prefill_logits(tokens);
+        expect_agree(want, a.prefill_logits(tokens), cfg.vocab_size, kTolQuant,
+                     std::string("flash wgmma vs mma.sync ") + variant);
+        expect_agree(want, c.prefill_logits(tokens), cfg.vocab_size, kTolQuant,
+                     std::string("flash auto vs mma.sync ") + variant);
+        // 40 tokens: chunks of 32 and 8.
+        EXPECT_EQ(a.path_counts().flash_wgmma, uint64_t(2 * fitting)) << variant;
+        EXPECT_EQ(a.path_counts().flash_prefill, uint64_t(2 * cfg.n_layers)) << variant;
+        EXPECT_EQ(b.path_counts().flash_wgmma, 0u);
+        EXPECT_EQ(c.path_counts().flash_wgmma, 0u);
+    }
+}
+
 // GEMMAJIT_MMQ_VARIANT=none keeps quantized prefill products on the batched dp4a matvecs (the
 // exact path). The int8 GEMM takes the same Q8_1 activations and exact integer block dots, so they
 // differ only in the fp32 summation order (and the GeGLU's Q8_1 output rounding); cuBLAS (auto on

@@ -3,6 +3,7 @@
 // compile, contain the instructions it exists for, and spill nothing.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -14,6 +15,8 @@
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/kv_type.h"
+#include "jit/grid_dependency.h"
+#include "jit/jit.h"
 #include "tests/support/kernel_specs.h"
 
 using gj::gemma4::build_kernel_plan;
@@ -174,6 +177,71 @@ TEST(KernelPlan, FlashPrefillBuilders) {
     EXPECT_THROW(flash_prefill_spec(odd, 0), gj::gemma4::ConfigError);
 }
 
+// The wgmma prefill attention: which layers it fits, when GEMMAJIT_FLASH_WGMMA=auto takes it (row
+// blocks for about every SM), and the plans that list it (sm_90 targets, unless off).
+TEST(KernelPlan, FlashPrefillWgmmaChoice) {
+    using gj::gemma4::flash_prefill_wgmma_fits;
+    using gj::gemma4::flash_prefill_wgmma_pays;
+    using gj::gemma4::flash_prefill_wgmma_spec;
+    using gj::gemma4::flash_prefill_wgmma_specs;
+    EXPECT_TRUE(flash_prefill_wgmma_fits(256, KvType::F16));
+    EXPECT_TRUE(flash_prefill_wgmma_fits(64, KvType::BF16));
+    EXPECT_FALSE(flash_prefill_wgmma_fits(512, KvType::F16));
+    EXPECT_FALSE(flash_prefill_wgmma_fits(32, KvType::F16));
+    EXPECT_FALSE(flash_prefill_wgmma_fits(256, KvType::Q8_0));
+    EXPECT_THROW(flash_prefill_wgmma_spec(512, 8, 4, 0, KvType::F16, {2, 2}),
+                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_wgmma_spec(256, 2, 16, 1024, KvType::Q8_0, {2, 2}),
+                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_wgmma_spec(256, 2, 16, 1024, KvType::F16, {3, 2}),
+                 std::invalid_argument);
+    const Config b31 = Config::preset("31b"), e4b = Config::preset("e4b"),
+                 b12 = Config::preset("12b");
+    const auto f31 = flash_prefill_wgmma_specs(b31, 0, KvType::F16);
+    ASSERT_EQ(f31.size(), 2u);
+    const KernelSpec& s31 = f31[0];
+    EXPECT_EQ(s31.name, "flash_prefill_wgmma.hd256.g2.kv16.w1024.f16.wg2s2");
+    EXPECT_EQ(f31[1].name, "flash_prefill_wgmma.hd256.g2.kv16.w1024.f16.wg1s3");
+    EXPECT_EQ(s31.arch_specific, 90);
+    EXPECT_EQ(spec_constant(s31, "BLOCK_ROWS"), 128);
+    EXPECT_EQ(spec_constant(s31, "THREADS"), 384);  // a producer warpgroup and two consumers
+    EXPECT_EQ(spec_constant(f31[1], "THREADS"), 256);
+    EXPECT_EQ(spec_constant(s31, "SPLITS"), 1);
+    auto choice = [](const std::vector<KernelSpec>& forms, int T, bool always) -> std::string {
+        std::vector<const KernelSpec*> p;
+        for (const auto& f : forms) p.push_back(&f);
+        const KernelSpec* c = gj::gemma4::flash_prefill_wgmma_choice(p, T, always);
+        return c ? c->name : "";
+    };
+    // 31B: 512 tokens x 2 heads per KV head / 128 rows x 16 KV heads = 128 blocks of 2 x 2.
+    EXPECT_TRUE(flash_prefill_wgmma_pays(s31, 512));
+    EXPECT_EQ(choice(f31, 512, false), s31.name);
+    EXPECT_EQ(choice(f31, 64, false), "");  // 16 blocks of 1 x 3
+    EXPECT_EQ(choice(f31, 64, true), f31[1].name);
+    // E4B: 32 blocks of 2 x 2 at 512 tokens, 64 of 1 x 3: the mma.sync kernel; 2 x 2 at 2048.
+    const auto f4 = flash_prefill_wgmma_specs(e4b, 0, KvType::F16);
+    EXPECT_EQ(choice(f4, 512, false), "");
+    EXPECT_EQ(choice(f4, 2048, false), f4[0].name);
+    // 12B: 64 blocks of 2 x 2 at 512 tokens, 128 of 1 x 3.
+    const auto f12 = flash_prefill_wgmma_specs(b12, 0, KvType::BF16);
+    EXPECT_EQ(choice(f12, 512, false), f12[1].name);
+    EXPECT_EQ(choice(f12, 1024, false), f12[0].name);
+    // Plans: on sm_90 beside the mma.sync kernel of each head dim 256 layer; none on sm_80 or off.
+    auto plan_for = [&](const std::string& arch, const char* flag) {
+        gj::gemma4::PlanTypes types{gj::ggml::Type::Q4_0, gj::ggml::Type::Q4_0,
+                                    gj::ggml::Type::Q4_0, gj::ggml::Type::Q4_0};
+        gj::gemma4::apply_prefill_flags(
+            types, gj::jit::Flags::parse({{"GEMMAJIT_FLASH_WGMMA", flag}}), arch);
+        return names_of(build_kernel_plan(b31, types));
+    };
+    const auto on90 = plan_for("sm_90", "auto");
+    EXPECT_TRUE(on90.count(s31.name));
+    EXPECT_TRUE(on90.count(f31[1].name));
+    EXPECT_TRUE(on90.count(gj::gemma4::flash_prefill_spec(b31, 0).name));
+    EXPECT_FALSE(plan_for("sm_80", "auto").count(s31.name));
+    EXPECT_FALSE(plan_for("sm_90", "off").count(s31.name));
+}
+
 TEST(KernelPlan, FlashDecodeSplits) {
     using gj::gemma4::flash_decode_spec;
     using gj::gemma4::flash_decode_splits;
@@ -284,4 +352,77 @@ TEST(KernelTemplates, AttentionSpecsCompileWithTheirInstructionsAndNoSpills) {
                     EXPECT_EQ(body.find(want) != std::string::npos, clusters) << want;
             }
         });
+}
+
+// The wgmma prefill attention (sm_90a only) at every model's layer shapes it takes (head dim 256,
+// f16 and bf16 caches), the tilings and head dims the GPU test runs: warpgroup tensor-core
+// products (S from two shared-memory operands, P V with P in registers and V transposed), the
+// async-proxy fence, the producer / consumer register split and mbarriers, no local memory and no
+// serialized wgmma; another target is refused by name.
+TEST(KernelTemplates, FlashPrefillWgmmaCompilesForSm90aOnly) {
+    using gj::gemma4::FlashPrefillWgmmaTiling;
+    std::vector<KernelSpec> specs;
+    std::set<std::string> seen;
+    auto add = [&](const KernelSpec& s) {
+        if (seen.insert(s.name).second) specs.push_back(s);
+    };
+    for (const char* v : {"e2b", "e4b", "12b", "26b-a4b", "31b"}) {
+        const Config cfg = Config::preset(v);
+        for (int l = 0; l < cfg.n_layers; ++l)
+            for (KvType kv : {KvType::F16, KvType::BF16}) {
+                const bool fits = gj::gemma4::flash_prefill_wgmma_fits(cfg.layers[l].head_dim, kv);
+                EXPECT_EQ(fits, cfg.layers[l].head_dim <= 256) << v << " layer " << l;
+                if (fits)
+                    for (const auto& spec : gj::gemma4::flash_prefill_wgmma_specs(cfg, l, kv))
+                        add(spec);
+            }
+    }
+    for (int hd : {64, 128, 256})
+        for (KvType kv : {KvType::F16, KvType::BF16})
+            for (int wg : {1, 2})
+                for (int stages : {2, 3}) {
+                    if (hd == 256 && wg == 2 && stages == 3) {  // 257 KiB of shared memory
+                        EXPECT_THROW(
+                            gj::gemma4::flash_prefill_wgmma_spec(hd, 3, 2, 100, kv, {wg, stages}),
+                            std::invalid_argument);
+                        continue;
+                    }
+                    add(gj::gemma4::flash_prefill_wgmma_spec(hd, 3, 2, 100, kv, {wg, stages}));
+                }
+    gj::jit::Jit jit(gj::jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
+    specs = gj::test::compile_sample(specs);
+    const auto compiled = jit.compile_plan(specs, "sm_90", 2);
+    ASSERT_EQ(compiled.size(), specs.size());
+    for (const auto& c : compiled) {
+        SCOPED_TRACE(c.spec.name);
+        EXPECT_EQ(c.arch, "sm_90a");
+        EXPECT_EQ(c.log.find("wgmma.mma_async instructions are serialized"), std::string::npos)
+            << c.log;
+        const std::string t = spec_constant(c.spec, "KV_TYPE") == 1 ? "bf16" : "f16";
+        const std::string hd = std::to_string(spec_constant(c.spec, "HEAD_DIM"));
+        const auto body = entry_ptx(c.ptx, "flash_prefill");
+        for (const std::string& want :
+             {"wgmma.mma_async.sync.aligned.m64n64k16.f32." + t + "." + t,
+              "wgmma.mma_async.sync.aligned.m64n" + hd + "k16.f32." + t + "." + t,
+              std::string("wgmma.fence.sync.aligned"),
+              std::string("wgmma.commit_group.sync.aligned"),
+              std::string("wgmma.wait_group.sync.aligned"),
+              std::string("fence.proxy.async.shared::cta"),
+              std::string("cp.async.cg.shared.global"), std::string("ex2.approx"),
+              std::string("setmaxnreg.dec.sync.aligned.u32"),
+              std::string("setmaxnreg.inc.sync.aligned.u32"),
+              std::string("mbarrier.try_wait.parity"), std::string("mbarrier.arrive")})
+            EXPECT_NE(body.find(want), std::string::npos) << "lacks " << want;
+        EXPECT_EQ(body.find(".local"), std::string::npos) << "uses local memory";
+        EXPECT_EQ(c.resources.spill_store_bytes, 0);
+        EXPECT_EQ(c.resources.stack_bytes, 0);
+        EXPECT_TRUE(gj::jit::ptx_entry_waits_on_grid(c.ptx, "flash_prefill"));
+        std::printf("[ regs     ] %s: %d\n", c.spec.name.c_str(), c.resources.registers);
+    }
+    try {
+        jit.compile(specs.front(), "sm_80");
+        ADD_FAILURE() << "compiled an sm_90a kernel for sm_80";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(specs.front().name), std::string::npos) << e.what();
+    }
 }

@@ -25,11 +25,17 @@ FlashPrefillTiling flash_prefill_tiling(int head_dim, int group, int n_kv_heads,
     FlashPrefillTiling t = head_dim >= 512   ? FlashPrefillTiling{4, 2, 1, 16, 2, 1, true}
                            : head_dim >= 256 ? FlashPrefillTiling{4, 1, 2, 32, 2}
                                              : FlashPrefillTiling{4, 1, 2, 32, 3};
-    const int64_t blocks =
-        (int64_t(std::max(1, chunk)) * std::max(1, group) + 16 * t.row_warps - 1) /
-        (16 * t.row_warps) * std::max(1, n_kv_heads);
-    while (t.splits < 8 && blocks * t.splits < kFlashPrefillTargetBlocks) t.splits *= 2;
+    t.splits = flash_prefill_splits(t, group, n_kv_heads, chunk);
     return t;
+}
+
+int flash_prefill_splits(const FlashPrefillTiling& t, int group, int n_kv_heads, int chunk) {
+    const int64_t rows = 16 * std::max(1, t.row_warps);
+    const int64_t blocks = (int64_t(std::max(1, chunk)) * std::max(1, group) + rows - 1) / rows *
+                           std::max(1, n_kv_heads);
+    int splits = 1;
+    while (splits < 8 && blocks * splits < kFlashPrefillTargetBlocks) splits *= 2;
+    return splits;
 }
 
 namespace {
@@ -132,6 +138,80 @@ jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv, int 
     const LayerConfig& l = cfg.layers.at(layer);
     return flash_prefill_spec(l.head_dim, spec_util::gqa_group(cfg, layer), l.n_kv_heads,
                               l.sliding ? cfg.sliding_window : 0, kv, chunk);
+}
+
+bool flash_prefill_wgmma_fits(int head_dim, KvType kv) {
+    return (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+           (kv == KvType::F16 || kv == KvType::BF16);
+}
+
+jit::KernelSpec flash_prefill_wgmma_spec(int head_dim, int group, int n_kv_heads, int window,
+                                         KvType kv, const FlashPrefillWgmmaTiling& tiling) {
+    if (!flash_prefill_wgmma_fits(head_dim, kv))
+        throw std::invalid_argument(fmt::format(
+            "flash_prefill_wgmma: head dim {} over a {} cache is not supported (64, 128 or 256; "
+            "f16 or bf16)",
+            head_dim, kv_type_name(kv)));
+    if (group < 1 || group > 256 || n_kv_heads < 1 || n_kv_heads > 65535 || window < 0)
+        throw std::invalid_argument(fmt::format(
+            "flash_prefill_wgmma: group {}, {} KV heads, window {}", group, n_kv_heads, window));
+    const auto [wg, stages] = tiling;
+    if ((wg != 1 && wg != 2) || (stages != 2 && stages != 3))
+        throw std::invalid_argument(fmt::format(
+            "flash_prefill_wgmma: {} warpgroups and {} stages (1 or 2; 2 or 3)", wg, stages));
+    constexpr int kt = 64;
+    // Q rows, the stages, a full and an empty barrier per stage; 1 KiB to align the base.
+    const int smem = 1024 + 64 * wg * head_dim * 2 + stages * (2 * kt * head_dim * 2 + 16);
+    if (smem > kFlashPrefillWgmmaMaxSmem)
+        throw std::invalid_argument(fmt::format(
+            "flash_prefill_wgmma: head dim {} with {} warpgroups and {} stages needs {} B of "
+            "shared memory ({} max)",
+            head_dim, wg, stages, smem, kFlashPrefillWgmmaMaxSmem));
+    jit::KernelSpec s;
+    s.family = "flash_prefill_wgmma";
+    s.name = fmt::format("flash_prefill_wgmma.hd{}.g{}.kv{}.w{}.{}.wg{}s{}", head_dim, group,
+                         n_kv_heads, window, kv_type_name(kv), wg, stages);
+    s.constants = {{"HEAD_DIM", head_dim},
+                   {"GROUP", group},
+                   {"N_KV_HEADS", n_kv_heads},
+                   {"WINDOW", window},
+                   {"KV_TYPE", kv_type_constant(kv)},
+                   {"WG", wg},
+                   {"KT", kt},
+                   {"STAGES", stages},
+                   {"THREADS", 128 * (wg + 1)},
+                   {"BLOCK_ROWS", 64 * wg},
+                   {"SPLITS", 1},
+                   {"SMEM", smem}};
+    s.entries = {"flash_prefill"};
+    s.priority = 1;
+    s.arch_specific = 90;
+    return s;
+}
+
+std::vector<jit::KernelSpec> flash_prefill_wgmma_specs(const Config& cfg, int layer, KvType kv) {
+    const LayerConfig& l = cfg.layers.at(layer);
+    std::vector<jit::KernelSpec> out;
+    for (const FlashPrefillWgmmaTiling t :
+         {FlashPrefillWgmmaTiling{2, 2}, FlashPrefillWgmmaTiling{1, 3}})
+        out.push_back(flash_prefill_wgmma_spec(l.head_dim, spec_util::gqa_group(cfg, layer),
+                                               l.n_kv_heads, l.sliding ? cfg.sliding_window : 0, kv,
+                                               t));
+    return out;
+}
+
+bool flash_prefill_wgmma_pays(const jit::KernelSpec& spec, int T) {
+    const int64_t rows = int64_t(std::max(0, T)) * spec_constant(spec, "GROUP");
+    const int64_t block_rows = spec_constant(spec, "BLOCK_ROWS");
+    const int64_t blocks = (rows + block_rows - 1) / block_rows * spec_constant(spec, "N_KV_HEADS");
+    return blocks * 4 >= int64_t(kFlashPrefillTargetBlocks) * 3;
+}
+
+const jit::KernelSpec* flash_prefill_wgmma_choice(const std::vector<const jit::KernelSpec*>& specs,
+                                                  int T, bool always) {
+    for (const jit::KernelSpec* s : specs)
+        if (flash_prefill_wgmma_pays(*s, T)) return s;
+    return always && !specs.empty() ? specs.back() : nullptr;
 }
 
 }  // namespace gj::gemma4

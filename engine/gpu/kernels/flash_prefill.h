@@ -10,6 +10,8 @@
 // are compiled in (sm_90+), no workspace.
 #pragma once
 
+#include <vector>
+
 #include "engine/gpu/kv_type.h"
 #include "engine/model/gemma4_config.h"
 #include "jit/kernel_spec.h"
@@ -42,11 +44,47 @@ struct FlashPrefillTiling {
 };
 FlashPrefillTiling flash_prefill_tiling(int head_dim, int group, int n_kv_heads,
                                         int chunk = kFlashPrefillDefaultChunk);
+// The key splits that bring a tiling's grid at `chunk` tokens to about kFlashPrefillTargetBlocks
+// (1, 2, 4 or 8; the tiling's own splits are ignored).
+int flash_prefill_splits(const FlashPrefillTiling& t, int group, int n_kv_heads, int chunk);
 jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
                                    const FlashPrefillTiling& tiling);
 jit::KernelSpec flash_prefill_spec(int head_dim, int group, int n_kv_heads, int window, KvType kv,
                                    int chunk = kFlashPrefillDefaultChunk);
 jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv = KvType::F16,
                                    int chunk = kFlashPrefillDefaultChunk);
+
+// The same attention on Hopper's warpgroup tensor cores (kernel_templates/flash_prefill_wgmma.cu,
+// sm_90a only: arch_specific 90) for head dims 64, 128 and 256 over f16 / bf16 caches: entry,
+// arguments and launch as above (SPLITS 1). Spec name
+// "flash_prefill_wgmma.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>.wg<WG>s<STAGES>".
+inline constexpr int kFlashPrefillWgmmaMaxSmem = 227 * 1024;  // sm_90's opt-in limit
+struct FlashPrefillWgmmaTiling {
+    int warpgroups = 2;  // WG: consumer warpgroups of 64 query rows (BLOCK_ROWS = 64 * WG), plus
+                         // a producer warpgroup (THREADS = 128 * (WG + 1))
+    int stages = 2;      // cp.async pipeline depth (2 or 3) of 64-key tiles
+    bool operator==(const FlashPrefillWgmmaTiling&) const = default;
+};
+bool flash_prefill_wgmma_fits(int head_dim, KvType kv);
+// Throws std::invalid_argument for a head dim, cache type or tiling the template does not take
+// (or whose shared memory exceeds kFlashPrefillWgmmaMaxSmem: head dim 256 with 2 warpgroups and
+// 3 stages).
+jit::KernelSpec flash_prefill_wgmma_spec(int head_dim, int group, int n_kv_heads, int window,
+                                         KvType kv, const FlashPrefillWgmmaTiling& tiling);
+// A layer's wgmma forms, in the order a chunk tries them: two warpgroups and two stages (the K/V
+// tiles shared by 128 rows), then one warpgroup and three stages (twice the row blocks for
+// shorter chunks). The layer must fit (flash_prefill_wgmma_fits).
+std::vector<jit::KernelSpec> flash_prefill_wgmma_specs(const Config& cfg, int layer, KvType kv);
+// Whether a T-token chunk's row blocks in `spec` come to about a block per SM (at least 3/4 of
+// kFlashPrefillTargetBlocks): fewer, longer blocks leave SMs idle, where the mma.sync kernel's
+// key splits fill them. H200, one sliding layer (FlashPrefillBench.DISABLED_Wgmma; mma.sync,
+// wgmma 2 x 2, wgmma 1 x 3, us): 31B at 512 tokens 67.3, 38.8, 50.2; 12B at 512 32.8, 34.2, 21.2;
+// E4B at 512 21.1, 35.6, 21.2; E4B at 2048 95.5, 46.4, 55.8.
+bool flash_prefill_wgmma_pays(const jit::KernelSpec& spec, int T);
+// The spec of `specs` (flash_prefill_wgmma_specs' order) a T-token chunk takes: the first that
+// pays; with `always` (GEMMAJIT_FLASH_WGMMA=on) the last when none does; else none (nullptr: the
+// mma.sync kernel).
+const jit::KernelSpec* flash_prefill_wgmma_choice(const std::vector<const jit::KernelSpec*>& specs,
+                                                  int T, bool always);
 
 }  // namespace gj::gemma4

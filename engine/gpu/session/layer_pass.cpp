@@ -56,7 +56,13 @@ GpuSession::Input GpuSession::record_attention(int l, int T) {
         // The whole chunk in one launch on tensor cores; K/V of this chunk are already cached.
         // SPLITS blocks (a cluster) per row block share its key range.
         const KvCache::Layer& kv = kv_.layer(l, seq_);
-        const jit::KernelSpec& spec = model_.kernels().spec(gl.flash_prefill_spec);
+        std::vector<const jit::KernelSpec*> forms;
+        for (const std::string& n : gl.flash_prefill_wgmma_specs)
+            forms.push_back(&model_.kernels().spec(n));
+        const jit::KernelSpec* chosen = flash_prefill_wgmma_choice(forms, T, gl.flash_wgmma_always);
+        const bool wgmma = chosen != nullptr;
+        const std::string& name = wgmma ? chosen->name : gl.flash_prefill_spec;
+        const jit::KernelSpec& spec = model_.kernels().spec(name);
         const unsigned rows_per_block = constant(spec, "BLOCK_ROWS");
         // An F16 cuBLAS output projection takes the output in f16 as well, from the same stores.
         const bool f16 = f16_product(gl.o, T);
@@ -65,13 +71,14 @@ GpuSession::Input GpuSession::record_attention(int l, int T) {
         if (f16) normed_f16_ = false;  // the half buffer now holds the attention output
         int slots = kv.slots;
         void* args[] = {&q, &kc, &vc, &positions, &T, &slots, &out, &out_h};
-        launch(model_.kernels().get(gl.flash_prefill_spec, "flash_prefill"),
+        launch(model_.kernels().get(name, "flash_prefill"),
                {ceil_div(uint64_t(T) * constant(spec, "GROUP"), rows_per_block) *
                     constant(spec, "SPLITS"),
                 unsigned(lc.n_kv_heads)},
-               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, gl.flash_prefill_spec,
+               {constant(spec, "THREADS")}, constant(spec, "SMEM"), args, name,
                LaunchCost{0, attention_flops(l, 0, T), WorkKind::Attention});
         ++paths_.flash_prefill;
+        paths_.flash_wgmma += wgmma;
         paths_.attn_f16 += f16;
         return f16 ? Input{.f = w.attn.ptr(), .h = w.xhalf.ptr()} : Input{w.attn.ptr()};
     }

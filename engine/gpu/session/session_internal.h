@@ -9,6 +9,7 @@
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/flash_decode.h"
+#include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/session.h"
 #include "engine/gpu/session/work_layout.h"
