@@ -327,10 +327,10 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Enum,
          .cls = C::OutputChanging,
          .default_value = "auto",
-         .help = "prefill attention on Hopper's warpgroup tensor cores (sm_90 only; head dims up "
-                 "to 256 over an f16/bf16 cache, the other layers keep the mma.sync kernel): auto "
-                 "(for chunks whose row blocks fill the GPU, e.g. every 31B chunk and E2B/E4B/12B "
-                 "chunks from about 1024 tokens), on (every chunk), off (never)",
+         .help = "prefill attention on Hopper's warpgroup tensor cores (sm_90 only; f16/bf16 "
+                 "caches): auto (for chunks whose row blocks fill the GPU, e.g. every 31B chunk, "
+                 "12B/26B-A4B chunks from 512 tokens and E2B/E4B chunks from about 1024; the "
+                 "mma.sync kernel for shorter ones), on (every chunk), off (never)",
          .choices = {"auto", "on", "off"}},
         {.name = "GEMMAJIT_FLASH_PREFILL",
          .family = "path",

@@ -1,6 +1,6 @@
 // flash_prefill_wgmma: the prefill attention of flash_prefill.cu (same semantics, entry, arguments
-// and launch) on Hopper's warpgroup tensor cores (wgmma.mma_async, sm_90a), for head dims 64, 128
-// and 256 over an f16 or bf16 cache.
+// and launch) on Hopper's warpgroup tensor cores (wgmma.mma_async, sm_90a), for head dims 64, 128,
+// 256 and 512 over an f16 or bf16 cache.
 //
 // Why: flash_prefill.cu runs on mma.sync, whose operands pass through registers. At head dim 256
 // a warp keeps O (16 rows x 256 dims: 128 fp32 registers) and re-reads Q and every K and V
@@ -37,30 +37,44 @@
 //                          (transposed) from the same panel layout as K.
 // The end: O / l per row, written as fp32 and optionally as f16 (out_h), like flash_prefill.cu.
 //
+// Head dim 512 (DSPLIT 2): O of 64 rows x 512 dims would take 256 registers per thread, so the two
+// consumers take the same 64 rows and one half of the head dims each: each computes S over its
+// half of Q and K, the two partial S meet in shared memory (a named barrier over both consumers;
+// both add them in the same order, so both hold the same S and the same softmax), and each
+// accumulates O for its half of V's dims. Tiles of 32 keys (two stages of 64 would not fit beside
+// the 64 KiB of Q rows).
+//
 // Shared memory (1 KiB aligned): Q [BLOCK_ROWS rows] then STAGES x (K tile, V tile) [KT rows],
 // each as HEAD_DIM / 64 panels of 128-byte rows, 16-byte chunk c of row r at r * 128 + ((c ^ r) &
-// 7) * 16 within its panel (the canonical SWIZZLE_128B layout); then the full and empty barriers.
+// 7) * 16 within its panel (the canonical SWIZZLE_128B layout); then the full and empty barriers;
+// with DSPLIT 2 the partial scores [tile parity][consumer][KT / 8][128 threads] float4.
 //
 // Constants (prologue #defines):
-//   HEAD_DIM 64, 128 or 256     GROUP, N_KV_HEADS, WINDOW as flash_prefill.cu
-//   KV_TYPE  0 f16, 1 bf16      WG  consumer warpgroups per block (1 or 2)     KT  64
-//   STAGES   2 or 3             THREADS 128 * (WG + 1)   BLOCK_ROWS 64 * WG    SPLITS 1
+//   HEAD_DIM 64, 128, 256 or 512     GROUP, N_KV_HEADS, WINDOW as flash_prefill.cu
+//   KV_TYPE  0 f16, 1 bf16           WG  consumer warpgroups per block (1 or 2)
+//   DSPLIT   1, or 2 at head dim 512 (the consumers split the head dims; WG 2)
+//   KT       keys per tile: 64, 32 at head dim 512      STAGES  2 or 3
+//   THREADS  128 * (WG + 1)          BLOCK_ROWS 64 * WG / DSPLIT    SPLITS 1
 //   SMEM     1024 + BLOCK_ROWS * HEAD_DIM * 2 + STAGES * (2 * KT * HEAD_DIM * 2 + 16)
+//            (+ 2 * WG * 64 * KT * 4 with DSPLIT 2)
 // Launch flash_prefill: grid (ceil(T * GROUP / BLOCK_ROWS), N_KV_HEADS), block THREADS, SMEM
 // dynamic bytes (opt in). Entry and arguments: those of flash_prefill.cu.
 #include "attn_kv.cuh"
 #include "gj_ptx.cuh"
 #include "gj_wgmma.cuh"
 
-static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256,
-              "flash_prefill_wgmma: HEAD_DIM must be 64, 128 or 256");
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256 || HEAD_DIM == 512,
+              "flash_prefill_wgmma: HEAD_DIM must be 64, 128, 256 or 512");
 static_assert(KV_TYPE == 0 || KV_TYPE == 1, "flash_prefill_wgmma: f16 or bf16 caches only");
 static_assert(GROUP >= 1 && N_KV_HEADS >= 1 && WINDOW >= 0, "flash_prefill_wgmma: bad shape");
 static_assert(WG == 1 || WG == 2, "flash_prefill_wgmma: WG must be 1 or 2");
-static_assert(KT == 64, "flash_prefill_wgmma: KT must be 64");
+static_assert(DSPLIT == 1 || (DSPLIT == 2 && WG == 2),
+              "flash_prefill_wgmma: DSPLIT 2 (head-dim halves) takes two consumers");
+static_assert(HEAD_DIM / DSPLIT <= 256, "flash_prefill_wgmma: O of at most 256 dims per consumer");
+static_assert(KT == 32 || KT == 64, "flash_prefill_wgmma: KT must be 32 or 64");
 static_assert(STAGES == 2 || STAGES == 3, "flash_prefill_wgmma: STAGES must be 2 or 3");
-static_assert(THREADS == 128 * (WG + 1) && BLOCK_ROWS == 64 * WG && SPLITS == 1,
-              "flash_prefill_wgmma: THREADS 128 * (WG + 1), BLOCK_ROWS 64 * WG, SPLITS 1");
+static_assert(THREADS == 128 * (WG + 1) && BLOCK_ROWS == 64 * WG / DSPLIT && SPLITS == 1,
+              "flash_prefill_wgmma: THREADS 128 * (WG + 1), BLOCK_ROWS 64 * WG / DSPLIT, SPLITS 1");
 
 #if KV_TYPE == 1
 #define FW_TYPE "bf16"
@@ -73,7 +87,10 @@ constexpr int kChunks = HEAD_DIM / 8;               // 16-byte chunks per row
 constexpr int kQBytes = BLOCK_ROWS * HEAD_DIM * 2;  // Q rows
 constexpr int kTileBytes = KT * HEAD_DIM * 2;       // a K or a V tile
 constexpr int kStageBytes = 2 * kTileBytes;
-static_assert(SMEM == 1024 + kQBytes + STAGES * kStageBytes + 16 * STAGES,
+constexpr int kODim = HEAD_DIM / DSPLIT;  // O dims (and S's share of Q K^T) per consumer
+// DSPLIT 2: each consumer's partial S [64][KT] fp32, two buffers (tile parity).
+constexpr int kXBytes = DSPLIT == 2 ? 2 * WG * 64 * KT * 4 : 0;
+static_assert(SMEM == 1024 + kQBytes + STAGES * kStageBytes + 16 * STAGES + kXBytes,
               "flash_prefill_wgmma: SMEM differs from what the template needs");
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -109,6 +126,27 @@ GJ_DEVICE void fw_mma_ss_n64(float (&d)[32], uint64 da, uint64 db, int accumulat
           "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(accumulate)
         : "memory");
+}
+
+GJ_DEVICE void fw_mma_ss_n32(float (&d)[16], uint64 da, uint64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." FW_TYPE "." FW_TYPE
+        " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+        "1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(accumulate)
+        : "memory");
+}
+template <int N>
+GJ_DEVICE void fw_mma_s(float (&d)[N / 2], uint64 da, uint64 db, int accumulate) {
+    if constexpr (N == 32)
+        fw_mma_ss_n32(d, da, db, accumulate);
+    else
+        fw_mma_ss_n64(d, da, db, accumulate);
 }
 
 GJ_DEVICE void fw_mma_rs_t_n64(float (&d)[32], const uint32 (&a)[4], uint64 db) {
@@ -322,10 +360,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
     const int ct = threadIdx.x - 128;  // 0 .. 128 * WG - 1
     const int warp = (ct / 32) % 4, lane = ct % 32;
+    // DSPLIT 1: consumer wg takes rows 64 wg ..; DSPLIT 2: both take the block's 64 rows, consumer
+    // wg the head dims [wg, wg + 1) * kODim of Q K^T (partial S, added up through shared memory)
+    // and of O.
+    const int wrow = DSPLIT == 2 ? 0 : 64 * wg;
+    const int panel0 = DSPLIT == 2 ? wg * (kODim / 64) : 0;  // first 64-dim panel
 
-    // This warpgroup's Q rows rounded to the cache type; rows past T * GROUP zero.
-    for (int i = ct % 128; i < 64 * kChunks; i += 128) {
-        const int r = 64 * wg + i / kChunks, c = i % kChunks, row = row0 + r;
+    // This consumer's Q rows and dims rounded to the cache type; rows past T * GROUP zero.
+    for (int i = ct % 128; i < 64 * (kODim / 8); i += 128) {
+        const int r = wrow + i / (kODim / 8), c = 8 * panel0 + i % (kODim / 8), row = row0 + r;
         uint4 w = make_uint4(0u, 0u, 0u, 0u);
         if (row < total_rows) {
             const int t = row / GROUP, gh = row % GROUP;
@@ -342,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     // This lane's two rows (l / 4 and l / 4 + 8 of its warp's 16): positions and window starts;
     // rows past T * GROUP get p = -1 (they see nothing and are not written).
-    const int row_a = row0 + 64 * wg + 16 * warp + lane / 4;
+    const int row_a = row0 + wrow + 16 * warp + lane / 4;
     int pos_r[2], lo_r[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -350,28 +393,48 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         pos_r[i] = row < total_rows ? positions[row / GROUP] : -1;
         lo_r[i] = row < total_rows ? window_lo(pos_r[i]) : 0;
     }
-    float o[HEAD_DIM / 2];
+    float o[kODim / 2];
 #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.0f;
+    for (int i = 0; i < kODim / 2; ++i) o[i] = 0.0f;
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
     float s[KT / 2];
-    const uint32 q_wg = base + wg * 64 * 128;  // the warpgroup's rows within each Q panel
+    const uint32 q_wg = base + wrow * 128 + panel0 * (BLOCK_ROWS * 128);
+    float4* xbuf = (float4*)(smem + (full - base) + 16 * STAGES);  // DSPLIT 2 only
 
     for (int it = 0; it < n_tiles; ++it) {
         const int stage = it % STAGES;
         fw_mbar_wait(full + 8 * stage, (uint32)(it / STAGES) & 1u);
         const uint32 k_tile = stages + stage * kStageBytes, v_tile = k_tile + kTileBytes;
 
-        // S = Q K^T over the head dim, 16 dims per step.
+        // S = Q K^T over this consumer's head dims, 16 dims per step.
         wg_fence();
 #pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            fw_mma_ss_n64(s, wg_desc(q_wg + (kk / 4) * (BLOCK_ROWS * 128) + (kk % 4) * 32),
-                          wg_desc(k_tile + (kk / 4) * (KT * 128) + (kk % 4) * 32), kk > 0);
+        for (int kk = 0; kk < kODim / 16; ++kk)
+            fw_mma_s<KT>(s, wg_desc(q_wg + (kk / 4) * (BLOCK_ROWS * 128) + (kk % 4) * 32),
+                         wg_desc(k_tile + (panel0 + kk / 4) * (KT * 128) + (kk % 4) * 32), kk > 0);
         wg_commit();
         wg_wait<0>();
         wg_pin(s);
-
+        if (DSPLIT == 2) {
+            // Both consumers add the two partial S in the same order (consumer 0's first), so
+            // both hold the same S and run the same softmax.
+            float4* mine = xbuf + ((it & 1) * WG + wg) * (KT / 8) * 128 + ct % 128;
+            float4* other = xbuf + ((it & 1) * WG + (1 - wg)) * (KT / 8) * 128 + ct % 128;
+#pragma unroll
+            for (int j = 0; j < KT / 8; ++j)
+                mine[j * 128] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+            asm volatile("bar.sync 3, %0;" ::"n"(128 * WG) : "memory");
+#pragma unroll
+            for (int j = 0; j < KT / 8; ++j) {
+                const float4 x = other[j * 128];
+                if (wg == 0) {
+                    s[4 * j] += x.x, s[4 * j + 1] += x.y, s[4 * j + 2] += x.z, s[4 * j + 3] += x.w;
+                } else {
+                    s[4 * j] = x.x + s[4 * j], s[4 * j + 1] = x.y + s[4 * j + 1];
+                    s[4 * j + 2] = x.z + s[4 * j + 2], s[4 * j + 3] = x.w + s[4 * j + 3];
+                }
+            }
+        }
         // Mask (only on tiles that cross some row's window or causal edge: warp-uniform),
         // row maxima (a row's 64 scores lie in the 4 lanes of a quad), online softmax.
         const int kb = key_lo + it * KT;
@@ -428,7 +491,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // O is rescaled only where some row's maximum moved (corr < 1).
         if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
-            for (int j = 0; j < HEAD_DIM / 8; ++j) {
+            for (int j = 0; j < kODim / 8; ++j) {
                 o[4 * j + 0] *= corr[0], o[4 * j + 1] *= corr[0];
                 o[4 * j + 2] *= corr[1], o[4 * j + 3] *= corr[1];
             }
@@ -438,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < KT / 16; ++kk)
-            fw_mma_pv<HEAD_DIM>(o, pa[kk], fw_desc_mn(v_tile + kk * 2048));
+            fw_mma_pv<kODim>(o, pa[kk], fw_desc_mn(v_tile + panel0 * (KT * 128) + kk * 2048));
         wg_commit();
         wg_wait<0>();
         wg_pin(o);
@@ -454,10 +517,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (row >= total_rows) continue;
         const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         const int t = row / GROUP, gh = row % GROUP;
-        const size_t at =
-            ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM + 2 * (lane & 3);
+        const size_t at = ((size_t)t * N_HEADS_TOTAL + (size_t)kvh * GROUP + gh) * HEAD_DIM +
+                          64 * panel0 + 2 * (lane & 3);
 #pragma unroll
-        for (int j = 0; j < HEAD_DIM / 8; ++j) {
+        for (int j = 0; j < kODim / 8; ++j) {
             const float2 v = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
             *(float2*)(out + at + 8 * j) = v;
             if (out_h) out_h[(at + 8 * j) / 2] = pack_f16x2(v.x, v.y);

@@ -166,7 +166,7 @@ struct GpuLayer {
     // Tensor-core prefill attention (GEMMAJIT_FLASH_PREFILL; not for a q8_0 KV cache); empty:
     // prefill attends through flash_spec, one query at a time.
     std::string flash_prefill_spec;
-    // Its wgmma forms (GEMMAJIT_FLASH_WGMMA, sm_90, head dims up to 256, f16/bf16 caches), taken
+    // Its wgmma forms (GEMMAJIT_FLASH_WGMMA, sm_90, f16/bf16 caches), taken
     // per chunk by flash_prefill_wgmma_choice (`always`: GEMMAJIT_FLASH_WGMMA=on).
     std::vector<std::string> flash_prefill_wgmma_specs;
     bool flash_wgmma_always = false;

@@ -186,11 +186,11 @@ TEST(KernelPlan, FlashPrefillWgmmaChoice) {
     using gj::gemma4::flash_prefill_wgmma_specs;
     EXPECT_TRUE(flash_prefill_wgmma_fits(256, KvType::F16));
     EXPECT_TRUE(flash_prefill_wgmma_fits(64, KvType::BF16));
-    EXPECT_FALSE(flash_prefill_wgmma_fits(512, KvType::F16));
+    EXPECT_TRUE(flash_prefill_wgmma_fits(512, KvType::F16));
     EXPECT_FALSE(flash_prefill_wgmma_fits(32, KvType::F16));
     EXPECT_FALSE(flash_prefill_wgmma_fits(256, KvType::Q8_0));
-    EXPECT_THROW(flash_prefill_wgmma_spec(512, 8, 4, 0, KvType::F16, {2, 2}),
-                 std::invalid_argument);
+    EXPECT_THROW(flash_prefill_wgmma_spec(512, 8, 4, 0, KvType::F16, {1, 2}),
+                 std::invalid_argument);  // head dim 512 takes two consumers (dim halves)
     EXPECT_THROW(flash_prefill_wgmma_spec(256, 2, 16, 1024, KvType::Q8_0, {2, 2}),
                  std::invalid_argument);
     EXPECT_THROW(flash_prefill_wgmma_spec(256, 2, 16, 1024, KvType::F16, {3, 2}),
@@ -226,6 +226,16 @@ TEST(KernelPlan, FlashPrefillWgmmaChoice) {
     const auto f12 = flash_prefill_wgmma_specs(b12, 0, KvType::BF16);
     EXPECT_EQ(choice(f12, 512, false), f12[1].name);
     EXPECT_EQ(choice(f12, 1024, false), f12[0].name);
+    // Head dim 512: one form, two consumers on the same 64 rows (halves of the head dims), 32-key
+    // tiles; the 31B's global layer (group 8, 4 KV heads) has 256 row blocks at 512 tokens.
+    const auto g31 = flash_prefill_wgmma_specs(b31, 5, KvType::F16);
+    ASSERT_EQ(g31.size(), 1u);
+    EXPECT_EQ(g31[0].name, "flash_prefill_wgmma.hd512.g8.kv4.w0.f16.wg2s2");
+    EXPECT_EQ(spec_constant(g31[0], "BLOCK_ROWS"), 64);
+    EXPECT_EQ(spec_constant(g31[0], "DSPLIT"), 2);
+    EXPECT_EQ(spec_constant(g31[0], "KT"), 32);
+    EXPECT_EQ(choice(g31, 512, false), g31[0].name);
+    EXPECT_EQ(choice(flash_prefill_wgmma_specs(e4b, 5, KvType::F16), 512, false), "");
     // Plans: on sm_90 beside the mma.sync kernel of each head dim 256 layer; none on sm_80 or off.
     auto plan_for = [&](const std::string& arch, const char* flag) {
         gj::gemma4::PlanTypes types{gj::ggml::Type::Q4_0, gj::ggml::Type::Q4_0,
@@ -371,17 +381,20 @@ TEST(KernelTemplates, FlashPrefillWgmmaCompilesForSm90aOnly) {
         for (int l = 0; l < cfg.n_layers; ++l)
             for (KvType kv : {KvType::F16, KvType::BF16}) {
                 const bool fits = gj::gemma4::flash_prefill_wgmma_fits(cfg.layers[l].head_dim, kv);
-                EXPECT_EQ(fits, cfg.layers[l].head_dim <= 256) << v << " layer " << l;
+                EXPECT_TRUE(fits) << v << " layer " << l;  // head dims 256 and 512
                 if (fits)
                     for (const auto& spec : gj::gemma4::flash_prefill_wgmma_specs(cfg, l, kv))
                         add(spec);
             }
     }
-    for (int hd : {64, 128, 256})
+    for (int hd : {64, 128, 256, 512})
         for (KvType kv : {KvType::F16, KvType::BF16})
             for (int wg : {1, 2})
                 for (int stages : {2, 3}) {
-                    if (hd == 256 && wg == 2 && stages == 3) {  // 257 KiB of shared memory
+                    // Head dim 256 with 2 x 3: 257 KiB of shared memory; head dim 512 takes two
+                    // consumers and two stages.
+                    if ((hd == 256 && wg == 2 && stages == 3) ||
+                        (hd == 512 && (wg != 2 || stages != 2))) {
                         EXPECT_THROW(
                             gj::gemma4::flash_prefill_wgmma_spec(hd, 3, 2, 100, kv, {wg, stages}),
                             std::invalid_argument);
@@ -399,10 +412,13 @@ TEST(KernelTemplates, FlashPrefillWgmmaCompilesForSm90aOnly) {
         EXPECT_EQ(c.log.find("wgmma.mma_async instructions are serialized"), std::string::npos)
             << c.log;
         const std::string t = spec_constant(c.spec, "KV_TYPE") == 1 ? "bf16" : "f16";
-        const std::string hd = std::to_string(spec_constant(c.spec, "HEAD_DIM"));
+        // S is m64n<KT>; P V m64n<the consumer's head dims> (half of 512).
+        const std::string kt = std::to_string(spec_constant(c.spec, "KT"));
+        const std::string hd =
+            std::to_string(spec_constant(c.spec, "HEAD_DIM") / spec_constant(c.spec, "DSPLIT"));
         const auto body = entry_ptx(c.ptx, "flash_prefill");
         for (const std::string& want :
-             {"wgmma.mma_async.sync.aligned.m64n64k16.f32." + t + "." + t,
+             {"wgmma.mma_async.sync.aligned.m64n" + kt + "k16.f32." + t + "." + t,
               "wgmma.mma_async.sync.aligned.m64n" + hd + "k16.f32." + t + "." + t,
               std::string("wgmma.fence.sync.aligned"),
               std::string("wgmma.commit_group.sync.aligned"),

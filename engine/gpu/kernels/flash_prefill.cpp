@@ -141,7 +141,7 @@ jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv, int 
 }
 
 bool flash_prefill_wgmma_fits(int head_dim, KvType kv) {
-    return (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+    return (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512) &&
            (kv == KvType::F16 || kv == KvType::BF16);
 }
 
@@ -149,19 +149,25 @@ jit::KernelSpec flash_prefill_wgmma_spec(int head_dim, int group, int n_kv_heads
                                          KvType kv, const FlashPrefillWgmmaTiling& tiling) {
     if (!flash_prefill_wgmma_fits(head_dim, kv))
         throw std::invalid_argument(fmt::format(
-            "flash_prefill_wgmma: head dim {} over a {} cache is not supported (64, 128 or 256; "
-            "f16 or bf16)",
+            "flash_prefill_wgmma: head dim {} over a {} cache is not supported (64, 128, 256 or "
+            "512; f16 or bf16)",
             head_dim, kv_type_name(kv)));
     if (group < 1 || group > 256 || n_kv_heads < 1 || n_kv_heads > 65535 || window < 0)
         throw std::invalid_argument(fmt::format(
             "flash_prefill_wgmma: group {}, {} KV heads, window {}", group, n_kv_heads, window));
     const auto [wg, stages] = tiling;
-    if ((wg != 1 && wg != 2) || (stages != 2 && stages != 3))
+    // Head dim 512: the two consumers split the head dims of the same 64 rows (O of 256 dims
+    // each), in tiles of 32 keys (the stages of 64 would not fit beside Q).
+    const int dsplit = head_dim == 512 ? 2 : 1, kt = head_dim == 512 ? 32 : 64;
+    if ((wg != 1 && wg != 2) || (stages != 2 && stages != 3) || (dsplit == 2 && wg != 2))
         throw std::invalid_argument(fmt::format(
-            "flash_prefill_wgmma: {} warpgroups and {} stages (1 or 2; 2 or 3)", wg, stages));
-    constexpr int kt = 64;
-    // Q rows, the stages, a full and an empty barrier per stage; 1 KiB to align the base.
-    const int smem = 1024 + 64 * wg * head_dim * 2 + stages * (2 * kt * head_dim * 2 + 16);
+            "flash_prefill_wgmma: {} warpgroups and {} stages (1 or 2, 2 at head dim 512; 2 or 3)",
+            wg, stages));
+    const int rows = 64 * wg / dsplit;
+    // Q rows, the stages, a full and an empty barrier per stage, the partial scores of the two
+    // consumers (head dim 512, two buffers); 1 KiB to align the base.
+    const int smem = 1024 + rows * head_dim * 2 + stages * (2 * kt * head_dim * 2 + 16) +
+                     (dsplit == 2 ? 2 * wg * 64 * kt * 4 : 0);
     if (smem > kFlashPrefillWgmmaMaxSmem)
         throw std::invalid_argument(fmt::format(
             "flash_prefill_wgmma: head dim {} with {} warpgroups and {} stages needs {} B of "
@@ -180,7 +186,8 @@ jit::KernelSpec flash_prefill_wgmma_spec(int head_dim, int group, int n_kv_heads
                    {"KT", kt},
                    {"STAGES", stages},
                    {"THREADS", 128 * (wg + 1)},
-                   {"BLOCK_ROWS", 64 * wg},
+                   {"BLOCK_ROWS", rows},
+                   {"DSPLIT", dsplit},
                    {"SPLITS", 1},
                    {"SMEM", smem}};
     s.entries = {"flash_prefill"};
@@ -193,10 +200,12 @@ std::vector<jit::KernelSpec> flash_prefill_wgmma_specs(const Config& cfg, int la
     const LayerConfig& l = cfg.layers.at(layer);
     std::vector<jit::KernelSpec> out;
     for (const FlashPrefillWgmmaTiling t :
-         {FlashPrefillWgmmaTiling{2, 2}, FlashPrefillWgmmaTiling{1, 3}})
+         {FlashPrefillWgmmaTiling{2, 2}, FlashPrefillWgmmaTiling{1, 3}}) {
+        if (l.head_dim == 512 && t.warpgroups != 2) continue;  // two consumers split its dims
         out.push_back(flash_prefill_wgmma_spec(l.head_dim, spec_util::gqa_group(cfg, layer),
                                                l.n_kv_heads, l.sliding ? cfg.sliding_window : 0, kv,
                                                t));
+    }
     return out;
 }
 

@@ -55,7 +55,7 @@ jit::KernelSpec flash_prefill_spec(const Config& cfg, int layer, KvType kv = KvT
                                    int chunk = kFlashPrefillDefaultChunk);
 
 // The same attention on Hopper's warpgroup tensor cores (kernel_templates/flash_prefill_wgmma.cu,
-// sm_90a only: arch_specific 90) for head dims 64, 128 and 256 over f16 / bf16 caches: entry,
+// sm_90a only: arch_specific 90) for head dims 64, 128, 256 and 512 over f16 / bf16 caches: entry,
 // arguments and launch as above (SPLITS 1). Spec name
 // "flash_prefill_wgmma.hd<hd>.g<group>.kv<Hkv>.w<window>.<f16|bf16>.wg<WG>s<STAGES>".
 inline constexpr int kFlashPrefillWgmmaMaxSmem = 227 * 1024;  // sm_90's opt-in limit
@@ -73,7 +73,8 @@ jit::KernelSpec flash_prefill_wgmma_spec(int head_dim, int group, int n_kv_heads
                                          KvType kv, const FlashPrefillWgmmaTiling& tiling);
 // A layer's wgmma forms, in the order a chunk tries them: two warpgroups and two stages (the K/V
 // tiles shared by 128 rows), then one warpgroup and three stages (twice the row blocks for
-// shorter chunks). The layer must fit (flash_prefill_wgmma_fits).
+// shorter chunks); head dim 512 only the first (its two consumers split the head dims of 64 rows).
+// The layer must fit (flash_prefill_wgmma_fits).
 std::vector<jit::KernelSpec> flash_prefill_wgmma_specs(const Config& cfg, int layer, KvType kv);
 // Whether a T-token chunk's row blocks in `spec` come to about a block per SM (at least 3/4 of
 // kFlashPrefillTargetBlocks): fewer, longer blocks leave SMs idle, where the mma.sync kernel's
