@@ -1,5 +1,5 @@
-// attn_kv.cuh: the KV cache element type, shared by attn_prep (writes rows), flash_decode and
-// flash_prefill (reads them).
+// attn_kv.cuh: the KV cache element type, shared by attn_prep (writes rows), flash_decode,
+// flash_prefill and flash_prefill_wgmma (read them), and the helpers the readers share.
 //   KV_TYPE 0 = IEEE fp16 (default), 1 = bfloat16: 2 bytes per element, so a cache row of
 //     HEAD_DIM elements is 2 * HEAD_DIM bytes and 8 elements fill one 16-byte load.
 //   KV_TYPE 2 = q8_0: int8 payloads with one fp16 scale per 32 consecutive elements of a row,
@@ -26,6 +26,19 @@
 static_assert(KV_TYPE == 0 || KV_TYPE == 1 || KV_TYPE == 2,
               "attn: KV_TYPE must be 0 (f16), 1 (bf16) or 2 (q8_0)");
 static_assert(KV_TYPE != 2 || HEAD_DIM % 32 == 0, "attn: a q8_0 cache needs HEAD_DIM % 32 == 0");
+
+// -inf, the score of a masked key.
+GJ_DEVICE float neg_inf() {
+    return __int_as_float(0xff800000);
+}
+
+// 16-byte cp.async that writes zeros instead when !live: tile rows past a key range must hold
+// zeros, never stale bits (P = 0 times a NaN is still NaN).
+GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src),
+                 "r"(live ? 16 : 0)
+                 : "memory");
+}
 
 #define KV_Q8 (KV_TYPE == 2)
 // Bytes of one cache row's elements (payload for q8_0) and of its scales (0 without scales).

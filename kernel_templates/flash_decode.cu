@@ -105,10 +105,6 @@ static_assert(TILE % (KSETS * KB) == 0, "flash_decode: TILE must be a multiple o
 static_assert(SMEM == SMEM_NEED, "flash_decode: SMEM differs from what the template needs");
 static_assert(COMBINE_THREADS % 128 == 0, "flash_combine: COMBINE_THREADS multiple of 128");
 
-GJ_DEVICE float neg_inf() {
-    return __int_as_float(0xff800000);
-}
-
 // Keys per split for a query that sees n keys (see the header).
 GJ_DEVICE int split_len(int n, int max_splits) {
     int len = (n + max_splits - 1) / max_splits;
@@ -125,14 +121,6 @@ GJ_DEVICE int chunk_offset(int r, int c) {
 #else
     return r * ROW_BYTES + (c << 4);
 #endif
-}
-
-// 16-byte cp.async that fills zeros instead when !live (rows past the split: the P.V product
-// must not meet stale bits, which could be NaN).
-GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool live) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src),
-                 "r"(live ? 16 : 0)
-                 : "memory");
 }
 
 #if KV_Q8

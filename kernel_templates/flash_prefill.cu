@@ -193,10 +193,6 @@ GJ_DEVICE float2 ld_cluster_f2(uint32 addr) {
 }
 #endif
 
-GJ_DEVICE float neg_inf() {
-    return __int_as_float(0xff800000);
-}
-
 // Swizzle of a row: chunk c of row r sits at chunk c ^ swz_key(r). ldmatrix reads 8 rows at one
 // chunk column per phase; with 8+ chunks per row (128+ bytes) the low 3 bits of r spread them
 // over the 8 bank groups; with 4 chunks (HEAD_DIM 32: two rows per 128 bytes) bits 1..2 do.
@@ -234,13 +230,6 @@ GJ_DEVICE uint32 op_pack2(float lo, float hi) {
 #else
     return pack_f16x2(lo, hi);
 #endif
-}
-
-// 16-byte cp.async that writes zeros instead when !live.
-GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool live) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src),
-                 "r"(live ? 16 : 0)
-                 : "memory");
 }
 
 #if KV_Q8

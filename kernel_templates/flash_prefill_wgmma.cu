@@ -235,13 +235,6 @@ GJ_DEVICE void fw_mma_pv(float (&d)[N / 2], const uint32 (&a)[4], uint64 db) {
         fw_mma_rs_t_n256(d, a, db);
 }
 
-// 16-byte cp.async that writes zeros instead when !live.
-GJ_DEVICE void fw_cp16_or_zero(uint32 smem_dst, const void* gmem_src, bool live) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_dst), "l"(gmem_src),
-                 "r"(live ? 16 : 0)
-                 : "memory");
-}
-
 // cp.async of the cache rows of K and V for positions first .. first + count - 1 (ring slots) into
 // the stage at `st` by the producer warpgroup's 128 threads; rows past `count` become zeros
 // (never stale bits: P = 0 times NaN is NaN).
@@ -257,17 +250,13 @@ GJ_DEVICE void issue_tile(uint32 st, const uint8* kc, const uint8* vc, int first
         const int slot = !live ? 0 : slot0 + r < slots ? slot0 + r : slot0 + r - slots;
         const size_t off = ((size_t)slot * N_KV_HEADS + kvh) * (HEAD_DIM * 2) + c * 16;
         const uint32 dst = st + fw_offset(KT, r, c);
-        fw_cp16_or_zero(dst, kc + off, live);
-        fw_cp16_or_zero(dst + kTileBytes, vc + off, live);
+        cp_async16_or_zero(dst, kc + off, live);
+        cp_async16_or_zero(dst + kTileBytes, vc + off, live);
     }
 }
 
 GJ_DEVICE int window_lo(int p) {
     return WINDOW > 0 ? max(0, p - WINDOW + 1) : 0;
-}
-
-GJ_DEVICE float neg_inf() {
-    return __int_as_float(0xff800000);
 }
 
 // mbarrier helpers (shared::cta, 64-bit barriers at 8-byte aligned shared addresses).

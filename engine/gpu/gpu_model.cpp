@@ -148,8 +148,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
                             flags.get_string("GEMMAJIT_MMQ_VARIANT") == "none" ||
                             jit::Blas::get() != nullptr;
     const QuantPrefill quant_prefill = quant_prefill_choice(flags, arch, blas_loads);
-    const std::string flash_wgmma =
-        arch.starts_with("sm_90") ? flags.get_string("GEMMAJIT_FLASH_WGMMA") : "off";
+    const FlashWgmma flash_wgmma = flash_wgmma_mode(flags, arch);
     const bool mmq = quant_prefill != QuantPrefill::Matvec;
     const bool quant_blas =
         quant_prefill == QuantPrefill::Blas || quant_prefill == QuantPrefill::WgmmaBlas;
@@ -414,10 +413,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             // Tiled for kFlashPrefillDefaultChunk rows (512), not this load's chunk: the kernel set
             // does not depend on the chunk a session asks for (`precompile --model` covers it).
             g.flash_prefill_spec = kernels_.add(flash_prefill_spec(c, l, kv_geo_.type)).name;
-            if (flash_wgmma != "off" && flash_prefill_wgmma_fits(lc.head_dim, kv_geo_.type))
+            if (flash_wgmma != FlashWgmma::Off)
                 for (const auto& spec : flash_prefill_wgmma_specs(c, l, kv_geo_.type))
                     g.flash_prefill_wgmma_specs.push_back(kernels_.add(spec).name);
-            g.flash_wgmma_always = flash_wgmma == "on";
+            g.flash_wgmma_always = flash_wgmma == FlashWgmma::Always;
         }
     }
     if (c.has_ple()) {

@@ -34,10 +34,30 @@ using spec_util::is_kquant;
 using spec_util::quant_type_tag;
 using spec_util::supported_types;
 
+namespace {
+
+// Whether a plan targets sm_90, the architecture the wgmma kernels (sm_90a) are compiled for.
+bool sm90_target(const std::string& arch) {
+    return arch == "sm_90" || arch == "sm_90a";
+}
+
+}  // namespace
+
+FlashWgmma flash_wgmma_mode(const jit::Flags& flags, const std::string& arch) {
+    const std::string mode = flags.get_string("GEMMAJIT_FLASH_WGMMA");
+    if (mode == "on" && !sm90_target(arch))
+        throw ConfigError(fmt::format(
+            "GEMMAJIT_FLASH_WGMMA=on needs an sm_90 GPU (wgmma is sm_90a-only); this plan "
+            "targets {}",
+            arch));
+    if (mode == "off" || !sm90_target(arch)) return FlashWgmma::Off;
+    return mode == "on" ? FlashWgmma::Always : FlashWgmma::Auto;
+}
+
 QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& arch,
                                   bool blas_available) {
     const std::string variant = flags.get_string("GEMMAJIT_MMQ_VARIANT");
-    const bool sm90 = arch == "sm_90" || arch == "sm_90a";
+    const bool sm90 = sm90_target(arch);
     const bool blas = blas_available && flags.get_bool("GEMMAJIT_BLAS");
     if (variant == "wgmma" && !sm90)
         throw ConfigError(fmt::format(
@@ -67,8 +87,7 @@ void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::s
     types.wgmma = q == QuantPrefill::Wgmma || q == QuantPrefill::WgmmaBlas;
     types.quant_blas = q == QuantPrefill::Blas || q == QuantPrefill::WgmmaBlas;
     types.decode_prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
-    types.flash_wgmma =
-        (arch == "sm_90" || arch == "sm_90a") && flags.get_string("GEMMAJIT_FLASH_WGMMA") != "off";
+    types.flash_wgmma = flash_wgmma_mode(flags, arch) != FlashWgmma::Off;
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, ggml::Type weight_type, KvType kv,
@@ -297,7 +316,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         add(flash_decode_spec(cfg, l, types.kv, types.flash_mma));
         if (types.flash_prefill) {
             add(flash_prefill_spec(cfg, l, types.kv));
-            if (types.flash_wgmma && flash_prefill_wgmma_fits(cfg.layers[l].head_dim, types.kv))
+            if (types.flash_wgmma)
                 for (const auto& spec : flash_prefill_wgmma_specs(cfg, l, types.kv)) add(spec);
         }
     }

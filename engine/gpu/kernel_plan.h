@@ -73,6 +73,11 @@ enum class QuantPrefill {
 // copies): E4B Q8_0 128: 12805 / 12615, 256: 17868 / 22238; 31B Q4_0 256: 5066 / 4504, 512:
 // 5071 / 6516 (its wgmma tiles are more efficient, so copies pay later).
 int copy_min_rows(int d_model);
+// GEMMAJIT_FLASH_WGMMA for a plan targeting `arch`: Off on any target but sm_90 / sm_90a (auto
+// there means the mma.sync prefill attention alone); Auto and Always as flash_prefill_wgmma_choice
+// takes them. Throws ConfigError for "on" on another target.
+enum class FlashWgmma { Off, Auto, Always };
+FlashWgmma flash_wgmma_mode(const jit::Flags& flags, const std::string& arch);
 QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& arch,
                                   bool blas_available);
 // The prefill product choices of `flags` (GEMMAJIT_MMQ_VARIANT, GEMMAJIT_BLAS) for a plan

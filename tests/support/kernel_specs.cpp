@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <stdexcept>
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
@@ -293,6 +294,26 @@ void compile_and_check(
             check(c, arch);
         }
     }
+}
+
+std::vector<jit::CompiledKernel> compile_sm90a_only(const std::vector<KernelSpec>& grid) {
+    const std::vector<KernelSpec> specs = compile_sample(grid);
+    jit::Jit jit(jit::Flags::parse({{"GEMMAJIT_CACHE", "0"}}), [](const std::string&) {});
+    const auto compiled = jit.compile_plan(specs, "sm_90", 2);
+    EXPECT_EQ(compiled.size(), specs.size());
+    for (const auto& c : compiled) {
+        SCOPED_TRACE(c.spec.name);
+        EXPECT_EQ(c.arch, "sm_90a");
+        EXPECT_EQ(c.log.find("wgmma.mma_async instructions are serialized"), std::string::npos)
+            << c.log;
+    }
+    try {
+        jit.compile(specs.front(), "sm_80");
+        ADD_FAILURE() << "compiled an sm_90a kernel for sm_80";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find(specs.front().name), std::string::npos) << e.what();
+    }
+    return compiled;
 }
 
 }  // namespace gj::test

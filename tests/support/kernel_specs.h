@@ -50,4 +50,11 @@ void compile_and_check(
     const std::vector<jit::KernelSpec>& specs,
     const std::function<void(const jit::CompiledKernel&, const std::string& arch)>& check);
 
+// NVRTC for the specs (of compile_sample) of an sm_90a-only family (arch_specific 90) planned for
+// sm_90, on 2 threads without a cache. Checks that each became sm_90a code and that ptxas
+// serialized none of its wgmmas (a "Potential Performance Loss" note: the overlap the kernels are
+// built around would vanish), and that the first spec is refused for sm_80 by name. Returns the
+// compiled kernels for the family's own checks.
+std::vector<jit::CompiledKernel> compile_sm90a_only(const std::vector<jit::KernelSpec>& specs);
+
 }  // namespace gj::test

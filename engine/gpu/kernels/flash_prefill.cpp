@@ -199,6 +199,7 @@ jit::KernelSpec flash_prefill_wgmma_spec(int head_dim, int group, int n_kv_heads
 std::vector<jit::KernelSpec> flash_prefill_wgmma_specs(const Config& cfg, int layer, KvType kv) {
     const LayerConfig& l = cfg.layers.at(layer);
     std::vector<jit::KernelSpec> out;
+    if (!flash_prefill_wgmma_fits(l.head_dim, kv)) return out;
     for (const FlashPrefillWgmmaTiling t :
          {FlashPrefillWgmmaTiling{2, 2}, FlashPrefillWgmmaTiling{1, 3}}) {
         if (l.head_dim == 512 && t.warpgroups != 2) continue;  // two consumers split its dims

@@ -73,8 +73,8 @@ jit::KernelSpec flash_prefill_wgmma_spec(int head_dim, int group, int n_kv_heads
                                          KvType kv, const FlashPrefillWgmmaTiling& tiling);
 // A layer's wgmma forms, in the order a chunk tries them: two warpgroups and two stages (the K/V
 // tiles shared by 128 rows), then one warpgroup and three stages (twice the row blocks for
-// shorter chunks); head dim 512 only the first (its two consumers split the head dims of 64 rows).
-// The layer must fit (flash_prefill_wgmma_fits).
+// shorter chunks); head dim 512 only the first (its two consumers split the head dims of 64 rows);
+// none for a layer that does not fit (flash_prefill_wgmma_fits).
 std::vector<jit::KernelSpec> flash_prefill_wgmma_specs(const Config& cfg, int layer, KvType kv);
 // Whether a T-token chunk's row blocks in `spec` come to about a block per SM (at least 3/4 of
 // kFlashPrefillTargetBlocks): fewer, longer blocks leave SMs idle, where the mma.sync kernel's
