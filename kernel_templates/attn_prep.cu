@@ -86,11 +86,11 @@ GJ_DEVICE float4 mul4(float4 a, float4 b) {
     return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
 }
 
-// Rotates the pair (lo, hi) = (x_j, x_{j + HEAD_DIM/2}) when j < ROPE_PAIRS.
-GJ_DEVICE void rope_pair(float& lo, float& hi, int j, int pos, const float* inv_freq) {
+// Rotates the pair (lo, hi) = (x_j, x_{j + HEAD_DIM/2}) when j < ROPE_PAIRS; rot[j] holds the
+// sine and cosine of its angle.
+GJ_DEVICE void rope_pair(float& lo, float& hi, int j, const float2* rot) {
     if (j < ROPE_PAIRS) {
-        float s, c;
-        sincosf((float)pos * inv_freq[j], &s, &c);
+        const float s = rot[j].x, c = rot[j].y;
         const float x0 = lo, x1 = hi;
         lo = x0 * c - x1 * s;
         hi = x1 * c + x0 * s;
@@ -103,24 +103,30 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
               const float* __restrict__ k_norm_w, const unsigned long long* __restrict__ kv,
               const int* __restrict__ seqs, const int* __restrict__ positions, int T, int slots,
               float rope_base, float eps, const float* __restrict__ qkv, int qkv_stride) {
-    gj_grid_sync();
     const int t = blockIdx.y;
     if (t >= T) return;
 
-    // Frequencies once per block: a double pow per pair, shared by the block's rows.
-    __shared__ float inv_freq[ROPE_PAIRS > 0 ? ROPE_PAIRS : 1];
+    // The rotation of each pair depends only on the position (from the step's state copy,
+    // before any kernel of the step): made before the grid dependency wait, while the Q/K/V
+    // projection still runs, so the double pow and the accurate sincosf are off the step's
+    // critical path. Once per block and pair, shared by the block's rows.
+    const int pos = positions[t];
+    __shared__ float2 rot[ROPE_PAIRS > 0 ? ROPE_PAIRS : 1];  // (sin, cos)
     for (int j = threadIdx.x; j < ROPE_PAIRS; j += 32 * WARPS) {
         const float e = (float)(2 * j) / (float)HEAD_DIM;
-        inv_freq[j] = 1.0f / (float)pow((double)rope_base, (double)e);
+        const float inv_freq = 1.0f / (float)pow((double)rope_base, (double)e);
+        float s, c;
+        sincosf((float)pos * inv_freq, &s, &c);
+        rot[j] = make_float2(s, c);
     }
     __syncthreads();
 
     const int row = blockIdx.x * WARPS + threadIdx.x / 32;
     if (row >= ROWS_PER_TOKEN) return;
     const int lane = threadIdx.x % 32;
-    const int pos = positions[t];
 
-    // What this row is: a query head (in place), a K head or a V head (into the cache).
+    // What this row is: a query head (in place), a K head or a V head (into the cache). Also
+    // before the wait: no kernel writes the norm weights, the cache table or the step state.
     const float* src;
     const bool is_q = !HAS_KV || row < N_HEADS;  // else a K or V row, into the cache
     float* q_row = nullptr;                      // where a query row goes
@@ -157,6 +163,19 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
 #endif
     }
 
+    float4 w_lo[PAIRS_PER_LANE], w_hi[PAIRS_PER_LANE];  // the norm weight under lo, hi
+#pragma unroll
+    for (int k = 0; k < PAIRS_PER_LANE; ++k) {
+        const int i = k * 32 + lane;
+        const bool in_row = HALF_VEC % 32 == 0 || i < HALF_VEC;
+        w_lo[k] = w_hi[k] = make_float4(1.f, 1.f, 1.f, 1.f);
+        if (w != nullptr && in_row) {
+            w_lo[k] = __ldg((const float4*)w + i);
+            w_hi[k] = __ldg((const float4*)w + HALF_VEC + i);
+        }
+    }
+    gj_grid_sync();
+
     // Lane holds float4 i of the low half and its RoPE partner, float4 i of the high half.
     const float4* src4 = (const float4*)src;
     float4 lo[PAIRS_PER_LANE], hi[PAIRS_PER_LANE];
@@ -179,15 +198,15 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
         if (!(HALF_VEC % 32 == 0 || i < HALF_VEC)) continue;
         float4 a = scale4(lo[k], scale), b = scale4(hi[k], scale);
         if (w != nullptr) {
-            a = mul4(a, ((const float4*)w)[i]);
-            b = mul4(b, ((const float4*)w)[HALF_VEC + i]);
+            a = mul4(a, w_lo[k]);
+            b = mul4(b, w_hi[k]);
         }
         if (rotate) {
             const int j = 4 * i;
-            rope_pair(a.x, b.x, j + 0, pos, inv_freq);
-            rope_pair(a.y, b.y, j + 1, pos, inv_freq);
-            rope_pair(a.z, b.z, j + 2, pos, inv_freq);
-            rope_pair(a.w, b.w, j + 3, pos, inv_freq);
+            rope_pair(a.x, b.x, j + 0, rot);
+            rope_pair(a.y, b.y, j + 1, rot);
+            rope_pair(a.z, b.z, j + 2, rot);
+            rope_pair(a.w, b.w, j + 3, rot);
         }
         if (is_q) {
             float4* dst = (float4*)q_row;  // in place unless read from the merged rows

@@ -138,9 +138,11 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     const float4* xr = (const float4*)(x + (size_t)r * N);
 
     // Everything this thread reads is requested before the first reduction, so the launch pays
-    // one memory latency instead of one per input: the norm weights (and the layer scale), which
-    // no kernel writes, even before the grid dependency wait (launched as a programmatic
-    // dependent, while the kernel before still runs); x and the residual right after it.
+    // one memory latency instead of one per input. Before the grid dependency wait (launched as
+    // a programmatic dependent, while the kernel before still runs): the norm weights (and the
+    // layer scale), which no kernel writes, and the residual stream, which the engine never
+    // writes in the kernel right before a norm (the kernel before that has finished once this
+    // one runs); x (the product just made) right after it.
     float4 g1[VPT], g2[VPT], res[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -149,6 +151,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
         g1[k] = WEIGHT && in_row ? __ldg((const float4*)w + i) : zero;
         g2[k] = NORM2 && in_row ? __ldg((const float4*)w2 + i) : zero;
+        res[k] = ADD && in_row && live ? ((const float4*)(residual + (size_t)r * N))[i] : zero;
     }
 #if SCALE
     const float s_out = __ldg(out_scale);
@@ -160,8 +163,6 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         const int i = k * TPR + tr;
         const bool in_row = VEC % TPR == 0 || i < VEC;
         v[k] = in_row ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        res[k] = ADD && in_row && live ? ((const float4*)(residual + (size_t)r * N))[i]
-                                       : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float ss = 0.0f;
 #pragma unroll

@@ -30,9 +30,10 @@ bool have_disassembler() {
                .exit_code == 0;
 }
 
-// The single-column (decode) matvec specs `gemmajit kernels` lists for a preset.
-std::vector<std::string> decode_matvec_specs(const gj::test::ScratchDir& cache,
-                                             const std::string& model, const std::string& env) {
+// The spec names `gemmajit kernels` lists for a preset that `keep` accepts.
+template <class Keep>
+std::vector<std::string> plan_specs(const gj::test::ScratchDir& cache, const std::string& model,
+                                    const std::string& env, Keep&& keep) {
     const auto r = run_command(cli(cache, "kernels " + model + " --arch sm_90", env));
     EXPECT_EQ(r.exit_code, 0) << r.out;
     std::vector<std::string> specs;
@@ -42,11 +43,46 @@ std::vector<std::string> decode_matvec_specs(const gj::test::ScratchDir& cache,
         std::istringstream cols(line);
         std::string prio, name;
         cols >> prio >> name;
-        if (name.starts_with("matvec_") && !std::regex_search(name, std::regex(R"(\.b[0-9])")) &&
-            !name.ends_with(".moe"))  // not the batched (".b8") or the grouped expert forms
-            specs.push_back(name);
+        if (keep(name)) specs.push_back(name);
     }
     return specs;
+}
+
+// The single-column (decode) matvec specs of a preset.
+std::vector<std::string> decode_matvec_specs(const gj::test::ScratchDir& cache,
+                                             const std::string& model, const std::string& env) {
+    return plan_specs(cache, model, env, [](const std::string& name) {
+        return name.starts_with("matvec_") && !std::regex_search(name, std::regex(R"(\.b[0-9])")) &&
+               !name.ends_with(".moe");  // not the batched (".b8") or the grouped expert forms
+    });
+}
+
+// Per function of a spec's SASS: its global loads and double-precision instructions before and
+// after the grid dependency wait (ACQBULK; wait_line 0 when there is none).
+struct WaitSplit {
+    std::string fn;
+    size_t wait_line = 0;
+    int loads_before = 0, loads_after = 0, doubles_before = 0;
+};
+std::vector<WaitSplit> split_at_wait(const std::string& sass) {
+    std::vector<WaitSplit> out;
+    std::istringstream in(sass);
+    std::string line;
+    size_t n = 0;
+    while (std::getline(in, line)) {
+        ++n;
+        if (const size_t f = line.find("Function : "); f != std::string::npos) {
+            out.push_back({line.substr(f + 11)});
+        } else if (!out.empty()) {
+            WaitSplit& w = out.back();
+            if (!w.wait_line && line.find("ACQBULK") != std::string::npos) w.wait_line = n;
+            const bool load = line.find(" LDG.") != std::string::npos;
+            (w.wait_line ? w.loads_after : w.loads_before) += load;
+            w.doubles_before +=
+                !w.wait_line && std::regex_search(line, std::regex(R"( D(FMA|MUL|ADD))"));
+        }
+    }
+    return out;
 }
 
 }  // namespace
@@ -101,4 +137,44 @@ TEST(SassOrder, DecodeMatvecsLoadWeightsBeforeTheirGridWait) {
         }
     }
     EXPECT_GT(checked, 20) << "entries checked";
+}
+
+// What the chain's small kernels can do before their grid wait is done there
+// (docs/PERFORMANCE.md, 2026-11-28): attn_prep makes its RoPE table (a double pow per pair) and
+// loads its norm weights; a residual norm loads its weights and the residual stream, leaving only
+// the product just made (x) for after the wait.
+TEST(SassOrder, AttnPrepAndNormsDoTheirIndependentWorkBeforeTheirGridWait) {
+    if (!have_disassembler()) GTEST_SKIP() << "no cuobjdump or nvdisasm (CUDA toolkit) here";
+    gj::test::ScratchDir cache("sass-order-chain");
+    int checked = 0;
+    for (const char* model : {"--variant 31b --wtype q4_0", "--variant e4b --wtype q8_0"}) {
+        SCOPED_TRACE(model);
+        const auto specs = plan_specs(cache, model, "", [](const std::string& name) {
+            return name.starts_with("attn_prep.") ||
+                   (name.starts_with("rmsnorm.") && name.find(".add") != std::string::npos);
+        });
+        EXPECT_GE(specs.size(), 3u);
+        for (const auto& spec : specs) {
+            const auto r =
+                run_command(cli(cache, "sass " + std::string(model) + " --arch sm_90 " + spec));
+            ASSERT_EQ(r.exit_code, 0) << spec << "\n" << r.out;
+            for (const WaitSplit& w : split_at_wait(r.out)) {
+                SCOPED_TRACE(spec + " " + w.fn);
+                ASSERT_GT(w.wait_line, 0u) << "no grid wait";
+                if (spec.starts_with("attn_prep.")) {
+                    EXPECT_GT(w.doubles_before, 0) << "the RoPE frequencies come after the wait";
+                    EXPECT_GE(w.loads_before, 3) << "positions and norm weights after the wait";
+                } else {
+                    // Weights (w, and w2 for .n2) and the residual against x alone.
+                    const int inputs_before = spec.find(".n2") != std::string::npos ? 3 : 2;
+                    EXPECT_GE(w.loads_before, (inputs_before - 1) * w.loads_after)
+                        << w.loads_before << " loads before the wait, " << w.loads_after
+                        << " after";
+                    EXPECT_GT(w.loads_after, 0);
+                }
+                ++checked;
+            }
+        }
+    }
+    EXPECT_GE(checked, 6) << "functions checked";
 }
