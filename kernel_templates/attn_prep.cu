@@ -174,6 +174,9 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
             w_hi[k] = __ldg((const float4*)w + HALF_VEC + i);
         }
     }
+    // A bulk L2 prefetch (of the row the Q/K/V projection is storing: harmless) keeps ptxas from
+    // scheduling the wait ahead of the weight loads above, as it did without it.
+    if (lane == 0) prefetch_l2_range(src, HEAD_DIM * 4);
     gj_grid_sync();
 
     // Lane holds float4 i of the low half and its RoPE partner, float4 i of the high half.

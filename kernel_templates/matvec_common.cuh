@@ -182,8 +182,10 @@ struct gj_x32 {
 // What a matvec block does right after its grid dependency wait, before its first activation
 // load: nothing (the input is in global memory), or an input prologue (below) that makes the
 // block's Q8_1 input in shared memory (kShared: the activation loads then read shared memory).
+// Its before_wait() runs first, before the wait: the loads of inputs no recent kernel writes.
 struct gj_no_prologue {
     enum : bool { kShared = false };
+    GJ_DEVICE void before_wait() {}
     GJ_DEVICE void operator()() const {}
 };
 
@@ -218,7 +220,7 @@ template <class F, int kEpi, class Cols = gj_cols_dense, int kThreads = THREADS,
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
                          const void* __restrict__ x, const float2* __restrict__ xds,
                          const float* residual, float* y, int n_rows, const Cols& cols = Cols(),
-                         int block = -1, int other_stride = 0, const Pro& prologue = Pro()) {
+                         int block = -1, int other_stride = 0, Pro prologue = Pro()) {
     constexpr int kVr = kEpi == gj_epi_geglu ? 2 * kRows : kRows;  // rows read per block
     constexpr int kUnits = F::kUnits;
     constexpr int kIters = (kUnits + kThreads - 1) / kThreads;
@@ -274,6 +276,7 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
 #pragma unroll
         for (int v = 0; v < kVr; ++v) F::prefetch_l2(rows[v]);
 #endif
+    prologue.before_wait();
     gj_grid_sync();
     prologue();  // with the first weights in flight
 #pragma unroll 1
@@ -424,23 +427,29 @@ GJ_DEVICE void gj_pro_store_q8(float4 v, bool live, int i, uint32* xq, float2* x
 }
 
 // q8(gelu_tanh(gate) * other): bit-identical to ple.cu's gelu_mul_q8 for one token (other 16-byte
-// aligned: a layer's P-slice of the PLE inputs). All loads are issued before any math: the
-// prologue is on the step's critical path, so it costs one memory round trip.
+// aligned: a layer's P-slice of the PLE inputs, made at the start of the step, so read before
+// the grid dependency wait). All loads after it are issued before any math: the prologue is on
+// the step's critical path, so it costs one memory round trip.
 struct gj_pro_gelu_mul {
     enum : bool { kShared = true };
     const float* gate;
     const float* other;
     uint32* xq;
     float2* xds;
-    GJ_DEVICE void operator()() const {
-        float4 g[GJ_PRO_ITERS], o[GJ_PRO_ITERS];
+    float4 o[GJ_PRO_ITERS];
+    GJ_DEVICE void before_wait() {
 #pragma unroll
         for (int k = 0; k < GJ_PRO_ITERS; ++k) {
             const int i = k * THREADS + (int)threadIdx.x;
-            if (GJ_PRO_VEC % THREADS == 0 || i < GJ_PRO_VEC) {
-                g[k] = __ldg((const float4*)gate + i);
-                o[k] = __ldg((const float4*)other + i);
-            }
+            if (GJ_PRO_VEC % THREADS == 0 || i < GJ_PRO_VEC) o[k] = __ldg((const float4*)other + i);
+        }
+    }
+    GJ_DEVICE void operator()() const {
+        float4 g[GJ_PRO_ITERS];
+#pragma unroll
+        for (int k = 0; k < GJ_PRO_ITERS; ++k) {
+            const int i = k * THREADS + (int)threadIdx.x;
+            if (GJ_PRO_VEC % THREADS == 0 || i < GJ_PRO_VEC) g[k] = __ldg((const float4*)gate + i);
         }
 #pragma unroll
         for (int k = 0; k < GJ_PRO_ITERS; ++k) {
@@ -458,8 +467,9 @@ struct gj_pro_gelu_mul {
 // thread t (the spec gives the block at least NORM_TPR threads) with that kernel's mapping and
 // order: it sums float4 t, t + NORM_TPR, ... in turn, then the butterfly of each warp and the
 // warps' partials in order. Each thread loads all its u, x_in and w1 at once, so the prologue
-// costs one memory round trip. Eight consecutive threads hold one 32-block (NORM_TPR % 8 == 0),
-// as the Q8_1 store needs.
+// costs one memory round trip; x_in (the stream, which the kernel right before never writes) and
+// w1 are read before the grid dependency wait. Eight consecutive threads hold one 32-block
+// (NORM_TPR % 8 == 0), as the Q8_1 store needs.
 template <bool kQ8>
 struct gj_pro_norm_add {
     enum : bool { kShared = true };
@@ -470,30 +480,40 @@ struct gj_pro_norm_add {
     void* xs;     // kQ8: uint32 [K / 4] (int8 values); else float [K]
     float2* xds;  // kQ8: the Q8_1 scales
     float eps;
+    static constexpr int kTpr = NORM_TPR, kVpt = (GJ_PRO_VEC + kTpr - 1) / kTpr;
+    float4 r[kVpt], g[kVpt];  // x_in and w1, loaded before the wait
+    // Whole warps past the norm's threads sit out (NORM_TPR is < 32 or a multiple of 32); lanes
+    // past it within a live warp (NORM_TPR < 32) hold zeros.
+    static GJ_DEVICE bool norm_thread() { return ((int)threadIdx.x & ~31) < kTpr; }
+    static GJ_DEVICE int at(int k, bool& live) {
+        const int t = (int)threadIdx.x, i = k * kTpr + t;
+        live = t < kTpr && (GJ_PRO_VEC % kTpr == 0 || i < GJ_PRO_VEC);
+        return i;
+    }
+    GJ_DEVICE void before_wait() {
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int k = 0; k < kVpt; ++k) {
+            bool live;
+            const int i = at(k, live);
+            r[k] = live && norm_thread() ? ((const float4*)x_in)[i] : zero;
+            g[k] = live && norm_thread() ? __ldg((const float4*)w1 + i) : zero;
+        }
+    }
     GJ_DEVICE void operator()() const {
-        constexpr int kTpr = NORM_TPR, kVpt = (GJ_PRO_VEC + kTpr - 1) / kTpr;
         constexpr int kWidth = kTpr < 32 ? kTpr : 32, kParts = kTpr < 32 ? 1 : kTpr / 32;
         static_assert(THREADS >= kTpr, "gj_pro_norm_add: the block plays every norm thread");
         static_assert(kTpr % 8 == 0 && (kTpr < 32 || kTpr % 32 == 0), "NORM_TPR: whole warps");
         __shared__ float partial[kParts];
         const int t = (int)threadIdx.x;
-        // Whole warps past the norm's threads sit out (NORM_TPR is < 32 or a multiple of 32);
-        // lanes past it within a live warp (NORM_TPR < 32) hold zeros.
-        const bool on = (t & ~31) < kTpr;
-        auto at = [t](int k, bool& live) {
-            const int i = k * kTpr + t;
-            live = t < kTpr && (GJ_PRO_VEC % kTpr == 0 || i < GJ_PRO_VEC);
-            return i;
-        };
+        const bool on = norm_thread();
         const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-        float4 v[kVpt], r[kVpt], g[kVpt];
+        float4 v[kVpt];
 #pragma unroll
         for (int k = 0; k < kVpt; ++k) {
             bool live;
             const int i = at(k, live);
             v[k] = live && on ? ((const float4*)u)[i] : zero;
-            r[k] = live && on ? ((const float4*)x_in)[i] : zero;
-            g[k] = live && on ? __ldg((const float4*)w1 + i) : zero;
         }
         if (on) {
             float ss = 0.0f;

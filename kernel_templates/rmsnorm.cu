@@ -156,6 +156,10 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
 #if SCALE
     const float s_out = __ldg(out_scale);
 #endif
+    // A bulk L2 prefetch (of x, where the kernel before stores: harmless) between those loads and
+    // the wait keeps ptxas from scheduling the wait ahead of them, as it otherwise may (it did for
+    // width 2560; docs/PERFORMANCE.md, 2026-11-28).
+    if (tr == 0) prefetch_l2_range(xr, N * 4);
     gj_grid_sync();
     float4 v[VPT];
 #pragma unroll
