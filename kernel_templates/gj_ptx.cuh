@@ -241,11 +241,14 @@ GJ_DEVICE void cp_async_wait() {
 // then start while the previous kernel still runs, so the launch latency and whatever a block
 // does before gj_grid_wait (loading weights, which no kernel writes) overlap its tail.
 //
-// The rule every entry point follows: nothing before gj_grid_wait() reads memory an earlier
-// kernel writes or writes memory an earlier kernel reads. gj_grid_sync() is the usual first
+// The rule every entry point follows: nothing before gj_grid_wait() reads memory the kernel right
+// before it writes, or writes memory any earlier kernel reads. gj_grid_sync() is the usual first
 // statement: wait, then let the next kernel launch. Triggering only after the wait keeps at most
 // two grids in flight (a kernel that triggered before waiting would let the whole rest of the
-// step launch and fill the SMs with waiting blocks).
+// step launch and fill the SMs with waiting blocks). It also means that a kernel runs only once
+// every block of the kernel before has passed its wait, so every kernel before that one has
+// finished and its stores are visible: reading them before the wait is safe (the step state the
+// host copied, the residual stream a norm adds to, the PLE inputs).
 //
 // Where the kernel was launched normally (or on sm_80) both are no-ops.
 GJ_DEVICE void gj_grid_wait() {
