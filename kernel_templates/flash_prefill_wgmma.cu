@@ -40,7 +40,7 @@
 // Head dim 512 (DSPLIT 2): O of 64 rows x 512 dims would take 256 registers per thread, so the two
 // consumers take the same 64 rows and one half of the head dims each: each computes S over its
 // half of Q and K, the two partial S meet in shared memory (a named barrier over both consumers;
-// both add them in the same order, so both hold the same S and the same softmax), and each
+// each adds the other's to its own: the same sum, so both hold the same S and softmax), and each
 // accumulates O for its half of V's dims. Tiles of 32 keys (two stages of 64 would not fit beside
 // the 64 KiB of Q rows).
 //
@@ -405,8 +405,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wg_wait<0>();
         wg_pin(s);
         if (DSPLIT == 2) {
-            // Both consumers add the two partial S in the same order (consumer 0's first), so
-            // both hold the same S and run the same softmax.
+            // Each consumer adds the other's partial S to its own: one sum of the same two values
+            // (fp32 addition is commutative), so both hold the same S and run the same softmax.
             float4* mine = xbuf + ((it & 1) * WG + wg) * (KT / 8) * 128 + ct % 128;
             float4* other = xbuf + ((it & 1) * WG + (1 - wg)) * (KT / 8) * 128 + ct % 128;
 #pragma unroll
@@ -416,12 +416,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
             for (int j = 0; j < KT / 8; ++j) {
                 const float4 x = other[j * 128];
-                if (wg == 0) {
-                    s[4 * j] += x.x, s[4 * j + 1] += x.y, s[4 * j + 2] += x.z, s[4 * j + 3] += x.w;
-                } else {
-                    s[4 * j] = x.x + s[4 * j], s[4 * j + 1] = x.y + s[4 * j + 1];
-                    s[4 * j + 2] = x.z + s[4 * j + 2], s[4 * j + 3] = x.w + s[4 * j + 3];
-                }
+                s[4 * j] += x.x, s[4 * j + 1] += x.y, s[4 * j + 2] += x.z, s[4 * j + 3] += x.w;
             }
         }
         // Mask (only on tiles that cross some row's window or causal edge: warp-uniform),

@@ -51,18 +51,20 @@ std::vector<std::string> plan_specs(const gj::test::ScratchDir& cache, const std
 // The single-column (decode) matvec specs of a preset.
 std::vector<std::string> decode_matvec_specs(const gj::test::ScratchDir& cache,
                                              const std::string& model, const std::string& env) {
+    static const std::regex batched(R"(\.b[0-9])");
     return plan_specs(cache, model, env, [](const std::string& name) {
-        return name.starts_with("matvec_") && !std::regex_search(name, std::regex(R"(\.b[0-9])")) &&
+        return name.starts_with("matvec_") && !std::regex_search(name, batched) &&
                !name.ends_with(".moe");  // not the batched (".b8") or the grouped expert forms
     });
 }
 
-// Per function of a spec's SASS: its 16-byte global loads (LDG.E.128: the float4 rows these
-// kernels read) and double-precision instructions before and after the grid dependency wait
-// (ACQBULK; wait_line 0 when there is none).
+// Per function of a spec's SASS, before and after the grid dependency wait (ACQBULK; wait_line 0
+// when there is none): its global loads of any width, its 16-byte ones (LDG.E.128: the float4
+// rows of the norms and attn_prep) and its double-precision instructions.
 struct WaitSplit {
     std::string fn;
     size_t wait_line = 0;
+    int any_loads_before = 0, any_loads_after = 0;
     int loads_before = 0, loads_after = 0, doubles_before = 0;
 };
 std::vector<WaitSplit> split_at_wait(const std::string& sass) {
@@ -76,11 +78,13 @@ std::vector<WaitSplit> split_at_wait(const std::string& sass) {
             out.push_back({line.substr(f + 11)});
         } else if (!out.empty()) {
             WaitSplit& w = out.back();
+            static const std::regex fp64(R"( D(FMA|MUL|ADD))");
             if (!w.wait_line && line.find("ACQBULK") != std::string::npos) w.wait_line = n;
-            const bool load = line.find(" LDG.E.128") != std::string::npos;
-            (w.wait_line ? w.loads_after : w.loads_before) += load;
-            w.doubles_before +=
-                !w.wait_line && std::regex_search(line, std::regex(R"( D(FMA|MUL|ADD))"));
+            const bool load = line.find(" LDG.") != std::string::npos;
+            const bool load128 = line.find(" LDG.E.128") != std::string::npos;
+            (w.wait_line ? w.any_loads_after : w.any_loads_before) += load;
+            (w.wait_line ? w.loads_after : w.loads_before) += load128;
+            w.doubles_before += !w.wait_line && std::regex_search(line, fp64);
         }
     }
     return out;
@@ -110,31 +114,15 @@ TEST(SassOrder, DecodeMatvecsLoadWeightsBeforeTheirGridWait) {
             const auto r = run_command(
                 cli(cache, "sass " + std::string(c.model) + " --arch sm_90 " + spec, c.env));
             ASSERT_EQ(r.exit_code, 0) << spec << "\n" << r.out;
-            // Per function: the line of the first global load and of the grid wait.
-            std::istringstream in(r.out);
-            std::string line, fn;
-            size_t n = 0, first_load = 0, wait = 0;
-            auto check = [&] {
-                if (fn.empty() || fn.starts_with("repack_")) return;
-                EXPECT_GT(wait, 0u) << spec << " " << fn << ": no grid wait";
-                EXPECT_GT(first_load, 0u) << spec << " " << fn << ": no global load";
-                EXPECT_LT(first_load, wait)
-                    << spec << " " << fn << ": the grid wait comes before the first weight load";
+            for (const WaitSplit& w : split_at_wait(r.out)) {
+                if (w.fn.starts_with("repack_")) continue;
+                EXPECT_GT(w.wait_line, 0u) << spec << " " << w.fn << ": no grid wait";
+                EXPECT_GT(w.any_loads_before + w.any_loads_after, 0)
+                    << spec << " " << w.fn << ": no global load";
+                EXPECT_GT(w.any_loads_before, 0)
+                    << spec << " " << w.fn << ": the grid wait comes before the first weight load";
                 ++checked;
-            };
-            while (std::getline(in, line)) {
-                ++n;
-                if (const size_t f = line.find("Function : "); f != std::string::npos) {
-                    check();
-                    fn = line.substr(f + 11);
-                    first_load = wait = 0;
-                } else if (!first_load && line.find(" LDG.") != std::string::npos) {
-                    first_load = n;
-                } else if (!wait && line.find("ACQBULK") != std::string::npos) {
-                    wait = n;
-                }
             }
-            check();
         }
     }
     EXPECT_GT(checked, 20) << "entries checked";
