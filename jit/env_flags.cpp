@@ -304,6 +304,16 @@ const std::vector<FlagDef>& flag_table() {
                  "(bf16 warpgroup GEMM of weights dequantized in shared memory, sm_90 only), mma "
                  "(int8 mma.sync GEMM), none (the batched dp4a matvecs, the exact path)",
          .choices = {"auto", "wgmma", "mma", "blas", "none"}},
+        {.name = "GEMMAJIT_WGMMA_PRODUCER",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: every thread of a wgmma GEMM block of 64 weight rows issues its copies and "
+                 "meets the others at a barrier every 64 elements of K, instead of a producer "
+                 "warpgroup streaming them behind mbarriers while the consumer warpgroup only "
+                 "converts and multiplies (same results; blocks of 128 rows always take the "
+                 "first form, which measured faster there)"},
         {.name = "GEMMAJIT_MOE_GEMM",
          .family = "path",
          .type = T::Bool,

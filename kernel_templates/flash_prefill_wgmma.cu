@@ -259,25 +259,6 @@ GJ_DEVICE int window_lo(int p) {
     return WINDOW > 0 ? max(0, p - WINDOW + 1) : 0;
 }
 
-// mbarrier helpers (shared::cta, 64-bit barriers at 8-byte aligned shared addresses).
-GJ_DEVICE void fw_mbar_init(uint32 addr, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(addr), "r"(count) : "memory");
-}
-GJ_DEVICE void fw_mbar_arrive(uint32 addr) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(addr)
-                 : "memory");
-}
-// Waits until the phase of parity `parity` of the barrier has completed.
-GJ_DEVICE void fw_mbar_wait(uint32 addr, uint32 parity) {
-    uint32 done = 0;
-    while (!done)
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(addr), "r"(parity)
-            : "memory");
-}
 // Named barrier over one consumer warpgroup (ids 1, 2; 0 is __syncthreads).
 GJ_DEVICE void fw_wg_sync(int wg) {
     asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
@@ -291,19 +272,19 @@ GJ_DEVICE void produce(uint32 stages, uint32 full, uint32 empty, const uint8* kc
                        int key_lo, int n_keys, int n_tiles, int slots, int kvh, int pt) {
     for (int it = 0; it < n_tiles; ++it) {
         const int stage = it % STAGES;
-        if (it >= STAGES) fw_mbar_wait(empty + 8 * stage, (uint32)(it / STAGES - 1) & 1u);
+        if (it >= STAGES) wg_mbar_wait(empty + 8 * stage, (uint32)(it / STAGES - 1) & 1u);
         issue_tile(stages + stage * kStageBytes, kc, vc, key_lo + it * KT,
                    min(KT, n_keys - it * KT), slots, kvh, pt);
         cp_async_commit();
         if (it >= 1) {
             cp_async_wait<1>();
             wg_fence_proxy_async();
-            fw_mbar_arrive(full + 8 * ((it - 1) % STAGES));
+            wg_mbar_arrive(full + 8 * ((it - 1) % STAGES));
         }
     }
     cp_async_wait<0>();
     wg_fence_proxy_async();
-    fw_mbar_arrive(full + 8 * ((n_tiles - 1) % STAGES));
+    wg_mbar_arrive(full + 8 * ((n_tiles - 1) % STAGES));
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -329,11 +310,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const uint32 stages = base + kQBytes;
     const uint32 full = stages + STAGES * kStageBytes, empty = full + 8 * STAGES;
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            fw_mbar_init(full + 8 * s, 128);        // the producer's threads
-            fw_mbar_init(empty + 8 * s, 128 * WG);  // the consumers' threads
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        wg_mbar_init_all(full, STAGES, 128);        // the producer's threads
+        wg_mbar_init_all(empty, STAGES, 128 * WG);  // the consumers' threads
     }
     __syncthreads();
 
@@ -392,7 +370,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 
     for (int it = 0; it < n_tiles; ++it) {
         const int stage = it % STAGES;
-        fw_mbar_wait(full + 8 * stage, (uint32)(it / STAGES) & 1u);
+        wg_mbar_wait(full + 8 * stage, (uint32)(it / STAGES) & 1u);
         const uint32 k_tile = stages + stage * kStageBytes, v_tile = k_tile + kTileBytes;
 
         // S = Q K^T over this consumer's head dims, 16 dims per step.
@@ -489,7 +467,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         wg_commit();
         wg_wait<0>();
         wg_pin(o);
-        fw_mbar_arrive(empty + 8 * stage);  // this thread is done with the stage
+        wg_mbar_arrive(empty + 8 * stage);  // this thread is done with the stage
     }
 
     // O / l, the quad's partial sums added up first.

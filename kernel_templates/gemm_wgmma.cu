@@ -35,8 +35,21 @@
 // Iteration s: issue step s's wgmmas (async); wait for step s - 1's (its stage and register set
 // are free); wait for step s + 1's copies, proxy fence (wgmma reads through the async proxy),
 // barrier; issue the copies of step s + STAGES - 1 into the stage of s - 1; convert step s + 1.
-// Rows past T or n_rows read the last valid row (clamped) and are never written. K % 64 == 32 ends
-// with a half step.
+//
+// PRODUCER 1 (warp specialization, as flash_prefill_wgmma.cu): one more warpgroup, the last,
+// issues every copy, and the BN / 64 consumer warpgroups only convert and multiply. Why: in the
+// form above the threads that issue the wgmmas also issue ~20 cp.async per step and meet at a
+// block barrier every step, and a consumer waits for the slowest warp's copies; on the 31B
+// shapes that cost about a fifth of the tensor-core time (docs/PERFORMANCE.md). Per stage a
+// `full` mbarrier (the hardware arrives for each producer thread once its copies of the step have
+// landed; each consumer fences them for the async proxy after its wait) and an `empty` one (every
+// consumer thread arrives once its wgmmas of the step have completed). Consumer iteration s: issue
+// step s's wgmmas; wait for step s - 1's and release its stage; wait for step s + 1's `full` and
+// convert it. With BN 128 the producer gives up registers (setmaxnreg.dec to 72) and the two
+// consumers take 216 (2 x 216 + 72 of the 512 per thread slot; the 384-thread block would otherwise
+// cap every thread at 168 and the 256-token accumulators spill; with 40 / 232, as
+// flash_prefill_wgmma, the producer spills). Rows past T or n_rows read the last valid row
+// (clamped) and are never written. K % 64 == 32 ends with a half step.
 //
 // The weight tile holds BN rows in every entry: the plain entry BN rows of W, the GeGLU entries
 // BN / 2 rows of the gate then the same BN / 2 rows of up; the epilogue stages the fp32 tile
@@ -47,9 +60,10 @@
 //   K        inner dimension (multiple of 32)      WTYPE    0 = Q8_0, 1 = Q4_0 (split layout)
 //   BM       tokens per block (the wgmma N): 64, 128 or 256
 //   BN       weight rows per block: 64 or 128 (one warpgroup per 64)
-//   STAGES   copy pipeline depth (3..6)            THREADS  2 * BN (128 per warpgroup)
+//   STAGES   copy pipeline depth (3..6)            PRODUCER 0 or 1 (the form above; default 0)
+//   THREADS  2 * BN + 128 * PRODUCER (128 per warpgroup)
 //   SMEM     dynamic shared memory bytes (the larger of the pipeline and the epilogue tile, plus
-//            1024 for alignment)
+//            16 * STAGES for the mbarriers with PRODUCER 1, plus 1024 for alignment)
 //   SPLITS   the plain entry splits K over SPLITS blocks (1: no split); see gemm_wgmma_reduce
 // Launch: grid (ceil(n_rows / R), ceil(T / BM)) with R = BN (gemm_wgmma) or BN / 2 (the GeGLU
 // entries), block THREADS, dynamic smem SMEM (above 48 KiB the engine opts in). With SPLITS > 1
@@ -75,7 +89,17 @@ static_assert(K % 32 == 0 && K > 0, "gemm_wgmma: K must be a positive multiple o
 static_assert(WTYPE == 0 || WTYPE == 1, "gemm_wgmma: WTYPE must be 0 (Q8_0) or 1 (Q4_0)");
 static_assert(BM == 64 || BM == 128 || BM == 256, "gemm_wgmma: BM must be 64, 128 or 256");
 static_assert(BN == 64 || BN == 128, "gemm_wgmma: BN must be 64 or 128");
-static_assert(THREADS == 2 * BN, "gemm_wgmma: THREADS must be 2 * BN (a warpgroup per 64 rows)");
+#ifndef PRODUCER
+#define PRODUCER 0
+#endif
+static_assert(PRODUCER == 0 || PRODUCER == 1, "gemm_wgmma: PRODUCER must be 0 or 1");
+static_assert(THREADS == 2 * BN + 128 * PRODUCER,
+              "gemm_wgmma: THREADS must be 2 * BN + 128 * PRODUCER (a warpgroup per 64 rows, and "
+              "the producer's)");
+constexpr int kConsumers = 2 * BN;  // threads that convert and multiply
+// BN 64 and BM <= 128 with a producer: two 256-thread blocks per SM (128 registers each at
+// launch; the consumer takes 200 of the producer's). A 256-token wgmma needs more than 128.
+constexpr int kMinBlocks = PRODUCER && BN == 64 && BM <= 128 ? 2 : 1;
 static_assert(STAGES >= 3 && STAGES <= 6, "gemm_wgmma: STAGES must be in [3, 6]");
 #ifndef SPLITS
 #define SPLITS 1
@@ -104,7 +128,10 @@ constexpr int kOutPitch = BN + 4;
 constexpr int kPipeBytes = STAGES * kStage;
 constexpr int kOutBytes = BM * kOutPitch * 4;
 constexpr int kBytes = kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes;  // + 1024 to align
-static_assert(SMEM >= kBytes + 1024, "gemm_wgmma: SMEM is smaller than the kernel needs");
+// PRODUCER 1: the full and empty mbarriers of the stages, after both (never overlaid).
+constexpr int kBarBytes = PRODUCER ? 16 * STAGES : 0;
+static_assert(SMEM >= kBytes + kBarBytes + 1024,
+              "gemm_wgmma: SMEM is smaller than the kernel needs");
 
 // Byte offset of 16-byte chunk c (0..7) of row r in a tile of 128-byte rows (SWIZZLE_128B).
 GJ_DEVICE uint32 wg_swizzle(int r, int c) {
@@ -223,17 +250,21 @@ GJ_DEVICE void wg_mma_rs(float (&d)[N / 2], const uint32 (&a)[4], uint64 db) {
 
 // ---- Copies and conversion ---------------------------------------------------------------------
 
-// Issues the copies of step `step` into the stage at shared address `st`: tokens m0 .. m0 + kN - 1
-// (the block's wgmma N), weight rows r < kRows from w[0] (row n0 + r), the rest (GeGLU) from w[1]
-// (row n0 + r - kRows).
-template <int kMats, int kN>
+// Issues the copies of step `step` into the stage at shared address `st`, thread `tid` of the kThr
+// that copy: tokens m0 .. m0 + kN - 1 (the block's wgmma N), weight rows r < kRows from w[0] (row
+// n0 + r), the rest (GeGLU) from w[1] (row n0 + r - kRows).
+template <int kMats, int kN, int kThr>
 GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const uint16* x, int m0,
-                             int n0, int T, int n_rows, int step) {
+                             int n0, int T, int n_rows, int step, int tid) {
     constexpr int kRows = BN / kMats;  // rows per matrix
     const int kb0 = step * 2;
-#pragma unroll
-    for (int j = 0; j < kN * 8 / THREADS; ++j) {
-        const int i = threadIdx.x + j * THREADS;
+    static_assert(kN * 8 % kThr == 0, "gemm_wgmma: activation chunks must split evenly");
+    // The producer (kThr 128) keeps this loop rolled: unrolled, its 16 row addresses would not fit
+    // the 72 registers it keeps, and it has a whole step of wgmmas to issue them in.
+    constexpr int kUnroll = kThr == 128 ? 1 : kN * 8 / kThr;
+#pragma unroll kUnroll
+    for (int j = 0; j < kN * 8 / kThr; ++j) {
+        const int i = tid + j * kThr;
         const int r = i / 8, c = i % 8;
         if (!kRagged || kb0 + c / 4 < kKb) {
             const int t = min(m0 + r, T - 1);
@@ -242,9 +273,9 @@ GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const 
     }
     constexpr int kCpr = kRawRow / 16;  // payload chunks per row
 #pragma unroll
-    for (int j = 0; j < (BN * kCpr + THREADS - 1) / THREADS; ++j) {
-        const int i = threadIdx.x + j * THREADS;
-        if ((BN * kCpr) % THREADS != 0 && i >= BN * kCpr) break;
+    for (int j = 0; j < (BN * kCpr + kThr - 1) / kThr; ++j) {
+        const int i = tid + j * kThr;
+        if ((BN * kCpr) % kThr != 0 && i >= BN * kCpr) break;
         const int r = i / kCpr, c = i % kCpr;
         const uint8* w = kMats == 2 && r >= kRows ? w1 : w0;  // a select, not an indexed array
         const int n = min(n0 + r % kRows, n_rows - 1);
@@ -255,7 +286,7 @@ GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const 
     // The step's two fp16 scales per row, from the scale plane after the payload plane: one 4-byte
     // copy when rows hold an even number of blocks (aligned), else plain loads and stores (ordered
     // for the readers by the barriers between this step and its conversion).
-    for (int r = threadIdx.x; r < BN; r += THREADS) {
+    for (int r = tid; r < BN; r += kThr) {
         const uint8* w = kMats == 2 && r >= kRows ? w1 : w0;
         const int n = min(n0 + r % kRows, n_rows - 1);
         const uint16* scales = (const uint16*)(w + (size_t)n_rows * kRowBytes);
@@ -324,20 +355,22 @@ struct WgPipe {
     const uint8 *w0, *w1;
     const uint16* x;
     int m0, n0, T, n_rows, s_begin, n_steps;
-    int r0, tq;  // this thread's fragment rows (local) and lane % 4
+    int r0, tq;          // this thread's fragment rows (local) and lane % 4
+    uint32 full, empty;  // PRODUCER 1: the stages' mbarriers
 
-    GJ_DEVICE void load(int ls) const {  // the copies of the block's step ls (a group, maybe empty)
+    // PRODUCER 0: every thread's copies of the block's step ls (a group, maybe empty).
+    GJ_DEVICE void load(int ls) const {
         if (ls < n_steps)
-            wg_load_stage<kMats, kN>(base + (ls % STAGES) * kStage, w0, w1, x, m0, n0, T, n_rows,
-                                     s_begin + ls);
+            wg_load_stage<kMats, kN, kConsumers>(base + (ls % STAGES) * kStage, w0, w1, x, m0, n0,
+                                                 T, n_rows, s_begin + ls, threadIdx.x);
         cp_async_commit();
     }
     GJ_DEVICE void convert(int ls, uint32 (&a)[4][4]) const {
         wg_convert_regs(smem + (ls % STAGES) * kStage, r0, tq, a);
     }
-    // Step ls on registers `a` (converted), then step ls + 1 converted into `next`.
-    GJ_DEVICE void step(int ls, float (&acc)[kN / 2], const uint32 (&a)[4][4],
-                        uint32 (&next)[4][4]) const {
+    // Issues step ls's wgmmas on registers `a` (converted) and waits for step ls - 1's: its stage
+    // and register set are free when this returns.
+    GJ_DEVICE void multiply(int ls, float (&acc)[kN / 2], const uint32 (&a)[4][4]) const {
         const uint32 sb = base + (ls % STAGES) * kStage;
         const int k16s = kRagged && s_begin + ls == kSteps - 1 ? 2 : 4;
         wg_pin(acc);
@@ -350,13 +383,66 @@ struct WgPipe {
         wg_commit();
         wg_wait<1>();  // step ls - 1 done: its stage and register set are free
         wg_pin(acc);
+    }
+    // Step ls on registers `a` (converted), then step ls + 1 converted into `next`.
+    GJ_DEVICE void step(int ls, float (&acc)[kN / 2], const uint32 (&a)[4][4],
+                        uint32 (&next)[4][4]) const {
+        multiply(ls, acc, a);
         cp_async_wait<STAGES - 3>();  // this thread's copies of step ls + 1
         wg_fence_proxy_async();
         __syncthreads();
         load(ls + STAGES - 1);
         if (ls + 1 < n_steps) convert(ls + 1, next);
     }
+
+    // ---- PRODUCER 1 ----
+    // The producer warpgroup (thread tid of 128): waits for the consumers to release a stage,
+    // issues the step's copies and has the hardware arrive on the stage's `full` barrier once
+    // they have landed (cp.async.mbarrier.arrive.noinc), so it never waits for its own copies and
+    // streams as far ahead as the stages allow. (A first form waited for the copies of the step
+    // before and arrived itself: the consumers then waited on that round trip every step, and
+    // the GEMM ran at two thirds of the all-threads form.) With a ragged K the scales of the last
+    // step are plain stores, published by a second, ordinary arrival.
+    GJ_DEVICE void produce(int tid) const {
+#pragma unroll 1
+        for (int ls = 0; ls < n_steps; ++ls) {
+            const int stage = ls % STAGES;
+            if (ls >= STAGES) wg_mbar_wait(empty + 8 * stage, (uint32)(ls / STAGES - 1) & 1u);
+            wg_load_stage<kMats, kN, 128>(base + stage * kStage, w0, w1, x, m0, n0, T, n_rows,
+                                          s_begin + ls, tid);
+            asm volatile(
+                "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full + 8 * stage)
+                : "memory");
+            if (kRagged) wg_mbar_arrive(full + 8 * stage);
+        }
+        cp_async_wait<0>();  // the thread stays until its copies have landed
+    }
+    // Waits for step ls's copies; they were written through the generic proxy (cp.async) and
+    // wgmma reads the activations through the async proxy, so the reader fences.
+    GJ_DEVICE void wait_full(int ls) const {
+        wg_mbar_wait(full + 8 * (ls % STAGES), (uint32)(ls / STAGES) & 1u);
+        wg_fence_proxy_async();
+    }
+    // A consumer's step ls on registers `a` (converted); then it releases step ls - 1's stage
+    // once those wgmmas are done and converts step ls + 1 into `next` as soon as it has landed.
+    GJ_DEVICE void consume(int ls, float (&acc)[kN / 2], const uint32 (&a)[4][4],
+                           uint32 (&next)[4][4]) const {
+        multiply(ls, acc, a);
+        if (ls >= 1) wg_mbar_arrive(empty + 8 * ((ls - 1) % STAGES));
+        if (ls + 1 < n_steps) {
+            wait_full(ls + 1);
+            convert(ls + 1, next);
+        }
+    }
 };
+
+// Barrier over the consumer threads only (PRODUCER 1: the producer may have left).
+GJ_DEVICE void wg_consumers_sync() {
+    if (PRODUCER)
+        asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+    else
+        __syncthreads();
+}
 
 // One block's product with kN tokens (the wgmma N: BM, or less for a last block of few tokens).
 template <int kEpi, int kN>
@@ -390,31 +476,65 @@ GJ_DEVICE void gemm_wgmma_body(const void* w_gate, const void* w_up, const uint1
     p.n_steps = (z + 1) * kSteps / kSplits - p.s_begin;
     p.r0 = wg * 64 + warp * 16 + lane / 4;
     p.tq = lane % 4;
+    p.full = p.base + kBytes;
+    p.empty = p.full + 8 * STAGES;
     if (kSplits > 1) y = (float*)y + (size_t)z * T * n_rows;
+
+    if (PRODUCER) {
+        if (threadIdx.x == 0) {
+            wg_mbar_init_all(p.full, STAGES, kRagged ? 256 : 128);  // the producer's threads
+            wg_mbar_init_all(p.empty, STAGES, kConsumers);          // the consumers' threads
+        }
+        __syncthreads();
+        if (wg == BN / 64) {  // the last warpgroup produces
+            if (BN == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
+            if (kMinBlocks == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
+            p.produce(threadIdx.x - kConsumers);
+            return;
+        }
+        if (BN == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
+        if (kMinBlocks == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 200;" ::: "memory");
+    }
 
     float acc[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
     uint32 a0[4][4], a1[4][4];
 
-    // Prologue: steps 0 .. STAGES - 2 in flight, step 0 landed and converted.
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) p.load(s);
-    cp_async_wait<STAGES - 2>();
-    wg_fence_proxy_async();
-    __syncthreads();
-    if (p.n_steps > 0) p.convert(0, a0);
-
+    if (PRODUCER) {
+        if (p.n_steps > 0) {
+            p.wait_full(0);
+            p.convert(0, a0);
+        }
         // Two steps per trip: the register sets alternate by name (registers cannot be indexed).
 #pragma unroll 1
-    for (int ls = 0; ls < p.n_steps; ls += 2) {
-        p.step(ls, acc, a0, a1);
-        if (ls + 1 < p.n_steps) p.step(ls + 1, acc, a1, a0);
+        for (int ls = 0; ls < p.n_steps; ls += 2) {
+            p.consume(ls, acc, a0, a1);
+            if (ls + 1 < p.n_steps) p.consume(ls + 1, acc, a1, a0);
+        }
+        wg_wait<0>();
+        wg_pin(acc);
+    } else {
+        // Prologue: steps 0 .. STAGES - 2 in flight, step 0 landed and converted.
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) p.load(s);
+        cp_async_wait<STAGES - 2>();
+        wg_fence_proxy_async();
+        __syncthreads();
+        if (p.n_steps > 0) p.convert(0, a0);
+
+#pragma unroll 1
+        for (int ls = 0; ls < p.n_steps; ls += 2) {
+            p.step(ls, acc, a0, a1);
+            if (ls + 1 < p.n_steps) p.step(ls + 1, acc, a1, a0);
+        }
+        wg_wait<0>();
+        wg_pin(acc);
+        cp_async_wait<0>();
     }
-    wg_wait<0>();
-    wg_pin(acc);
-    cp_async_wait<0>();
-    __syncthreads();  // every warp is past the pipeline: its shared memory becomes the out tile
+    // Every consumer is past the pipeline (and every copy has landed: the last step's were
+    // waited for), so the stages' shared memory becomes the out tile.
+    wg_consumers_sync();
 
     float* out = (float*)smem;
     {
@@ -426,12 +546,12 @@ GJ_DEVICE void gemm_wgmma_body(const void* w_gate, const void* w_up, const uint1
             for (int e = 0; e < 4; ++e)
                 out[(8 * j + 2 * tq + e % 2) * kOutPitch + r + 8 * (e / 2)] = acc[4 * j + e];
     }
-    __syncthreads();
+    wg_consumers_sync();
     // Whole output rows: token t, four consecutive weight rows per thread and pass.
     constexpr int kQuads = kRows / 4;
     const bool vec = n_rows % 4 == 0;
 #pragma unroll 4
-    for (int i = threadIdx.x; i < kN * kQuads; i += THREADS) {
+    for (int i = threadIdx.x; i < kN * kQuads; i += kConsumers) {
         const int tl = i / kQuads, rl = (i % kQuads) * 4;
         const int t = p.m0 + tl, n = p.n0 + rl;
         if (t >= T || n >= n_rows) continue;
@@ -483,7 +603,7 @@ GJ_DEVICE void gemm_wgmma_tokens(const void* w, const void* w_up, const uint16* 
 }
 
 #define GEMM_WGMMA_ENTRY(NAME, EPI)                                                          \
-    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                 \
+    extern "C" __global__ void __launch_bounds__(THREADS, kMinBlocks)                        \
         NAME(const void* w, const void* w_up, const uint16* x, void* y, int T, int n_rows) { \
         gj_grid_sync();                                                                      \
         gemm_wgmma_tokens<EPI>(w, w_up, x, y, T, n_rows);                                    \

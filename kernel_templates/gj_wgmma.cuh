@@ -1,8 +1,8 @@
 // Warpgroup tensor-core helpers (wgmma, sm_90a) shared by gemm_wgmma.cu and
 // flash_prefill_wgmma.cu: the shared-memory descriptor of a K-major SWIZZLE_128B tile, the fence /
 // commit / wait of the asynchronous products, the async-proxy fence for shared memory written by
-// plain stores or cp.async, and the register pin that keeps accumulator accesses out of the
-// asynchronous window.
+// plain stores or cp.async, the register pin that keeps accumulator accesses out of the
+// asynchronous window, and the mbarriers of a producer warpgroup's pipeline.
 #ifndef GJ_WGMMA_CUH
 #define GJ_WGMMA_CUH
 
@@ -36,6 +36,33 @@ template <int N>
 GJ_DEVICE void wg_pin(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// mbarrier helpers (shared::cta, 64-bit barriers at 8-byte aligned shared addresses): the full /
+// empty handshakes between a producer warpgroup and its consumers.
+GJ_DEVICE void wg_mbar_init(uint32 addr, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(addr), "r"(count) : "memory");
+}
+GJ_DEVICE void wg_mbar_arrive(uint32 addr) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(addr)
+                 : "memory");
+}
+// Waits until the phase of parity `parity` of the barrier has completed.
+GJ_DEVICE void wg_mbar_wait(uint32 addr, uint32 parity) {
+    uint32 done = 0;
+    while (!done)
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
+}
+// Initializes `n` barriers of `count` arrivals each at addr, addr + 8, ... (one thread calls it;
+// a block barrier must follow before any thread uses them).
+GJ_DEVICE void wg_mbar_init_all(uint32 addr, int n, int count) {
+    for (int i = 0; i < n; ++i) wg_mbar_init(addr + 8 * i, count);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
 #endif  // GJ_WGMMA_CUH

@@ -154,6 +154,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         quant_prefill == QuantPrefill::Blas || quant_prefill == QuantPrefill::WgmmaBlas;
     const bool wgmma =
         quant_prefill == QuantPrefill::Wgmma || quant_prefill == QuantPrefill::WgmmaBlas;
+    const bool wgmma_producer = flags.get_bool("GEMMAJIT_WGMMA_PRODUCER");
     copy_min_rows_ = quant_prefill == QuantPrefill::WgmmaBlas ? gemma4::copy_min_rows(cfg_.d_model)
                                                               : kPrefillCols + 1;
     bool blas_half = false;  // some cuBLAS product takes f16/bf16 activations
@@ -196,7 +197,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             // The GEMM: alone, or (WgmmaBlas) for the chunks too short for the copies.
             if (mmq && g.layout == MatvecLayout::Split && (!copies || wgmma)) {
                 g.spec_gemm = kernels_
-                                  .add(wgmma ? gemm_wgmma_spec(t, g.cols, g.rows)
+                                  .add(wgmma ? gemm_wgmma_spec(t, g.cols, g.rows, wgmma_producer)
                                              : mmq_spec(t, g.cols, g.rows))
                                   .name;
                 g.gemm_bf16 = wgmma;

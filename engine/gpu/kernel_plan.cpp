@@ -85,6 +85,7 @@ void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::s
     types.blas = flags.get_bool("GEMMAJIT_BLAS");
     types.mmq = q != QuantPrefill::Matvec;
     types.wgmma = q == QuantPrefill::Wgmma || q == QuantPrefill::WgmmaBlas;
+    types.wgmma_producer = flags.get_bool("GEMMAJIT_WGMMA_PRODUCER");
     types.quant_blas = q == QuantPrefill::Blas || q == QuantPrefill::WgmmaBlas;
     types.decode_prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
     types.flash_wgmma = flash_wgmma_mode(flags, arch) != FlashWgmma::Off;
@@ -252,7 +253,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (types.mmq && types.layout == MatvecLayout::Split) {
         auto add_gemm = [&](ggml::Type t, int k, int n, bool lm_head = false) {
             if (has_gemm(t) && n > 0 && (lm_head || layer_gemms))
-                add(types.wgmma ? gemm_wgmma_spec(t, k, n) : mmq_spec(t, k, n));
+                add(types.wgmma ? gemm_wgmma_spec(t, k, n, types.wgmma_producer)
+                                : mmq_spec(t, k, n));
         };
         if (types.wgmma) add(convert_f32_spec());  // the GEMMs' bf16 activations
         for (int l = 0; l < static_cast<int>(cfg.layers.size()); ++l) {

@@ -32,24 +32,25 @@ struct PlanTypes {
     ggml::Type ple_token_embd;                  // per_layer_token_embd (PLE models)
     ggml::Type ple_model_proj;                  // per_layer_model_proj (PLE models)
     MatvecLayout layout = MatvecLayout::Split;  // for the quantized matrices
-    int max_cols = 8;           // > 1: also the matvecs for batches of max_cols columns (prefill)
-    KvType kv = KvType::F16;    // KV cache element type of the attention kernels
-    bool flash_mma = false;     // GEMMAJIT_FLASH_MMA: tensor-core decode attention
-    bool blas = true;           // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
-                                // (and K-quant ones, through dequant_f16 copies)
-    bool flash_prefill = true;  // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
-    bool flash_wgmma = false;   // GEMMAJIT_FLASH_WGMMA != off on sm_90: also its wgmma form
-    bool mmq = true;            // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
-    bool wgmma = false;         // ... as gemm_wgmma (sm_90 only), else int8 mmq
-    bool quant_blas = false;    // Q8_0/Q4_0 layer matrices (may) multiply F16 copies
-                                // (dequant_f16) with cuBLAS (the LM head keeps its GEMM, MoE
-                                // experts their int8 GEMM); with wgmma as well: both (WgmmaBlas,
-                                // by chunk length)
-    int decode_prefetch = 2;    // GEMMAJIT_MATVEC_PREFETCH (its default): sixteenths of each
-                                // weight row a decode matvec block asks L2 for
-                                // (with_decode_prefetch)
-    int lm_head_rows = 0;       // LM head rows (0: the vocabulary; a tensor-parallel rank: its
-                                // vocabulary slice, engine/gpu/shard_plan.h)
+    int max_cols = 8;            // > 1: also the matvecs for batches of max_cols columns (prefill)
+    KvType kv = KvType::F16;     // KV cache element type of the attention kernels
+    bool flash_mma = false;      // GEMMAJIT_FLASH_MMA: tensor-core decode attention
+    bool blas = true;            // GEMMAJIT_BLAS: cuBLAS prefill products for float matrices
+                                 // (and K-quant ones, through dequant_f16 copies)
+    bool flash_prefill = true;   // GEMMAJIT_FLASH_PREFILL: tensor-core prefill attention
+    bool flash_wgmma = false;    // GEMMAJIT_FLASH_WGMMA != off on sm_90: also its wgmma form
+    bool mmq = true;             // GEMMAJIT_MMQ_VARIANT != none: tensor-core prefill GEMMs
+    bool wgmma = false;          // ... as gemm_wgmma (sm_90 only), else int8 mmq
+    bool wgmma_producer = true;  // GEMMAJIT_WGMMA_PRODUCER: its warp-specialized form
+    bool quant_blas = false;     // Q8_0/Q4_0 layer matrices (may) multiply F16 copies
+                                 // (dequant_f16) with cuBLAS (the LM head keeps its GEMM, MoE
+                                 // experts their int8 GEMM); with wgmma as well: both (WgmmaBlas,
+                                 // by chunk length)
+    int decode_prefetch = 2;     // GEMMAJIT_MATVEC_PREFETCH (its default): sixteenths of each
+                                 // weight row a decode matvec block asks L2 for
+                                 // (with_decode_prefetch)
+    int lm_head_rows = 0;        // LM head rows (0: the vocabulary; a tensor-parallel rank: its
+                                 // vocabulary slice, engine/gpu/shard_plan.h)
 };
 // How prefill chunks multiply Q8_0/Q4_0 layer matrices (GEMMAJIT_MMQ_VARIANT).
 enum class QuantPrefill {

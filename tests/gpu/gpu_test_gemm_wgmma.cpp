@@ -18,12 +18,13 @@
 // Every output element must be written, nothing past [T][n_rows]. Large cases check a sample of
 // tokens and rows that includes the first and last tiles.
 // GemmWgmmaBench.DISABLED_Shapes times the E4B and 31B shapes at T = 512, or at the T of
-// GJ_BENCH_T (--gtest_also_run_disabled_tests).
+// GJ_BENCH_T (--gtest_also_run_disabled_tests); GJ_BENCH_PLAN_ONLY=1 times the plan's tiles only.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -49,18 +50,24 @@ namespace {
 struct WgCase {
     ggml::Type type;
     int k, n, T;
-    bool plan;           // the plan's tile (gemm_wgmma_spec(type, k, n)), else `tile`
-    GemmWgmmaTile tile;  // used when !plan
+    bool plan;           // the plan's tile (gemm_wgmma_spec(type, k, n, tile.producer)), else
+    GemmWgmmaTile tile;  // `tile`
 };
 
-// Tiles the planner picks or the bench compares.
+// Tiles the planner picks or the bench compares, in both forms (all threads copy / a producer
+// warpgroup copies).
 const std::vector<GemmWgmmaTile> kTiles = {
-    {256, 128, 4},    {256, 128, 3},    {256, 128, 5},    {128, 128, 4},   {128, 128, 6},
-    {64, 128, 4},     {256, 64, 4},     {128, 64, 4},     {64, 64, 4},     {256, 128, 4, 2},
-    {256, 128, 4, 3}, {128, 128, 4, 2}, {128, 128, 4, 3}, {128, 64, 4, 3}, {64, 128, 4, 3}};
+    {256, 128, 4},          {256, 128, 3},          {256, 128, 5},
+    {128, 128, 4},          {128, 128, 6},          {64, 128, 4},
+    {256, 64, 4},           {128, 64, 4},           {64, 64, 4},
+    {256, 128, 4, 2},       {256, 128, 4, 3},       {128, 128, 4, 2},
+    {128, 128, 4, 3},       {128, 64, 4, 3},        {64, 128, 4, 3},
+    {256, 128, 4, 1, true}, {128, 128, 4, 1, true}, {256, 64, 4, 1, true},
+    {256, 64, 5, 1, true},  {128, 64, 4, 1, true},  {64, 64, 4, 1, true},
+    {256, 128, 4, 3, true}, {128, 64, 4, 3, true},  {64, 128, 4, 3, true}};
 
 KernelSpec spec_of(const WgCase& c) {
-    return c.plan ? gj::gemma4::gemm_wgmma_spec(c.type, c.k, c.n)
+    return c.plan ? gj::gemma4::gemm_wgmma_spec(c.type, c.k, c.n, c.tile.producer)
                   : gj::gemma4::gemm_wgmma_spec(c.type, c.k, c.tile);
 }
 
@@ -72,6 +79,10 @@ KernelSpec spec_of(const WgCase& c) {
             GTEST_SKIP() << "gemm_wgmma needs an sm_90 GPU (wgmma); this one is " \
                          << gj::jit::Device::get().arch();                        \
     } while (0)
+
+std::string case_name(const WgCase& c) {
+    return spec_of(c).name + " n" + std::to_string(c.n) + " T" + std::to_string(c.T);
+}
 
 std::vector<WgCase> cases() {
     std::vector<WgCase> v;
@@ -95,18 +106,17 @@ std::vector<WgCase> cases() {
                                                                             {2048, 2560, 130},
                                                                             {21504, 520, 70},
                                                                             {5376, 1000, 512}})
-            v.push_back({t, k, n, T, true, {}});
+            for (bool producer : {true, false})  // the flag's two plans (the same for BN 128)
+                v.push_back({t, k, n, T, true, GemmWgmmaTile{.producer = producer}});
         // Every tile: partial tiles in both directions, odd rows, a half last step.
         for (const auto& tl : kTiles) {
             v.push_back({t, 2560, 201, 130, false, tl});
             v.push_back({t, 96, 200, 65, false, tl});
         }
     }
+    std::set<std::string> seen;  // one case per spec and shape
+    std::erase_if(v, [&](const WgCase& c) { return !seen.insert(case_name(c)).second; });
     return v;
-}
-
-std::string case_name(const WgCase& c) {
-    return spec_of(c).name + " n" + std::to_string(c.n) + " T" + std::to_string(c.T);
 }
 
 // Launches one entry: grid (ceil(n / R), ceil(T / BM)) with R = BN for the plain entry and BN / 2
@@ -262,11 +272,16 @@ TEST(GemmWgmmaBench, DISABLED_Shapes) {
         {10240, 2560, false}, {5376, 8192, false},  {5376, 4096, false}, {8192, 5376, false},
         {5376, 16384, false}, {16384, 5376, false}, {5376, 21504, true}, {21504, 5376, false}};
     const int T = gj::test::env_positive_int("GJ_BENCH_T", 512);  // the chunk length
+    // GJ_BENCH_PLAN_ONLY=1: only the plan's tile, in both forms (producer warpgroup or not).
+    const char* plan_only_env = std::getenv("GJ_BENCH_PLAN_ONLY");
+    const bool plan_only = plan_only_env && std::strcmp(plan_only_env, "1") == 0;
     std::vector<KernelSpec> specs;
     std::set<std::string> seen;
     auto candidates = [&](ggml::Type t, const Shape& sh) {
-        std::vector<KernelSpec> v = {gj::gemma4::gemm_wgmma_spec(t, sh.k, sh.n)};
-        for (const auto& tl : kTiles) v.push_back(gj::gemma4::gemm_wgmma_spec(t, sh.k, tl));
+        std::vector<KernelSpec> v = {gj::gemma4::gemm_wgmma_spec(t, sh.k, sh.n, true),
+                                     gj::gemma4::gemm_wgmma_spec(t, sh.k, sh.n, false)};
+        if (!plan_only)
+            for (const auto& tl : kTiles) v.push_back(gj::gemma4::gemm_wgmma_spec(t, sh.k, tl));
         return v;
     };
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
@@ -297,7 +312,7 @@ TEST(GemmWgmmaBench, DISABLED_Shapes) {
             for (auto& v : xb) v = gj::f32_to_bf16(std::normal_distribution<float>(0, 1)(rng));
             auto dx = to_device(xb);
             DeviceBuffer y(size_t(T) * sh.n * 4), work(size_t(T) * sh.n * 4 * 4);
-            const std::string plan = gj::gemma4::gemm_wgmma_spec(t, sh.k, sh.n).name;
+            const std::string plan = gj::gemma4::gemm_wgmma_spec(t, sh.k, sh.n, true).name;
             for (const auto& s : candidates(t, sh))
                 for (const char* entry :
                      {"gemm_wgmma", "gemm_wgmma_geglu", "gemm_wgmma_geglu_bf16"}) {

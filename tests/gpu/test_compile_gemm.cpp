@@ -19,6 +19,7 @@
 #include "tests/support/kernel_specs.h"
 
 using gj::gemma4::Config;
+using gj::gemma4::spec_constant;
 using gj::jit::CompiledKernel;
 using gj::jit::KernelSpec;
 using gj::test::all_specs_of;
@@ -173,17 +174,20 @@ TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         for (const char* v : {"e2b", "e4b", "12b", "31b", "26b-a4b"}) {
             const Config cfg = Config::preset(v);
-            for (int l = 0; l < cfg.n_layers; ++l) {
-                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.q_dim(l)));
-                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.kv_dim(l)));
-                add(gj::gemma4::gemm_wgmma_spec(t, cfg.q_dim(l), cfg.d_model));
-                if (cfg.layers[l].ffn_dim == 0) continue;  // no dense FFN
-                add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.layers[l].ffn_dim));
-                add(gj::gemma4::gemm_wgmma_spec(t, cfg.layers[l].ffn_dim, cfg.d_model));
-            }
+            for (int l = 0; l < cfg.n_layers; ++l)
+                for (bool p : {true, false}) {
+                    add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.q_dim(l), p));
+                    add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.kv_dim(l), p));
+                    add(gj::gemma4::gemm_wgmma_spec(t, cfg.q_dim(l), cfg.d_model, p));
+                    if (cfg.layers[l].ffn_dim == 0) continue;  // no dense FFN
+                    add(gj::gemma4::gemm_wgmma_spec(t, cfg.d_model, cfg.layers[l].ffn_dim, p));
+                    add(gj::gemma4::gemm_wgmma_spec(t, cfg.layers[l].ffn_dim, cfg.d_model, p));
+                }
         }
-        for (const GemmWgmmaTile& tile : {GemmWgmmaTile{64, 64, 3}, GemmWgmmaTile{256, 128, 4},
-                                          GemmWgmmaTile{256, 64, 5}, GemmWgmmaTile{128, 64, 5}})
+        for (const GemmWgmmaTile& tile :
+             {GemmWgmmaTile{64, 64, 3}, GemmWgmmaTile{256, 128, 4}, GemmWgmmaTile{256, 64, 5},
+              GemmWgmmaTile{128, 64, 5}, GemmWgmmaTile{64, 64, 3, 1, true},
+              GemmWgmmaTile{256, 128, 5, 1, true}, GemmWgmmaTile{128, 128, 6, 1, true}})
             add(gj::gemma4::gemm_wgmma_spec(t, 96, tile));
     }
     for (const auto& c : gj::test::compile_sm90a_only(specs)) {
@@ -202,6 +206,16 @@ TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
                   "fence.proxy.async.shared::cta", "cp.async.cg.shared.global",
                   "cvt.rn.bf16x2.f32"})
                 EXPECT_NE(body.find(want), std::string::npos) << e << " lacks " << want;
+            // The producer form hands steps over through mbarriers and gives its registers to
+            // the consumers.
+            const bool producer = spec_constant(c.spec, "PRODUCER") == 1;
+            EXPECT_EQ(body.find("mbarrier.try_wait.parity") != std::string::npos, producer) << e;
+            // The register split: BN 128 (two consumers), and BN 64 at BM <= 128 (two blocks per
+            // SM).
+            const int64_t bn = spec_constant(c.spec, "BN"), bm = spec_constant(c.spec, "BM");
+            EXPECT_EQ(body.find("setmaxnreg.inc") != std::string::npos,
+                      producer && (bn == 128 || bm <= 128))
+                << e;
             EXPECT_EQ(body.find(".local"), std::string::npos) << e << " uses local memory";
             EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << e;
             EXPECT_EQ(c.resources_per_entry[i].stack_bytes, 0) << e;
@@ -209,4 +223,21 @@ TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
                         c.resources_per_entry[i].registers);
         }
     }
+}
+
+// The producer form (GEMMAJIT_WGMMA_PRODUCER) is planned for the tiles of 64 weight rows only,
+// where it measured as fast or faster; the 128-row tiles keep every thread copying.
+TEST(KernelPlan, GemmWgmmaProducerOnlyForTilesOf64Rows) {
+    for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
+        for (const auto& [k, n] : std::vector<std::pair<int, int>>{
+                 {5376, 8192}, {5376, 21504}, {21504, 5376}, {2560, 2048}, {2560, 10240}}) {
+            const auto on = gj::gemma4::gemm_wgmma_tile(t, k, n, true);
+            const auto off = gj::gemma4::gemm_wgmma_tile(t, k, n, false);
+            EXPECT_EQ(on.producer, on.bn == 64) << k << " x " << n;
+            EXPECT_FALSE(off.producer);
+            const KernelSpec s = gj::gemma4::gemm_wgmma_spec(t, k, n, true);
+            EXPECT_EQ(spec_constant(s, "PRODUCER"), on.producer ? 1 : 0) << s.name;
+            EXPECT_EQ(spec_constant(s, "THREADS"), 2 * on.bn + (on.producer ? 128 : 0)) << s.name;
+            EXPECT_EQ(s.name.ends_with(".p"), on.producer) << s.name;
+        }
 }

@@ -11,7 +11,10 @@
 
 namespace gj::gemma4 {
 
-GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows) {
+namespace {
+
+// The tile shape (BM, BN, stages, splits) for a k-wide matrix of n_rows rows.
+GemmWgmmaTile tile_shape(ggml::Type weight_type, int k, int n_rows) {
     // By default the GEMM runs the chunks shorter than copy_min_rows (kernel_plan.h: 256 rows for
     // d_model < 4096, 512 from 4096), so the tiles are the best measured at T = 128 and 256 on the
     // H200 (GemmWgmmaBench.DISABLED_Shapes with GJ_BENCH_T; Q4_0 TFLOP/s at T = 256 / 128):
@@ -33,10 +36,23 @@ GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows) {
     return {128, 64, 4, kMmqSplits};
 }
 
-jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, int n_rows) {
+}  // namespace
+
+GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows, bool producer) {
+    // The producer form only for tiles of 64 weight rows (one consumer warpgroup): there it ran
+    // as fast or faster (H200, T = 512, Q4_0 TFLOP/s, producer / all threads: 31B n 8192 256 x 64
+    // 251 / 209, E4B GeGLU 253 / 248, n 2048 154 / 139, n 2560 149 / 152, n 512 82 / 83). With 128
+    // rows its two consumers keep 216 registers where the all-threads form takes 248, and it ran
+    // slower on every shape (31B n 16384 403 / 576, GeGLU 344 / 469, n 5376 380 / 418).
+    GemmWgmmaTile t = tile_shape(weight_type, k, n_rows);
+    t.producer = producer && t.bn == 64;
+    return t;
+}
+
+jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, int n_rows, bool producer) {
     if (n_rows < 1)
         throw std::invalid_argument(fmt::format("gemm_wgmma: {} weight rows (at least 1)", n_rows));
-    return gemm_wgmma_spec(weight_type, k, gemm_wgmma_tile(weight_type, k, n_rows));
+    return gemm_wgmma_spec(weight_type, k, gemm_wgmma_tile(weight_type, k, n_rows, producer));
 }
 
 jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTile& t) {
@@ -48,9 +64,9 @@ jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTi
     if (k <= 0 || k % 32 != 0)
         throw std::invalid_argument(
             fmt::format("gemm_wgmma: input width {} is not a positive multiple of 32", k));
-    const std::string tile =
-        fmt::format("m{}n{}.s{}{}", t.bm, t.bn, t.stages,
-                    t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string());
+    const std::string tile = fmt::format(
+        "m{}n{}.s{}{}{}", t.bm, t.bn, t.stages,
+        t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string(), t.producer ? ".p" : "");
     if ((t.bm != 64 && t.bm != 128 && t.bm != 256) || (t.bn != 64 && t.bn != 128) || t.stages < 3 ||
         t.stages > 6 || t.splits < 1 || t.splits > 8)
         throw std::invalid_argument(
@@ -59,10 +75,12 @@ jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTi
                         tile));
     // The layout of kernel_templates/gemm_wgmma.cu: per stage the bf16 activations [BM][64], the
     // payloads [BN][64 or 32 bytes + 16 of padding] and fp16 scales [BN][2], padded to 1 KiB; the
-    // epilogue's fp32 tile [BM][BN + 4] over the stages; 1 KiB to align the base.
+    // epilogue's fp32 tile [BM][BN + 4] over the stages; the producer form's mbarriers (16 bytes
+    // per stage); 1 KiB to align the base.
     const int64_t row_pitch = (weight_type == ggml::Type::Q8_0 ? 64 : 32) + 16;
     const int64_t stage = (int64_t{t.bm} * 128 + t.bn * row_pitch + t.bn * 4 + 1023) / 1024 * 1024;
-    const int64_t smem = std::max(t.stages * stage, int64_t{t.bm} * (t.bn + 4) * 4) + 1024;
+    const int64_t smem = std::max(t.stages * stage, int64_t{t.bm} * (t.bn + 4) * 4) +
+                         (t.producer ? 16 * t.stages : 0) + 1024;
     if (smem > 227 * 1024)
         throw std::invalid_argument(fmt::format(
             "gemm_wgmma: tile {} needs {} bytes of shared memory per block (at most 227 KiB)", tile,
@@ -76,7 +94,8 @@ jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTi
                    {"BN", t.bn},
                    {"STAGES", t.stages},
                    {"SPLITS", t.splits},
-                   {"THREADS", 2 * t.bn},
+                   {"PRODUCER", t.producer ? 1 : 0},
+                   {"THREADS", 2 * t.bn + (t.producer ? 128 : 0)},
                    {"SMEM", smem}};
     s.entries = {"gemm_wgmma", "gemm_wgmma_geglu", "gemm_wgmma_geglu_bf16", "gemm_wgmma_reduce"};
     s.priority = 1;
