@@ -36,20 +36,19 @@
 // are free); wait for step s + 1's copies, proxy fence (wgmma reads through the async proxy),
 // barrier; issue the copies of step s + STAGES - 1 into the stage of s - 1; convert step s + 1.
 //
-// PRODUCER 1 (warp specialization, as flash_prefill_wgmma.cu): one more warpgroup, the last,
-// issues every copy, and the BN / 64 consumer warpgroups only convert and multiply. Why: in the
-// form above the threads that issue the wgmmas also issue ~20 cp.async per step and meet at a
-// block barrier every step, and a consumer waits for the slowest warp's copies; on the 31B
-// shapes that cost about a fifth of the tensor-core time (docs/PERFORMANCE.md). Per stage a
-// `full` mbarrier (the hardware arrives for each producer thread once its copies of the step have
-// landed; each consumer fences them for the async proxy after its wait) and an `empty` one (every
-// consumer thread arrives once its wgmmas of the step have completed). Consumer iteration s: issue
-// step s's wgmmas; wait for step s - 1's and release its stage; wait for step s + 1's `full` and
-// convert it. With BN 128 the producer gives up registers (setmaxnreg.dec to 72) and the two
-// consumers take 216 (2 x 216 + 72 of the 512 per thread slot; the 384-thread block would otherwise
-// cap every thread at 168 and the 256-token accumulators spill; with 40 / 232, as
-// flash_prefill_wgmma, the producer spills). Rows past T or n_rows read the last valid row
-// (clamped) and are never written. K % 64 == 32 ends with a half step.
+// PRODUCER 1 (warp specialization, as flash_prefill_wgmma.cu; BN 64 only): a second warpgroup
+// issues every copy, and the consumer warpgroup only converts and multiplies. Why: in the form
+// above the threads that issue the wgmmas also issue ~20 cp.async per step and meet at a block
+// barrier every step. Per stage a `full` mbarrier (the hardware arrives for each producer thread
+// once its copies of the step have landed; the consumer fences them for the async proxy after its
+// wait) and an `empty` one (every consumer thread arrives once its wgmmas of the step have
+// completed). Consumer iteration s: issue step s's wgmmas; wait for step s - 1's and release its
+// stage; wait for step s + 1's `full` and convert it. At BM <= 128 two blocks share an SM, each
+// compiled for 128 registers per thread, the producer giving the consumer 72 of them
+// (setmaxnreg). With BN 128 the form measured slower on every shape (two consumers at 216
+// registers where this form takes 248; docs/PERFORMANCE.md), so it is not built for it.
+// Rows past T or n_rows read the last valid row (clamped) and are never written. K % 64 == 32
+// ends with a half step.
 //
 // The weight tile holds BN rows in every entry: the plain entry BN rows of W, the GeGLU entries
 // BN / 2 rows of the gate then the same BN / 2 rows of up; the epilogue stages the fp32 tile
@@ -92,14 +91,15 @@ static_assert(BN == 64 || BN == 128, "gemm_wgmma: BN must be 64 or 128");
 #ifndef PRODUCER
 #define PRODUCER 0
 #endif
-static_assert(PRODUCER == 0 || PRODUCER == 1, "gemm_wgmma: PRODUCER must be 0 or 1");
+static_assert(PRODUCER == 0 || (PRODUCER == 1 && BN == 64),
+              "gemm_wgmma: PRODUCER must be 0, or 1 with BN 64");
 static_assert(THREADS == 2 * BN + 128 * PRODUCER,
               "gemm_wgmma: THREADS must be 2 * BN + 128 * PRODUCER (a warpgroup per 64 rows, and "
               "the producer's)");
 constexpr int kConsumers = 2 * BN;  // threads that convert and multiply
-// BN 64 and BM <= 128 with a producer: two 256-thread blocks per SM (128 registers each at
-// launch; the consumer takes 200 of the producer's). A 256-token wgmma needs more than 128.
-constexpr int kMinBlocks = PRODUCER && BN == 64 && BM <= 128 ? 2 : 1;
+// BM <= 128 with a producer: two 256-thread blocks per SM (128 registers each at launch; the
+// consumer takes 200 of the producer's). A 256-token wgmma needs more than 128.
+constexpr int kMinBlocks = PRODUCER && BM <= 128 ? 2 : 1;
 static_assert(STAGES >= 3 && STAGES <= 6, "gemm_wgmma: STAGES must be in [3, 6]");
 #ifndef SPLITS
 #define SPLITS 1
@@ -260,7 +260,7 @@ GJ_DEVICE void wg_load_stage(uint32 st, const uint8* w0, const uint8* w1, const 
     const int kb0 = step * 2;
     static_assert(kN * 8 % kThr == 0, "gemm_wgmma: activation chunks must split evenly");
     // The producer (kThr 128) keeps this loop rolled: unrolled, its 16 row addresses would not fit
-    // the 72 registers it keeps, and it has a whole step of wgmmas to issue them in.
+    // the 56 registers it keeps at BM <= 128, and it has a whole step of wgmmas to issue them in.
     constexpr int kUnroll = kThr == 128 ? 1 : kN * 8 / kThr;
 #pragma unroll kUnroll
     for (int j = 0; j < kN * 8 / kThr; ++j) {
@@ -384,14 +384,22 @@ struct WgPipe {
         wg_wait<1>();  // step ls - 1 done: its stage and register set are free
         wg_pin(acc);
     }
-    // Step ls on registers `a` (converted), then step ls + 1 converted into `next`.
+    // Step ls on registers `a` (converted), then step ls + 1 converted into `next` once it has
+    // landed: PRODUCER 1 releases step ls - 1's stage to the producer and waits for step ls + 1's
+    // `full`; PRODUCER 0 waits for its own copies, meets the block and issues the copies of step
+    // ls + STAGES - 1 into the stage of ls - 1.
     GJ_DEVICE void step(int ls, float (&acc)[kN / 2], const uint32 (&a)[4][4],
                         uint32 (&next)[4][4]) const {
         multiply(ls, acc, a);
-        cp_async_wait<STAGES - 3>();  // this thread's copies of step ls + 1
-        wg_fence_proxy_async();
-        __syncthreads();
-        load(ls + STAGES - 1);
+        if (PRODUCER) {
+            if (ls >= 1) wg_mbar_arrive(empty + 8 * ((ls - 1) % STAGES));
+            if (ls + 1 < n_steps) wait_full(ls + 1);
+        } else {
+            cp_async_wait<STAGES - 3>();  // this thread's copies of step ls + 1
+            wg_fence_proxy_async();
+            __syncthreads();
+            load(ls + STAGES - 1);
+        }
         if (ls + 1 < n_steps) convert(ls + 1, next);
     }
 
@@ -422,17 +430,6 @@ struct WgPipe {
     GJ_DEVICE void wait_full(int ls) const {
         wg_mbar_wait(full + 8 * (ls % STAGES), (uint32)(ls / STAGES) & 1u);
         wg_fence_proxy_async();
-    }
-    // A consumer's step ls on registers `a` (converted); then it releases step ls - 1's stage
-    // once those wgmmas are done and converts step ls + 1 into `next` as soon as it has landed.
-    GJ_DEVICE void consume(int ls, float (&acc)[kN / 2], const uint32 (&a)[4][4],
-                           uint32 (&next)[4][4]) const {
-        multiply(ls, acc, a);
-        if (ls >= 1) wg_mbar_arrive(empty + 8 * ((ls - 1) % STAGES));
-        if (ls + 1 < n_steps) {
-            wait_full(ls + 1);
-            convert(ls + 1, next);
-        }
     }
 };
 
@@ -486,13 +483,11 @@ GJ_DEVICE void gemm_wgmma_body(const void* w_gate, const void* w_up, const uint1
             wg_mbar_init_all(p.empty, STAGES, kConsumers);          // the consumers' threads
         }
         __syncthreads();
-        if (wg == BN / 64) {  // the last warpgroup produces
-            if (BN == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;" ::: "memory");
+        if (wg == 1) {  // the second warpgroup produces
             if (kMinBlocks == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 56;" ::: "memory");
             p.produce(threadIdx.x - kConsumers);
             return;
         }
-        if (BN == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 216;" ::: "memory");
         if (kMinBlocks == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 200;" ::: "memory");
     }
 
@@ -502,36 +497,26 @@ GJ_DEVICE void gemm_wgmma_body(const void* w_gate, const void* w_up, const uint1
     uint32 a0[4][4], a1[4][4];
 
     if (PRODUCER) {
-        if (p.n_steps > 0) {
-            p.wait_full(0);
-            p.convert(0, a0);
-        }
-        // Two steps per trip: the register sets alternate by name (registers cannot be indexed).
-#pragma unroll 1
-        for (int ls = 0; ls < p.n_steps; ls += 2) {
-            p.consume(ls, acc, a0, a1);
-            if (ls + 1 < p.n_steps) p.consume(ls + 1, acc, a1, a0);
-        }
-        wg_wait<0>();
-        wg_pin(acc);
+        if (p.n_steps > 0) p.wait_full(0);
     } else {
-        // Prologue: steps 0 .. STAGES - 2 in flight, step 0 landed and converted.
+        // Prologue: steps 0 .. STAGES - 2 in flight, step 0 landed.
 #pragma unroll
         for (int s = 0; s < STAGES - 1; ++s) p.load(s);
         cp_async_wait<STAGES - 2>();
         wg_fence_proxy_async();
         __syncthreads();
-        if (p.n_steps > 0) p.convert(0, a0);
-
-#pragma unroll 1
-        for (int ls = 0; ls < p.n_steps; ls += 2) {
-            p.step(ls, acc, a0, a1);
-            if (ls + 1 < p.n_steps) p.step(ls + 1, acc, a1, a0);
-        }
-        wg_wait<0>();
-        wg_pin(acc);
-        cp_async_wait<0>();
     }
+    if (p.n_steps > 0) p.convert(0, a0);
+
+        // Two steps per trip: the register sets alternate by name (registers cannot be indexed).
+#pragma unroll 1
+    for (int ls = 0; ls < p.n_steps; ls += 2) {
+        p.step(ls, acc, a0, a1);
+        if (ls + 1 < p.n_steps) p.step(ls + 1, acc, a1, a0);
+    }
+    wg_wait<0>();
+    wg_pin(acc);
+    cp_async_wait<0>();  // PRODUCER 0: this thread's (empty) last groups
     // Every consumer is past the pipeline (and every copy has landed: the last step's were
     // waited for), so the stages' shared memory becomes the out tile.
     wg_consumers_sync();

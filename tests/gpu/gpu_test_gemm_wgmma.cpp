@@ -55,16 +55,14 @@ struct WgCase {
 };
 
 // Tiles the planner picks or the bench compares, in both forms (all threads copy / a producer
-// warpgroup copies).
+// warpgroup copies: BN 64 only).
 const std::vector<GemmWgmmaTile> kTiles = {
-    {256, 128, 4},          {256, 128, 3},          {256, 128, 5},
-    {128, 128, 4},          {128, 128, 6},          {64, 128, 4},
-    {256, 64, 4},           {128, 64, 4},           {64, 64, 4},
-    {256, 128, 4, 2},       {256, 128, 4, 3},       {128, 128, 4, 2},
-    {128, 128, 4, 3},       {128, 64, 4, 3},        {64, 128, 4, 3},
-    {256, 128, 4, 1, true}, {128, 128, 4, 1, true}, {256, 64, 4, 1, true},
-    {256, 64, 5, 1, true},  {128, 64, 4, 1, true},  {64, 64, 4, 1, true},
-    {256, 128, 4, 3, true}, {128, 64, 4, 3, true},  {64, 128, 4, 3, true}};
+    {256, 128, 4},         {256, 128, 3},         {256, 128, 5},        {128, 128, 4},
+    {128, 128, 6},         {64, 128, 4},          {256, 64, 4},         {128, 64, 4},
+    {64, 64, 4},           {256, 128, 4, 2},      {256, 128, 4, 3},     {128, 128, 4, 2},
+    {128, 128, 4, 3},      {128, 64, 4, 3},       {64, 128, 4, 3},      {256, 64, 4, 1, true},
+    {256, 64, 5, 1, true}, {128, 64, 4, 1, true}, {64, 64, 4, 1, true}, {64, 64, 3, 1, true},
+    {128, 64, 4, 3, true}, {256, 64, 4, 3, true}};
 
 KernelSpec spec_of(const WgCase& c) {
     return c.plan ? gj::gemma4::gemm_wgmma_spec(c.type, c.k, c.n, c.tile.producer)

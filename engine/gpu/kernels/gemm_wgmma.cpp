@@ -42,8 +42,8 @@ GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows, bool pr
     // The producer form only for tiles of 64 weight rows (one consumer warpgroup): there it ran
     // as fast or faster (H200, T = 512, Q4_0 TFLOP/s, producer / all threads: 31B n 8192 256 x 64
     // 251 / 209, E4B GeGLU 253 / 248, n 2048 154 / 139, n 2560 149 / 152, n 512 82 / 83). With 128
-    // rows its two consumers keep 216 registers where the all-threads form takes 248, and it ran
-    // slower on every shape (31B n 16384 403 / 576, GeGLU 344 / 469, n 5376 380 / 418).
+    // rows (two consumers at 216 registers where the all-threads form takes 248) it ran slower on
+    // every shape (31B n 16384 403 / 576, GeGLU 344 / 469, n 5376 380 / 418) and is not built.
     GemmWgmmaTile t = tile_shape(weight_type, k, n_rows);
     t.producer = producer && t.bn == 64;
     return t;
@@ -68,10 +68,10 @@ jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTi
         "m{}n{}.s{}{}{}", t.bm, t.bn, t.stages,
         t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string(), t.producer ? ".p" : "");
     if ((t.bm != 64 && t.bm != 128 && t.bm != 256) || (t.bn != 64 && t.bn != 128) || t.stages < 3 ||
-        t.stages > 6 || t.splits < 1 || t.splits > 8)
+        t.stages > 6 || t.splits < 1 || t.splits > 8 || (t.producer && t.bn != 64))
         throw std::invalid_argument(
             fmt::format("gemm_wgmma: impossible tile {} (BM 64, 128 or 256, BN 64 or 128, 3..6 "
-                        "stages, 1..8 K splits)",
+                        "stages, 1..8 K splits, the producer form with BN 64 only)",
                         tile));
     // The layout of kernel_templates/gemm_wgmma.cu: per stage the bf16 activations [BM][64], the
     // payloads [BN][64 or 32 bytes + 16 of padding] and fp16 scales [BN][2], padded to 1 KiB; the

@@ -21,8 +21,8 @@ namespace gj::gemma4 {
 // the wgmma N), BN weight rows (64 or 128: one warpgroup per 64), `stages` copy steps of 64
 // elements of K, and the K split of the plain entry (1 or kMmqSplits, whose partial planes the
 // post-norms read; else entry gemm_wgmma_reduce sums them), and whether a producer warpgroup
-// issues the copies (GEMMAJIT_WGMMA_PRODUCER, tiles of 64 rows; THREADS 2 BN + 128) or every
-// thread does (2 BN).
+// issues the copies (GEMMAJIT_WGMMA_PRODUCER; BN 64 only, THREADS 256) or every thread does
+// (THREADS 2 BN).
 struct GemmWgmmaTile {
     int bm = 128, bn = 128, stages = 4, splits = 1;
     bool producer = false;
@@ -34,7 +34,7 @@ GemmWgmmaTile gemm_wgmma_tile(ggml::Type weight_type, int k, int n_rows, bool pr
 // "gemm_wgmma.<type>.k<k>.m<BM>n<BN>.s<stages>[.k<splits>][.p]" (arch_specific 90). Throws
 // ConfigError for a weight type other than q8_0 / q4_0, std::invalid_argument for k not a positive
 // multiple of 32, n_rows < 1 or an impossible tile (BM 64/128/256, BN 64/128, 3..6 stages, 1..8
-// splits, shared memory within 227 KiB).
+// splits, a producer with BN 128, shared memory within 227 KiB).
 jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, int n_rows, bool producer);
 jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTile& tile);
 
