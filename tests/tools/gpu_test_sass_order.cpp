@@ -160,7 +160,10 @@ TEST(SassOrder, AttnPrepAndNormsDoTheirIndependentWorkBeforeTheirGridWait) {
                         << " float4 loads before it, " << w.loads_after << " after";
                 } else {
                     // w (and w2 for .n2) and the residual before, x's planes (.p<parts>) after.
-                    const int inputs_before = spec.find(".n2") != std::string::npos ? 3 : 2;
+                    // (".n2" as a whole component: "rmsnorm.n2560" is a width, not a second
+                    // weight.)
+                    static const std::regex two_weights(R"(\.n2(\.|$))");
+                    const int inputs_before = std::regex_search(spec, two_weights) ? 3 : 2;
                     std::smatch m;
                     const int parts = std::regex_search(spec, m, std::regex(R"(\.p([0-9]))"))
                                           ? std::stoi(m[1])
