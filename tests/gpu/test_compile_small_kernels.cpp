@@ -92,3 +92,15 @@ TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
             }
         });
 }
+
+// The chain probe (tests/gpu/gpu_test_chain_probe.cpp): its persistent entry's barrier is an
+// acquire load and a release reduction at GPU scope, its per-step entry has no barrier of its own.
+TEST(KernelTemplates, ChainProbeCompilesWithItsDeviceWideBarrier) {
+    compile_and_check(all_specs_of({"chain_probe"}),
+                      [](const CompiledKernel& c, const std::string& /*arch*/) {
+                          const std::string persistent = entry_ptx(c.ptx, "probe_persistent");
+                          EXPECT_NE(persistent.find("ld.acquire.gpu"), std::string::npos);
+                          EXPECT_NE(persistent.find("red.release.gpu"), std::string::npos);
+                          EXPECT_EQ(entry_ptx(c.ptx, "probe_step").find("red."), std::string::npos);
+                      });
+}

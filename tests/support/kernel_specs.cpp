@@ -42,6 +42,19 @@ KernelSpec ptx_selftest_spec() {
     return s;
 }
 
+}  // namespace
+
+jit::KernelSpec chain_probe_spec() {
+    KernelSpec s;
+    s.family = "chain_probe";
+    s.name = "chain_probe.t256";
+    s.constants = {{"THREADS", 256}};
+    s.entries = {"probe_step", "probe_persistent"};
+    return s;
+}
+
+namespace {
+
 // The mmq (int8 tensor-core GEMM) specs of a model's dense matrices: (k, n_rows) of the Q, K, V,
 // O, gate/up and down projections of every layer, deduplicated by name.
 std::vector<KernelSpec> mmq_specs(const Config& cfg, ggml::Type t) {
@@ -85,6 +98,7 @@ std::vector<KernelSpec> all_specs() {
         for (auto t : plan_weight_types())
             for (const auto& s : build_kernel_plan(Config::preset(v), t)) add(s);
     add(ptx_selftest_spec());
+    add(chain_probe_spec());
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));

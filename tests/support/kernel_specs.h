@@ -26,6 +26,8 @@ std::set<std::string> names_of(const std::vector<jit::KernelSpec>& plan);
 // odd column counts, other KV types, the tensor-core decode attention, other GEMM tiles and
 // attention tilings).
 std::vector<jit::KernelSpec> all_specs();
+// The chain probe's one spec (kernel_templates/chain_probe.cu, tests/gpu/gpu_test_chain_probe.cpp).
+jit::KernelSpec chain_probe_spec();
 // The specs of all_specs() whose family is one of `families`.
 std::vector<jit::KernelSpec> all_specs_of(const std::set<std::string>& families);
 
