@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/gguf/half.h"
@@ -116,6 +117,12 @@ TEST(ChainProbe, PersistentBarrierComputesWhatDependentLaunchesDo) {
     for (double v : ref) scale = std::max(scale, std::abs(v));
     ASSERT_GT(scale, 0.1);
 
+    // On sm_90+ the per-step launches must really be programmatic dependents (the form the
+    // decode graph takes): the launch applies the attribute only to an entry that waits on its
+    // grid.
+    if (std::stoi(dev.arch().substr(3)) >= 90) {
+        EXPECT_TRUE(probe("probe_step").waits_on_grid()) << "probe_step launches plainly";
+    }
     c.reset();
     enqueue_launches(c, steps, c.n / (kThreads / 32), dev.stream());
     dev.synchronize();
