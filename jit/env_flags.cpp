@@ -200,17 +200,6 @@ const std::vector<FlagDef>& flag_table() {
                  "also keeps those loads ahead of the wait in ptxas' schedule. 0: none",
          .min = 0,
          .max = 16},
-        {.name = "GEMMAJIT_PREFETCH_AHEAD_MB",
-         .family = "tuning",
-         .type = T::Int,
-         .cls = C::Neutral,
-         .default_value = "32",
-         .help = "MiB of weights a decode step asks L2 for ahead of its matvecs, from a side "
-                 "branch that starts after each matvec and runs beside the small kernels before "
-                 "the next (norms, attention, tensor-parallel all-reduces); 0: none. Keep it "
-                 "under the GPU's L2 size (same results)",
-         .min = 0,
-         .max = 1024},
         {.name = "GEMMAJIT_COPY_SMS",
          .family = "tuning",
          .type = T::Int,

@@ -22,7 +22,6 @@
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/gemm_wgmma.h"
-#include "engine/gpu/kernels/l2_prefetch.h"
 #include "engine/gpu/kernels/logits.h"
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
@@ -478,7 +477,6 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, true)).name;
     }
     spec_quantize_ = kernels_.add(quantize_spec()).name;
-    spec_l2_prefetch_ = kernels_.add(l2_prefetch_spec()).name;
     // (Also a tensor-parallel rank's: its prefill all-reduces move bf16.)
     if (blas_half || gemm_bf16 || tp_.active())
         spec_convert_ = kernels_.add(convert_f32_spec()).name;

@@ -250,7 +250,6 @@ class GpuModel {
         return parts > 1 ? spec_parts_[2] : spec_post_quant_;
     }
     const std::string& spec_quantize() const { return spec_quantize_; }
-    const std::string& spec_l2_prefetch() const { return spec_l2_prefetch_; }
     const std::string& spec_ple_finish() const { return spec_ple_finish_; }
     const std::string& spec_gelu_mul() const { return spec_gelu_mul_; }
     const std::string& spec_logits() const { return spec_logits_; }  // softcap, argmax, top-k
@@ -329,7 +328,7 @@ class GpuModel {
     CUdeviceptr output_norm_ = 0, ple_proj_norm_ = 0;
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
         spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_, spec_moe_,
-        spec_moe_norms_[2], spec_l2_prefetch_;
+        spec_moe_norms_[2];
     std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
     std::string spec_h16_[3];    // the pre-norm and the two chained post-norms writing f16
     jit::Blas* blas_ = nullptr;

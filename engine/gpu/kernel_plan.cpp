@@ -16,7 +16,6 @@
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/gemm_wgmma.h"
-#include "engine/gpu/kernels/l2_prefetch.h"
 #include "engine/gpu/kernels/logits.h"
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/gpu/kernels/moe.h"
@@ -187,8 +186,6 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // context projection's input).
     if (q_mat || quant_type_tag(types.token_embd) || quant_type_tag(types.ple_model_proj))
         add(quantize_spec());
-    // A decode step's weight prefetches (GEMMAJIT_PREFETCH_AHEAD_MB).
-    add(l2_prefetch_spec());
 
     // One matvec per distinct input width (and row count, where it changes the shape): d (q/k/v,
     // gate/up, PLE inp_gate), the attention output width per layer type (o-proj), each FFN width

@@ -26,7 +26,6 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "engine/gpu/gpu_model.h"
@@ -150,8 +149,6 @@ class GpuSession {
         uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
         uint64_t all_reduce_bf16 = 0;  // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
         uint64_t all_gather = 0;       // ... and all-gathers of the ranks' readouts
-        uint64_t l2_prefetch = 0;      // weight prefetches beside a decode step's chain
-                                       // (GEMMAJIT_PREFETCH_AHEAD_MB)
         uint64_t launches = 0;         // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
@@ -357,27 +354,6 @@ class GpuSession {
     void fork(int branches);
     void join(int branches);
 
-    // Decode weight prefetch (engine/gpu/session/weight_prefetch.cpp, GEMMAJIT_PREFETCH_AHEAD_MB):
-    // the matrices a decode step's matvecs read, laid end to end in the order they read them,
-    // are asked of L2 by a side branch of the step (l2_prefetch kernels that wait on nothing),
-    // up to prefetch_ahead_ bytes past the matrix whose matvec was enqueued last. The branch
-    // starts after that matvec, so it reads HBM while the chain of small kernels after it runs
-    // (norms, attention, all-reduces), and the next matvecs find their weights in L2.
-    // prefetch_begin opens it for a decode step, prefetch_after(m) advances it past m (a matrix
-    // not in the order: nothing), prefetch_end joins the branch back; outside a decode step (and
-    // while profiling) all three do nothing.
-    void prefetch_begin();
-    void prefetch_after(const GpuMatrix& m);
-    void prefetch_end();
-    void prefetch_to(uint64_t consumed);  // asks for [max(frontier, consumed), consumed + ahead)
-    struct WeightRange {
-        CUdeviceptr ptr = 0;
-        uint64_t bytes = 0;
-        uint64_t end = 0;  // offset past it in the decode read order
-    };
-    std::vector<WeightRange> weight_order_;
-    std::vector<std::pair<const GpuMatrix*, uint64_t>> weight_end_;  // each matrix's `end`
-
     // Runs the one call a mirror record encodes (std::invalid_argument: not a valid record).
     void replay_one(const std::vector<int32_t>& record);
     // Hands the call encoded in `record` to the mirror, when one is set.
@@ -406,17 +382,12 @@ class GpuSession {
     std::vector<int> row_pos_, row_seq_;  // the step's rows (host side)
     bool graphs_ = true;
     bool streams_ = true;
-    bool pdl_ = true;                 // GEMMAJIT_PDL: kernels launched as programmatic dependents
-    bool fuse_qkv_ = true;            // GEMMAJIT_FUSE_QKV
-    bool fuse_ple_ = true;            // GEMMAJIT_FUSE_PLE
-    bool ple_input_ = true;           // GEMMAJIT_PLE_INPUT
-    int tp_bf16_rows_ = 64;           // GEMMAJIT_TP_BF16_ROWS (0: never)
-    int copy_sms_ = -1;               // GEMMAJIT_COPY_SMS (-1: by chunk length)
-    uint64_t prefetch_ahead_ = 0;     // GEMMAJIT_PREFETCH_AHEAD_MB in bytes (0: off)
-    uint64_t prefetch_frontier_ = 0;  // the read order's bytes asked for so far this step
-    bool prefetching_ = false;        // a decode step's prefetch branch is open
-    CUstream prefetch_stream_ = nullptr;
-    CUevent prefetch_fork_ = nullptr, prefetch_join_ = nullptr;
+    bool pdl_ = true;        // GEMMAJIT_PDL: kernels launched as programmatic dependents
+    bool fuse_qkv_ = true;   // GEMMAJIT_FUSE_QKV
+    bool fuse_ple_ = true;   // GEMMAJIT_FUSE_PLE
+    bool ple_input_ = true;  // GEMMAJIT_PLE_INPUT
+    int tp_bf16_rows_ = 64;  // GEMMAJIT_TP_BF16_ROWS (0: never)
+    int copy_sms_ = -1;      // GEMMAJIT_COPY_SMS (-1: by chunk length)
     uint64_t graph_captures_ = 0, graph_launches_ = 0;
     PathCounts paths_;
 };

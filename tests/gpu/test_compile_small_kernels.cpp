@@ -104,18 +104,3 @@ TEST(KernelTemplates, ChainProbeCompilesWithItsDeviceWideBarrier) {
                           EXPECT_EQ(entry_ptx(c.ptx, "probe_step").find("red."), std::string::npos);
                       });
 }
-
-// The decode step's weight prefetch (GEMMAJIT_PREFETCH_AHEAD_MB): bulk L2 prefetches on sm_90,
-// per-line prefetches before; it reads and writes nothing and waits on no grid.
-TEST(KernelTemplates, L2PrefetchAsksL2AndWaitsOnNothing) {
-    compile_and_check(
-        all_specs_of({"l2_prefetch"}), [](const CompiledKernel& c, const std::string& arch) {
-            const std::string body = entry_ptx(c.ptx, "l2_prefetch");
-            const bool bulk = arch.find("90") != std::string::npos;
-            EXPECT_EQ(body.find("cp.async.bulk.prefetch.L2") != std::string::npos, bulk) << arch;
-            EXPECT_EQ(body.find("prefetch.global.L2") != std::string::npos, !bulk) << arch;
-            EXPECT_EQ(body.find("griddepcontrol"), std::string::npos);
-            EXPECT_EQ(body.find("ld.global"), std::string::npos);
-            EXPECT_EQ(body.find("st.global"), std::string::npos);
-        });
-}

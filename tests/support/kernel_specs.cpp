@@ -299,10 +299,8 @@ void compile_and_check(
                 }
             }
             // Every model kernel may be launched as a programmatic dependent on sm_90 (it waits
-            // on its grid dependency first); on sm_80 the wait compiles to nothing. Not the
-            // weight prefetch: a plain launch on its own branch that waits on nothing.
-            if (s.family != "ptx_selftest" && s.family != "jit_selftest" &&
-                s.family != "l2_prefetch") {
+            // on its grid dependency first); on sm_80 the wait compiles to nothing.
+            if (s.family != "ptx_selftest" && s.family != "jit_selftest") {
                 for (const auto& e : s.entries)
                     EXPECT_EQ(jit::ptx_entry_waits_on_grid(c.ptx, e), arch == "sm_90")
                         << "entry " << e;

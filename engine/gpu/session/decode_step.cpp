@@ -57,7 +57,6 @@ std::vector<StepOutput> GpuSession::decode_batch(std::span<const BatchToken> bat
     auto record = [&] {
         record_forward(B, true);
         record_readout(0, readouts);
-        prefetch_end();
     };
     if (!graphs_) {
         record();

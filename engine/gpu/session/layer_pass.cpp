@@ -26,7 +26,6 @@ void GpuSession::record_embedding(int T) {
     gather(model_.ple_table(), w.ple_tok.ptr(), std::sqrt(float(cfg_.ple_dim)));
     matvec(model_.ple_model_proj(), nullptr, Input{w.x.ptr()}, w.ple_ctx.ptr(), T,
            "per_layer_model_proj");
-    prefetch_after(model_.ple_model_proj());
     const std::string& name = model_.spec_ple_finish();
     CUdeviceptr ctx = w.ple_ctx.ptr(), tok = w.ple_tok.ptr(), norm = model_.ple_proj_norm(),
                 out = w.ple.ptr();
@@ -170,8 +169,6 @@ void GpuSession::record_layer(int l, int T) {
     }
     if (!fused && !merged) matvec(g.q, nullptr, h, w.q.ptr(), T, "attn_q");
     if (concurrent) join(branches);
-    // Then attention's chain of small kernels: the prefetch branch reads the next weights.
-    prefetch_after(lc.has_kv ? (lc.has_v_proj ? g.v : g.k) : g.q);
     {
         const jit::KernelSpec& spec = model_.kernels().spec(g.attn_prep_spec);
         const unsigned warps = constant(spec, "WARPS");
@@ -193,7 +190,6 @@ void GpuSession::record_layer(int l, int T) {
     // values, the same count on every rank whatever split each rank's slice width gives.
     const bool planes_ok = !model_.tensor_parallel().active();
     int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", planes_ok);
-    prefetch_after(g.o);  // beside the all-reduce and the norms after it
     // Tensor parallelism: this rank's heads gave a partial sum of the projection.
     all_reduce(product(parts), uint64_t(T) * cfg_.d_model, "attn_output");
     if (g.moe)  // also the router's input and the experts' pre-norm
@@ -213,9 +209,8 @@ void GpuSession::record_layer(int l, int T) {
     } else {
         parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", planes_ok);
         ffn_out = product(parts);
+        all_reduce(ffn_out, uint64_t(T) * cfg_.d_model, "ffn_down");
     }
-    prefetch_after(g.down);  // beside the all-reduce, the norms and the PLE's small kernels
-    if (!g.moe) all_reduce(ffn_out, uint64_t(T) * cfg_.d_model, "ffn_down");
     // The next pre-norm in f16 when the next layer's attention reads it so (never the output
     // norm: the LM head's products are int8 or float).
     const bool next_f16 = l + 1 < cfg_.n_layers && attention_input_f16(l + 1, T);
@@ -272,14 +267,12 @@ void GpuSession::record_layer(int l, int T) {
         matvec_ple_input(g.proj, "_gelu_in", gate, other, 0, 0, 0, w.tmp.ptr());
     else
         matvec(g.proj, nullptr, q8 ? Input{0, yq, yds} : Input{out}, w.tmp.ptr(), T, "ple_proj");
-    prefetch_after(g.proj);
     post_norm(model_.spec_post_scale_prenorm(1, next_f16), w.tmp.ptr(), g.post_norm, g.output_scale,
               next_norm, T, "ple_post_norm*scale+next_norm", next_f16, stream);
 }
 
 void GpuSession::record_forward(int T, bool decode) {
     decoding_ = decode;
-    prefetch_begin();
     record_embedding(T);
     pre_norm(w_->x.ptr(), model_.layers()[0].attn_norm, T, "attn_norm", attention_input_f16(0, T));
     // Quantized matrices in cuBLAS products: each layer's F16 copies are made while the layer

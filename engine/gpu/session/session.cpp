@@ -24,8 +24,7 @@ GpuSession::GpuSession(GpuModel& model)
       fuse_ple_(model.flags().get_bool("GEMMAJIT_FUSE_PLE")),
       ple_input_(model.flags().get_bool("GEMMAJIT_PLE_INPUT")),
       tp_bf16_rows_(int(model.flags().get_int("GEMMAJIT_TP_BF16_ROWS"))),
-      copy_sms_(int(model.flags().get_int("GEMMAJIT_COPY_SMS"))),
-      prefetch_ahead_(uint64_t(model.flags().get_int("GEMMAJIT_PREFETCH_AHEAD_MB")) << 20) {
+      copy_sms_(int(model.flags().get_int("GEMMAJIT_COPY_SMS"))) {
     jit::Device& dev = jit::Device::get();
     if (copy_sms_ >= dev.sm_count())
         throw jit::FlagError(fmt::format(
@@ -39,13 +38,6 @@ GpuSession::GpuSession(GpuModel& model)
         jit::check_driver(api.cuEventCreate(&joined_[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
     jit::check_driver(api.cuEventCreate(&forked_, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-    if (prefetch_ahead_ > 0) {
-        prefetch_stream_ = dev.create_stream();
-        jit::check_driver(api.cuEventCreate(&prefetch_fork_, CU_EVENT_DISABLE_TIMING),
-                          "cuEventCreate");
-        jit::check_driver(api.cuEventCreate(&prefetch_join_, CU_EVENT_DISABLE_TIMING),
-                          "cuEventCreate");
-    }
     if (model.dequant_slot_bytes() > 0) {
         // Dequantization in the background: its blocks fill what the GEMMs leave idle.
         deq_stream_ = dev.create_stream(true);
@@ -62,9 +54,6 @@ GpuSession::~GpuSession() {
         if (joined_[i]) api.cuEventDestroy(joined_[i]);
     }
     if (forked_) api.cuEventDestroy(forked_);
-    if (prefetch_stream_) api.cuStreamDestroy(prefetch_stream_);
-    if (prefetch_fork_) api.cuEventDestroy(prefetch_fork_);
-    if (prefetch_join_) api.cuEventDestroy(prefetch_join_);
     if (deq_stream_) api.cuStreamDestroy(deq_stream_);
     if (slot_free_) api.cuEventDestroy(slot_free_);
     for (CUevent e : deq_ready_)
