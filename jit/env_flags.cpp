@@ -241,14 +241,6 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "1",
          .help = "0: a float PLE gate's matvec and its GeLU product with the token's PLE input "
                  "as two launches instead of one (same results)"},
-        {.name = "GEMMAJIT_NORM_OUT",
-         .family = "path",
-         .type = T::Bool,
-         .cls = C::Neutral,
-         .default_value = "0",
-         .help = "1: a decode step's quantized output projection makes the post-attention norm "
-                 "pair in the block that finishes last (a ticket per block) instead of a norm "
-                 "launch after it"},
         {.name = "GEMMAJIT_PLE_INPUT",
          .family = "path",
          .type = T::Bool,

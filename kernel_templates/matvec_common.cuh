@@ -570,92 +570,6 @@ struct gj_pro_norm_add {
             (const uint8*)w, nullptr, xq, xds, nullptr, y, n_rows, gj_cols_dense(), -1, 0,       \
             gj_pro_norm_add<true>{u, w1, x_in, x_out, xq, xds, eps});                            \
     }
-// <name>_norm_out(w, xq, xds, u, n_rows, ticket, w1, x, w2, h, yq, yds, eps) (NORM_OUT = n_rows,
-//   the model width): u = W x, then the block that finishes last (a ticket per block, *ticket 0
-//   before the launch and again after it) makes the post-norm pair of rmsnorm_ext ADD NORM2 QUANT:
-//   x += rmsnorm(u) * w1 (in place), h = rmsnorm(x) * w2 with its Q8_1 form yq / yds. A decode
-//   step's output projection: no norm launch after it.
-#ifndef NORM_OUT
-#define NORM_OUT 0
-#endif
-static_assert(NORM_OUT == 0 || (NORM_OUT % 32 == 0 && NCOLS == 1 && THREADS % 32 == 0),
-              "matvec: NORM_OUT needs one column and a width of whole 32-blocks");
-GJ_DEVICE float gj_block_sum(float v, float* red) {
-    v = warp_sum<32>(v);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
-    __syncthreads();
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < THREADS / 32; ++k) s += red[k];
-    __syncthreads();
-    return s;
-}
-GJ_DEVICE void gj_norm_out(const float* u, unsigned* ticket, const float* __restrict__ w1, float* x,
-                           const float* __restrict__ w2, float* h, uint32* yq, float2* yds,
-                           float eps) {
-    constexpr int kVec = NORM_OUT / 4, kIters = (kVec + THREADS - 1) / THREADS;
-    __shared__ int last;
-    __shared__ float red[THREADS / 32];
-    __threadfence();  // this block's rows of u, before its ticket
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int t = (int)threadIdx.x;
-    float ss = 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < kIters; ++k) {
-        const int i = k * THREADS + t;
-        if (i < kVec) {
-            const float4 a = __ldcg((const float4*)u + i);
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-        }
-    }
-    const float s1 = rsqrt_refined(gj_block_sum(ss, red) * (1.0f / NORM_OUT) + eps);
-    float ss2 = 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < kIters; ++k) {
-        const int i = k * THREADS + t;
-        if (i < kVec) {
-            const float4 a = __ldcg((const float4*)u + i), g = __ldg((const float4*)w1 + i),
-                         r = ((const float4*)x)[i];
-            const float4 o =
-                make_float4(__fmul_rn(a.x * s1, g.x) + r.x, __fmul_rn(a.y * s1, g.y) + r.y,
-                            __fmul_rn(a.z * s1, g.z) + r.z, __fmul_rn(a.w * s1, g.w) + r.w);
-            ((float4*)x)[i] = o;
-            ss2 += o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w;
-        }
-    }
-    const float s2 = rsqrt_refined(gj_block_sum(ss2, red) * (1.0f / NORM_OUT) + eps);
-#pragma unroll 4
-    for (int k = 0; k < kIters; ++k) {
-        const int i = k * THREADS + t;
-        const bool live = kVec % THREADS == 0 || i < kVec;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (live) {
-            const float4 a = ((const float4*)x)[i], g = __ldg((const float4*)w2 + i);
-            o = make_float4(a.x * s2 * g.x, a.y * s2 * g.y, a.z * s2 * g.z, a.w * s2 * g.w);
-            ((float4*)h)[i] = o;
-        }
-        gj_pro_store_q8(o, live, i, yq, yds);
-    }
-    if (t == 0) *ticket = 0u;
-}
-#define GJ_MATVEC_NORM_OUT_ENTRY(NAME, F)                                                         \
-    extern "C" __global__ void __launch_bounds__(THREADS) NAME##_norm_out(                        \
-        const void* w, const int8* xq, const float2* xds, float* u, int n_rows, unsigned* ticket, \
-        const float* __restrict__ w1, float* x, const float* __restrict__ w2, float* h,           \
-        uint32* yq, float2* yds, float eps) {                                                     \
-        gj_matvec<F, gj_epi_store>((const uint8*)w, nullptr, xq, xds, nullptr, u, n_rows);        \
-        gj_norm_out(u, ticket, w1, x, w2, h, yq, yds, eps);                                       \
-    }
-#if NORM_OUT
-#define GJ_MATVEC_NORM_OUT_IF(NAME, F) GJ_MATVEC_NORM_OUT_ENTRY(NAME, F)
-#else
-#define GJ_MATVEC_NORM_OUT_IF(NAME, F)
-#endif
-
 static_assert(PLE_IN >= 0 && PLE_IN <= 2, "matvec: PLE_IN must be 0, 1 (gate) or 2 (projection)");
 static_assert(PLE_IN == 0 || NCOLS == 1, "matvec: the PLE_IN entries take one column");
 #if PLE_IN == 1
@@ -681,8 +595,7 @@ static_assert(PLE_IN == 0 || NCOLS == 1, "matvec: the PLE_IN entries take one co
     GJ_MATVEC_ENTRY(NAME##_add, F, gj_epi_add) \
     GJ_MATVEC_GEGLU_ENTRY(NAME##_geglu, F)     \
     GJ_MATVEC_MULTI_IF(NAME##_multi, F)        \
-    GJ_MATVEC_PLE_IN_IF(NAME, F)               \
-    GJ_MATVEC_NORM_OUT_IF(NAME, F)
+    GJ_MATVEC_PLE_IN_IF(NAME, F)
 #endif
 
 #endif  // GJ_MATVEC_COMMON_CUH

@@ -349,14 +349,6 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             }
         }
         g.o = plan_matrix(lw.attn_output, true, {}, q_rows);
-        if (flags.get_bool("GEMMAJIT_NORM_OUT") && !tp_.active() && g.o.quantized() &&
-            !g.o.spec_decode.empty()) {
-            jit::KernelSpec s = kernels_.spec(g.o.spec_decode);
-            s.name += ".nout";
-            s.constants.push_back({"NORM_OUT", c.d_model});
-            s.entries.push_back(s.family + "_norm_out");
-            g.o_norm_out_spec = kernels_.add(s).name;
-        }
         g.gate = plan_matrix(lw.ffn_gate, true, ffn);
         g.up = plan_matrix(lw.ffn_up, true, ffn);
         g.down = plan_matrix(lw.ffn_down, true, {}, ffn);

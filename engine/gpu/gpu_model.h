@@ -149,9 +149,6 @@ struct GpuLayer {
     // the fp32 vectors: the router's input scale over sqrt(d), the per-expert scale, the experts'
     // pre-norm and the post-norms of the dense MLP and of the experts.
     bool moe = false;
-    // A decode step's output projection with the post-attention norm pair made by its last block
-    // (GEMMAJIT_NORM_OUT): the spec holding the _norm_out entry; empty: a norm launch after it.
-    std::string o_norm_out_spec;
     GpuMatrix router;
     GpuExperts gate_up, up_exps, down_exps;
     CUdeviceptr up_ptr = 0;  // expert 0's up half (each expert's: + e * expert_bytes)

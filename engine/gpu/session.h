@@ -149,7 +149,6 @@ class GpuSession {
         uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
         uint64_t all_reduce_bf16 = 0;  // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
         uint64_t all_gather = 0;       // ... and all-gathers of the ranks' readouts
-        uint64_t norm_out = 0;         // output projections making the norms after them
         uint64_t launches = 0;         // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }

@@ -7,10 +7,7 @@
 #include <algorithm>
 
 #include <string>
-#include <tuple>
-#include <vector>
 
-#include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "tests/support/kernel_specs.h"
 
@@ -129,27 +126,5 @@ TEST(KernelTemplates, DequantF16SpecsCompile) {
         EXPECT_NE(body.find("cvt.rn.f16x2.f32"), std::string::npos);
         // The CPU's products and difference, unfused, for bit-equal values.
         EXPECT_EQ(body.find("fma.rn.f32"), std::string::npos);
-    });
-}
-
-// GEMMAJIT_NORM_OUT: the output projection's decode specs with the _norm_out entry (its ticket is
-// an atomic add, the norms' Q8_1 store a saturating int8 conversion), for each real width.
-TEST(KernelTemplates, NormOutEntriesCompile) {
-    std::vector<gj::jit::KernelSpec> specs;
-    for (auto [t, k, d] : {std::tuple{gj::ggml::Type::Q4_0, 8192, 5376},
-                           std::tuple{gj::ggml::Type::Q4_0, 4096, 5376},
-                           std::tuple{gj::ggml::Type::Q4_0, 2048, 2560},
-                           std::tuple{gj::ggml::Type::Q8_0, 2048, 2560},
-                           std::tuple{gj::ggml::Type::Q4_0, 2048, 1536}}) {
-        auto s = gj::gemma4::matvec_spec(t, k, 1, gj::gemma4::MatvecLayout::Split, d);
-        s.name += ".nout";
-        s.constants.push_back({"NORM_OUT", d});
-        s.entries.push_back(s.family + "_norm_out");
-        specs.push_back(s);
-    }
-    compile_and_check(specs, [](const CompiledKernel& c, const std::string& /*arch*/) {
-        const auto body = entry_ptx(c.ptx, c.spec.family + "_norm_out");
-        EXPECT_NE(body.find("atom.global.add.u32"), std::string::npos);
-        EXPECT_NE(body.find("cvt.rni.sat.s8.f32"), std::string::npos);
     });
 }

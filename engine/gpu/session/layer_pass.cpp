@@ -189,31 +189,12 @@ void GpuSession::record_layer(int l, int T) {
     // A tensor-parallel rank sums its split-K planes itself: the all-reduce then moves T x d
     // values, the same count on every rank whatever split each rank's slice width gives.
     const bool planes_ok = !model_.tensor_parallel().active();
-    // A decode step's output projection may make the post-attention norm pair itself.
-    const bool norm_out = decoding_ && T == 1 && !g.o_norm_out_spec.empty() && !g.moe &&
-                          attn_out.q != 0 && !ffn_input_f16(g, T);
-    if (norm_out) {
-        const jit::KernelSpec& spec = model_.kernels().spec(g.o_norm_out_spec);
-        const auto [threads, rows] = matvec_launch(spec, false);
-        CUdeviceptr wp = g.o.ptr, xq = attn_out.q, xds = attn_out.ds, u = w.tmp.ptr(),
-                    ticket = w.ticket.ptr(), w1 = g.post_attention_norm, x = w.x.ptr(),
-                    w2 = g.ffn_norm, hh = w.h.ptr(), yq = w.xq.ptr(), yds = w.xds.ptr();
-        int n = g.o.rows;
-        float eps = cfg_.rms_eps;
-        void* args[] = {&wp, &xq, &xds, &u, &n, &ticket, &w1, &x, &w2, &hh, &yq, &yds, &eps};
-        launch(model_.kernels().get(g.o_norm_out_spec, spec.family + "_norm_out"),
-               {ceil_div(n, rows)}, {threads}, 0, args, g.o_norm_out_spec + " attn_output+norms",
-               LaunchCost{g.o.bytes});
-        normed_f16_ = false;
-        ++paths_.norm_out;
-    }
-    int parts =
-        norm_out ? 1 : matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", planes_ok);
+    int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", planes_ok);
     // Tensor parallelism: this rank's heads gave a partial sum of the projection.
     all_reduce(product(parts), uint64_t(T) * cfg_.d_model, "attn_output");
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, product(parts), parts, T);
-    else if (!norm_out) {
+    else {
         const bool f16 = parts == 1 && ffn_input_f16(g, T);
         post_norm(model_.spec_post_prenorm(parts, f16), product(parts), g.post_attention_norm, 0,
                   g.ffn_norm, T, "post_attention_norm+ffn_norm", f16);

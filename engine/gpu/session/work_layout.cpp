@@ -128,8 +128,7 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     xq = zeroed(R * L.in_max);
     xds = zeroed(R * (L.in_max / 32) * 8);
     state = zeroed(L.state_bytes());
-    readout = zeroed(L.readout_bytes());
-    ticket = zeroed(16);  // the logits workspace must start zeroed
+    readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
     if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
     if (L.bf16_acts) xbf = jit::DeviceBuffer(R * L.in_max * 2);
     if (L.float_gate) fgate = jit::DeviceBuffer(R * L.ffn_max * 4);

@@ -58,7 +58,6 @@ struct GpuSession::Work {
     jit::DeviceBuffer x, h, tmp, q, attn, kraw, vraw, g, ple_tok, ple_ctx, ple, ple_gate, ple_mul,
         logits, part_o, part_ml, xq, xds, state, readout, all_logits, xhalf, xbf, fgate, gq, gds,
         gbf, gemm_split, wdeq, qkv;
-    jit::DeviceBuffer ticket;  // the output projection's blocks' ticket (its _norm_out entry)
     // Tensor parallelism: every rank's readout results and logits rows, gathered ([rank][...]).
     jit::DeviceBuffer tp_results, tp_logits;
     jit::DeviceBuffer tp_bf16;  // a prefill chunk's partial product in bf16, all-reduced so
