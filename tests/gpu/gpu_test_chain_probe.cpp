@@ -120,7 +120,7 @@ TEST(ChainProbe, PersistentBarrierComputesWhatDependentLaunchesDo) {
     // On sm_90+ the per-step launches must really be programmatic dependents (the form the
     // decode graph takes): the launch applies the attribute only to an entry that waits on its
     // grid.
-    if (std::stoi(dev.arch().substr(3)) >= 90) {
+    if (dev.compute_capability() >= 90) {
         EXPECT_TRUE(probe("probe_step").waits_on_grid()) << "probe_step launches plainly";
     }
     c.reset();
