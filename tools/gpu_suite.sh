@@ -42,6 +42,11 @@ summary=$logs/summary.txt
 # Whole-model tests: alone, in one process each (they size plans by the free memory of the GPU).
 whole=" forward forward_kquant batch_decode prefill_products upload tensor_parallel nccl jit sass_order chain_probe "
 
+# Every NAME must name a binary: a misspelt one beside valid ones would otherwise go unrun.
+for n in "$@"; do
+    [[ -x $bin_dir/gpu_test_$n ]] || { echo "gpu_suite: no binary gpu_test_$n in $bin_dir" >&2; exit 2; }
+done
+
 binaries=()
 for b in "$bin_dir"/gpu_test_*; do
     [[ -x $b && $b != *.cmake ]] || continue
@@ -58,7 +63,7 @@ done
 # "passed N failed M skipped K" over a binary's logs.
 count() {
     local p f s
-    p=$(cat "$@" | grep -E '^\[  PASSED  \] [0-9]+ test' | awk '{s += $4} END {print s + 0}')
+    p=$(grep -hE '^\[  PASSED  \] [0-9]+ test' "$@" | awk '{s += $4} END {print s + 0}')
     f=$(cat "$@" | grep -cE '^\[  FAILED  \] .*\(')
     s=$(cat "$@" | grep -cE '^\[  SKIPPED \] .*\(')
     echo "passed $p failed $f skipped $s"
