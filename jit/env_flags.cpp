@@ -148,6 +148,14 @@ const std::vector<FlagDef>& flag_table() {
                  "fp32 always (decode steps always all-reduce fp32)",
          .min = 0,
          .max = 1 << 20},
+        {.name = "GEMMAJIT_TP_SYMMETRIC",
+         .family = "device",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "tensor parallelism: a decode step's all-reduces, and a prefill chunk's bf16 "
+                 "ones, run in NCCL symmetric memory (windows every rank registers; NCCL 2.27+ "
+                 "with peer access), which takes NCCL's symmetric kernels; 0: ordinary buffers"},
         {.name = "GEMMAJIT_NCCL_LIB",
          .family = "device",
          .type = T::Path,

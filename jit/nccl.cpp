@@ -53,6 +53,11 @@ struct Nccl::Api {
     Result (*group_start)() = nullptr;
     Result (*group_end)() = nullptr;
     const char* (*error_string)(Result) = nullptr;
+    // Symmetric memory (2.27+; optional: null in older libraries).
+    Result (*mem_alloc)(void**, size_t) = nullptr;
+    Result (*mem_free)(void*) = nullptr;
+    Result (*window_register)(Comm, void*, size_t, Nccl::Window*, int) = nullptr;
+    Result (*window_deregister)(Comm, Nccl::Window) = nullptr;
 
     void check(Result r, const std::string& what) const {
         if (r != kSuccess)
@@ -146,6 +151,13 @@ Nccl& Nccl::get(const Flags& flags) {
         sym(api->group_start, "ncclGroupStart");
         sym(api->group_end, "ncclGroupEnd");
         sym(api->error_string, "ncclGetErrorString");
+        auto optional = [&](auto& fn, const char* name) {
+            fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+        };
+        optional(api->mem_alloc, "ncclMemAlloc");
+        optional(api->mem_free, "ncclMemFree");
+        optional(api->window_register, "ncclCommWindowRegister");
+        optional(api->window_deregister, "ncclCommWindowDeregister");
         if (!missing.empty()) {
             tried.push_back(fmt::format("{} (lacks {})", path, missing));
             ::dlclose(lib);
@@ -204,6 +216,36 @@ void Nccl::all_gather(Comm comm, CUdeviceptr send, CUdeviceptr recv, size_t coun
     api_->check(api_->all_gather(reinterpret_cast<const void*>(send), reinterpret_cast<void*>(recv),
                                  count, int(type), comm, stream),
                 fmt::format("ncclAllGather ({} elements per rank)", count));
+}
+
+bool Nccl::has_windows() const {
+    return api_->mem_alloc && api_->mem_free && api_->window_register && api_->window_deregister;
+}
+
+CUdeviceptr Nccl::mem_alloc(size_t bytes) {
+    if (!has_windows())
+        throw DeviceError(
+            fmt::format("NCCL {} at {} has no symmetric memory (ncclMemAlloc)", version_, path_));
+    void* p = nullptr;
+    api_->check(api_->mem_alloc(&p, bytes), fmt::format("ncclMemAlloc ({} bytes)", bytes));
+    return reinterpret_cast<CUdeviceptr>(p);
+}
+
+void Nccl::mem_free(CUdeviceptr ptr) {
+    if (ptr && api_->mem_free) api_->mem_free(reinterpret_cast<void*>(ptr));
+}
+
+Nccl::Window Nccl::register_window(Comm comm, CUdeviceptr buf, size_t bytes) {
+    constexpr int kWinCollSymmetric = 1;  // NCCL_WIN_COLL_SYMMETRIC
+    Window win = nullptr;
+    api_->check(
+        api_->window_register(comm, reinterpret_cast<void*>(buf), bytes, &win, kWinCollSymmetric),
+        fmt::format("ncclCommWindowRegister ({} bytes)", bytes));
+    return win;
+}
+
+void Nccl::deregister_window(Comm comm, Window win) {
+    if (win && api_->window_deregister) api_->window_deregister(comm, win);
 }
 
 void Nccl::destroy(Comm comm) {

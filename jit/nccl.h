@@ -71,6 +71,27 @@ class Nccl {
     void all_gather(Comm comm, CUdeviceptr send, CUdeviceptr recv, size_t count, NcclType type,
                     CUstream stream);
 
+    // Symmetric memory (NCCL 2.27+): a buffer every rank allocates alike and registers as a
+    // window, so that collectives on it take NCCL's symmetric kernels, which read and write the
+    // peers' windows directly (for small messages, NCCL's fastest all-reduce).
+    using Window = struct NcclWindowOpaque*;
+    // Whether this library has the four calls below.
+    bool has_windows() const;
+    // ncclMemAlloc / ncclMemFree: memory a window may hold (the current context's device).
+    CUdeviceptr mem_alloc(size_t bytes);
+    void mem_free(CUdeviceptr ptr);  // never throws
+    // ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC; collective (every rank of `comm` calls
+    // it with a buffer of the same size, in the same order). Null where the communicator has no
+    // symmetric support (its collectives then run as unregistered ones).
+    Window register_window(Comm comm, CUdeviceptr buf, size_t bytes);
+    void deregister_window(Comm comm, Window win);  // local to the rank; never throws
+    // NCCL 2.28.0 up to 2.30.5 launch their symmetric kernels as programmatic dependents of the
+    // kernel before them on sm_90+ but never wait on that grid (NCCL's commit 2948185d,
+    // "Reintroduce cudaGridDependencySynchronize in built-in symmetric kernels", first in 2.30.6):
+    // after a kernel that lets its dependents launch early, they read their input before it is
+    // written. With these versions something that is no kernel must come between the two.
+    bool symmetric_kernels_skip_grid_wait() const { return version_ >= 22800 && version_ < 23006; }
+
   private:
     Nccl() = default;
     struct Api;

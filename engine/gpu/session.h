@@ -147,9 +147,11 @@ class GpuSession {
         uint64_t ple_input = 0;       // PLE gates / projections making their own input (PLE_INPUT)
         uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
         uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
-        uint64_t all_reduce_bf16 = 0;  // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
-        uint64_t all_gather = 0;       // ... and all-gathers of the ranks' readouts
-        uint64_t launches = 0;         // every kernel launch of the engine's own kernels
+        uint64_t all_reduce_bf16 = 0;       // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
+        uint64_t all_reduce_symmetric = 0;  // ... in NCCL symmetric memory (GEMMAJIT_TP_SYMMETRIC)
+        uint64_t symmetric_barrier = 0;     // ... of them behind a memset (NCCL 2.28-2.30.5)
+        uint64_t all_gather = 0;            // ... and all-gathers of the ranks' readouts
+        uint64_t launches = 0;              // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
 
@@ -295,6 +297,10 @@ class GpuSession {
                           CUdeviceptr c, CUdeviceptr d, CUdeviceptr other, CUdeviceptr y);
     bool splits_k(const GpuMatrix& m) const;  // its prefill GEMM writes split-K partial planes
     CUdeviceptr product(int parts) const;     // where a residual product of `parts` planes is
+    // Where a row-parallel product (`which`: 0 the output projection, 1 FFN down) of T rows goes
+    // for its all-reduce: the symmetric window for a decode step's rows where it exists
+    // (GEMMAJIT_TP_SYMMETRIC), else tmp.
+    CUdeviceptr row_parallel_out(int T, int which) const;
     // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
     // gemm_wgmma): y = W x (Plain), gelu(W x) * (up x) in fp32 (Geglu), or that GeGLU in the
     // down projection's input form (GegluNext: Q8_1 y + yds for mmq, bf16 y for gemm_wgmma).

@@ -56,6 +56,42 @@ bool read_all(int fd, void* p, size_t n) {
 
 }  // namespace
 
+SymmetricBuffer::SymmetricBuffer(const TensorParallel& tp, uint64_t bytes)
+    : nccl_(tp.nccl), comm_(tp.comm) {
+    if (!nccl_ || !comm_ || !nccl_->has_windows()) return;
+    ptr_ = nccl_->mem_alloc(bytes);
+    try {
+        win_ = nccl_->register_window(comm_, ptr_, bytes);
+    } catch (...) {
+        release();
+        throw;
+    }
+    if (!win_) release();  // no symmetric support on this communicator
+}
+
+SymmetricBuffer::~SymmetricBuffer() {
+    release();
+}
+
+SymmetricBuffer& SymmetricBuffer::operator=(SymmetricBuffer&& o) noexcept {
+    if (this != &o) {
+        release();
+        nccl_ = std::exchange(o.nccl_, nullptr);
+        comm_ = std::exchange(o.comm_, nullptr);
+        win_ = std::exchange(o.win_, nullptr);
+        ptr_ = std::exchange(o.ptr_, 0);
+    }
+    return *this;
+}
+
+void SymmetricBuffer::release() {
+    if (!nccl_) return;
+    nccl_->deregister_window(comm_, win_);
+    nccl_->mem_free(ptr_);
+    win_ = nullptr;
+    ptr_ = 0;
+}
+
 // Rank 0's watch over the workers: a thread polling their exit (they are this process's
 // children). A worker that fails while rank 0 still runs ends the whole run.
 struct RankGroup::Watch {

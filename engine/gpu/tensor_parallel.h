@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "jit/nccl.h"
@@ -31,6 +32,31 @@ struct TensorParallel {
     jit::Nccl* nccl = nullptr;
     jit::Nccl::Comm comm = nullptr;
     bool active() const { return ranks > 1; }
+};
+
+// A buffer of NCCL symmetric memory registered as a window of the communicator
+// (GEMMAJIT_TP_SYMMETRIC): collectives on it take NCCL's symmetric kernels. Making one is
+// collective (every rank makes one of the same size at the same point); freeing it is local. Empty
+// (ptr() 0) where the communicator has no symmetric support: the memory is given back and the
+// caller keeps its ordinary buffers.
+class SymmetricBuffer {
+  public:
+    SymmetricBuffer() = default;
+    SymmetricBuffer(const TensorParallel& tp, uint64_t bytes);
+    ~SymmetricBuffer();
+    SymmetricBuffer(SymmetricBuffer&& o) noexcept { *this = std::move(o); }
+    SymmetricBuffer& operator=(SymmetricBuffer&& o) noexcept;
+    SymmetricBuffer(const SymmetricBuffer&) = delete;
+    SymmetricBuffer& operator=(const SymmetricBuffer&) = delete;
+
+    CUdeviceptr ptr() const { return ptr_; }
+
+  private:
+    void release();
+    jit::Nccl* nccl_ = nullptr;
+    jit::Nccl::Comm comm_ = nullptr;
+    jit::Nccl::Window win_ = nullptr;
+    CUdeviceptr ptr_ = 0;
 };
 
 // The processes of one tensor-parallel run. Create it before anything touches the GPU (the

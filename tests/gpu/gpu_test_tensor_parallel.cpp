@@ -82,7 +82,9 @@ std::vector<float> load(const std::filesystem::path& p) {
 }
 
 // What one run (TP=1 or TP=2) of a model computes; each list saved as floats under `out`.
-// counts: all-reduces, all-gathers and decode graph launches of the graph run.
+// counts: all-reduces, all-gathers and decode graph launches of the graph run, its all-reduces in
+// NCCL symmetric memory, whether the library has symmetric memory, the symmetric all-reduces
+// behind a barrier, and whether this NCCL needs one (jit::Nccl::symmetric_kernels_skip_grid_wait).
 void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
                   const std::filesystem::path& out) {
     RankGroup group(ranks);
@@ -112,7 +114,16 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
             t = s.decode(t, Readout::Argmax).token;
         }
         const auto& pc = s.path_counts();
-        counts = {float(pc.all_reduce), float(pc.all_gather), float(s.graph_launches())};
+        const bool windows = o.tp.nccl && o.tp.nccl->has_windows();
+        const bool barrier = o.tp.nccl && o.tp.nccl->symmetric_kernels_skip_grid_wait() &&
+                             gj::jit::Device::get().compute_capability() >= 90;
+        counts = {float(pc.all_reduce),
+                  float(pc.all_gather),
+                  float(s.graph_launches()),
+                  float(pc.all_reduce_symmetric),
+                  float(windows),
+                  float(pc.symmetric_barrier),
+                  float(barrier)};
         if (group.leader()) {
             save(out / "prefill", prefill);
             save(out / "decode", decode);
@@ -129,6 +140,18 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
         const auto decode = decode_logits(s, tokens);
         if (group.leader()) save(out / "decode_eager", decode);
     }
+    {
+        // The decode steps with ordinary buffers for their all-reduces.
+        const gj::jit::Flags plain = flags({{"GEMMAJIT_TP_SYMMETRIC", "0"}});
+        GpuModelOptions op = o;
+        op.flags = &plain;
+        auto mp = GpuModel::load(model, op);
+        GpuSession s(*mp);
+        const auto decode = decode_logits(s, tokens);
+        if (group.leader()) save(out / "decode_plain", decode);
+        if (group.leader())
+            save(out / "plain_symmetric", {float(s.path_counts().all_reduce_symmetric)});
+    }
     // Chunks of 32: the tensor-core GEMMs / cuBLAS with their all-reduces over whole chunks; then
     // the same with bf16 all-reduces (GEMMAJIT_TP_BF16_ROWS; by default only chunks of 64 rows
     // and more take them).
@@ -143,7 +166,8 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
         const auto prefill = s.prefill_logits(tokens);
         if (group.leader()) save(out / name, prefill);
         if (group.leader() && f == &bf16)
-            save(out / "bf16_count", {float(s.path_counts().all_reduce_bf16)});
+            save(out / "bf16_count", {float(s.path_counts().all_reduce_bf16),
+                                      float(s.path_counts().all_reduce_symmetric)});
     }
     group.finish();
 }
@@ -205,7 +229,7 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
         const auto [rc, split] = run(ranks);
         ASSERT_EQ(rc, 0) << "the " << ranks << "-GPU run failed";
         const auto counts = load(split / "counts");
-        ASSERT_EQ(counts.size(), 3u);
+        ASSERT_EQ(counts.size(), 7u);
         EXPECT_GT(counts[0], 0) << "no all-reduce ran";
         EXPECT_GT(counts[1], 0) << "no readout all-gather ran";
         EXPECT_GT(counts[2], 0) << "no decode graph ran";
@@ -227,6 +251,27 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
         ASSERT_EQ(graph.size(), eager.size());
         EXPECT_EQ(std::memcmp(graph.data(), eager.data(), graph.size() * sizeof(float)), 0)
             << "the decode graph and eager launches differ";
+        // One-token steps all-reduce in NCCL symmetric memory where the library has it (NCCL
+        // 2.27+; a machine whose GPUs have no peer access would register no window and fail
+        // here). Two ranks sum two values whatever the kernel: bitwise the ordinary buffers'
+        // result, which a kernel reading its input before the product is written would not give
+        // (NCCL 2.28-2.30.5, jit/nccl.h).
+        if (counts[4] > 0) {
+            EXPECT_GT(counts[3], 0) << "no symmetric all-reduce ran";
+            EXPECT_GT(load(split / "bf16_count").at(1), 0) << "no symmetric bf16 all-reduce ran";
+            // Behind the memset barrier exactly where this NCCL's kernels need it.
+            EXPECT_EQ(counts[5], counts[6] > 0 ? counts[3] : 0)
+                << "symmetric all-reduces behind a barrier";
+            EXPECT_EQ(load(split / "plain_symmetric").at(0), 0)
+                << "GEMMAJIT_TP_SYMMETRIC=0 still all-reduced in symmetric memory";
+            const auto plain = load(split / "decode_plain");
+            ASSERT_EQ(plain.size(), graph.size());
+            if (ranks == 2)
+                EXPECT_EQ(std::memcmp(graph.data(), plain.data(), graph.size() * sizeof(float)), 0)
+                    << "symmetric and ordinary all-reduces differ";
+            else
+                expect_agree(plain, graph, V, kTolSplit, tp + "decode, ordinary all-reduces");
+        }
         EXPECT_EQ(load(one / "greedy"), load(split / "greedy")) << "greedy tokens differ";
         // Each step's 64 candidates (ascending ids): at least 60 shared.
         const auto k1 = load(one / "topk"), k2 = load(split / "topk");

@@ -30,13 +30,29 @@ void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) 
     const TensorParallel& tp = model_.tensor_parallel();
     if (!tp.active()) return;
     ++paths_.all_reduce;
+    // On sm_90+ NCCL's symmetric kernel may start as soon as the kernel before lets dependents
+    // launch, and (NCCL 2.28-2.30.5) reads its input without waiting for that kernel: a one-byte
+    // memset (the byte past the window's products) between them makes it wait like any launch
+    // (measured on 2 H200s: the 31B-shaped test model's decode logits about 30% of the largest
+    // off without it, bitwise those of ordinary buffers with it; an event record node in
+    // between did not help).
+    const bool barrier = tp.nccl->symmetric_kernels_skip_grid_wait() &&
+                         jit::Device::get().compute_capability() >= 90;
+    auto symmetric = [&](CUdeviceptr scratch_byte) {
+        ++paths_.all_reduce_symmetric;
+        if (!barrier) return;
+        jit::check_driver(jit::driver().cuMemsetD8Async(scratch_byte, 0, 1, stream_),
+                          "cuMemsetD8Async (before a symmetric all-reduce)");
+        ++paths_.symmetric_barrier;
+    };
     // A long prefill chunk's all-reduce is bound by NVLink bandwidth: its partial products go as
     // bf16 (half the bytes, two conversions on the GPU). A decode step's is bound by latency
     // (bf16 gains nothing there) and keeps fp32.
     const uint64_t rows = floats / uint64_t(cfg_.d_model);
     if (!decoding_ && tp_bf16_rows_ > 0 && rows >= uint64_t(tp_bf16_rows_)) {
-        const CUdeviceptr half = w_->tp_bf16.ptr();
+        const CUdeviceptr half = w_->tp_bf16_ptr();
         convert(buf, int(floats), "f32_to_bf16", half, what);
+        if (w_->tp_bf16_sym.ptr()) symmetric(half + uint64_t(w_->layout.rows) * cfg_.d_model * 2);
         profiled(fmt::format("nccl all_reduce bf16 {}", what), LaunchCost{}, [&] {
             tp.nccl->all_reduce(tp.comm, half, floats, jit::NcclType::BF16, jit::NcclOp::Sum,
                                 stream_);
@@ -45,6 +61,10 @@ void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) 
         ++paths_.all_reduce_bf16;
         return;
     }
+    // The decode window (row_parallel_out): two products, then the barrier's byte.
+    const CUdeviceptr sym = w_->tp_sym.ptr();
+    const uint64_t sym_bytes = 2 * w_->layout.sym_rows() * cfg_.d_model * 4;
+    if (sym && buf >= sym && buf < sym + sym_bytes) symmetric(sym + sym_bytes);
     profiled(fmt::format("nccl all_reduce {}", what), LaunchCost{}, [&] {
         tp.nccl->all_reduce(tp.comm, buf, floats, jit::NcclType::F32, jit::NcclOp::Sum, stream_);
     });

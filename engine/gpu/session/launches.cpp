@@ -327,6 +327,15 @@ CUdeviceptr GpuSession::product(int parts) const {
     return parts > 1 ? w_->gemm_split.ptr() : w_->tmp.ptr();
 }
 
+CUdeviceptr GpuSession::row_parallel_out(int T, int which) const {
+    // Up to a decode step's rows: NCCL's low-latency symmetric kernels pay for short sums, and
+    // one small window serves every layer.
+    const uint64_t rows = w_->layout.sym_rows();
+    if (w_->tp_sym.ptr() && uint64_t(T) <= uint64_t(w_->layout.sequences))
+        return w_->tp_sym.ptr() + uint64_t(which) * rows * cfg_.d_model * 4;
+    return w_->tmp.ptr();
+}
+
 GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
     const Work& w = *w_;
     // cuBLAS gate and up products whose GeGLU feeds an F16 down product: written in f16 at once.

@@ -189,14 +189,15 @@ void GpuSession::record_layer(int l, int T) {
     // A tensor-parallel rank sums its split-K planes itself: the all-reduce then moves T x d
     // values, the same count on every rank whatever split each rank's slice width gives.
     const bool planes_ok = !model_.tensor_parallel().active();
-    int parts = matvec(g.o, nullptr, attn_out, w.tmp.ptr(), T, "attn_output", planes_ok);
+    int parts = matvec(g.o, nullptr, attn_out, row_parallel_out(T, 0), T, "attn_output", planes_ok);
+    const CUdeviceptr attn_sum = parts > 1 ? product(parts) : row_parallel_out(T, 0);
     // Tensor parallelism: this rank's heads gave a partial sum of the projection.
-    all_reduce(product(parts), uint64_t(T) * cfg_.d_model, "attn_output");
+    all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output");
     if (g.moe)  // also the router's input and the experts' pre-norm
-        moe_post_attention_norms(l, product(parts), parts, T);
+        moe_post_attention_norms(l, attn_sum, parts, T);
     else {
         const bool f16 = parts == 1 && ffn_input_f16(g, T);
-        post_norm(model_.spec_post_prenorm(parts, f16), product(parts), g.post_attention_norm, 0,
+        post_norm(model_.spec_post_prenorm(parts, f16), attn_sum, g.post_attention_norm, 0,
                   g.ffn_norm, T, "post_attention_norm+ffn_norm", f16);
     }
 
@@ -207,8 +208,9 @@ void GpuSession::record_layer(int l, int T) {
         record_moe_ffn(l, T);
         parts = 1;
     } else {
-        parts = matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down", planes_ok);
-        ffn_out = product(parts);
+        const CUdeviceptr y = row_parallel_out(T, 1);
+        parts = matvec(g.down, nullptr, ffn_gate_up(g, T), y, T, "ffn_down", planes_ok);
+        ffn_out = parts > 1 ? product(parts) : y;
         all_reduce(ffn_out, uint64_t(T) * cfg_.d_model, "ffn_down");
     }
     // The next pre-norm in f16 when the next layer's attention reads it so (never the output

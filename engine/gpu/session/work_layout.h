@@ -51,6 +51,9 @@ struct WorkLayout {
     uint64_t result_bytes() const { return token_bytes() + 2 * uint64_t(sequences) * kMaxTopK * 4; }
     uint64_t readout_bytes() const { return result_bytes() + logits_work; }
     uint64_t state_bytes() const { return (kStateHeader + 3 * uint64_t(rows)) * 4; }
+    // Rows of each product in the symmetric window (GpuSession::row_parallel_out): a decode
+    // step's, whole groups of kPrefillCols columns for a batch (its matvecs write whole groups).
+    uint64_t sym_rows() const { return uint64_t(logit_rows); }
 };
 
 struct GpuSession::Work {
@@ -60,7 +63,16 @@ struct GpuSession::Work {
         gbf, gemm_split, wdeq, qkv;
     // Tensor parallelism: every rank's readout results and logits rows, gathered ([rank][...]).
     jit::DeviceBuffer tp_results, tp_logits;
-    jit::DeviceBuffer tp_bf16;  // a prefill chunk's partial product in bf16, all-reduced so
+    // A prefill chunk's partial product in bf16, the form it is all-reduced in: in NCCL symmetric
+    // memory (GEMMAJIT_TP_SYMMETRIC), else in an ordinary buffer.
+    SymmetricBuffer tp_bf16_sym;
+    jit::DeviceBuffer tp_bf16;
+    CUdeviceptr tp_bf16_ptr() const {
+        return tp_bf16_sym.ptr() ? tp_bf16_sym.ptr() : tp_bf16.ptr();
+    }
+    // A decode step's partial products, the attention's then the FFN's (layout.sym_rows() rows of
+    // d floats each), in NCCL symmetric memory (GEMMAJIT_TP_SYMMETRIC; ptr() 0 where unavailable).
+    SymmetricBuffer tp_sym;
     // MoE: router logits [rows][E]; expert ids, weights and grouped slots [rows][K]; the group
     // table (+ its count); expert GeGLU outputs [rows * K][F] (fp32 and Q8_1); expert outputs
     // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d]; the
