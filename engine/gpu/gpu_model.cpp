@@ -87,10 +87,6 @@ std::unique_ptr<GpuModel> GpuModel::open_model(std::shared_ptr<const ModelFile> 
         m->cfg_ = mine.config;
         m->shard_ = mine.layers;
         m->vocab_rows_ = mine.vocab;
-        // A one-token step's all-reduces in NCCL symmetric memory, where the library has it.
-        const jit::Nccl* nccl = m->tp_.nccl;
-        m->tp_symmetric_ =
-            m->flags().get_bool("GEMMAJIT_TP_SYMMETRIC") && (!nccl || nccl->has_windows());
     }
     m->plan_layout(opts);
     return m;

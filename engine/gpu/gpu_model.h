@@ -225,9 +225,6 @@ class GpuModel {
     // The tensor-parallel split this model is one rank of (ranks 1: the whole model), and the
     // vocabulary rows its LM head holds ([0, vocab) unsplit).
     const TensorParallel& tensor_parallel() const { return tp_; }
-    // Tensor parallelism: a one-token step all-reduces in NCCL symmetric memory
-    // (GEMMAJIT_TP_SYMMETRIC, where the library has it).
-    bool tp_symmetric() const { return tp_symmetric_; }
     Range vocab_rows() const { return vocab_rows_; }
     CUdeviceptr output_norm() const { return output_norm_; }
     // PLE (when config().has_ple()).
@@ -315,7 +312,6 @@ class GpuModel {
     Config cfg_;  // a tensor-parallel rank's: its shard's shape (shard_plan.h)
     jit::Flags flags_;
     TensorParallel tp_;
-    bool tp_symmetric_ = false;
     std::vector<LayerShard> shard_;  // per layer, when tp_.active()
     Range vocab_rows_;
     std::unique_ptr<Weights> weights_;

@@ -162,7 +162,7 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
         tp_logits = zeroed(uint64_t(L.ranks) * L.logit_rows * L.vocab * 4);
         // In NCCL symmetric memory where the library has it (each with a byte more, which the
         // barrier before NCCL's kernel writes), else in ordinary buffers.
-        if (m.tp_symmetric()) {
+        if (m.flags().get_bool("GEMMAJIT_TP_SYMMETRIC")) {
             tp_sym = SymmetricBuffer(m.tensor_parallel(), 2 * L.sym_rows() * L.d * 4 + 16);
             tp_bf16_sym = SymmetricBuffer(m.tensor_parallel(), R * L.d * 2 + 16);
         }
