@@ -57,11 +57,12 @@ bool read_all(int fd, void* p, size_t n) {
 }  // namespace
 
 SymmetricBuffer::SymmetricBuffer(const TensorParallel& tp, uint64_t bytes)
-    : nccl_(tp.nccl), comm_(tp.comm) {
+    : nccl_(tp.nccl), comm_(tp.comm), bytes_(bytes) {
     if (!nccl_ || !comm_ || !nccl_->has_windows()) return;
-    ptr_ = nccl_->mem_alloc(bytes);
+    const uint64_t whole = bytes + 16;  // the barrier's byte, kept 16-byte aligned
+    ptr_ = nccl_->mem_alloc(whole);
     try {
-        win_ = nccl_->register_window(comm_, ptr_, bytes);
+        win_ = nccl_->register_window(comm_, ptr_, whole);
     } catch (...) {
         release();
         throw;
@@ -80,6 +81,7 @@ SymmetricBuffer& SymmetricBuffer::operator=(SymmetricBuffer&& o) noexcept {
         comm_ = std::exchange(o.comm_, nullptr);
         win_ = std::exchange(o.win_, nullptr);
         ptr_ = std::exchange(o.ptr_, 0);
+        bytes_ = std::exchange(o.bytes_, 0);
     }
     return *this;
 }

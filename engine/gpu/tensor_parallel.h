@@ -38,7 +38,8 @@ struct TensorParallel {
 // (GEMMAJIT_TP_SYMMETRIC): collectives on it take NCCL's symmetric kernels. Making one is
 // collective (every rank makes one of the same size at the same point); freeing it is local. Empty
 // (ptr() 0) where the communicator has no symmetric support: the memory is given back and the
-// caller keeps its ordinary buffers.
+// caller keeps its ordinary buffers. Past its `bytes` it holds one byte more: the one the barrier
+// before a symmetric all-reduce writes (jit::Nccl::symmetric_kernels_skip_grid_wait).
 class SymmetricBuffer {
   public:
     SymmetricBuffer() = default;
@@ -50,6 +51,8 @@ class SymmetricBuffer {
     SymmetricBuffer& operator=(const SymmetricBuffer&) = delete;
 
     CUdeviceptr ptr() const { return ptr_; }
+    bool holds(CUdeviceptr p) const { return ptr_ && p >= ptr_ && p < ptr_ + bytes_; }
+    CUdeviceptr barrier_byte() const { return ptr_ + bytes_; }
 
   private:
     void release();
@@ -57,6 +60,7 @@ class SymmetricBuffer {
     jit::Nccl::Comm comm_ = nullptr;
     jit::Nccl::Window win_ = nullptr;
     CUdeviceptr ptr_ = 0;
+    uint64_t bytes_ = 0;
 };
 
 // The processes of one tensor-parallel run. Create it before anything touches the GPU (the

@@ -132,26 +132,22 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
             save(out / "counts", counts);
         }
     }
-    {
-        GpuModelOptions oe = o;
-        oe.flags = &eager;
-        auto me = GpuModel::load(model, oe);
-        GpuSession s(*me);
+    // The decode steps again under other flags, saved as `name`; returns their symmetric
+    // all-reduces.
+    auto decode_with = [&](const gj::jit::Flags& f, const char* name) {
+        GpuModelOptions of = o;
+        of.flags = &f;
+        auto mf = GpuModel::load(model, of);
+        GpuSession s(*mf);
         const auto decode = decode_logits(s, tokens);
-        if (group.leader()) save(out / "decode_eager", decode);
-    }
-    {
-        // The decode steps with ordinary buffers for their all-reduces.
-        const gj::jit::Flags plain = flags({{"GEMMAJIT_TP_SYMMETRIC", "0"}});
-        GpuModelOptions op = o;
-        op.flags = &plain;
-        auto mp = GpuModel::load(model, op);
-        GpuSession s(*mp);
-        const auto decode = decode_logits(s, tokens);
-        if (group.leader()) save(out / "decode_plain", decode);
-        if (group.leader())
-            save(out / "plain_symmetric", {float(s.path_counts().all_reduce_symmetric)});
-    }
+        if (group.leader()) save(out / name, decode);
+        return s.path_counts().all_reduce_symmetric;
+    };
+    decode_with(eager, "decode_eager");
+    // With ordinary buffers for their all-reduces.
+    const uint64_t plain_symmetric =
+        decode_with(flags({{"GEMMAJIT_TP_SYMMETRIC", "0"}}), "decode_plain");
+    if (group.leader()) save(out / "plain_symmetric", {float(plain_symmetric)});
     // Chunks of 32: the tensor-core GEMMs / cuBLAS with their all-reduces over whole chunks; then
     // the same with bf16 all-reduces (GEMMAJIT_TP_BF16_ROWS; by default only chunks of 64 rows
     // and more take them).

@@ -32,16 +32,16 @@ void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) 
     ++paths_.all_reduce;
     // On sm_90+ NCCL's symmetric kernel may start as soon as the kernel before lets dependents
     // launch, and (NCCL 2.28-2.30.5) reads its input without waiting for that kernel: a one-byte
-    // memset (the byte past the window's products) between them makes it wait like any launch
+    // memset (of the window's barrier byte) between them makes it wait like any launch
     // (measured on 2 H200s: the 31B-shaped test model's decode logits about 30% of the largest
     // off without it, bitwise those of ordinary buffers with it; an event record node in
     // between did not help).
     const bool barrier = tp.nccl->symmetric_kernels_skip_grid_wait() &&
                          jit::Device::get().compute_capability() >= 90;
-    auto symmetric = [&](CUdeviceptr scratch_byte) {
+    auto symmetric = [&](const SymmetricBuffer& window) {
         ++paths_.all_reduce_symmetric;
         if (!barrier) return;
-        jit::check_driver(jit::driver().cuMemsetD8Async(scratch_byte, 0, 1, stream_),
+        jit::check_driver(jit::driver().cuMemsetD8Async(window.barrier_byte(), 0, 1, stream_),
                           "cuMemsetD8Async (before a symmetric all-reduce)");
         ++paths_.symmetric_barrier;
     };
@@ -52,7 +52,7 @@ void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) 
     if (!decoding_ && tp_bf16_rows_ > 0 && rows >= uint64_t(tp_bf16_rows_)) {
         const CUdeviceptr half = w_->tp_bf16_ptr();
         convert(buf, int(floats), "f32_to_bf16", half, what);
-        if (w_->tp_bf16_sym.ptr()) symmetric(half + uint64_t(w_->layout.rows) * cfg_.d_model * 2);
+        if (w_->tp_bf16_sym.ptr()) symmetric(w_->tp_bf16_sym);
         profiled(fmt::format("nccl all_reduce bf16 {}", what), LaunchCost{}, [&] {
             tp.nccl->all_reduce(tp.comm, half, floats, jit::NcclType::BF16, jit::NcclOp::Sum,
                                 stream_);
@@ -61,10 +61,7 @@ void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) 
         ++paths_.all_reduce_bf16;
         return;
     }
-    // The decode window (row_parallel_out): two products, then the barrier's byte.
-    const CUdeviceptr sym = w_->tp_sym.ptr();
-    const uint64_t sym_bytes = 2 * w_->layout.sym_rows() * cfg_.d_model * 4;
-    if (sym && buf >= sym && buf < sym + sym_bytes) symmetric(sym + sym_bytes);
+    if (w_->tp_sym.holds(buf)) symmetric(w_->tp_sym);  // the decode window (row_parallel_out)
     profiled(fmt::format("nccl all_reduce {}", what), LaunchCost{}, [&] {
         tp.nccl->all_reduce(tp.comm, buf, floats, jit::NcclType::F32, jit::NcclOp::Sum, stream_);
     });

@@ -189,8 +189,9 @@ void GpuSession::record_layer(int l, int T) {
     // A tensor-parallel rank sums its split-K planes itself: the all-reduce then moves T x d
     // values, the same count on every rank whatever split each rank's slice width gives.
     const bool planes_ok = !model_.tensor_parallel().active();
-    int parts = matvec(g.o, nullptr, attn_out, row_parallel_out(T, 0), T, "attn_output", planes_ok);
-    const CUdeviceptr attn_sum = parts > 1 ? product(parts) : row_parallel_out(T, 0);
+    const CUdeviceptr o_y = row_parallel_out(T, 0);
+    int parts = matvec(g.o, nullptr, attn_out, o_y, T, "attn_output", planes_ok);
+    const CUdeviceptr attn_sum = parts > 1 ? product(parts) : o_y;
     // Tensor parallelism: this rank's heads gave a partial sum of the projection.
     all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output");
     if (g.moe)  // also the router's input and the experts' pre-norm

@@ -160,11 +160,10 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     if (L.ranks > 1) {
         tp_results = zeroed(uint64_t(L.ranks) * L.result_bytes());
         tp_logits = zeroed(uint64_t(L.ranks) * L.logit_rows * L.vocab * 4);
-        // In NCCL symmetric memory where the library has it (each with a byte more, which the
-        // barrier before NCCL's kernel writes), else in ordinary buffers.
+        // In NCCL symmetric memory where the library has it, else in ordinary buffers.
         if (m.flags().get_bool("GEMMAJIT_TP_SYMMETRIC")) {
-            tp_sym = SymmetricBuffer(m.tensor_parallel(), 2 * L.sym_rows() * L.d * 4 + 16);
-            tp_bf16_sym = SymmetricBuffer(m.tensor_parallel(), R * L.d * 2 + 16);
+            tp_sym = SymmetricBuffer(m.tensor_parallel(), 2 * L.sym_rows() * L.d * 4);
+            tp_bf16_sym = SymmetricBuffer(m.tensor_parallel(), R * L.d * 2);
         }
         if (!tp_bf16_sym.ptr()) tp_bf16 = jit::DeviceBuffer(R * L.d * 2);
     }
