@@ -24,6 +24,8 @@ namespace {
 using Result = int;
 constexpr Result kSuccess = 0;
 constexpr int kSum = 0;
+// Blocks of NCCL's symmetric kernels (NCCL_SYM_CTAS) unless the environment sets it.
+constexpr const char* kSymmetricBlocks = "16";
 
 std::string env_or(const char* name, const char* fallback) {
     const char* v = std::getenv(name);
@@ -127,6 +129,11 @@ Nccl& Nccl::get(const Flags& flags) {
     }
     // Before NCCL reads its environment (at the first communicator).
     ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+    // NCCL's symmetric kernels run on as few blocks as its cost model says come within 2.5% of
+    // their peak: one for a decode step's all-reduce, a handful for a prefill chunk's. More are
+    // faster on NVLink (2x H200, 31B Q4_0 TP=2: tg128 243.9 -> 254.5 at 8, 16 or 32 blocks; a
+    // 512-token chunk's bf16 all-reduce 38 -> 28 us at 16; docs/PERFORMANCE.md).
+    ::setenv("NCCL_SYM_CTAS", kSymmetricBlocks, /*overwrite=*/0);
     std::vector<std::string> tried;
     for (const std::string& path : candidates(flags)) {
         void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -5,8 +5,8 @@
 // Constants: THREADS (block size).
 // Launch: block THREADS, grid ceil(n / 4 / THREADS); n % 4 == 0 (rows of a multiple of 4 values).
 // Entries: f32_to_f16(x, y, n), f32_to_bf16(x, y, n): y[i] = round(x[i]) for i < n, y 8-byte
-// aligned; bf16_to_f32(x, y, n): back (exact), for the bf16 all-reduces of tensor-parallel
-// prefill.
+// aligned (f32_to_bf16 also for the bf16 all-reduces of tensor-parallel prefill, whose sums the
+// post-norms read as bf16: rmsnorm's X_BF16).
 #include "gj_ptx.cuh"
 
 #ifndef THREADS
@@ -30,14 +30,4 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const float4 v = __ldg(x + i);
     y[i] = make_uint2(pack_u16x2(f32_to_bf16(v.x), f32_to_bf16(v.y)),
                       pack_u16x2(f32_to_bf16(v.z), f32_to_bf16(v.w)));
-}
-
-extern "C" __global__ void __launch_bounds__(THREADS)
-    bf16_to_f32(const uint2* __restrict__ x, float4* __restrict__ y, int n) {
-    gj_grid_sync();
-    const int i = blockIdx.x * THREADS + threadIdx.x;
-    if (i >= n / 4) return;
-    const uint2 v = __ldg(x + i);
-    y[i] = make_float4(bf16_to_f32((bf16_bits)v.x), bf16_to_f32((bf16_bits)(v.x >> 16)),
-                       bf16_to_f32((bf16_bits)v.y), bf16_to_f32((bf16_bits)(v.y >> 16)));
 }

@@ -30,6 +30,9 @@
 //           form yq4 / yds4 (the experts' pre-norm; y4, or yq4 and yds4, may be null: float
 //           experts read y4, int8 ones the Q8_1 form), so a MoE layer's four norms of the post-
 //           attention residual take one launch (needs NORM2 and QUANT)
+//   X_BF16  1: x holds [rows][N] bf16 values instead of floats (read exactly as floats): a
+//           tensor-parallel prefill chunk's all-reduced product, summed by NCCL in bf16, read
+//           here without a conversion pass back to fp32 (PARTS 1)
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
 // Entries (rows contiguous, stride N):
 //   SCALE = NORM2 = 0: rmsnorm(x, w, residual, y, yq, yds, rows, eps)
@@ -67,6 +70,9 @@
 #ifndef MOE_NORMS
 #define MOE_NORMS 0
 #endif
+#ifndef X_BF16
+#define X_BF16 0
+#endif
 
 static_assert(N % 4 == 0, "rmsnorm: N must be a multiple of 4 (float4 rows)");
 static_assert((TPR <= 32 && (32 % TPR) == 0) || (TPR % 32 == 0 && TPR <= 1024),
@@ -75,6 +81,7 @@ static_assert(RPB == 1 || TPR <= 32, "rmsnorm: several rows per block need TPR <
 static_assert(TPR * RPB <= 1024, "rmsnorm: block too large");
 static_assert(PARTS >= 1 && PARTS <= 8 && (PARTS == 1 || ADD),
               "rmsnorm: PARTS must be 1..8, and more than 1 only for a residual update (ADD)");
+static_assert(!X_BF16 || PARTS == 1, "rmsnorm: a bf16 input is one plane");
 static_assert(QUANT >= 0 && QUANT <= 2, "rmsnorm: QUANT must be 0, 1 (Q8_1) or 2 (f16)");
 static_assert(QUANT != 1 || (N % 32 == 0 && TPR % 8 == 0),
               "rmsnorm: QUANT needs N % 32 == 0 and TPR % 8 == 0 (8 lanes per 32-block)");
@@ -136,6 +143,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     const bool live = row < rows;
     const int r = live ? row : 0;
     const float4* xr = (const float4*)(x + (size_t)r * N);
+    const uint2* xr_bf16 = (const uint2*)((const bf16_bits*)x + (size_t)r * N);  // X_BF16
 
     // Everything this thread reads is requested before the first reduction, so the launch pays
     // one memory latency instead of one per input. Before the grid dependency wait (launched as
@@ -159,14 +167,21 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     // A bulk L2 prefetch (of x, where the kernel before stores: harmless) between those loads and
     // the wait keeps ptxas from scheduling the wait ahead of them, as it otherwise may (it did for
     // width 2560; docs/PERFORMANCE.md, 2026-11-28).
-    if (tr == 0) prefetch_l2_range(xr, N * 4);
+    if (tr == 0)
+        prefetch_l2_range(X_BF16 ? (const void*)xr_bf16 : (const void*)xr, N * (X_BF16 ? 2 : 4));
     gj_grid_sync();
     float4 v[VPT];
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
         const int i = k * TPR + tr;
         const bool in_row = VEC % TPR == 0 || i < VEC;
+#if X_BF16
+        const uint2 b = in_row ? xr_bf16[i] : make_uint2(0u, 0u);
+        v[k] = make_float4(bf16_to_f32((bf16_bits)b.x), bf16_to_f32((bf16_bits)(b.x >> 16)),
+                           bf16_to_f32((bf16_bits)b.y), bf16_to_f32((bf16_bits)(b.y >> 16)));
+#else
         v[k] = in_row ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
     }
     float ss = 0.0f;
 #pragma unroll

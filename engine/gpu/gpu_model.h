@@ -240,13 +240,20 @@ class GpuModel {
         return f16 ? spec_h16_[0] : spec_prenorm_;
     }
     // parts > 1: the form that reads the split-K partial planes of the product before it.
-    const std::string& spec_post_prenorm(int parts = 1, bool f16 = false) const {
+    // bf16_in: the form that reads a tensor-parallel prefill chunk's bf16 all-reduced product
+    // (rmsnorm_bf16_input_specs' order; a rank's plan has them all).
+    const std::string& spec_post_prenorm(int parts = 1, bool f16 = false,
+                                         bool bf16_in = false) const {
+        if (bf16_in) return spec_xb16_.at(f16 ? 2 : 0);
         return parts > 1 ? spec_parts_[0] : f16 ? spec_h16_[1] : spec_post_prenorm_;
     }
-    const std::string& spec_post_scale_prenorm(int parts = 1, bool f16 = false) const {
+    const std::string& spec_post_scale_prenorm(int parts = 1, bool f16 = false,
+                                               bool bf16_in = false) const {
+        if (bf16_in) return spec_xb16_.at(f16 ? 3 : 1);
         return parts > 1 ? spec_parts_[1] : f16 ? spec_h16_[2] : spec_post_scale_prenorm_;
     }
-    const std::string& spec_post_quant(int parts = 1) const {  // PLE models
+    const std::string& spec_post_quant(int parts = 1, bool bf16_in = false) const {  // PLE models
+        if (bf16_in) return spec_xb16_.at(4);
         return parts > 1 ? spec_parts_[2] : spec_post_quant_;
     }
     const std::string& spec_quantize() const { return spec_quantize_; }
@@ -300,6 +307,8 @@ class GpuModel {
                                                 const GpuModelOptions& opts);
     void plan_layout(const GpuModelOptions& opts);
     void plan_memory(const GpuModelOptions& opts);
+    // The residual stream's norm specializations (residual_norms.cpp); after the layers' plans.
+    void plan_residual_norms();
     // Tensor parallelism: every rank takes the smallest context and prefill chunk any rank's
     // memory plan chose (each plans against its own GPU's free memory), so that all ranks run
     // the same chunks and stop at the same position: their collectives must match.
@@ -329,8 +338,9 @@ class GpuModel {
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
         spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_, spec_moe_,
         spec_moe_norms_[2];
-    std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
-    std::string spec_h16_[3];    // the pre-norm and the two chained post-norms writing f16
+    std::string spec_parts_[3];           // the post-norms above reading kMmqSplits partial planes
+    std::string spec_h16_[3];             // the pre-norm and the two chained post-norms writing f16
+    std::vector<std::string> spec_xb16_;  // the post-norms reading a bf16 all-reduce (TP)
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
     uint64_t decode_bytes_ = 0, dequant_slot_ = 0, dequant_slot_no_gemm_ = 0;

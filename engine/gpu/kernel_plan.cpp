@@ -381,7 +381,12 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix
 std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
                                                const std::vector<PlanTypes>& types) {
     PlanUnion all;
-    if (shards.shards.size() > 1) all.add({convert_f32_spec()});  // bf16 prefill all-reduces
+    // bf16 prefill all-reduces: the conversion to bf16, the post-norms reading the bf16 sums.
+    if (shards.shards.size() > 1) {
+        all.add({convert_f32_spec()});
+        const Config& whole = shards.shards.front().config;
+        all.add(rmsnorm_bf16_input_specs(whole.d_model, whole.has_ple()));
+    }
     for (const RankShard& rank : shards.shards)
         for (PlanTypes p : types) {
             p.lm_head_rows = rank.vocab.count;

@@ -148,6 +148,7 @@ class GpuSession {
         uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
         uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
         uint64_t all_reduce_bf16 = 0;       // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
+        uint64_t norm_bf16_in = 0;          // post-norms reading such a bf16 sum
         uint64_t all_reduce_symmetric = 0;  // ... in NCCL symmetric memory (GEMMAJIT_TP_SYMMETRIC)
         uint64_t symmetric_barrier = 0;     // ... of them behind a memset (NCCL 2.28-2.30.5)
         uint64_t all_gather = 0;            // ... and all-gathers of the ranks' readouts
@@ -342,10 +343,16 @@ class GpuSession {
     std::vector<StepOutput> read_results(std::span<const Readout> readouts);
 
     // Tensor parallelism (engine/gpu/session/collectives.cpp; nothing when the model is whole):
-    // the in-place sum over the ranks of a row-parallel product's partial output (`floats`
-    // values at buf), and the all-gather of every rank's readout results (and, with `logits`,
-    // its logits rows) after the readout of n_rows rows.
-    void all_reduce(CUdeviceptr buf, uint64_t floats, const char* what);
+    // the sum over the ranks of a row-parallel product's partial output (`floats` values at
+    // buf), and the all-gather of every rank's readout results (and, with `logits`, its logits
+    // rows) after the readout of n_rows rows. The sum is made in place, or, where a prefill
+    // chunk's all-reduce moves bf16 and `bf16_ok`, left as bf16 in w_->tp_bf16_ptr() for the
+    // post-norm to read: the returned pointer, with `bf16` set.
+    struct Reduced {
+        CUdeviceptr ptr;
+        bool bf16;
+    };
+    Reduced all_reduce(CUdeviceptr buf, uint64_t floats, const char* what, bool bf16_ok);
     void gather_readouts(int n_rows, bool logits);
     // The readouts merged from the gathered results of every rank: the token with the largest
     // logit of all ranks' candidates, the best kMaxTopK of them, the whole logits row.

@@ -163,7 +163,8 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
         if (group.leader()) save(out / name, prefill);
         if (group.leader() && f == &bf16)
             save(out / "bf16_count", {float(s.path_counts().all_reduce_bf16),
-                                      float(s.path_counts().all_reduce_symmetric)});
+                                      float(s.path_counts().all_reduce_symmetric),
+                                      float(s.path_counts().norm_bf16_in)});
     }
     group.finish();
 }
@@ -238,6 +239,9 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
                      tp + "decode steps");
         // bf16 partial products: rounding of 2^-9 relative per all-reduce; the bf16 tolerance.
         EXPECT_GT(load(split / "bf16_count").at(0), 0) << "no bf16 all-reduce ran";
+        // Each bf16 sum is read as such by the post-norm after it (no conversion back).
+        EXPECT_EQ(load(split / "bf16_count").at(2), load(split / "bf16_count").at(0))
+            << "post-norms reading the bf16 all-reduce sums";
         EXPECT_EQ(load(one / "bf16_count").at(0), 0);
         expect_agree(load(one / "prefill32"), load(split / "prefill32_bf16"), V,
                      std::max(kTolSplit, kTolBf16),

@@ -176,7 +176,8 @@ TEST(ShardPlan, KernelPlanOfTheShards) {
          {"matvec_q4_0.k4096.split", "matvec_q4_0.k8192.split.tall",
           "matvec_q4_0.k10752.split.tall", "matvec_q4_0.k5376.split", "logits.v131072.k64",
           "attn_prep.hd256.h16.kv8.rp128.f16", "flash_decode.hd256.g2.kv8.w1024.f16",
-          "embed_rows.q4_0.n5376.v262144"})
+          "embed_rows.q4_0.n5376.v262144", "rmsnorm.n5376.w1.add.n2.h16.xb16",
+          "rmsnorm.n5376.w1.add.scale.n2.q8.xb16"})
         EXPECT_TRUE(names.count(want)) << want;
     for (const char* whole :
          {"matvec_q4_0.k21504.split", "matvec_q4_0.k21504.split.tall", "logits.v262144.k64"})

@@ -42,8 +42,10 @@ TEST(Nccl, MissingLibraryNamesWhereItLooked) {
         EXPECT_NE(m.find("GEMMAJIT_NCCL_LIB"), std::string::npos) << m;
         EXPECT_EQ(m.find('\n'), std::string::npos) << m;
     }
-    // Multicast stays off unless the user chose otherwise.
+    // Multicast stays off, and the symmetric kernels take 16 blocks, unless the user chose
+    // otherwise (neither is set in the test's environment, or the user's value stays).
     ASSERT_NE(std::getenv("NCCL_NVLS_ENABLE"), nullptr);
+    ASSERT_NE(std::getenv("NCCL_SYM_CTAS"), nullptr);
 }
 
 // Where this machine has NCCL (the CUDA install's copy here, the Python wheel's on the GPU

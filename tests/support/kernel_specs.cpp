@@ -13,6 +13,7 @@
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/shard_plan.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/quant_mix.h"
@@ -97,6 +98,12 @@ std::vector<KernelSpec> all_specs() {
     for (const auto& v : Config::preset_names())
         for (auto t : plan_weight_types())
             for (const auto& s : build_kernel_plan(Config::preset(v), t)) add(s);
+    // Tensor parallelism: the post-norms reading a prefill chunk's bf16 all-reduce (any split
+    // of a model has its whole width).
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        for (const auto& s : gemma4::rmsnorm_bf16_input_specs(cfg.d_model, cfg.has_ple())) add(s);
+    }
     add(ptx_selftest_spec());
     add(chain_probe_spec());
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {

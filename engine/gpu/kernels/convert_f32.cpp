@@ -7,7 +7,7 @@ jit::KernelSpec convert_f32_spec() {
     s.family = "convert_f32";
     s.name = "convert_f32";
     s.constants = {{"THREADS", 256}};
-    s.entries = {"f32_to_f16", "f32_to_bf16", "bf16_to_f32"};
+    s.entries = {"f32_to_f16", "f32_to_bf16"};
     s.priority = 1;
     return s;
 }

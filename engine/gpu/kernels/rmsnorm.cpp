@@ -21,7 +21,7 @@ int rmsnorm_threads_per_row(int n) {
 }
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
-                             int parts, bool moe_norms, bool half) {
+                             int parts, bool moe_norms, bool half, bool bf16_in) {
     if (half && (!quant || moe_norms))
         throw std::invalid_argument(
             "rmsnorm: the f16 output replaces the Q8_1 one (quant, and not with the MoE norms)");
@@ -29,6 +29,9 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
         throw std::invalid_argument(
             "rmsnorm: the MoE norms extend the chained, quantized second norm (norm2, quant, no "
             "scale)");
+    if (bf16_in && (parts != 1 || !add))
+        throw std::invalid_argument(
+            "rmsnorm: a bf16 input is one all-reduced product of a residual update (add, 1 plane)");
     if (parts < 1 || parts > 8 || (parts > 1 && !add))
         throw std::invalid_argument(fmt::format(
             "rmsnorm: {} input planes (1..8, more than 1 only with the residual add)", parts));
@@ -48,13 +51,13 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     const int tpr = rmsnorm_threads_per_row(n), rpb = n <= 512 ? 128 / tpr : 1;
     jit::KernelSpec s;
     s.family = "rmsnorm";
-    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
+    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
                          scale ? ".scale" : "", norm2 ? ".n2" : "",
                          half    ? ".h16"
                          : quant ? ".q8"
                                  : "",
                          parts > 1 ? fmt::format(".p{}", parts) : std::string(),
-                         moe_norms ? ".moe" : "");
+                         moe_norms ? ".moe" : "", bf16_in ? ".xb16" : "");
     s.constants = {{"N", n},
                    {"TPR", tpr},
                    {"RPB", rpb},
@@ -66,10 +69,21 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
                    {"SCALE", scale ? 1 : 0},
                    {"NORM2", norm2 ? 1 : 0},
                    {"PARTS", parts},
-                   {"MOE_NORMS", moe_norms ? 1 : 0}};
+                   {"MOE_NORMS", moe_norms ? 1 : 0},
+                   {"X_BF16", bf16_in ? 1 : 0}};
     s.entries = {moe_norms ? "rmsnorm_moe" : scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
     s.priority = 0;
     return s;
+}
+
+std::vector<jit::KernelSpec> rmsnorm_bf16_input_specs(int n, bool ple) {
+    std::vector<jit::KernelSpec> out;
+    for (bool half : {false, true}) {
+        out.push_back(rmsnorm_spec(n, true, true, true, false, true, 1, false, half, true));
+        out.push_back(rmsnorm_spec(n, true, true, true, true, true, 1, false, half, true));
+    }
+    if (ple) out.push_back(rmsnorm_spec(n, true, true, true, false, false, 1, false, false, true));
+    return out;
 }
 
 }  // namespace gj::gemma4

@@ -1,7 +1,7 @@
 // rmsnorm family: the spec of kernel_templates/rmsnorm.cu (norms over rows of n floats, with the
 // residual add, layer output scale, chained second norm and Q8_1 output fused in).
 //
-// Spec name: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8|.h16][.p<parts>][.moe]".
+// Spec name: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8|.h16][.p<parts>][.moe][.xb16]".
 // Launch (from the spec constants): block TPR * RPB, grid ceil(rows / RPB).
 #pragma once
 
@@ -20,6 +20,8 @@ namespace gj::gemma4 {
 //           needs add)
 //   moe_norms: also y3 = norm(y) * w3 and y4 = norm(y) * w4 with its Q8_1 form (a MoE layer's
 //           router input and experts' pre-norm; needs norm2 and quant, not scale): ".moe"
+//   bf16_in: x is [rows][n] bf16 (a tensor-parallel prefill chunk's product, all-reduced in
+//           bf16, read without a conversion back; needs add, parts 1): ".xb16"
 // Entry "rmsnorm" without scale and norm2, "rmsnorm_moe" with moe_norms, else "rmsnorm_ext" (see
 // kernel_templates/rmsnorm.cu). Throws std::invalid_argument for an impossible combination.
 // The threads that sum one row of n floats (TPR): the order of its sum of squares, which the
@@ -28,6 +30,12 @@ int rmsnorm_threads_per_row(int n);
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
                              bool scale = false, bool norm2 = false, int parts = 1,
-                             bool moe_norms = false, bool half = false);
+                             bool moe_norms = false, bool half = false, bool bf16_in = false);
+
+// The post-norms reading a tensor-parallel prefill chunk's bf16 all-reduced product (bf16_in),
+// n wide: post_attention_norm + ffn_norm, then post_ffw_norm * scale + next pre-norm, each with
+// Q8_1 output and again with f16 output; with `ple` also the PLE model's post_ffw_norm (Q8_1 of
+// the updated stream). In that order.
+std::vector<jit::KernelSpec> rmsnorm_bf16_input_specs(int n, bool ple);
 
 }  // namespace gj::gemma4

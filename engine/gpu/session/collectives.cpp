@@ -26,9 +26,10 @@ void join_vocab_row(const float* gathered, uint64_t per_rank, int t, int V, int 
 
 }  // namespace
 
-void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) {
+GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what,
+                                           bool bf16_ok) {
     const TensorParallel& tp = model_.tensor_parallel();
-    if (!tp.active()) return;
+    if (!tp.active()) return {buf, false};
     ++paths_.all_reduce;
     // On sm_90+ NCCL's symmetric kernel may start as soon as the kernel before lets dependents
     // launch, and (NCCL 2.28-2.30.5) reads its input without waiting for that kernel: a one-byte
@@ -46,10 +47,10 @@ void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) 
         ++paths_.symmetric_barrier;
     };
     // A long prefill chunk's all-reduce is bound by NVLink bandwidth: its partial products go as
-    // bf16 (half the bytes, two conversions on the GPU). A decode step's is bound by latency
-    // (bf16 gains nothing there) and keeps fp32.
+    // bf16 (half the bytes; converted on the GPU, the sum read as bf16 by the post-norm after
+    // it). A decode step's is bound by latency (bf16 gains nothing there) and keeps fp32.
     const uint64_t rows = floats / uint64_t(cfg_.d_model);
-    if (!decoding_ && tp_bf16_rows_ > 0 && rows >= uint64_t(tp_bf16_rows_)) {
+    if (bf16_ok && !decoding_ && tp_bf16_rows_ > 0 && rows >= uint64_t(tp_bf16_rows_)) {
         const CUdeviceptr half = w_->tp_bf16_ptr();
         convert(buf, int(floats), "f32_to_bf16", half, what);
         if (w_->tp_bf16_sym.ptr()) symmetric(w_->tp_bf16_sym);
@@ -57,14 +58,14 @@ void GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what) 
             tp.nccl->all_reduce(tp.comm, half, floats, jit::NcclType::BF16, jit::NcclOp::Sum,
                                 stream_);
         });
-        convert(half, int(floats), "bf16_to_f32", buf, what);
         ++paths_.all_reduce_bf16;
-        return;
+        return {half, true};
     }
     if (w_->tp_sym.holds(buf)) symmetric(w_->tp_sym);  // the decode window (row_parallel_out)
     profiled(fmt::format("nccl all_reduce {}", what), LaunchCost{}, [&] {
         tp.nccl->all_reduce(tp.comm, buf, floats, jit::NcclType::F32, jit::NcclOp::Sum, stream_);
     });
+    return {buf, false};
 }
 
 void GpuSession::gather_readouts(int n_rows, bool logits) {

@@ -65,6 +65,7 @@ void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w
     float eps = cfg_.rms_eps;
     normed_f16_ = f16;
     paths_.norm_f16 += f16;
+    paths_.norm_bf16_in += constant(spec, "X_BF16");
     if (spec.entries.at(0) == "rmsnorm") {  // x += norm(u) * w, quantized
         void* args[] = {&u, &w, &residual, &x, &yq, &yds, &T, &eps};
         launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,

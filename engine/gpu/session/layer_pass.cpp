@@ -192,34 +192,38 @@ void GpuSession::record_layer(int l, int T) {
     const CUdeviceptr o_y = row_parallel_out(T, 0);
     int parts = matvec(g.o, nullptr, attn_out, o_y, T, "attn_output", planes_ok);
     const CUdeviceptr attn_sum = parts > 1 ? product(parts) : o_y;
-    // Tensor parallelism: this rank's heads gave a partial sum of the projection.
-    all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output");
+    // Tensor parallelism: this rank's heads gave a partial sum of the projection (the sum may
+    // come back as bf16, which the post-norm reads as such).
+    const Reduced attn = all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output", !g.moe);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, attn_sum, parts, T);
     else {
         const bool f16 = parts == 1 && ffn_input_f16(g, T);
-        post_norm(model_.spec_post_prenorm(parts, f16), attn_sum, g.post_attention_norm, 0,
-                  g.ffn_norm, T, "post_attention_norm+ffn_norm", f16);
+        post_norm(model_.spec_post_prenorm(parts, f16, attn.bf16), attn.ptr, g.post_attention_norm,
+                  0, g.ffn_norm, T, "post_attention_norm+ffn_norm", f16);
     }
 
     // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x); on a MoE layer the
     // FFN output is the dense MLP's and the experts' normed sum instead.
     CUdeviceptr ffn_out = w.moe_y1.ptr();
+    bool ffn_bf16 = false;  // ffn_out holds a bf16 all-reduce sum
     if (g.moe) {
         record_moe_ffn(l, T);
         parts = 1;
     } else {
         const CUdeviceptr y = row_parallel_out(T, 1);
         parts = matvec(g.down, nullptr, ffn_gate_up(g, T), y, T, "ffn_down", planes_ok);
-        ffn_out = parts > 1 ? product(parts) : y;
-        all_reduce(ffn_out, uint64_t(T) * cfg_.d_model, "ffn_down");
+        const Reduced sum = all_reduce(parts > 1 ? product(parts) : y, uint64_t(T) * cfg_.d_model,
+                                       "ffn_down", true);
+        ffn_out = sum.ptr;
+        ffn_bf16 = sum.bf16;
     }
     // The next pre-norm in f16 when the next layer's attention reads it so (never the output
     // norm: the LM head's products are int8 or float).
     const bool next_f16 = l + 1 < cfg_.n_layers && attention_input_f16(l + 1, T);
     if (!cfg_.has_ple()) {
         const bool f16 = parts == 1 && next_f16;
-        post_norm(model_.spec_post_scale_prenorm(parts, f16), ffn_out, g.post_ffw_norm,
+        post_norm(model_.spec_post_scale_prenorm(parts, f16, ffn_bf16), ffn_out, g.post_ffw_norm,
                   g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm", f16);
         return;
     }
@@ -239,13 +243,13 @@ void GpuSession::record_layer(int l, int T) {
     // launch less. The updated stream then goes to h (free until the next pre-norm; the gate's
     // other blocks still read x), where the PLE post-norm reads it.
     const char* gate_entry = gelu_epilogue ? "_gelu_mul_norm_in" : "_norm_in";
-    const bool gate_in = parts == 1 && ple_input(g.inp_gate, gate_entry, T);
+    const bool gate_in = parts == 1 && !ffn_bf16 && ple_input(g.inp_gate, gate_entry, T);
     const CUdeviceptr stream = gate_in ? w.h.ptr() : w.x.ptr();
     if (gate_in)
         matvec_ple_input(g.inp_gate, gate_entry, ffn_out, g.post_ffw_norm, w.x.ptr(), stream, other,
                          gelu_epilogue ? out : gate);
     else
-        post_norm(model_.spec_post_quant(parts), ffn_out, g.post_ffw_norm, 0, 0, T,
+        post_norm(model_.spec_post_quant(parts, ffn_bf16), ffn_out, g.post_ffw_norm, 0, 0, T,
                   "post_ffw_norm");
     // A decode step's quantized projection makes q8(gelu(gate) * ple[l]) in each block.
     const bool proj_in = q8 && ple_input(g.proj, "_gelu_in", T);

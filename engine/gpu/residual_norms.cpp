@@ -1,0 +1,66 @@
+// GpuModel's norms over the residual stream: which rmsnorm specializations a load registers for
+// the pre-norms and the post-norms chained around each residual update (kernel_templates/
+// rmsnorm.cu), by the products that consume their output and the all-reduces before them.
+#include "engine/gpu/gpu_model.h"
+#include "engine/gpu/kernels/mmq.h"
+#include "engine/gpu/kernels/rmsnorm.h"
+#include "engine/gpu/kernels/spec_util.h"
+
+namespace gj::gemma4 {
+
+void GpuModel::plan_residual_norms() {
+    const Config& c = cfg_;
+    // Norms over the residual stream (all also write Q8_1 activations: d is a multiple of 32,
+    // and a float-weight consumer reads the fp32 copy instead; the ".h16" forms below write f16
+    // instead, for prefill chunks whose consumers are all F16 cuBLAS products). The pre-norm of the
+    // first layer stands alone; every later pre-norm (and the output norm) is chained to the
+    // residual update before it: post_attention_norm + ffn_norm, and the layer's last post-norm +
+    // layer scale + the next layer's attn_norm. With PLE the post_ffw_norm update also quantizes
+    // the updated stream, the PLE gate's input.
+    const int d = c.d_model;
+    spec_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true)).name;
+    spec_post_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, false, true)).name;
+    spec_post_scale_prenorm_ = kernels_.add(rmsnorm_spec(d, true, true, true, true, true)).name;
+    if (c.has_ple()) spec_post_quant_ = kernels_.add(rmsnorm_spec(d, true, true, true)).name;
+    // Prefill chunks whose next products are all F16 cuBLAS ones take these norms' output in f16
+    // (no conversion pass): the norms feeding attention and the FFN.
+    bool f16_products = false;
+    for (const GpuLayer& g : layers_)
+        for (const GpuMatrix* m : {&g.q, &g.k, &g.v, &g.o, &g.gate, &g.up, &g.down})
+            f16_products = f16_products ||
+                           (m->blas && (!m->spec_dequant.empty() || m->type == ggml::Type::F16));
+    if (f16_products) {
+        spec_h16_[0] =
+            kernels_.add(rmsnorm_spec(d, true, true, false, false, false, 1, false, true)).name;
+        spec_h16_[1] =
+            kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, false, true)).name;
+        spec_h16_[2] =
+            kernels_.add(rmsnorm_spec(d, true, true, true, true, true, 1, false, true)).name;
+    }
+    bool split_gemms = false;  // some attention-output / FFN-down GEMM splits K
+    for (const GpuLayer& g : layers_)
+        for (const GpuMatrix* m : {&g.o, &g.down})
+            if (!m->spec_gemm.empty())
+                split_gemms =
+                    split_gemms || spec_constant(kernels_.spec(m->spec_gemm), "SPLITS") > 1;
+    if (split_gemms) {
+        const int p = kMmqSplits;
+        spec_parts_[0] = kernels_.add(rmsnorm_spec(d, true, true, true, false, true, p)).name;
+        spec_parts_[1] = kernels_.add(rmsnorm_spec(d, true, true, true, true, true, p)).name;
+        if (c.is_moe())
+            spec_moe_norms_[1] =
+                kernels_.add(rmsnorm_spec(d, true, true, true, false, true, p, true)).name;
+        if (c.has_ple())
+            spec_parts_[2] = kernels_.add(rmsnorm_spec(d, true, true, true, false, false, p)).name;
+    }
+    if (c.is_moe())
+        spec_moe_norms_[0] =
+            kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, true)).name;
+    // Tensor parallelism: the post-norm after each of a prefill chunk's bf16 all-reduces reads
+    // that bf16 sum (no conversion pass back to fp32).
+    if (tp_.active())
+        for (const jit::KernelSpec& s : rmsnorm_bf16_input_specs(d, c.has_ple()))
+            spec_xb16_.push_back(kernels_.add(s).name);
+}
+
+}  // namespace gj::gemma4
