@@ -129,10 +129,10 @@ Nccl& Nccl::get(const Flags& flags) {
     }
     // Before NCCL reads its environment (at the first communicator).
     ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
-    // NCCL's symmetric kernels run on as few blocks as its cost model says come within 2.5% of
-    // their peak: one for a decode step's all-reduce, a handful for a prefill chunk's. More are
-    // faster on NVLink (2x H200, 31B Q4_0 TP=2: tg128 243.9 -> 254.5 at 8, 16 or 32 blocks; a
-    // 512-token chunk's bf16 all-reduce 38 -> 28 us at 16; docs/PERFORMANCE.md).
+    // NCCL's symmetric kernels run on the fewest blocks its cost model puts within 2.5% of their
+    // modelled peak. 16 measured faster on NVLink (H200s, docs/PERFORMANCE.md): 31B Q4_0 TP=2
+    // tg128 243.9 -> 254.5 (8 and 32 alike), a 512-token chunk's bf16 all-reduce 38 -> 28 us,
+    // pp512 +4-6% at TP=2 and 4; the 12B's TP=2 decode and the 31B's TP=4 one within 1%.
     ::setenv("NCCL_SYM_CTAS", kSymmetricBlocks, /*overwrite=*/0);
     std::vector<std::string> tried;
     for (const std::string& path : candidates(flags)) {
