@@ -131,8 +131,8 @@ Nccl& Nccl::get(const Flags& flags) {
     ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
     // NCCL's symmetric kernels run on the fewest blocks its cost model puts within 2.5% of their
     // modelled peak. 16 measured faster on NVLink (H200s, docs/PERFORMANCE.md): 31B Q4_0 TP=2
-    // tg128 243.9 -> 254.5 (8 and 32 alike), a 512-token chunk's bf16 all-reduce 38 -> 28 us,
-    // pp512 +4-6% at TP=2 and 4; the 12B's TP=2 decode and the 31B's TP=4 one within 1%.
+    // tg128 243.0 -> 254.9 (8 and 32 alike), a 512-token chunk's bf16 all-reduce 38 -> 28 us,
+    // pp512 +2.6-6.4% at TP=2 and 4; the 12B's TP=2 decode and the 31B's TP=4 one within 1%.
     ::setenv("NCCL_SYM_CTAS", kSymmetricBlocks, /*overwrite=*/0);
     std::vector<std::string> tried;
     for (const std::string& path : candidates(flags)) {

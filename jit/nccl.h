@@ -9,7 +9,7 @@
 // Loading also sets NCCL_NVLS_ENABLE=0 unless the environment sets it: NVLink multicast (NVLS)
 // stays off on the GPU machines (it needs fabric support they do not enable). And NCCL_SYM_CTAS=16:
 // NCCL's symmetric all-reduces on 16 blocks instead of the few its cost model picks (faster for
-// every prefill and the 31B's decode measured, within 1% elsewhere; docs/PERFORMANCE.md).
+// every prefill and the 31B's TP=2 decode measured, within 1% elsewhere; docs/PERFORMANCE.md).
 #pragma once
 
 #include <cuda.h>

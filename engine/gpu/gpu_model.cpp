@@ -28,7 +28,6 @@
 #include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/ple.h"
 #include "engine/gpu/kernels/quantize_q8_1.h"
-#include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/session.h"
 #include "engine/model/weights.h"

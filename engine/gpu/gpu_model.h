@@ -241,19 +241,20 @@ class GpuModel {
     }
     // parts > 1: the form that reads the split-K partial planes of the product before it.
     // bf16_in: the form that reads a tensor-parallel prefill chunk's bf16 all-reduced product
-    // (rmsnorm_bf16_input_specs' order; a rank's plan has them all).
+    // (one plane: a rank sums its split-K planes before the all-reduce). Empty unless the model
+    // is split (a session asking for it then fails to find the kernel).
     const std::string& spec_post_prenorm(int parts = 1, bool f16 = false,
                                          bool bf16_in = false) const {
-        if (bf16_in) return spec_xb16_.at(f16 ? 2 : 0);
+        if (bf16_in) return spec_xb16_.post_prenorm[f16 ? 1 : 0];
         return parts > 1 ? spec_parts_[0] : f16 ? spec_h16_[1] : spec_post_prenorm_;
     }
     const std::string& spec_post_scale_prenorm(int parts = 1, bool f16 = false,
                                                bool bf16_in = false) const {
-        if (bf16_in) return spec_xb16_.at(f16 ? 3 : 1);
+        if (bf16_in) return spec_xb16_.post_scale_prenorm[f16 ? 1 : 0];
         return parts > 1 ? spec_parts_[1] : f16 ? spec_h16_[2] : spec_post_scale_prenorm_;
     }
     const std::string& spec_post_quant(int parts = 1, bool bf16_in = false) const {  // PLE models
-        if (bf16_in) return spec_xb16_.at(4);
+        if (bf16_in) return spec_xb16_.post_quant;
         return parts > 1 ? spec_parts_[2] : spec_post_quant_;
     }
     const std::string& spec_quantize() const { return spec_quantize_; }
@@ -338,9 +339,11 @@ class GpuModel {
     std::string spec_prenorm_, spec_post_prenorm_, spec_post_scale_prenorm_, spec_post_quant_,
         spec_quantize_, spec_ple_finish_, spec_gelu_mul_, spec_logits_, spec_convert_, spec_moe_,
         spec_moe_norms_[2];
-    std::string spec_parts_[3];           // the post-norms above reading kMmqSplits partial planes
-    std::string spec_h16_[3];             // the pre-norm and the two chained post-norms writing f16
-    std::vector<std::string> spec_xb16_;  // the post-norms reading a bf16 all-reduce (TP)
+    std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
+    std::string spec_h16_[3];    // the pre-norm and the two chained post-norms writing f16
+    struct {  // the post-norms reading a bf16 all-reduce sum (rmsnorm_bf16_input_specs)
+        std::string post_prenorm[2], post_scale_prenorm[2], post_quant;
+    } spec_xb16_;
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
     uint64_t decode_bytes_ = 0, dequant_slot_ = 0, dequant_slot_no_gemm_ = 0;

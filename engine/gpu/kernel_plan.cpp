@@ -384,8 +384,9 @@ std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
     // bf16 prefill all-reduces: the conversion to bf16, the post-norms reading the bf16 sums.
     if (shards.shards.size() > 1) {
         all.add({convert_f32_spec()});
-        const Config& whole = shards.shards.front().config;
-        all.add(rmsnorm_bf16_input_specs(whole.d_model, whole.has_ple()));
+        // Every rank has the whole d_model and the PLE (neither is split): rank 0's config says.
+        const Config& rank0 = shards.shards.front().config;
+        all.add(rmsnorm_bf16_input_specs(rank0.d_model, rank0.has_ple()).all());
     }
     for (const RankShard& rank : shards.shards)
         for (PlanTypes p : types) {

@@ -58,9 +58,14 @@ void GpuModel::plan_residual_norms() {
             kernels_.add(rmsnorm_spec(d, true, true, true, false, true, 1, true)).name;
     // Tensor parallelism: the post-norm after each of a prefill chunk's bf16 all-reduces reads
     // that bf16 sum (no conversion pass back to fp32).
-    if (tp_.active())
-        for (const jit::KernelSpec& s : rmsnorm_bf16_input_specs(d, c.has_ple()))
-            spec_xb16_.push_back(kernels_.add(s).name);
+    if (tp_.active()) {
+        const RmsnormBf16InputSpecs s = rmsnorm_bf16_input_specs(d, c.has_ple());
+        for (int half = 0; half < 2; ++half) {
+            spec_xb16_.post_prenorm[half] = kernels_.add(s.post_prenorm[half]).name;
+            spec_xb16_.post_scale_prenorm[half] = kernels_.add(s.post_scale_prenorm[half]).name;
+        }
+        if (s.post_quant) spec_xb16_.post_quant = kernels_.add(*s.post_quant).name;
+    }
 }
 
 }  // namespace gj::gemma4

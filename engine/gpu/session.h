@@ -148,10 +148,10 @@ class GpuSession {
         uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
         uint64_t all_reduce = 0;      // tensor parallelism: NCCL all-reduces of partial products
         uint64_t all_reduce_bf16 = 0;       // ... of them in bf16 (prefill, GEMMAJIT_TP_BF16_ROWS)
-        uint64_t norm_bf16_in = 0;          // post-norms reading such a bf16 sum
         uint64_t all_reduce_symmetric = 0;  // ... in NCCL symmetric memory (GEMMAJIT_TP_SYMMETRIC)
         uint64_t symmetric_barrier = 0;     // ... of them behind a memset (NCCL 2.28-2.30.5)
         uint64_t all_gather = 0;            // ... and all-gathers of the ranks' readouts
+        uint64_t norm_bf16_in = 0;          // post-norms reading a bf16 all-reduce sum
         uint64_t launches = 0;              // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
@@ -349,8 +349,8 @@ class GpuSession {
     // chunk's all-reduce moves bf16 and `bf16_ok`, left as bf16 in w_->tp_bf16_ptr() for the
     // post-norm to read: the returned pointer, with `bf16` set.
     struct Reduced {
-        CUdeviceptr ptr;
-        bool bf16;
+        CUdeviceptr ptr = 0;
+        bool bf16 = false;
     };
     Reduced all_reduce(CUdeviceptr buf, uint64_t floats, const char* what, bool bf16_ok);
     void gather_readouts(int n_rows, bool logits);

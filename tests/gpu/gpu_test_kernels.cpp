@@ -538,6 +538,81 @@ TEST(RmsNormParts, SumsThePlanesLikeTheReduce) {
         }
 }
 
+// X_BF16: the post-norms that read a tensor-parallel prefill chunk's bf16 all-reduce sum give
+// bitwise what their fp32 forms give for the same values widened to fp32 (the conversion pass
+// they replace is exact), for every form a split plans: Q8_1 and f16 outputs, with and without
+// the layer scale and chained pre-norm, the PLE post-norm; rows sharing a block at a tiny width.
+TEST(RmsNormBf16Input, ReadsTheSumLikeItsFloatForm) {
+    GJ_REQUIRE_GPU();
+    for (const auto& [n, rows] : {std::pair{5376, 3}, std::pair{2560, 37}, std::pair{64, 21}})
+        for (const KernelSpec& xb : gj::gemma4::rmsnorm_bf16_input_specs(n, true).all()) {
+            auto has = [&](const char* c) { return gj::gemma4::spec_constant(xb, c) != 0; };
+            const bool ext = has("SCALE") || has("NORM2");
+            const bool half = gj::gemma4::spec_constant(xb, "QUANT") == 2;
+            const KernelSpec fp = gj::gemma4::rmsnorm_spec(n, true, true, true, has("SCALE"),
+                                                           has("NORM2"), 1, false, half);
+            SCOPED_TRACE(xb.name + " rows=" + std::to_string(rows));
+            ASSERT_EQ(xb.name, fp.name + ".xb16");
+            GpuKernels g({xb, fp});
+            std::mt19937 rng(n + rows);
+            const size_t total = size_t(n) * rows;
+            // The sum as NCCL leaves it (bf16, round to nearest even) and widened.
+            std::vector<uint16_t> bits(total);
+            std::vector<float> wide(total);
+            const auto u = random_normal(total, 2.0f, rng);
+            for (size_t i = 0; i < total; ++i) {
+                uint32_t b;
+                std::memcpy(&b, &u[i], 4);
+                bits[i] = uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+                const uint32_t back = uint32_t(bits[i]) << 16;
+                std::memcpy(&wide[i], &back, 4);
+            }
+            const auto w = random_normal(n, 1.0f, rng), w2 = random_normal(n, 1.0f, rng);
+            const auto res = random_normal(total, 5.0f, rng);
+            const std::vector<float> scale = {0.37f};
+            auto run = [&](const KernelSpec& spec, const DeviceBuffer& du) {
+                auto dw = to_device(w), dw2 = to_device(w2), dscale = to_device(scale),
+                     dres = to_device(res);
+                // yq holds Q8_1 bytes or f16 halves (QUANT 2), zeroed past what Q8_1 writes; yds
+                // the Q8_1 scales.
+                auto dq = to_device(std::vector<uint8_t>(total * 2, 0));
+                DeviceBuffer dy2(total * 4), dds(total / 32 * 8 + 8);
+                const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+                const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+                if (ext)
+                    launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(rows, rpb)}, {tpr * rpb},
+                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dscale.ptr(), dw2.ptr(),
+                           dy2.ptr(), dq.ptr(), dds.ptr(), rows, 1e-6f);
+                else
+                    launch(g.get(spec.name, "rmsnorm"), {ceil_div(rows, rpb)}, {tpr * rpb},
+                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dq.ptr(), dds.ptr(), rows,
+                           1e-6f);
+                auto y = from_device<float>(dres, total);
+                const auto q = from_device<float>(dq, total / 2);
+                y.insert(y.end(), q.begin(), q.end());
+                if (!half) {
+                    const auto ds = from_device<float>(dds, total / 16);
+                    y.insert(y.end(), ds.begin(), ds.end());
+                }
+                if (ext) {
+                    const auto y2 = from_device<float>(dy2, total);
+                    y.insert(y.end(), y2.begin(), y2.end());
+                }
+                return y;
+            };
+            const auto a = run(xb, to_device(bits)), b = run(fp, to_device(wide));
+            ASSERT_TRUE(all_finite(std::vector<float>(a.begin(), a.begin() + total)));
+            ASSERT_EQ(a.size(), b.size());
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+        }
+    // The bf16 input is one plane of a residual update.
+    EXPECT_THROW(gj::gemma4::rmsnorm_spec(64, true, true, true, false, true, 2, false, false, true),
+                 std::invalid_argument);
+    EXPECT_THROW(
+        gj::gemma4::rmsnorm_spec(64, true, true, false, false, false, 1, false, false, true),
+        std::invalid_argument);
+}
+
 // rmsnorm_moe (a MoE layer's four norms after attention in one launch) gives bitwise what the
 // separate launches give: rmsnorm_ext for the residual update and ffn_norm (with its Q8_1), the
 // plain weighted norm of the updated residual for the router input, and the quantizing pre-norm

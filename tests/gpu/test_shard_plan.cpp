@@ -180,8 +180,15 @@ TEST(ShardPlan, KernelPlanOfTheShards) {
           "rmsnorm.n5376.w1.add.scale.n2.q8.xb16"})
         EXPECT_TRUE(names.count(want)) << want;
     for (const char* whole :
-         {"matvec_q4_0.k21504.split", "matvec_q4_0.k21504.split.tall", "logits.v262144.k64"})
+         {"matvec_q4_0.k21504.split", "matvec_q4_0.k21504.split.tall", "logits.v262144.k64",
+          "rmsnorm.n5376.w1.add.q8.xb16"})  // (the last: the PLE form; the 31B has no PLE)
         EXPECT_FALSE(names.count(whole)) << whole;
+    // A PLE model's split has the bf16-input form of its post_ffw_norm; one GPU has none.
+    const Config e4b = Config::preset("e4b");
+    EXPECT_TRUE(names_of(gj::gemma4::build_kernel_plan(plan_shards(e4b, 2), std::vector{types}))
+                    .count("rmsnorm.n2560.w1.add.q8.xb16"));
+    EXPECT_FALSE(names_of(gj::gemma4::build_kernel_plan(plan_shards(e4b, 1), std::vector{types}))
+                     .count("rmsnorm.n2560.w1.add.q8.xb16"));
     // A K-quant mix over 8 GPUs: ranks of 10 and 11 FFN blocks get their own down matvecs.
     gj::gemma4::PlanTypes base = types;
     const auto mix =

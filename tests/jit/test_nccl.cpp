@@ -1,6 +1,7 @@
 // The NCCL loader without GPUs: where it looks (GEMMAJIT_NCCL_LIB alone when set, a folder
 // standing for the library in it), the error naming every place tried when the library is
-// missing, and NVLink multicast left off. The collectives themselves: gpu_test_nccl.cpp.
+// missing, NVLink multicast left off and the symmetric kernels' block count set. The collectives
+// themselves: gpu_test_nccl.cpp.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,6 +14,15 @@
 
 using gj::jit::Flags;
 using gj::jit::Nccl;
+
+namespace {
+// The process's own environment, read before any test loads NCCL (which sets what is unset).
+std::string initial_env(const char* name) {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+}
+const std::string kInitialSymCtas = initial_env("NCCL_SYM_CTAS");
+}  // namespace
 
 TEST(Nccl, CandidatesFollowTheFlag) {
     const auto file = Flags::parse({{"GEMMAJIT_NCCL_LIB", "/opt/nccl/libnccl.so.2.99"}});
@@ -43,9 +53,11 @@ TEST(Nccl, MissingLibraryNamesWhereItLooked) {
         EXPECT_EQ(m.find('\n'), std::string::npos) << m;
     }
     // Multicast stays off, and the symmetric kernels take 16 blocks, unless the user chose
-    // otherwise (neither is set in the test's environment, or the user's value stays).
+    // otherwise (then the user's value stays).
     ASSERT_NE(std::getenv("NCCL_NVLS_ENABLE"), nullptr);
     ASSERT_NE(std::getenv("NCCL_SYM_CTAS"), nullptr);
+    EXPECT_EQ(std::string(std::getenv("NCCL_SYM_CTAS")),
+              kInitialSymCtas.empty() ? std::string("16") : kInitialSymCtas);
 }
 
 // Where this machine has NCCL (the CUDA install's copy here, the Python wheel's on the GPU

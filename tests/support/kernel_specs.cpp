@@ -99,10 +99,12 @@ std::vector<KernelSpec> all_specs() {
         for (auto t : plan_weight_types())
             for (const auto& s : build_kernel_plan(Config::preset(v), t)) add(s);
     // Tensor parallelism: the post-norms reading a prefill chunk's bf16 all-reduce (any split
-    // of a model has its whole width).
+    // of a model has its whole width; MoE models are not split).
     for (const auto& v : Config::preset_names()) {
         const Config cfg = Config::preset(v);
-        for (const auto& s : gemma4::rmsnorm_bf16_input_specs(cfg.d_model, cfg.has_ple())) add(s);
+        if (cfg.is_moe()) continue;
+        for (const auto& s : gemma4::rmsnorm_bf16_input_specs(cfg.d_model, cfg.has_ple()).all())
+            add(s);
     }
     add(ptx_selftest_spec());
     add(chain_probe_spec());

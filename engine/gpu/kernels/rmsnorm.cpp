@@ -76,13 +76,22 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     return s;
 }
 
-std::vector<jit::KernelSpec> rmsnorm_bf16_input_specs(int n, bool ple) {
-    std::vector<jit::KernelSpec> out;
-    for (bool half : {false, true}) {
-        out.push_back(rmsnorm_spec(n, true, true, true, false, true, 1, false, half, true));
-        out.push_back(rmsnorm_spec(n, true, true, true, true, true, 1, false, half, true));
+RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple) {
+    RmsnormBf16InputSpecs s;
+    for (int half = 0; half < 2; ++half) {
+        s.post_prenorm[half] =
+            rmsnorm_spec(n, true, true, true, false, true, 1, false, half == 1, true);
+        s.post_scale_prenorm[half] =
+            rmsnorm_spec(n, true, true, true, true, true, 1, false, half == 1, true);
     }
-    if (ple) out.push_back(rmsnorm_spec(n, true, true, true, false, false, 1, false, false, true));
+    if (ple) s.post_quant = rmsnorm_spec(n, true, true, true, false, false, 1, false, false, true);
+    return s;
+}
+
+std::vector<jit::KernelSpec> RmsnormBf16InputSpecs::all() const {
+    std::vector<jit::KernelSpec> out = {post_prenorm[0], post_prenorm[1], post_scale_prenorm[0],
+                                        post_scale_prenorm[1]};
+    if (post_quant) out.push_back(*post_quant);
     return out;
 }
 

@@ -5,6 +5,9 @@
 // Launch (from the spec constants): block TPR * RPB, grid ceil(rows / RPB).
 #pragma once
 
+#include <optional>
+#include <vector>
+
 #include "jit/kernel_spec.h"
 
 namespace gj::gemma4 {
@@ -33,9 +36,16 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = 
                              bool moe_norms = false, bool half = false, bool bf16_in = false);
 
 // The post-norms reading a tensor-parallel prefill chunk's bf16 all-reduced product (bf16_in),
-// n wide: post_attention_norm + ffn_norm, then post_ffw_norm * scale + next pre-norm, each with
-// Q8_1 output and again with f16 output; with `ple` also the PLE model's post_ffw_norm (Q8_1 of
-// the updated stream). In that order.
-std::vector<jit::KernelSpec> rmsnorm_bf16_input_specs(int n, bool ple);
+// n wide, each the bf16-input form of a post-norm the forward pass launches after an all-reduce.
+struct RmsnormBf16InputSpecs {
+    // post_attention_norm + ffn_norm; [0] writes Q8_1, [1] f16 (the F16 cuBLAS products' input).
+    jit::KernelSpec post_prenorm[2];
+    // post_ffw_norm * layer_output_scale + the next pre-norm; [0] Q8_1, [1] f16.
+    jit::KernelSpec post_scale_prenorm[2];
+    // A PLE model's post_ffw_norm, quantizing the updated stream (the PLE gate's input).
+    std::optional<jit::KernelSpec> post_quant;
+    std::vector<jit::KernelSpec> all() const;
+};
+RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple);
 
 }  // namespace gj::gemma4

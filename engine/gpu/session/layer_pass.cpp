@@ -193,7 +193,8 @@ void GpuSession::record_layer(int l, int T) {
     int parts = matvec(g.o, nullptr, attn_out, o_y, T, "attn_output", planes_ok);
     const CUdeviceptr attn_sum = parts > 1 ? product(parts) : o_y;
     // Tensor parallelism: this rank's heads gave a partial sum of the projection (the sum may
-    // come back as bf16, which the post-norm reads as such).
+    // come back as bf16, which the post-norm reads as such; the MoE norms have no bf16 form, and
+    // a MoE model is never split).
     const Reduced attn = all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output", !g.moe);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, attn_sum, parts, T);
@@ -243,6 +244,7 @@ void GpuSession::record_layer(int l, int T) {
     // launch less. The updated stream then goes to h (free until the next pre-norm; the gate's
     // other blocks still read x), where the PLE post-norm reads it.
     const char* gate_entry = gelu_epilogue ? "_gelu_mul_norm_in" : "_norm_in";
+    // (Not from a bf16 sum: the gate's norm prologue reads fp32.)
     const bool gate_in = parts == 1 && !ffn_bf16 && ple_input(g.inp_gate, gate_entry, T);
     const CUdeviceptr stream = gate_in ? w.h.ptr() : w.x.ptr();
     if (gate_in)

@@ -63,8 +63,9 @@ struct GpuSession::Work {
         gbf, gemm_split, wdeq, qkv;
     // Tensor parallelism: every rank's readout results and logits rows, gathered ([rank][...]).
     jit::DeviceBuffer tp_results, tp_logits;
-    // A prefill chunk's partial product in bf16, the form it is all-reduced in: in NCCL symmetric
-    // memory (GEMMAJIT_TP_SYMMETRIC), else in an ordinary buffer.
+    // A prefill chunk's partial product in bf16, the form it is all-reduced in, and then its sum,
+    // which the post-norm reads as bf16 (rmsnorm X_BF16): in NCCL symmetric memory
+    // (GEMMAJIT_TP_SYMMETRIC), else in an ordinary buffer.
     SymmetricBuffer tp_bf16_sym;
     jit::DeviceBuffer tp_bf16;
     CUdeviceptr tp_bf16_ptr() const {
