@@ -488,6 +488,52 @@ INSTANTIATE_TEST_SUITE_P(
                       NormExtCase{128, 7, true, true, true},     // tiny d: rows share a block
                       NormExtCase{128, 5, true, false, false}));
 
+// Every output of one launch of a residual post-norm `spec` (its rmsnorm entry, or rmsnorm_ext
+// with the layer scale 0.37 and the chained norm of weight w2) over `rows` rows of the input at
+// `u`, with weight w and the residual `res` updated in place. Each output starts zeroed, so bytes
+// a form does not write compare equal: yq holds Q8_1 bytes or f16 halves (QUANT 2), yds the Q8_1
+// scales, y2 the chained norm.
+namespace {
+struct NormOutputs {
+    std::vector<float> residual, y2, yds;
+    std::vector<uint8_t> yq;
+};
+NormOutputs run_residual_norm(const GpuKernels& g, const KernelSpec& spec, const DeviceBuffer& u,
+                              const std::vector<float>& w, const std::vector<float>& w2,
+                              const std::vector<float>& res, int rows) {
+    const size_t total = res.size();
+    const bool ext = spec.entries.at(0) == "rmsnorm_ext";
+    auto dw = to_device(w), dw2 = to_device(w2), dscale = to_device(std::vector<float>{0.37f}),
+         dres = to_device(res), dy2 = to_device(std::vector<float>(total, 0.0f)),
+         dds = to_device(std::vector<float>(total / 16, 0.0f));
+    auto dq = to_device(std::vector<uint8_t>(total * 2, 0));
+    const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
+    const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
+    if (ext)
+        launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(rows, rpb)}, {tpr * rpb}, u.ptr(),
+               dw.ptr(), dres.ptr(), dres.ptr(), dscale.ptr(), dw2.ptr(), dy2.ptr(), dq.ptr(),
+               dds.ptr(), rows, 1e-6f);
+    else
+        launch(g.get(spec.name, "rmsnorm"), {ceil_div(rows, rpb)}, {tpr * rpb}, u.ptr(), dw.ptr(),
+               dres.ptr(), dres.ptr(), dq.ptr(), dds.ptr(), rows, 1e-6f);
+    return {from_device<float>(dres, total), from_device<float>(dy2, total),
+            from_device<float>(dds, total / 16), from_device<uint8_t>(dq, total * 2)};
+}
+
+// Two launches' outputs bit for bit, the residual finite.
+void expect_same_outputs(const NormOutputs& a, const NormOutputs& b) {
+    ASSERT_TRUE(all_finite(a.residual));
+    auto same = [](const auto& x, const auto& y) {
+        return x.size() == y.size() &&
+               std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+    };
+    EXPECT_TRUE(same(a.residual, b.residual)) << "residual";
+    EXPECT_TRUE(same(a.y2, b.y2)) << "y2";
+    EXPECT_TRUE(same(a.yq, b.yq)) << "yq";
+    EXPECT_TRUE(same(a.yds, b.yds)) << "yds";
+}
+}  // namespace
+
 // PARTS: the post-norm reading the split-K partial planes of the int8 GEMM gives bitwise what it
 // gives for their sum taken in plane order (as mmq_reduce sums them), for both entries.
 TEST(RmsNormParts, SumsThePlanesLikeTheReduce) {
@@ -507,34 +553,8 @@ TEST(RmsNormParts, SumsThePlanesLikeTheReduce) {
                 sum[i] = (planes[i] + planes[total + i]) + planes[2 * total + i];
             const auto w = random_normal(n, 1.0f, rng), w2 = random_normal(n, 1.0f, rng);
             const auto res = random_normal(total, 5.0f, rng);
-            const std::vector<float> scale = {0.37f};
-            auto run = [&](const KernelSpec& spec, const std::vector<float>& u) {
-                auto du = to_device(u), dw = to_device(w), dw2 = to_device(w2);
-                auto dscale = to_device(scale), dres = to_device(res);
-                DeviceBuffer dy2(total * 4), dq(total), dds(total / 32 * 8 + 8);
-                const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
-                const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
-                if (ext)
-                    launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(rows, rpb)}, {tpr * rpb},
-                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dscale.ptr(), dw2.ptr(),
-                           dy2.ptr(), dq.ptr(), dds.ptr(), rows, 1e-6f);
-                else
-                    launch(g.get(spec.name, "rmsnorm"), {ceil_div(rows, rpb)}, {tpr * rpb},
-                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dq.ptr(), dds.ptr(), rows,
-                           1e-6f);
-                auto y = from_device<float>(dres, total);
-                const auto q = from_device<int8_t>(dq, total);
-                for (int8_t v : q) y.push_back(float(v));
-                if (ext) {
-                    const auto y2 = from_device<float>(dy2, total);
-                    y.insert(y.end(), y2.begin(), y2.end());
-                }
-                return y;
-            };
-            const auto a = run(split, planes), b = run(whole, sum);
-            ASSERT_TRUE(all_finite(a));
-            ASSERT_EQ(a.size(), b.size());
-            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+            expect_same_outputs(run_residual_norm(g, split, to_device(planes), w, w2, res, rows),
+                                run_residual_norm(g, whole, to_device(sum), w, w2, res, rows));
         }
 }
 
@@ -547,7 +567,6 @@ TEST(RmsNormBf16Input, ReadsTheSumLikeItsFloatForm) {
     for (const auto& [n, rows] : {std::pair{5376, 3}, std::pair{2560, 37}, std::pair{64, 21}})
         for (const KernelSpec& xb : gj::gemma4::rmsnorm_bf16_input_specs(n, true).all()) {
             auto has = [&](const char* c) { return gj::gemma4::spec_constant(xb, c) != 0; };
-            const bool ext = has("SCALE") || has("NORM2");
             const bool half = gj::gemma4::spec_constant(xb, "QUANT") == 2;
             const KernelSpec fp = gj::gemma4::rmsnorm_spec(n, true, true, true, has("SCALE"),
                                                            has("NORM2"), 1, false, half);
@@ -569,41 +588,8 @@ TEST(RmsNormBf16Input, ReadsTheSumLikeItsFloatForm) {
             }
             const auto w = random_normal(n, 1.0f, rng), w2 = random_normal(n, 1.0f, rng);
             const auto res = random_normal(total, 5.0f, rng);
-            const std::vector<float> scale = {0.37f};
-            auto run = [&](const KernelSpec& spec, const DeviceBuffer& du) {
-                auto dw = to_device(w), dw2 = to_device(w2), dscale = to_device(scale),
-                     dres = to_device(res);
-                // yq holds Q8_1 bytes or f16 halves (QUANT 2), zeroed past what Q8_1 writes; yds
-                // the Q8_1 scales.
-                auto dq = to_device(std::vector<uint8_t>(total * 2, 0));
-                DeviceBuffer dy2(total * 4), dds(total / 32 * 8 + 8);
-                const unsigned tpr = unsigned(gj::gemma4::spec_constant(spec, "TPR"));
-                const unsigned rpb = unsigned(gj::gemma4::spec_constant(spec, "RPB"));
-                if (ext)
-                    launch(g.get(spec.name, "rmsnorm_ext"), {ceil_div(rows, rpb)}, {tpr * rpb},
-                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dscale.ptr(), dw2.ptr(),
-                           dy2.ptr(), dq.ptr(), dds.ptr(), rows, 1e-6f);
-                else
-                    launch(g.get(spec.name, "rmsnorm"), {ceil_div(rows, rpb)}, {tpr * rpb},
-                           du.ptr(), dw.ptr(), dres.ptr(), dres.ptr(), dq.ptr(), dds.ptr(), rows,
-                           1e-6f);
-                auto y = from_device<float>(dres, total);
-                const auto q = from_device<float>(dq, total / 2);
-                y.insert(y.end(), q.begin(), q.end());
-                if (!half) {
-                    const auto ds = from_device<float>(dds, total / 16);
-                    y.insert(y.end(), ds.begin(), ds.end());
-                }
-                if (ext) {
-                    const auto y2 = from_device<float>(dy2, total);
-                    y.insert(y.end(), y2.begin(), y2.end());
-                }
-                return y;
-            };
-            const auto a = run(xb, to_device(bits)), b = run(fp, to_device(wide));
-            ASSERT_TRUE(all_finite(std::vector<float>(a.begin(), a.begin() + total)));
-            ASSERT_EQ(a.size(), b.size());
-            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+            expect_same_outputs(run_residual_norm(g, xb, to_device(bits), w, w2, res, rows),
+                                run_residual_norm(g, fp, to_device(wide), w, w2, res, rows));
         }
     // The bf16 input is one plane of a residual update.
     EXPECT_THROW(gj::gemma4::rmsnorm_spec(64, true, true, true, false, true, 2, false, false, true),
