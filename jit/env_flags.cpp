@@ -156,6 +156,24 @@ const std::vector<FlagDef>& flag_table() {
          .help = "tensor parallelism: a decode step's all-reduces, and a prefill chunk's bf16 "
                  "ones, run in NCCL symmetric memory (windows every rank registers; NCCL 2.27+ "
                  "with peer access), which takes NCCL's symmetric kernels; 0: ordinary buffers"},
+        {.name = "GEMMAJIT_TP_FUSED_NORM",
+         .family = "device",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "tensor parallelism: a decode step's post-norms sum the ranks' partial products "
+                 "themselves, through NCCL's device API (an LSA barrier, then the peers' "
+                 "symmetric windows read directly), instead of an NCCL all-reduce before them; "
+                 "needs NCCL 2.28.3/2.28.7/2.28.9 with its nccl_device.h headers and the CUDA "
+                 "headers (else the all-reduce); off by default until it has run on a GPU pair "
+                 "(docs/TENSOR_PARALLEL.md)"},
+        {.name = "GEMMAJIT_NCCL_INCLUDE",
+         .family = "device",
+         .type = T::Path,
+         .cls = C::Neutral,
+         .default_value = "",
+         .help = "folder holding nccl.h and nccl_device/ of the NCCL library loaded (empty: next "
+                 "to the library, /usr/include, /usr/local/include or the CUDA install)"},
         {.name = "GEMMAJIT_NCCL_LIB",
          .family = "device",
          .type = T::Path,

@@ -24,6 +24,7 @@
 #include "jit/cache_key.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
+#include "jit/nccl_device.h"
 #include "jit/nvrtc_compiler.h"
 #include "jit/ptxas_resources.h"
 #include "jit/render.h"
@@ -112,8 +113,11 @@ KernelResources resources_from_json(const nlohmann::json& j) {
 nlohmann::json spec_json(const KernelSpec& s) {
     nlohmann::json constants = nlohmann::json::array();
     for (const auto& [name, value] : s.constants) constants.push_back({name, value});
-    return {{"family", s.family},   {"name", s.name},         {"constants", constants},
-            {"entries", s.entries}, {"priority", s.priority}, {"arch_specific", s.arch_specific}};
+    nlohmann::json j = {{"family", s.family},     {"name", s.name},
+                        {"constants", constants}, {"entries", s.entries},
+                        {"priority", s.priority}, {"arch_specific", s.arch_specific}};
+    if (!s.nccl_include.empty()) j["nccl_include"] = s.nccl_include;
+    return j;
 }
 
 // The target a spec compiles for: `arch`, or its architecture-specific form (sm_90 -> sm_90a)
@@ -139,6 +143,7 @@ struct Prepared {
     std::string arch;
     std::string source;
     std::vector<std::string> options;
+    std::vector<std::pair<std::string, std::string>> headers;  // in-memory (NVRTC)
     KeyRecord record;
     std::string key;
     cache::EntryId id;
@@ -186,6 +191,16 @@ struct Jit::Impl {
         log("warning: " + message);
     }
 
+    // What compiles against one folder of NCCL device headers needs, made once per folder.
+    std::map<std::string, NcclDeviceCompileInputs> nccl_compile_inputs;
+    const NcclDeviceCompileInputs& nccl_inputs(const std::string& dir) {
+        std::lock_guard lock(mutex);
+        auto it = nccl_compile_inputs.find(dir);
+        if (it == nccl_compile_inputs.end())
+            it = nccl_compile_inputs.emplace(dir, nccl_device_compile_inputs(dir)).first;
+        return it->second;
+    }
+
     Prepared prepare(const KernelSpec& spec, std::string_view arch) {
         // The compiler identity (in every key) comes from its record in the cache when one is
         // there, instead of a probe compile per process.
@@ -198,6 +213,12 @@ struct Jit::Impl {
         CompileOptions opts = base;
         opts.arch = p.arch;
         p.options = canonical_options(opts);
+        if (!spec.nccl_include.empty()) {
+            const NcclDeviceCompileInputs& in = nccl_inputs(spec.nccl_include);
+            p.source = in.key_line + "\n" + p.source;
+            p.options.insert(p.options.end(), in.options.begin(), in.options.end());
+            p.headers = in.headers;
+        }
         p.record.source = p.source;
         p.record.entries = spec.entries;
         p.record.options = p.options;
@@ -319,7 +340,7 @@ struct Jit::Impl {
         }
         NvrtcOutput out;
         try {
-            out = nvrtc_compile(p.source, p.spec.name, p.options, p.spec.entries);
+            out = nvrtc_compile(p.source, p.spec.name, p.options, p.spec.entries, p.headers);
         } catch (const CompileError& e) {
             dump(p, nullptr, nullptr, e.log(), true);
             throw;

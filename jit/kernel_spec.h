@@ -28,6 +28,9 @@ struct KernelSpec {
     // for sm_<N>a and for no other target (Jit::compile refuses another arch with an error naming
     // the spec).
     int arch_specific = 0;
+    // Non-empty: the template includes NCCL's device headers from this folder (those of the NCCL
+    // library the process loaded; jit/nccl_device.h), which then enter the cache key.
+    std::string nccl_include{};
 
     bool operator==(const KernelSpec&) const = default;
 };

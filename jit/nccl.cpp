@@ -60,6 +60,9 @@ struct Nccl::Api {
     Result (*mem_free)(void*) = nullptr;
     Result (*window_register)(Comm, void*, size_t, Nccl::Window*, int) = nullptr;
     Result (*window_deregister)(Comm, Nccl::Window) = nullptr;
+    // The device API's host side (2.28+; optional).
+    Result (*dev_comm_create)(Comm, const void*, void*) = nullptr;
+    Result (*dev_comm_destroy)(Comm, const void*) = nullptr;
 
     void check(Result r, const std::string& what) const {
         if (r != kSuccess)
@@ -165,6 +168,8 @@ Nccl& Nccl::get(const Flags& flags) {
         optional(api->mem_free, "ncclMemFree");
         optional(api->window_register, "ncclCommWindowRegister");
         optional(api->window_deregister, "ncclCommWindowDeregister");
+        optional(api->dev_comm_create, "ncclDevCommCreate");
+        optional(api->dev_comm_destroy, "ncclDevCommDestroy");
         if (!missing.empty()) {
             tried.push_back(fmt::format("{} (lacks {})", path, missing));
             ::dlclose(lib);
@@ -180,6 +185,10 @@ Nccl& Nccl::get(const Flags& flags) {
         n->version_ = version;
         n->api_ = api.release();
         n->path_ = path;
+        Dl_info info{};
+        n->file_ = ::dladdr(reinterpret_cast<void*>(n->api_->get_version), &info) && info.dli_fname
+                       ? info.dli_fname
+                       : path;
         instance = n;
         return *instance;
     }
@@ -253,6 +262,63 @@ Nccl::Window Nccl::register_window(Comm comm, CUdeviceptr buf, size_t bytes) {
 
 void Nccl::deregister_window(Comm comm, Window win) {
     if (win && api_->window_deregister) api_->window_deregister(comm, win);
+}
+
+namespace {
+
+// ncclDevCommRequirements as 2.28.3 declares it (nccl_device/core.h), and as 2.28.7 and 2.28.9 do
+// (barrier, LL all-to-all and GIN counts added). Only the LSA barrier count is asked for; the
+// rest stays zero (no multimem, no GIN, no extra resources).
+struct DevCommRequirements_2_28_3 {
+    void* resource_requirements = nullptr;
+    void* team_requirements = nullptr;
+    bool lsa_multimem = false;
+    int lsa_barrier_count = 0;
+};
+struct DevCommRequirements_2_28_7 {
+    void* resource_requirements = nullptr;
+    void* team_requirements = nullptr;
+    bool lsa_multimem = false;
+    int barrier_count = 0;
+    int lsa_barrier_count = 0;
+    int rail_gin_barrier_count = 0;
+    int lsa_ll_a2a_block_count = 0, lsa_ll_a2a_slot_count = 0;
+    bool gin_force_enable = false;
+    int gin_context_count = 0;
+    int gin_signal_count = 0;
+    int gin_counter_count = 0;
+};
+
+}  // namespace
+
+bool Nccl::has_device_api() const {
+    const bool known = version_ == 22803 || version_ == 22807 || version_ == 22809;
+    return known && has_windows() && api_->dev_comm_create && api_->dev_comm_destroy;
+}
+
+std::vector<uint8_t> Nccl::dev_comm_create(Comm comm, int lsa_barriers) {
+    if (!has_device_api())
+        throw DeviceError(fmt::format(
+            "NCCL {} at {} has no device API the engine knows (2.28.3, 2.28.7 or 2.28.9)", version_,
+            path_));
+    std::vector<uint8_t> out(kDevCommBytes, 0);
+    Result r;
+    if (version_ == 22803) {
+        DevCommRequirements_2_28_3 reqs;
+        reqs.lsa_barrier_count = lsa_barriers;
+        r = api_->dev_comm_create(comm, &reqs, out.data());
+    } else {
+        DevCommRequirements_2_28_7 reqs;
+        reqs.lsa_barrier_count = lsa_barriers;
+        r = api_->dev_comm_create(comm, &reqs, out.data());
+    }
+    api_->check(r, fmt::format("ncclDevCommCreate ({} LSA barriers)", lsa_barriers));
+    return out;
+}
+
+void Nccl::dev_comm_destroy(Comm comm, const std::vector<uint8_t>& dev_comm) {
+    if (comm && !dev_comm.empty() && api_->dev_comm_destroy)
+        api_->dev_comm_destroy(comm, dev_comm.data());
 }
 
 void Nccl::destroy(Comm comm) {

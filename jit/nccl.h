@@ -45,6 +45,7 @@ class Nccl {
     static std::vector<std::string> candidates(const Flags& flags);
 
     const std::string& path() const { return path_; }  // where it was loaded from
+    const std::string& file() const { return file_; }  // the file the loader found for path()
     int version() const { return version_; }           // e.g. 22809 for 2.28.9
 
     // One communicator per device ordinal in `devices` (ncclCommInitAll: one process drives
@@ -94,11 +95,24 @@ class Nccl {
     // written. With these versions something that is no kernel must come between the two.
     bool symmetric_kernels_skip_grid_wait() const { return version_ >= 22800 && version_ < 23006; }
 
+    // NCCL's device API (2.28+, nccl_device.h): a device communicator whose LSA barriers and
+    // window pointers kernels compiled against this library's own headers use (jit/
+    // nccl_device.h), e.g. the decode post-norm that sums the ranks' products itself. Its
+    // structs are the ABI of one release, so only the releases whose requirements layout the
+    // engine was checked against count: 2.28.3, 2.28.7 and 2.28.9.
+    bool has_device_api() const;
+    // ncclDevCommCreate with `lsa_barriers` LSA barriers; collective, like register_window. The
+    // ncclDevComm NCCL wrote (this release's layout), zero-padded to kDevCommBytes: a kernel
+    // takes it by value, the launch copying as many bytes as the kernel's parameter holds.
+    static constexpr size_t kDevCommBytes = 4096;
+    std::vector<uint8_t> dev_comm_create(Comm comm, int lsa_barriers);
+    void dev_comm_destroy(Comm comm, const std::vector<uint8_t>& dev_comm);  // never throws
+
   private:
     Nccl() = default;
     struct Api;
     const Api* api_ = nullptr;
-    std::string path_;
+    std::string path_, file_;
     int version_ = 0;
 };
 

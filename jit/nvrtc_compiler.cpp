@@ -30,9 +30,16 @@ struct ProgramDeleter {
 };
 using Program = std::unique_ptr<std::remove_pointer_t<nvrtcProgram>, ProgramDeleter>;
 
-Program create_program(const std::string& source, const std::string& name) {
+Program create_program(const std::string& source, const std::string& name,
+                       const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    std::vector<const char*> names, texts;
+    for (const auto& [n, t] : headers) {
+        names.push_back(n.c_str());
+        texts.push_back(t.c_str());
+    }
     nvrtcProgram p = nullptr;
-    nvrtcResult r = nvrtcCreateProgram(&p, source.c_str(), name.c_str(), 0, nullptr, nullptr);
+    nvrtcResult r = nvrtcCreateProgram(&p, source.c_str(), name.c_str(), int(headers.size()),
+                                       texts.data(), names.data());
     if (r != NVRTC_SUCCESS)
         throw std::runtime_error(
             fmt::format("nvrtcCreateProgram({}) failed: {}", name, nvrtcGetErrorString(r)));
@@ -261,9 +268,10 @@ std::vector<std::string> ptx_entries(const std::string& ptx) {
 
 NvrtcOutput nvrtc_compile(const std::string& source, const std::string& program_name,
                           const std::vector<std::string>& options,
-                          const std::vector<std::string>& entries) {
+                          const std::vector<std::string>& entries,
+                          const std::vector<std::pair<std::string, std::string>>& headers) {
     auto t0 = std::chrono::steady_clock::now();
-    Program p = create_program(source, program_name + ".cu");
+    Program p = create_program(source, program_name + ".cu", headers);
     std::vector<const char*> argv;
     for (const auto& o : options) argv.push_back(o.c_str());
     nvrtcResult r = nvrtcCompileProgram(p.get(), static_cast<int>(argv.size()), argv.data());

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "jit/jit.h"
@@ -47,11 +48,13 @@ struct NvrtcOutput {
     std::vector<KernelResources> resources;  // per entry
 };
 
-// Compiles `source` named `<program_name>.cu`. Throws CompileError (NVRTC log + numbered listing)
-// on a compile failure or when an entry in `entries` is not defined by the program.
+// Compiles `source` named `<program_name>.cu`, with `headers` (name, text) as in-memory headers
+// (found before any include path). Throws CompileError (NVRTC log + numbered listing) on a
+// compile failure or when an entry in `entries` is not defined by the program.
 NvrtcOutput nvrtc_compile(const std::string& source, const std::string& program_name,
                           const std::vector<std::string>& options,
-                          const std::vector<std::string>& entries);
+                          const std::vector<std::string>& entries,
+                          const std::vector<std::pair<std::string, std::string>>& headers = {});
 
 // "   1 | line" listing used by CompileError messages.
 std::string numbered_listing(const std::string& source);

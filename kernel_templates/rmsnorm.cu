@@ -33,15 +33,50 @@
 //   X_BF16  1: x holds [rows][N] bf16 values instead of floats (read exactly as floats): a
 //           tensor-parallel prefill chunk's all-reduced product, summed by NCCL in bf16, read
 //           here without a conversion pass back to fp32 (PARTS 1)
+//   LSA_PEERS  P > 0: x is the sum of the P tensor-parallel ranks' partial products, each in its
+//           rank's NCCL symmetric window at the same offset, summed here in rank order 0..P-1
+//           (the same order on every rank, so every rank's residual stream stays bitwise alike).
+//           After its grid wait each block meets the block of the same index on every other rank
+//           at an NCCL LSA barrier (acquire-release: a rank's product, written by the kernel
+//           before, is published by its arrival), then reads the P rows through the window's
+//           peer pointers: a decode step's all-reduce in the norm, with no NCCL launch of its own.
+//           Compiled against the NCCL headers of the library loaded (jit/nccl_device.h); NORM2
+//           or SCALE, one plane, fp32 (the decode post-norms).
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
 // Entries (rows contiguous, stride N):
 //   SCALE = NORM2 = 0: rmsnorm(x, w, residual, y, yq, yds, rows, eps)
 //   otherwise:         rmsnorm_ext(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps)
+//   LSA_PEERS > 0:     rmsnorm_ext_lsa(x_offset, win, comm, w, residual, y, scale, w2, y2, yq,
+//                                      yds, rows, eps): x at byte x_offset of window `win` on
+//                                      every rank; comm the ncclDevComm, by value
 //   MOE_NORMS = 1:     rmsnorm_moe(x, w, residual, y, w2, y2, yq, yds, w3, y3, w4, y4, yq4,
 //                                  yds4, rows, eps)
 // y (and y2) may be null when only the quantized output is wanted; y may alias x or residual
 // (every element is read and written by the same thread; hence no __restrict__ on them).
 #include "gj_ptx.cuh"
+
+#ifndef LSA_PEERS
+#define LSA_PEERS 0
+#endif
+#if LSA_PEERS
+// The patched utility.h first (jit/nccl_device.h), so that its include guard skips NCCL's own.
+#include <gj_nccl_utility.h>
+
+#include <nccl_device/impl/core__funcs.h>
+#include <nccl_device/impl/ptr__funcs.h>
+
+// The same LSA barrier API in both: renamed from mem_barrier to lsa_barrier in 2.28.7.
+#if NCCL_VERSION_CODE >= 22807
+#include <nccl_device/impl/lsa_barrier__funcs.h>
+#else
+#include <nccl_device/impl/mem_barrier__funcs.h>
+#endif
+#define GJ_LSA_PARAMS , const ncclDevComm &lsa_comm, ncclWindow_t lsa_win, size_t lsa_offset
+#define GJ_LSA_ARGS , lsa_comm, lsa_win, lsa_offset
+#else
+#define GJ_LSA_PARAMS
+#define GJ_LSA_ARGS
+#endif
 
 #ifndef TPR
 #define TPR 32
@@ -82,6 +117,9 @@ static_assert(TPR * RPB <= 1024, "rmsnorm: block too large");
 static_assert(PARTS >= 1 && PARTS <= 8 && (PARTS == 1 || ADD),
               "rmsnorm: PARTS must be 1..8, and more than 1 only for a residual update (ADD)");
 static_assert(!X_BF16 || PARTS == 1, "rmsnorm: a bf16 input is one plane");
+static_assert(
+    !LSA_PEERS || (PARTS == 1 && !X_BF16 && !MOE_NORMS && (NORM2 || SCALE)),
+    "rmsnorm: the ranks' sum is one fp32 plane per rank, read by a post-norm (rmsnorm_ext)");
 static_assert(QUANT >= 0 && QUANT <= 2, "rmsnorm: QUANT must be 0, 1 (Q8_1) or 2 (f16)");
 static_assert(QUANT != 1 || (N % 32 == 0 && TPR % 8 == 0),
               "rmsnorm: QUANT needs N % 32 == 0 and TPR % 8 == 0 (8 lanes per 32-block)");
@@ -132,7 +170,7 @@ GJ_DEVICE void gj_quantize_store(float4 o, bool store, int r, int i, uint32* __r
 GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const float* residual,
                           float* y, const float* __restrict__ out_scale,
                           const float* __restrict__ w2, float* y2, uint32* __restrict__ yq,
-                          float2* __restrict__ yds, int rows, float eps,
+                          float2* __restrict__ yds, int rows, float eps GJ_LSA_PARAMS,
                           const float* __restrict__ w3 = nullptr, float* __restrict__ y3 = nullptr,
                           const float* __restrict__ w4 = nullptr, float* __restrict__ y4 = nullptr,
                           uint32* __restrict__ yq4 = nullptr, float2* __restrict__ yds4 = nullptr) {
@@ -143,7 +181,9 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     const bool live = row < rows;
     const int r = live ? row : 0;
     const float4* xr = (const float4*)(x + (size_t)r * N);
-    const uint2* xr_bf16 = (const uint2*)((const bf16_bits*)x + (size_t)r * N);  // X_BF16
+#if X_BF16
+    const uint2* xr_bf16 = (const uint2*)((const bf16_bits*)x + (size_t)r * N);
+#endif
 
     // Everything this thread reads is requested before the first reduction, so the launch pays
     // one memory latency instead of one per input. Before the grid dependency wait (launched as
@@ -164,11 +204,61 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
 #if SCALE
     const float s_out = __ldg(out_scale);
 #endif
+#if LSA_PEERS
+    // Before the wait, as the loads above: every rank's row in the window (the window's fields
+    // never change) and this block's barrier epoch (last stored by the post-norm two or more
+    // kernels back, which has finished once this one runs). No prefetch of x: the SASS order
+    // check (gpu_test_sass_order) does not cover this form.
+    if (lsa_comm.lsaSize != LSA_PEERS) __trap();  // the engine's ranks: one host's GPUs
+    const int self = lsa_comm.lsaRank;
+    const float4* xp[LSA_PEERS];  // (indexed by constants only: registers, not a stack array)
+#pragma unroll
+    for (int p = 0; p < LSA_PEERS; ++p)
+        xp[p] = (const float4*)((const char*)ncclGetLsaPointer(lsa_win, lsa_offset, p) +
+                                (size_t)r * N * 4);
+    const float4* xs = (const float4*)((const char*)ncclGetLsaPointer(lsa_win, lsa_offset, self) +
+                                       (size_t)r * N * 4);
+    float4 own[VPT];
+    {
+        ncclLsaBarrierSession<ncclCoopCta> barrier{ncclCoopCta(), lsa_comm, ncclTeamTagLsa{},
+                                                   (uint32_t)blockIdx.x};
+        gj_grid_sync();
+        // This rank's product (made by the kernel before) is published by the arrival and read
+        // while the arrival travels; the other ranks' only once all have arrived (acquire).
+        barrier.arrive(ncclCoopCta(), cuda::memory_order_release);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int i = k * TPR + tr;
+            own[k] = VEC % TPR == 0 || i < VEC ? xs[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        barrier.wait(ncclCoopCta(), cuda::memory_order_acquire);
+    }
+    // Rank 0's product, plus rank 1's, ...: for two ranks a + b, NCCL's sum bit for bit.
+    float4 v[VPT];
+#pragma unroll
+    for (int p = 0; p < LSA_PEERS; ++p) {
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int i = k * TPR + tr;
+            const float4 a = p == self                   ? own[k]
+                             : VEC % TPR == 0 || i < VEC ? xp[p][i]
+                                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (p == 0)
+                v[k] = a;
+            else
+                v[k].x += a.x, v[k].y += a.y, v[k].z += a.z, v[k].w += a.w;
+        }
+    }
+#else
     // A bulk L2 prefetch (of x, where the kernel before stores: harmless) between those loads and
     // the wait keeps ptxas from scheduling the wait ahead of them, as it otherwise may (it did for
     // width 2560; docs/PERFORMANCE.md, 2026-11-28).
     if (tr == 0)
-        prefetch_l2_range(X_BF16 ? (const void*)xr_bf16 : (const void*)xr, N * (X_BF16 ? 2 : 4));
+#if X_BF16
+        prefetch_l2_range(xr_bf16, N * 2);
+#else
+        prefetch_l2_range(xr, N * 4);
+#endif
     gj_grid_sync();
     float4 v[VPT];
 #pragma unroll
@@ -183,6 +273,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         v[k] = in_row ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
 #endif
     }
+#endif  // LSA_PEERS
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; ++k) {
@@ -286,6 +377,16 @@ extern "C" __global__ void rmsnorm_moe(const float* x, const float* __restrict__
                                        uint32* __restrict__ yq4, float2* __restrict__ yds4,
                                        int rows, float eps) {
     gj_rmsnorm(x, w, residual, y, nullptr, w2, y2, yq, yds, rows, eps, w3, y3, w4, y4, yq4, yds4);
+}
+#elif LSA_PEERS
+extern "C" __global__ void rmsnorm_ext_lsa(size_t x_offset, ncclWindow_t win,
+                                           const __grid_constant__ ncclDevComm comm,
+                                           const float* __restrict__ w, const float* residual,
+                                           float* y, const float* __restrict__ scale,
+                                           const float* __restrict__ w2, float* y2,
+                                           uint32* __restrict__ yq, float2* __restrict__ yds,
+                                           int rows, float eps) {
+    gj_rmsnorm(nullptr, w, residual, y, scale, w2, y2, yq, yds, rows, eps, comm, win, x_offset);
 }
 #elif SCALE || NORM2
 extern "C" __global__ void rmsnorm_ext(const float* x, const float* __restrict__ w,

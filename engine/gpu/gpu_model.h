@@ -253,6 +253,13 @@ class GpuModel {
         if (bf16_in) return spec_xb16_.post_scale_prenorm[f16 ? 1 : 0];
         return parts > 1 ? spec_parts_[1] : f16 ? spec_h16_[2] : spec_post_scale_prenorm_;
     }
+    // The decode post-norms that sum the tensor-parallel ranks' products themselves, through
+    // NCCL's device API (rmsnorm_lsa_spec of the two above in their fp32, Q8_1 form); empty where
+    // that path is off or unavailable (tp_fused_norm_note() says why).
+    const std::string& spec_lsa_post_prenorm() const { return spec_lsa_.post_prenorm; }
+    const std::string& spec_lsa_post_scale_prenorm() const { return spec_lsa_.post_scale_prenorm; }
+    bool tp_fused_norm() const { return !spec_lsa_.post_prenorm.empty(); }
+    const std::string& tp_fused_norm_note() const { return spec_lsa_.note; }
     const std::string& spec_post_quant(int parts = 1, bool bf16_in = false) const {  // PLE models
         if (bf16_in) return spec_xb16_.post_quant;
         return parts > 1 ? spec_parts_[2] : spec_post_quant_;
@@ -310,6 +317,7 @@ class GpuModel {
     void plan_memory(const GpuModelOptions& opts);
     // The residual stream's norm specializations (residual_norms.cpp); after the layers' plans.
     void plan_residual_norms();
+    void plan_fused_all_reduce_norms();
     // Tensor parallelism: every rank takes the smallest context and prefill chunk any rank's
     // memory plan chose (each plans against its own GPU's free memory), so that all ranks run
     // the same chunks and stop at the same position: their collectives must match.
@@ -344,6 +352,10 @@ class GpuModel {
     struct {  // the post-norms reading a bf16 all-reduce sum (rmsnorm_bf16_input_specs)
         std::string post_prenorm[2], post_scale_prenorm[2], post_quant;
     } spec_xb16_;
+    struct {  // the decode post-norms summing the ranks' products (spec_lsa_post_prenorm)
+        std::string post_prenorm, post_scale_prenorm;
+        std::string note;  // why they are not planned, on a split model
+    } spec_lsa_;
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;
     uint64_t decode_bytes_ = 0, dequant_slot_ = 0, dequant_slot_no_gemm_ = 0;

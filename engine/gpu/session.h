@@ -152,9 +152,14 @@ class GpuSession {
         uint64_t symmetric_barrier = 0;     // ... of them behind a memset (NCCL 2.28-2.30.5)
         uint64_t all_gather = 0;            // ... and all-gathers of the ranks' readouts
         uint64_t norm_bf16_in = 0;          // post-norms reading a bf16 all-reduce sum
-        uint64_t launches = 0;              // every kernel launch of the engine's own kernels
+        uint64_t norm_lsa = 0;  // decode post-norms summing the ranks' products themselves, in
+                                // place of an all-reduce (GEMMAJIT_TP_FUSED_NORM)
+        uint64_t launches = 0;  // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
+    // Whether a decode step's post-norms sum the ranks' products themselves: the model planned
+    // them (GpuModel::tp_fused_norm) and NCCL made this session's device communicator.
+    bool tp_fused_norm() const;
 
     // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured (one per
     // batch size and count of rows of each readout kind) and how many times one was launched.
@@ -260,6 +265,10 @@ class GpuSession {
                    CUdeviceptr w2, int T, const char* what, bool f16 = false,
                    CUdeviceptr residual = 0);
     void pre_norm(CUdeviceptr x, CUdeviceptr w, int T, const char* what, bool f16 = false);
+    // A post-norm (an rmsnorm_lsa_spec form) whose input is the sum of every rank's product at u
+    // in the decode window (w_->tp_sym), added by the norm after an LSA barrier.
+    void post_norm_lsa(const std::string& spec, CUdeviceptr u, CUdeviceptr w, CUdeviceptr scale,
+                       CUdeviceptr w2, int T, const char* what);
     // Whether every product of layer l's attention input (Q, K, V) / of a layer's FFN input
     // (gate, up) over T rows is an F16 cuBLAS product: the norm before them then writes f16.
     bool attention_input_f16(int l, int T) const;
@@ -347,12 +356,17 @@ class GpuSession {
     // buf), and the all-gather of every rank's readout results (and, with `logits`, its logits
     // rows) after the readout of n_rows rows. The sum is made in place, or, where a prefill
     // chunk's all-reduce moves bf16 and `bf16_ok`, left as bf16 in w_->tp_bf16_ptr() for the
-    // post-norm to read: the returned pointer, with `bf16` set.
+    // post-norm to read: the returned pointer, with `bf16` set. Or, in a decode step whose
+    // post-norm has the form that sums the ranks' products itself (`lsa_ok`, and the model and
+    // session have it: GpuModel::tp_fused_norm), nothing is launched and `lsa` is set: that norm
+    // (post_norm_lsa) must read buf next.
     struct Reduced {
         CUdeviceptr ptr = 0;
         bool bf16 = false;
+        bool lsa = false;
     };
-    Reduced all_reduce(CUdeviceptr buf, uint64_t floats, const char* what, bool bf16_ok);
+    Reduced all_reduce(CUdeviceptr buf, uint64_t floats, const char* what, bool bf16_ok,
+                       bool lsa_ok = false);
     void gather_readouts(int n_rows, bool logits);
     // The readouts merged from the gathered results of every rank: the token with the largest
     // logit of all ranks' candidates, the best kMaxTopK of them, the whole logits row.

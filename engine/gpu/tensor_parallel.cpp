@@ -94,6 +94,23 @@ void SymmetricBuffer::release() {
     ptr_ = 0;
 }
 
+DeviceComm::DeviceComm(const TensorParallel& tp, int lsa_barriers)
+    : nccl_(tp.nccl), comm_(tp.comm), bytes_(tp.nccl->dev_comm_create(tp.comm, lsa_barriers)) {}
+
+DeviceComm::~DeviceComm() {
+    if (nccl_) nccl_->dev_comm_destroy(comm_, bytes_);
+}
+
+DeviceComm& DeviceComm::operator=(DeviceComm&& o) noexcept {
+    if (this != &o) {
+        if (nccl_) nccl_->dev_comm_destroy(comm_, bytes_);
+        nccl_ = std::exchange(o.nccl_, nullptr);
+        comm_ = std::exchange(o.comm_, nullptr);
+        bytes_ = std::exchange(o.bytes_, {});
+    }
+    return *this;
+}
+
 // Rank 0's watch over the workers: a thread polling their exit (they are this process's
 // children). A worker that fails while rank 0 still runs ends the whole run.
 struct RankGroup::Watch {

@@ -53,6 +53,7 @@ class SymmetricBuffer {
     CUdeviceptr ptr() const { return ptr_; }
     bool holds(CUdeviceptr p) const { return ptr_ && p >= ptr_ && p < ptr_ + bytes_; }
     CUdeviceptr barrier_byte() const { return ptr_ + bytes_; }
+    jit::Nccl::Window window() const { return win_; }  // its device-side handle (ncclWindow_t)
 
   private:
     void release();
@@ -61,6 +62,29 @@ class SymmetricBuffer {
     jit::Nccl::Window win_ = nullptr;
     CUdeviceptr ptr_ = 0;
     uint64_t bytes_ = 0;
+};
+
+// NCCL's device communicator (its device API; GEMMAJIT_TP_FUSED_NORM): the LSA barriers of the
+// kernels that meet the other ranks themselves (the decode post-norms summing the ranks'
+// products). Making one is collective, like a SymmetricBuffer; bytes() is the ncclDevComm a
+// kernel takes by value.
+class DeviceComm {
+  public:
+    DeviceComm() = default;
+    DeviceComm(const TensorParallel& tp, int lsa_barriers);
+    ~DeviceComm();
+    DeviceComm(DeviceComm&& o) noexcept { *this = std::move(o); }
+    DeviceComm& operator=(DeviceComm&& o) noexcept;
+    DeviceComm(const DeviceComm&) = delete;
+    DeviceComm& operator=(const DeviceComm&) = delete;
+
+    bool made() const { return !bytes_.empty(); }
+    void* bytes() { return bytes_.data(); }
+
+  private:
+    jit::Nccl* nccl_ = nullptr;
+    jit::Nccl::Comm comm_ = nullptr;
+    std::vector<uint8_t> bytes_;
 };
 
 // The processes of one tensor-parallel run. Create it before anything touches the GPU (the

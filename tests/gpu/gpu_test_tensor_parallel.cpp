@@ -84,7 +84,9 @@ std::vector<float> load(const std::filesystem::path& p) {
 // What one run (TP=1 or TP=2) of a model computes; each list saved as floats under `out`.
 // counts: all-reduces, all-gathers and decode graph launches of the graph run, its all-reduces in
 // NCCL symmetric memory, whether the library has symmetric memory, the symmetric all-reduces
-// behind a barrier, and whether this NCCL needs one (jit::Nccl::symmetric_kernels_skip_grid_wait).
+// behind a barrier, whether this NCCL needs one (jit::Nccl::symmetric_kernels_skip_grid_wait),
+// the decode post-norms that summed the ranks' products themselves, and whether the model
+// planned them (GpuModel::tp_fused_norm).
 void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
                   const std::filesystem::path& out) {
     RankGroup group(ranks);
@@ -123,7 +125,11 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
                   float(pc.all_reduce_symmetric),
                   float(windows),
                   float(pc.symmetric_barrier),
-                  float(barrier)};
+                  float(barrier),
+                  float(pc.norm_lsa),
+                  float(m->tp_fused_norm())};
+        if (group.leader() && o.tp.active() && !m->tp_fused_norm())
+            std::printf("[ note     ] %s\n", m->tp_fused_norm_note().c_str());
         if (group.leader()) {
             save(out / "prefill", prefill);
             save(out / "decode", decode);
@@ -132,8 +138,8 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
             save(out / "counts", counts);
         }
     }
-    // The decode steps again under other flags, saved as `name`; returns their symmetric
-    // all-reduces.
+    // The decode steps again under other flags, saved as `name`; returns their path counts and
+    // whether the model planned the fused post-norms.
     auto decode_with = [&](const gj::jit::Flags& f, const char* name) {
         GpuModelOptions of = o;
         of.flags = &f;
@@ -141,13 +147,21 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
         GpuSession s(*mf);
         const auto decode = decode_logits(s, tokens);
         if (group.leader()) save(out / name, decode);
-        return s.path_counts().all_reduce_symmetric;
+        return std::pair{s.path_counts(), mf->tp_fused_norm()};
     };
     decode_with(eager, "decode_eager");
-    // With ordinary buffers for their all-reduces.
-    const uint64_t plain_symmetric =
-        decode_with(flags({{"GEMMAJIT_TP_SYMMETRIC", "0"}}), "decode_plain");
-    if (group.leader()) save(out / "plain_symmetric", {float(plain_symmetric)});
+    // With ordinary buffers for their all-reduces (and so without the fused post-norms).
+    const auto plain = decode_with(flags({{"GEMMAJIT_TP_SYMMETRIC", "0"}}), "decode_plain").first;
+    // The post-norms summing the ranks' products themselves, and NCCL all-reduces before them.
+    const auto [fused, planned] =
+        decode_with(flags({{"GEMMAJIT_TP_FUSED_NORM", "1"}}), "decode_fused");
+    const auto unfused =
+        decode_with(flags({{"GEMMAJIT_TP_FUSED_NORM", "0"}}), "decode_unfused").first;
+    if (group.leader()) {
+        save(out / "plain_symmetric", {float(plain.all_reduce_symmetric), float(plain.norm_lsa)});
+        save(out / "fused_counts",
+             {float(fused.norm_lsa), float(planned), float(unfused.norm_lsa)});
+    }
     // Chunks of 32: the tensor-core GEMMs / cuBLAS with their all-reduces over whole chunks; then
     // the same with bf16 all-reduces (GEMMAJIT_TP_BF16_ROWS; by default only chunks of 64 rows
     // and more take them).
@@ -226,8 +240,8 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
         const auto [rc, split] = run(ranks);
         ASSERT_EQ(rc, 0) << "the " << ranks << "-GPU run failed";
         const auto counts = load(split / "counts");
-        ASSERT_EQ(counts.size(), 7u);
-        EXPECT_GT(counts[0], 0) << "no all-reduce ran";
+        ASSERT_EQ(counts.size(), 9u);
+        EXPECT_GT(counts[0] + counts[7], 0) << "no all-reduce ran";
         EXPECT_GT(counts[1], 0) << "no readout all-gather ran";
         EXPECT_GT(counts[2], 0) << "no decode graph ran";
         const std::string tp = "TP=" + std::to_string(ranks) + " vs TP=1 ";
@@ -257,13 +271,15 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
         // result, which a kernel reading its input before the product is written would not give
         // (NCCL 2.28-2.30.5, jit/nccl.h).
         if (counts[4] > 0) {
-            EXPECT_GT(counts[3], 0) << "no symmetric all-reduce ran";
+            EXPECT_GT(counts[3] + counts[7], 0) << "no symmetric all-reduce ran";
             EXPECT_GT(load(split / "bf16_count").at(1), 0) << "no symmetric bf16 all-reduce ran";
             // Behind the memset barrier exactly where this NCCL's kernels need it.
             EXPECT_EQ(counts[5], counts[6] > 0 ? counts[3] : 0)
                 << "symmetric all-reduces behind a barrier";
             EXPECT_EQ(load(split / "plain_symmetric").at(0), 0)
                 << "GEMMAJIT_TP_SYMMETRIC=0 still all-reduced in symmetric memory";
+            EXPECT_EQ(load(split / "plain_symmetric").at(1), 0)
+                << "GEMMAJIT_TP_SYMMETRIC=0 still summed in the post-norms";
             const auto plain = load(split / "decode_plain");
             ASSERT_EQ(plain.size(), graph.size());
             if (ranks == 2)
@@ -271,6 +287,23 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
                     << "symmetric and ordinary all-reduces differ";
             else
                 expect_agree(plain, graph, V, kTolSplit, tp + "decode, ordinary all-reduces");
+        }
+        // The decode post-norms that sum the ranks' products themselves (NCCL's device API),
+        // where this machine's NCCL and headers allow them: both post-norms of every layer on a
+        // model without PLE, the attention one with it, each decode step. Every rank adds the
+        // products in rank order; two ranks' a + b is NCCL's sum bit for bit.
+        const auto fc = load(split / "fused_counts");
+        ASSERT_EQ(fc.size(), 3u);
+        EXPECT_EQ(fc[2], 0) << "GEMMAJIT_TP_FUSED_NORM=0 still summed in the post-norms";
+        if (fc[1] > 0) {
+            EXPECT_GT(fc[0], 0) << "no post-norm summed the ranks' products";
+            const auto f = load(split / "decode_fused"), u = load(split / "decode_unfused");
+            ASSERT_EQ(f.size(), u.size());
+            if (ranks == 2)
+                EXPECT_EQ(std::memcmp(f.data(), u.data(), f.size() * sizeof(float)), 0)
+                    << "the fused post-norms' sums differ from NCCL's all-reduce";
+            else
+                expect_agree(u, f, V, kTolSplit, tp + "decode, fused post-norms");
         }
         EXPECT_EQ(load(one / "greedy"), load(split / "greedy")) << "greedy tokens differ";
         // Each step's 64 candidates (ascending ids): at least 60 shared.

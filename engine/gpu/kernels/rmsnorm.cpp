@@ -88,6 +88,32 @@ RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple) {
     return s;
 }
 
+jit::KernelSpec rmsnorm_lsa_spec(const jit::KernelSpec& fp32_form, int peers,
+                                 const std::string& nccl_include) {
+    auto value = [&](const char* name) {
+        for (const auto& [n, v] : fp32_form.constants)
+            if (n == name) return v;
+        return int64_t(0);
+    };
+    if (fp32_form.family != "rmsnorm" ||
+        fp32_form.entries != std::vector<std::string>{"rmsnorm_ext"} || value("PARTS") != 1 ||
+        value("X_BF16") != 0)
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: {} has no form that sums the ranks' products (a post-norm of one fp32 "
+            "plane, entry rmsnorm_ext)",
+            fp32_form.name));
+    if (peers < 2 || nccl_include.empty())
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: the ranks' sum needs 2 or more ranks and NCCL's device headers ({} ranks)",
+            peers));
+    jit::KernelSpec s = fp32_form;
+    s.name += fmt::format(".lsa{}", peers);
+    s.constants.emplace_back("LSA_PEERS", peers);
+    s.entries = {"rmsnorm_ext_lsa"};
+    s.nccl_include = nccl_include;
+    return s;
+}
+
 std::vector<jit::KernelSpec> RmsnormBf16InputSpecs::all() const {
     std::vector<jit::KernelSpec> out = {post_prenorm[0], post_prenorm[1], post_scale_prenorm[0],
                                         post_scale_prenorm[1]};

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "jit/kernel_spec.h"
@@ -47,5 +48,13 @@ struct RmsnormBf16InputSpecs {
     std::vector<jit::KernelSpec> all() const;
 };
 RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple);
+
+// The form of a decode post-norm (`fp32_form`: add, norm2 or scale, one fp32 plane; entry
+// "rmsnorm_ext") that sums the `peers` tensor-parallel ranks' products itself, through NCCL's
+// device API (an LSA barrier, then the peers' symmetric windows): ".lsa<peers>", entry
+// "rmsnorm_ext_lsa", compiled against the NCCL headers in `nccl_include` (jit/nccl_device.h).
+// Throws std::invalid_argument for another form or fewer than 2 peers.
+jit::KernelSpec rmsnorm_lsa_spec(const jit::KernelSpec& fp32_form, int peers,
+                                 const std::string& nccl_include);
 
 }  // namespace gj::gemma4

@@ -27,9 +27,15 @@ void join_vocab_row(const float* gathered, uint64_t per_rank, int t, int V, int 
 }  // namespace
 
 GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what,
-                                           bool bf16_ok) {
+                                           bool bf16_ok, bool lsa_ok) {
     const TensorParallel& tp = model_.tensor_parallel();
     if (!tp.active()) return {buf, false};
+    // The post-norm after it sums the ranks' products itself: a decode step's products are in
+    // the symmetric window, every rank's at the same offset.
+    if (lsa_ok && decoding_ && w_->tp_dev_comm.made() && w_->tp_sym.holds(buf)) {
+        ++paths_.norm_lsa;
+        return {buf, false, true};
+    }
     ++paths_.all_reduce;
     // On sm_90+ NCCL's symmetric kernel may start as soon as the kernel before lets dependents
     // launch, and (NCCL 2.28-2.30.5) reads its input without waiting for that kernel: a one-byte
@@ -66,6 +72,10 @@ GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, con
         tp.nccl->all_reduce(tp.comm, buf, floats, jit::NcclType::F32, jit::NcclOp::Sum, stream_);
     });
     return {buf, false};
+}
+
+bool GpuSession::tp_fused_norm() const {
+    return w_->tp_dev_comm.made();
 }
 
 void GpuSession::gather_readouts(int n_rows, bool logits) {

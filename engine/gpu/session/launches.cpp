@@ -78,6 +78,21 @@ void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w
            name + " " + what);
 }
 
+void GpuSession::post_norm_lsa(const std::string& name, CUdeviceptr u, CUdeviceptr w,
+                               CUdeviceptr scale, CUdeviceptr w2, int T, const char* what) {
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
+    uint64_t offset = u - w_->tp_sym.ptr();  // the same in every rank's window
+    jit::Nccl::Window win = w_->tp_sym.window();
+    CUdeviceptr x = w_->x.ptr(), y2 = w_->h.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
+    float eps = cfg_.rms_eps;
+    normed_f16_ = false;
+    void* args[] = {&offset, &win, w_->tp_dev_comm.bytes(), &w, &x, &x, &scale, &w2, &y2, &yq, &yds,
+                    &T,      &eps};
+    launch(model_.kernels().get(name, "rmsnorm_ext_lsa"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
+           name + " " + what);
+}
+
 void GpuSession::quantize(CUdeviceptr x, int n_values) {
     quantize(x, n_values, w_->xq.ptr(), w_->xds.ptr());
 }

@@ -195,37 +195,51 @@ void GpuSession::record_layer(int l, int T) {
     // Tensor parallelism: this rank's heads gave a partial sum of the projection (the sum may
     // come back as bf16, which the post-norm reads as such; the MoE norms have no bf16 form, and
     // a MoE model is never split).
-    const Reduced attn = all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output", !g.moe);
+    // A decode step's post-norm may sum the ranks' products itself (its fp32, Q8_1 form).
+    const bool attn_f16 = !g.moe && parts == 1 && ffn_input_f16(g, T);
+    const Reduced attn = all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output", !g.moe,
+                                    !g.moe && !attn_f16);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, attn_sum, parts, T);
-    else {
-        const bool f16 = parts == 1 && ffn_input_f16(g, T);
-        post_norm(model_.spec_post_prenorm(parts, f16, attn.bf16), attn.ptr, g.post_attention_norm,
-                  0, g.ffn_norm, T, "post_attention_norm+ffn_norm", f16);
-    }
+    else if (attn.lsa)
+        post_norm_lsa(model_.spec_lsa_post_prenorm(), attn.ptr, g.post_attention_norm, 0,
+                      g.ffn_norm, T, "post_attention_norm+ffn_norm");
+    else
+        post_norm(model_.spec_post_prenorm(parts, attn_f16, attn.bf16), attn.ptr,
+                  g.post_attention_norm, 0, g.ffn_norm, T, "post_attention_norm+ffn_norm",
+                  attn_f16);
 
     // FFN: x += post_ffw_norm(down(gelu(gate h) * up h)), h = ffn_norm(x); on a MoE layer the
     // FFN output is the dense MLP's and the experts' normed sum instead.
+    // The next pre-norm in f16 when the next layer's attention reads it so (never the output
+    // norm: the LM head's products are int8 or float).
+    const bool next_f16 = l + 1 < cfg_.n_layers && attention_input_f16(l + 1, T);
     CUdeviceptr ffn_out = w.moe_y1.ptr();
     bool ffn_bf16 = false;  // ffn_out holds a bf16 all-reduce sum
+    bool ffn_lsa = false;   // ... the ranks' products, for the post-norm to sum
     if (g.moe) {
         record_moe_ffn(l, T);
         parts = 1;
     } else {
         const CUdeviceptr y = row_parallel_out(T, 1);
         parts = matvec(g.down, nullptr, ffn_gate_up(g, T), y, T, "ffn_down", planes_ok);
+        // (A PLE model's FFN sum goes to the PLE gate's input, which has no such form.)
+        const bool lsa_ok = !cfg_.has_ple() && !(parts == 1 && next_f16);
         const Reduced sum = all_reduce(parts > 1 ? product(parts) : y, uint64_t(T) * cfg_.d_model,
-                                       "ffn_down", true);
+                                       "ffn_down", true, lsa_ok);
         ffn_out = sum.ptr;
         ffn_bf16 = sum.bf16;
+        ffn_lsa = sum.lsa;
     }
-    // The next pre-norm in f16 when the next layer's attention reads it so (never the output
-    // norm: the LM head's products are int8 or float).
-    const bool next_f16 = l + 1 < cfg_.n_layers && attention_input_f16(l + 1, T);
     if (!cfg_.has_ple()) {
         const bool f16 = parts == 1 && next_f16;
-        post_norm(model_.spec_post_scale_prenorm(parts, f16, ffn_bf16), ffn_out, g.post_ffw_norm,
-                  g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm", f16);
+        if (ffn_lsa)
+            post_norm_lsa(model_.spec_lsa_post_scale_prenorm(), ffn_out, g.post_ffw_norm,
+                          g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm");
+        else
+            post_norm(model_.spec_post_scale_prenorm(parts, f16, ffn_bf16), ffn_out,
+                      g.post_ffw_norm, g.output_scale, next_norm, T,
+                      "post_ffw_norm*scale+next_norm", f16);
         return;
     }
     // PLE: x = (x + post_norm(proj(gelu(inp_gate x) * ple[l]))) * layer_output_scale.

@@ -5,6 +5,7 @@
 #include "engine/gpu/kernels/flash_decode.h"
 #include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/spec_util.h"
+#include "jit/device.h"
 
 namespace gj::gemma4 {
 
@@ -164,6 +165,16 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
         if (m.flags().get_bool("GEMMAJIT_TP_SYMMETRIC")) {
             tp_sym = SymmetricBuffer(m.tensor_parallel(), 2 * L.sym_rows() * L.d * 4);
             tp_bf16_sym = SymmetricBuffer(m.tensor_parallel(), R * L.d * 2);
+            // One LSA barrier per post-norm block of a decode step (a row each, or fewer).
+            // NCCL refuses it (on every rank alike, before any exchange) where the communicator
+            // has no symmetric support (its window registration then returned a local one); the
+            // all-reduces stay then.
+            if (tp_sym.ptr() && m.tp_fused_norm()) {
+                try {
+                    tp_dev_comm = DeviceComm(m.tensor_parallel(), L.sequences);
+                } catch (const jit::DeviceError&) {
+                }
+            }
         }
         if (!tp_bf16_sym.ptr()) tp_bf16 = jit::DeviceBuffer(R * L.d * 2);
     }

@@ -74,6 +74,9 @@ struct GpuSession::Work {
     // A decode step's partial products, the attention's then the FFN's (layout.sym_rows() rows of
     // d floats each), in NCCL symmetric memory (GEMMAJIT_TP_SYMMETRIC; ptr() 0 where unavailable).
     SymmetricBuffer tp_sym;
+    // NCCL's device communicator for the decode post-norms that sum the ranks' products from
+    // tp_sym themselves (GpuModel::tp_fused_norm); not made() otherwise.
+    DeviceComm tp_dev_comm;
     // MoE: router logits [rows][E]; expert ids, weights and grouped slots [rows][K]; the group
     // table (+ its count); expert GeGLU outputs [rows * K][F] (fp32 and Q8_1); expert outputs
     // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d]; the

@@ -1,0 +1,170 @@
+// NVRTC compilation, on the CPU, of the decode post-norms that sum the tensor-parallel ranks'
+// products themselves through NCCL's device API (rmsnorm LSA_PEERS, ".lsa<P>"), against the NCCL
+// device headers this machine has; and how the engine finds and prepares those headers
+// (jit/nccl_device.h).
+#include <glob.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "engine/gpu/kernel_plan.h"
+#include "engine/gpu/kernels/rmsnorm.h"
+#include "jit/env_flags.h"
+#include "jit/nccl_device.h"
+#include "tests/support/kernel_specs.h"
+
+namespace fs = std::filesystem;
+using gj::gemma4::Config;
+using gj::gemma4::rmsnorm_lsa_spec;
+using gj::gemma4::rmsnorm_spec;
+using gj::test::compile_and_check;
+using gj::test::entry_ptx;
+using gj::test::occurrences;
+
+namespace {
+
+// Folders with the device headers of NCCL releases the engine supports, one per release, that
+// this machine has (the CUDA 13 install carries NCCL 2.28.9's; a GPU machine's /usr/include
+// 2.28.3's), GJ_TEST_NCCL_INCLUDE's (colon-separated) first.
+std::vector<std::string> local_nccl_headers() {
+    std::vector<std::string> dirs;
+    if (const char* extra = std::getenv("GJ_TEST_NCCL_INCLUDE")) {
+        std::stringstream ss(extra);
+        for (std::string d; std::getline(ss, d, ':');)
+            if (!d.empty()) dirs.push_back(d);
+    }
+    for (const char* d : {"/usr/include", "/usr/local/include", "/usr/local/cuda/include"})
+        dirs.emplace_back(d);
+    glob_t g{};
+    if (::glob("/usr/local/cuda-*/include", GLOB_ONLYDIR, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; ++i) dirs.emplace_back(g.gl_pathv[i]);
+    ::globfree(&g);
+    std::vector<std::string> out;
+    std::set<int> versions;
+    for (const auto& d : dirs) {
+        const int v = gj::jit::nccl_header_version((fs::path(d) / "nccl.h").string());
+        const fs::path impl = fs::path(d) / "nccl_device" / "impl";
+        if ((v == 22803 || v == 22807 || v == 22809) &&
+            (fs::exists(impl / "lsa_barrier__funcs.h") ||
+             fs::exists(impl / "mem_barrier__funcs.h")) &&
+            versions.insert(v).second)
+            out.push_back(d);
+    }
+    return out;
+}
+
+void write(const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+}
+
+}  // namespace
+
+TEST(LsaPostNorms, CompileAgainstNcclDeviceHeaders) {
+    const auto dirs = local_nccl_headers();
+    if (dirs.empty())
+        GTEST_SKIP() << "no NCCL 2.28.3/2.28.7/2.28.9 device headers (nccl_device.h) here";
+    if (gj::jit::cuda_include_dir().empty()) GTEST_SKIP() << "no CUDA headers (cuda_fp16.h)";
+    std::vector<gj::jit::KernelSpec> specs;
+    // Both post-norms at every split preset's width over 2 GPUs, and the widest over 4 and 8
+    // (libcu++'s headers make each compile a few seconds), against the first release's headers;
+    // against any other release's, the 31B's over 2.
+    for (size_t h = 1; h < dirs.size(); ++h)
+        specs.push_back(
+            rmsnorm_lsa_spec(rmsnorm_spec(5376, true, true, true, true, true), 2, dirs[h]));
+    const std::string* dir = &dirs[0];
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        if (cfg.is_moe()) continue;
+        for (int peers : {2, 4, 8}) {
+            if (peers > 2 && cfg.d_model != 5376) continue;
+            specs.push_back(rmsnorm_lsa_spec(
+                rmsnorm_spec(cfg.d_model, true, true, true, false, true), peers, *dir));
+            specs.push_back(rmsnorm_lsa_spec(
+                rmsnorm_spec(cfg.d_model, true, true, true, true, true), peers, *dir));
+        }
+    }
+    std::sort(specs.begin(), specs.end(),
+              [](auto& a, auto& b) { return a.name + a.nccl_include < b.name + b.nccl_include; });
+    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+    compile_and_check(specs, [](const gj::jit::CompiledKernel& c, const std::string&) {
+        const std::string body = entry_ptx(c.ptx, "rmsnorm_ext_lsa");
+        ASSERT_FALSE(body.empty());
+        // NCCL's LSA barrier: a release store to each peer's inbox, acquire loads of its own.
+        EXPECT_NE(body.find("st.release.sys"), std::string::npos);
+        EXPECT_NE(body.find("ld.acquire.sys"), std::string::npos);
+        EXPECT_EQ(occurrences(body, "rsqrt.approx.f32"), 2u);  // the post-norm and the next one
+        // The device communicator is read where the launch put it (__grid_constant__), not
+        // copied to a stack frame.
+        ASSERT_EQ(c.resources_per_entry.size(), 1u);
+        EXPECT_EQ(c.resources_per_entry[0].stack_bytes, 0);
+        // The headers named in the source, so that another NCCL release keys another entry.
+        EXPECT_NE(c.source.find("// NCCL device headers: "), std::string::npos);
+    });
+}
+
+TEST(LsaPostNorms, OnlyForTheDecodePostNormsOfTwoOrMoreRanks) {
+    const auto post = rmsnorm_spec(5376, true, true, true, false, true);
+    const auto lsa = rmsnorm_lsa_spec(post, 2, "/x");
+    EXPECT_EQ(lsa.name, post.name + ".lsa2");
+    EXPECT_EQ(lsa.entries, std::vector<std::string>{"rmsnorm_ext_lsa"});
+    EXPECT_EQ(lsa.nccl_include, "/x");
+    EXPECT_THROW(rmsnorm_lsa_spec(post, 1, "/x"), std::invalid_argument);
+    EXPECT_THROW(rmsnorm_lsa_spec(post, 2, ""), std::invalid_argument);
+    // A pre-norm (entry rmsnorm), split-K planes, a bf16 input: no such form.
+    EXPECT_THROW(rmsnorm_lsa_spec(rmsnorm_spec(5376, true, true, true), 2, "/x"),
+                 std::invalid_argument);
+    EXPECT_THROW(rmsnorm_lsa_spec(rmsnorm_spec(5376, true, true, true, false, true, 3), 2, "/x"),
+                 std::invalid_argument);
+    EXPECT_THROW(
+        rmsnorm_lsa_spec(rmsnorm_spec(5376, true, true, true, false, true, 1, false, false, true),
+                         2, "/x"),
+        std::invalid_argument);
+}
+
+// Headers are taken only when their NCCL_VERSION_CODE is the loaded library's, and the refusal
+// names what was looked at.
+TEST(NcclDeviceHeaders, FoundOnlyForTheLoadedRelease) {
+    const fs::path root = fs::temp_directory_path() / ("gj_nccl_hdr_" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    write(root / "include" / "nccl.h", "#define NCCL_VERSION_CODE 22809\n");
+    write(root / "include" / "nccl_device" / "utility.h", "\n");
+    write(root / "include" / "nccl_device" / "impl" / "lsa_barrier__funcs.h", "\n");
+    write(root / "include" / "nccl_device" / "impl" / "core__funcs.h", "\n");
+    const auto flags =
+        gj::jit::Flags::parse({{"GEMMAJIT_NCCL_INCLUDE", (root / "include").string()}});
+    std::string why;
+    const auto found =
+        gj::jit::find_nccl_device_headers(flags, "/nowhere/libnccl.so.2", 22809, &why);
+    ASSERT_TRUE(found.has_value()) << why;
+    EXPECT_EQ(fs::path(*found), fs::canonical(root / "include"));
+    EXPECT_FALSE(gj::jit::find_nccl_device_headers(flags, "/nowhere/libnccl.so.2", 22803, &why));
+    EXPECT_NE(why.find("NCCL 22809"), std::string::npos) << why;
+    EXPECT_NE(why.find("no device headers of NCCL 22803"), std::string::npos) << why;
+    // Beside the library (a Python wheel: nvidia/nccl/lib and nvidia/nccl/include).
+    write(root / "lib" / "libnccl.so.2", "");
+    const auto plain = gj::jit::Flags::parse({});
+    const auto beside = gj::jit::find_nccl_device_headers(
+        plain, (root / "lib" / "libnccl.so.2").string(), 22809, &why);
+    ASSERT_TRUE(beside.has_value()) << why;
+    EXPECT_EQ(fs::path(*beside), fs::canonical(root / "include"));
+    // utility.h without the loadConst this engine patches: a clear refusal.
+    if (!gj::jit::cuda_include_dir().empty()) {
+        try {
+            gj::jit::nccl_device_compile_inputs((root / "include").string());
+            ADD_FAILURE() << "an unknown utility.h was accepted";
+        } catch (const std::runtime_error& e) {
+            EXPECT_NE(std::string(e.what()).find("loadConst"), std::string::npos) << e.what();
+        }
+    }
+    fs::remove_all(root);
+}
