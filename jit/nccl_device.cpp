@@ -8,12 +8,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <regex>
-#include <sstream>
 #include <stdexcept>
 
 #include "cache/sha256.h"
+#include "cache/store.h"
 #include "jit/env_flags.h"
 
 namespace gj::jit {
@@ -21,14 +20,6 @@ namespace gj::jit {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::optional<std::string> read_text(const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    if (!f) return std::nullopt;
-    std::ostringstream s;
-    s << f.rdbuf();
-    return s.str();
-}
 
 std::vector<std::string> glob_dirs(const std::string& pattern) {
     std::vector<std::string> out;
@@ -81,7 +72,7 @@ constexpr const char* kEmpty = "#pragma once\n";
 }  // namespace
 
 int nccl_header_version(const std::string& nccl_h) {
-    const auto text = read_text(nccl_h);
+    const auto text = cache::read_file(nccl_h);
     if (!text) return 0;
     static const std::regex re(R"(#define\s+NCCL_VERSION_CODE\s+(\d+))");
     std::smatch m;
@@ -169,7 +160,7 @@ NcclDeviceCompileInputs nccl_device_compile_inputs(const std::string& nccl_inclu
             "NCCL's device API needs the CUDA headers (cuda_fp16.h, libcu++'s cuda/atomic) and "
             "none were found (CUDA_HOME, CUDA_PATH, the NVRTC library's install, "
             "/usr/local/cuda*)");
-    auto utility = read_text(dir / "nccl_device" / "utility.h");
+    auto utility = cache::read_file(dir / "nccl_device" / "utility.h");
     if (!utility)
         throw std::runtime_error(fmt::format("cannot read {}/nccl_device/utility.h", nccl_include));
     // loadConst's branches on alignof(T), each declaring an array of sizeof(T) / alignment
@@ -195,7 +186,7 @@ NcclDeviceCompileInputs nccl_device_compile_inputs(const std::string& nccl_inclu
     std::sort(files.begin(), files.end());
     std::string all;
     for (const fs::path& f : files) {
-        const auto text = read_text(f);
+        const auto text = cache::read_file(f);
         all += fs::relative(f, dir, ec).string() + '\0' + (text ? *text : std::string()) + '\0';
     }
     NcclDeviceCompileInputs in;
