@@ -69,8 +69,9 @@
 // the plain entry takes grid z = SPLITS and y = a workspace of SPLITS planes [T][n_rows] fp32,
 // block z summing its share of the pipeline steps into plane z; then
 // gemm_wgmma_reduce(workspace, y, T * n_rows), grid ceil(T * n_rows / 256), block 256, adds the
-// planes in a fixed order (or a consumer reads the planes itself: rmsnorm's PARTS). Split K fills
-// the SMs when the tiles alone leave many idle (the n 5376 products of 31B).
+// planes in a fixed order (gemm_wgmma_reduce_bf16: the sum rounded to bf16, the input of a
+// tensor-parallel bf16 all-reduce; or a consumer reads the planes itself: rmsnorm's PARTS). Split
+// K fills the SMs when the tiles alone leave many idle (the n 5376 products of 31B).
 //
 // Entries, one signature:
 //   (w, w_up, x, y, T, n_rows)
@@ -598,3 +599,4 @@ GEMM_WGMMA_ENTRY(gemm_wgmma_geglu, wg_epi_geglu)
 GEMM_WGMMA_ENTRY(gemm_wgmma_geglu_bf16, wg_epi_geglu_bf16)
 
 GJ_SPLIT_K_REDUCE_ENTRY(gemm_wgmma_reduce)
+GJ_SPLIT_K_REDUCE_BF16_ENTRY(gemm_wgmma_reduce_bf16)

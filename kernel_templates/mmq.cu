@@ -38,8 +38,9 @@
 // (above 48 KiB the engine opts every entry in). With SPLITS > 1 the plain
 // entry takes grid z = SPLITS and y = a workspace of SPLITS planes [T][n_rows] fp32; then
 // mmq_reduce(workspace, y, T * n_rows), grid ceil(T * n_rows / 256), block 256, sums them in a
-// fixed order (deterministic). Split K fills the SMs when ceil(n_rows / BN) * ceil(T / BM) is
-// well below their count (the n 2560 products of E4B: 80 tiles at T = 512).
+// fixed order (deterministic; mmq_reduce_bf16 writes the sum rounded to bf16). Split K fills the
+// SMs when ceil(n_rows / BN) * ceil(T / BM) is well below their count (the n 2560 products of
+// E4B: 80 tiles at T = 512).
 //
 // Entries, one signature:
 //   (w, w_up, xq, xds, y, yds, T, n_rows)
@@ -496,6 +497,7 @@ MMQ_MOE_ENTRY(mmq_moe_geglu_q8, mmq_epi_geglu_q8)
 #else
 MMQ_ENTRY(mmq, mmq_epi_store)
 GJ_SPLIT_K_REDUCE_ENTRY(mmq_reduce)
+GJ_SPLIT_K_REDUCE_BF16_ENTRY(mmq_reduce_bf16)
 MMQ_ENTRY(mmq_geglu, mmq_epi_geglu)
 MMQ_ENTRY(mmq_geglu_q8, mmq_epi_geglu_q8)
 #endif

@@ -152,9 +152,10 @@ class GpuSession {
         uint64_t symmetric_barrier = 0;     // ... of them behind a memset (NCCL 2.28-2.30.5)
         uint64_t all_gather = 0;            // ... and all-gathers of the ranks' readouts
         uint64_t norm_bf16_in = 0;          // post-norms reading a bf16 all-reduce sum
-        uint64_t norm_lsa = 0;  // decode post-norms summing the ranks' products themselves, in
-                                // place of an all-reduce (GEMMAJIT_TP_FUSED_NORM)
-        uint64_t launches = 0;  // every kernel launch of the engine's own kernels
+        uint64_t product_bf16 = 0;  // bf16 all-reduce inputs that a split-K sum rounded itself
+        uint64_t norm_lsa = 0;      // decode post-norms summing the ranks' products themselves, in
+                                    // place of an all-reduce (GEMMAJIT_TP_FUSED_NORM)
+        uint64_t launches = 0;      // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
     // Whether a decode step's post-norms sum the ranks' products themselves: the model planned
@@ -311,6 +312,17 @@ class GpuSession {
     // for its all-reduce: the symmetric window for a decode step's rows where it exists
     // (GEMMAJIT_TP_SYMMETRIC), else tmp.
     CUdeviceptr row_parallel_out(int T, int which) const;
+    // A row-parallel product of T rows into row_parallel_out(T, which), for the all-reduce after
+    // it: where it is and its split-K planes (1: summed). When that all-reduce moves bf16
+    // (bf16_all_reduce) and the product is a split-K GEMM, its planes are summed straight into
+    // bf16 in w_->tp_bf16_ptr() (the family's _reduce_bf16 entry), which all_reduce then sends
+    // as it is: one conversion launch less per product.
+    struct Product {
+        CUdeviceptr ptr = 0;
+        int parts = 1;
+    };
+    Product row_parallel_product(const GpuMatrix& m, Input in, int T, int which, bool bf16_ok,
+                                 const char* what);
     // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
     // gemm_wgmma): y = W x (Plain), gelu(W x) * (up x) in fp32 (Geglu), or that GeGLU in the
     // down projection's input form (GegluNext: Q8_1 y + yds for mmq, bf16 y for gemm_wgmma).
@@ -367,6 +379,9 @@ class GpuSession {
     };
     Reduced all_reduce(CUdeviceptr buf, uint64_t floats, const char* what, bool bf16_ok,
                        bool lsa_ok = false);
+    // Whether the all-reduce of a T-row product moves bf16 (a prefill chunk of at least
+    // GEMMAJIT_TP_BF16_ROWS rows under tensor parallelism, and `bf16_ok`).
+    bool bf16_all_reduce(int T, bool bf16_ok) const;
     void gather_readouts(int n_rows, bool logits);
     // The readouts merged from the gathered results of every rank: the token with the largest
     // logit of all ranks' candidates, the best kMaxTopK of them, the whole logits row.

@@ -119,10 +119,11 @@ std::vector<WgCase> cases() {
 
 // Launches one entry: grid (ceil(n / R), ceil(T / BM)) with R = BN for the plain entry and BN / 2
 // for the GeGLU ones, block THREADS, SMEM bytes. A split-K plain entry writes its SPLITS planes to
-// `work` (T * n * SPLITS floats), then gemm_wgmma_reduce sums them into y.
+// `work` (T * n * SPLITS floats), then gemm_wgmma_reduce sums them into y (and, with y_bf16,
+// gemm_wgmma_reduce_bf16 into y_bf16).
 void run_entry(const GpuKernels& g, const KernelSpec& s, const char* entry, CUdeviceptr w,
                CUdeviceptr u, CUdeviceptr x, CUdeviceptr y, int T, int n, bool sync = true,
-               CUdeviceptr work = 0) {
+               CUdeviceptr work = 0, CUdeviceptr y_bf16 = 0) {
     const unsigned bm = unsigned(spec_constant(s, "BM")), bn = unsigned(spec_constant(s, "BN"));
     const bool plain = std::strcmp(entry, "gemm_wgmma") == 0;
     const unsigned rows = plain ? bn : bn / 2;
@@ -138,6 +139,9 @@ void run_entry(const GpuKernels& g, const KernelSpec& s, const char* entry, CUde
     if (splits > 1)
         launch_smem_async(g.get(s.name, "gemm_wgmma_reduce"), {ceil_div(size_t(T) * n, 256)}, {256},
                           0, work, y, T * n);
+    if (splits > 1 && y_bf16)
+        launch_smem_async(g.get(s.name, "gemm_wgmma_reduce_bf16"), {ceil_div(size_t(T) * n, 256)},
+                          {256}, 0, work, y_bf16, T * n);
     if (sync || own) gj::jit::Device::get().synchronize();
 }
 
@@ -180,8 +184,8 @@ TEST_P(GemmWgmma, MatchesDequantizedReference) {
     // elements show up and writes past the end change the guard.
     const size_t ny = size_t(c.T) * c.n, guard = 4096;
     const std::vector<uint8_t> ones((ny + guard) * 4, 0xff);
-    auto y = to_device(ones), yg = to_device(ones), yb = to_device(ones);
-    run_entry(g, spec, "gemm_wgmma", dw.ptr(), 0, dx.ptr(), y.ptr(), c.T, c.n);
+    auto y = to_device(ones), yg = to_device(ones), yb = to_device(ones), ys16 = to_device(ones);
+    run_entry(g, spec, "gemm_wgmma", dw.ptr(), 0, dx.ptr(), y.ptr(), c.T, c.n, true, 0, ys16.ptr());
     run_entry(g, spec, "gemm_wgmma_geglu", dw.ptr(), du.ptr(), dx.ptr(), yg.ptr(), c.T, c.n);
     run_entry(g, spec, "gemm_wgmma_geglu_bf16", dw.ptr(), du.ptr(), dx.ptr(), yb.ptr(), c.T, c.n);
     const auto ys = from_device<float>(y, ny + guard);
@@ -198,6 +202,16 @@ TEST_P(GemmWgmma, MatchesDequantizedReference) {
     }
     for (size_t i = ny; i < 2 * (ny + guard); ++i)
         ASSERT_EQ(ybs[i], 0xffff) << "bf16 write past [T][n_rows] at " << i;
+    // A split-K spec's bf16 sum (the input of a tensor-parallel bf16 all-reduce): the fp32 sum
+    // rounded, bit for bit, and nothing written past it.
+    if (spec_constant(spec, "SPLITS") > 1) {
+        const auto s16 = from_device<uint16_t>(ys16, (ny + guard) * 2);
+        size_t wrong = 0;
+        for (size_t i = 0; i < ny; ++i) wrong += s16[i] != gj::f32_to_bf16(ys[i]);
+        EXPECT_EQ(wrong, 0u) << "gemm_wgmma_reduce_bf16 outputs that are not bf16(the fp32 sum)";
+        for (size_t i = ny; i < 2 * (ny + guard); ++i)
+            ASSERT_EQ(s16[i], 0xffff) << "reduce_bf16 write past [T][n_rows] at " << i;
+    }
     int failures = 0;
     for (size_t o = 0; o < ny && failures < 10; ++o) {
         if (!std::isfinite(ys[o]) || !std::isfinite(ygs[o])) {

@@ -20,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "engine/gguf/half.h"
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/gpu/kernels/moe.h"
@@ -136,8 +137,10 @@ KernelSpec matvec_spec_of(const MatvecShape& s) {
 // Launches one mmq spec's entries from the shared module set.
 struct Launcher {
     const KernelSpec& spec;
+    // With y_bf16, a split-K plain entry's planes are also summed by mmq_reduce_bf16 into it.
     void run(const std::string& entry, CUdeviceptr w, CUdeviceptr w_up, CUdeviceptr xq,
-             CUdeviceptr xds, CUdeviceptr y, CUdeviceptr yds, int T, int n) const {
+             CUdeviceptr xds, CUdeviceptr y, CUdeviceptr yds, int T, int n,
+             CUdeviceptr y_bf16 = 0) const {
         const unsigned bm = unsigned(spec_constant(spec, "BM"));
         const unsigned bn = unsigned(spec_constant(spec, "BN"));
         auto& dev = gj::jit::Device::get();
@@ -152,6 +155,9 @@ struct Launcher {
         if (splits > 1)
             launch_smem_async(kernels_for(spec).get(spec.name, "mmq_reduce"),
                               {ceil_div(T * n, 256)}, {256}, 0, part.ptr(), y, T * n);
+        if (splits > 1 && y_bf16)
+            launch_smem_async(kernels_for(spec).get(spec.name, "mmq_reduce_bf16"),
+                              {ceil_div(T * n, 256)}, {256}, 0, part.ptr(), y_bf16, T * n);
         dev.synchronize();
     }
 };
@@ -178,14 +184,24 @@ TEST_P(MmqTest, EveryEntryMatchesCpu) {
     auto dxq = to_device(q.q);  // exactly T rows: rows past T must not be read
     auto dxds = to_device(interleave(q));
     const size_t ny = size_t(c.T) * c.n;
-    DeviceBuffer y = sentinel_buffer(ny), yg = sentinel_buffer(ny);
+    DeviceBuffer y = sentinel_buffer(ny), yg = sentinel_buffer(ny),
+                 yb = sentinel_buffer(ny / 2 + 1);
     const CUdeviceptr none = 0;
-    l.run("mmq", dw.ptr(), none, dxq.ptr(), dxds.ptr(), y.ptr(), none, c.T, c.n);
+    l.run("mmq", dw.ptr(), none, dxq.ptr(), dxds.ptr(), y.ptr(), none, c.T, c.n, yb.ptr());
     l.run("mmq_geglu", dw.ptr(), du.ptr(), dxq.ptr(), dxds.ptr(), yg.ptr(), none, c.T, c.n);
     expect_guard_intact(y, ny * 4, "mmq");
     expect_guard_intact(yg, ny * 4, "mmq_geglu");
 
     const auto got = from_device<float>(y, ny);
+    // A split-K spec's bf16 sum (the input of a tensor-parallel bf16 all-reduce): the fp32 sum
+    // rounded, bit for bit.
+    if (spec_constant(spec, "SPLITS") > 1) {
+        expect_guard_intact(yb, ny * 2, "mmq_reduce_bf16");
+        const auto got_b = from_device<uint16_t>(yb, ny);
+        size_t wrong = 0;
+        for (size_t i = 0; i < ny; ++i) wrong += got_b[i] != gj::f32_to_bf16(got[i]);
+        EXPECT_EQ(wrong, 0u) << "mmq_reduce_bf16 outputs that are not bf16(mmq_reduce)";
+    }
     const auto got_g = from_device<float>(yg, ny);
     const auto gate = reference(wf, q, c.T, c.n, c.k);
     const auto up = reference(uf, q, c.T, c.n, c.k);

@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/session.h"
 #include "engine/gpu/tensor_parallel.h"
 #include "jit/cuda_driver.h"
@@ -175,10 +176,19 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
         GpuSession s(*ml);
         const auto prefill = s.prefill_logits(tokens);
         if (group.leader()) save(out / name, prefill);
+        // Whether a layer's row-parallel products (output projection, FFN down) are split-K
+        // GEMMs at this chunk length: then their planes are summed straight into bf16.
+        bool split_k = false;
+        for (const auto& g : ml->layers())
+            for (const auto* mat : {&g.o, &g.down})
+                split_k = split_k || (!mat->spec_gemm.empty() &&
+                                      gj::gemma4::spec_constant(ml->kernels().spec(mat->spec_gemm),
+                                                                "SPLITS") > 1);
         if (group.leader() && f == &bf16)
-            save(out / "bf16_count", {float(s.path_counts().all_reduce_bf16),
-                                      float(s.path_counts().all_reduce_symmetric),
-                                      float(s.path_counts().norm_bf16_in)});
+            save(out / "bf16_count",
+                 {float(s.path_counts().all_reduce_bf16),
+                  float(s.path_counts().all_reduce_symmetric), float(s.path_counts().norm_bf16_in),
+                  float(s.path_counts().product_bf16), float(split_k)});
     }
     group.finish();
 }
@@ -257,6 +267,11 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
         EXPECT_EQ(load(split / "bf16_count").at(2), load(split / "bf16_count").at(0))
             << "post-norms reading the bf16 all-reduce sums";
         EXPECT_EQ(load(one / "bf16_count").at(0), 0);
+        // Where the products are split-K GEMMs (the 31B-shaped preset's), their sums reach the
+        // bf16 all-reduces already rounded, with no conversion launch.
+        EXPECT_EQ(load(split / "bf16_count").at(3) > 0, load(split / "bf16_count").at(4) > 0)
+            << "bf16 all-reduce inputs rounded by the split-K sums";
+        EXPECT_LE(load(split / "bf16_count").at(3), load(split / "bf16_count").at(0));
         expect_agree(load(one / "prefill32"), load(split / "prefill32_bf16"), V,
                      std::max(kTolSplit, kTolBf16),
                      tp + "prefill in chunks of 32, bf16 all-reduces");

@@ -34,8 +34,8 @@ TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
     const auto s = mmq_spec(ggml::Type::Q8_0, 2560, 10240);
     EXPECT_EQ(s.family, "mmq");
     EXPECT_EQ(s.name, "mmq.q8_0.k2560.m64n128.w2x4.s3b2.o2p1");
-    EXPECT_EQ(s.entries,
-              (std::vector<std::string>{"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce"}));
+    EXPECT_EQ(s.entries, (std::vector<std::string>{"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce",
+                                                   "mmq_reduce_bf16"}));
     EXPECT_EQ(spec_constant(s, "SPLITS"), 1);
     // The deep n 2560 products (80 tiles of 128 x 128 at T = 512) split K in three; shallow ones
     // and wide ones do not.
@@ -135,9 +135,12 @@ TEST(KernelTemplates, MmqSpecsCompileWithTheirInstructionsAndNoSpills) {
                 // GeGLU output rounds to int8 like quantize_q8_1.
                 for (const auto& e : s.entries) {
                     const auto body = entry_ptx(c.ptx, e);
-                    if (e == "mmq_reduce") {  // the split-K sum: plain loads, no tensor cores
+                    if (e.starts_with("mmq_reduce")) {  // the split-K sum: no tensor cores
                         EXPECT_NE(body.find("ld.global"), std::string::npos) << e;
                         EXPECT_EQ(body.find("mma.sync"), std::string::npos) << e;
+                        EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos,
+                                  e.ends_with("_bf16"))
+                            << e;
                         continue;
                     }
                     for (const char* want :
@@ -195,9 +198,11 @@ TEST(KernelTemplates, GemmWgmmaCompilesForSm90aOnly) {
         for (size_t i = 0; i < c.spec.entries.size(); ++i) {
             const std::string& e = c.spec.entries[i];
             const auto body = entry_ptx(c.ptx, e);
-            if (e == "gemm_wgmma_reduce") {  // the split-K sum: plain loads, no tensor cores
+            if (e.starts_with("gemm_wgmma_reduce")) {  // the split-K sum: no tensor cores
                 EXPECT_NE(body.find("ld.global"), std::string::npos) << e;
                 EXPECT_EQ(body.find("wgmma.mma_async"), std::string::npos) << e;
+                EXPECT_EQ(body.find("cvt.rn.bf16.f32") != std::string::npos, e.ends_with("_bf16"))
+                    << e;
                 continue;
             }
             for (const char* want :

@@ -97,7 +97,8 @@ jit::KernelSpec gemm_wgmma_spec(ggml::Type weight_type, int k, const GemmWgmmaTi
                    {"PRODUCER", t.producer ? 1 : 0},
                    {"THREADS", 2 * t.bn + (t.producer ? 128 : 0)},
                    {"SMEM", smem}};
-    s.entries = {"gemm_wgmma", "gemm_wgmma_geglu", "gemm_wgmma_geglu_bf16", "gemm_wgmma_reduce"};
+    s.entries = {"gemm_wgmma", "gemm_wgmma_geglu", "gemm_wgmma_geglu_bf16", "gemm_wgmma_reduce",
+                 "gemm_wgmma_reduce_bf16"};
     s.priority = 1;
     s.arch_specific = 90;
     return s;

@@ -99,7 +99,7 @@ jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, boo
                    {"SPLITS", t.splits},
                    {"THREADS", 32 * warps},
                    {"SMEM", smem}};
-    s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce"};
+    s.entries = {"mmq", "mmq_geglu", "mmq_geglu_q8", "mmq_reduce", "mmq_reduce_bf16"};
     if (moe) {
         s.name += ".moe";
         s.constants.push_back({"MOE", 1});

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace gj::gemma4 {
@@ -10,6 +11,10 @@ int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
     for (const auto& [n, v] : spec.constants)
         if (n == name) return v;
     throw std::out_of_range(fmt::format("kernel spec {} has no constant {}", spec.name, name));
+}
+
+bool spec_has_entry(const jit::KernelSpec& spec, std::string_view name) {
+    return std::find(spec.entries.begin(), spec.entries.end(), name) != spec.entries.end();
 }
 
 namespace spec_util {

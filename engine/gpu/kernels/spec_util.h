@@ -19,6 +19,8 @@ namespace gj::gemma4 {
 // Value of a spec constant; throws std::out_of_range naming the spec and constant. Launch geometry
 // is read back from the spec's constants with it (each family header states which).
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);
+// Whether the spec's source defines entry `name` (the optional entries some forms have).
+bool spec_has_entry(const jit::KernelSpec& spec, std::string_view name);
 
 // The K split of the prefill GEMMs' split tiles (mmq and gemm_wgmma); the post-norms after them
 // read that many partial planes (rmsnorm's ".p<parts>").

@@ -55,10 +55,10 @@ GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, con
     // A long prefill chunk's all-reduce is bound by NVLink bandwidth: its partial products go as
     // bf16 (half the bytes; converted on the GPU, the sum read as bf16 by the post-norm after
     // it). A decode step's is bound by latency (bf16 gains nothing there) and keeps fp32.
-    const uint64_t rows = floats / uint64_t(cfg_.d_model);
-    if (bf16_ok && !decoding_ && tp_bf16_rows_ > 0 && rows >= uint64_t(tp_bf16_rows_)) {
+    // (Or the product's split-K sum wrote it there as bf16 already: row_parallel_product.)
+    if (bf16_all_reduce(int(floats / uint64_t(cfg_.d_model)), bf16_ok)) {
         const CUdeviceptr half = w_->tp_bf16_ptr();
-        convert(buf, int(floats), "f32_to_bf16", half, what);
+        if (buf != half) convert(buf, int(floats), "f32_to_bf16", half, what);
         if (w_->tp_bf16_sym.ptr()) symmetric(w_->tp_bf16_sym);
         profiled(fmt::format("nccl all_reduce bf16 {}", what), LaunchCost{}, [&] {
             tp.nccl->all_reduce(tp.comm, half, floats, jit::NcclType::BF16, jit::NcclOp::Sum,
@@ -72,6 +72,11 @@ GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, con
         tp.nccl->all_reduce(tp.comm, buf, floats, jit::NcclType::F32, jit::NcclOp::Sum, stream_);
     });
     return {buf, false};
+}
+
+bool GpuSession::bf16_all_reduce(int T, bool bf16_ok) const {
+    return bf16_ok && model_.tensor_parallel().active() && !decoding_ && tp_bf16_rows_ > 0 &&
+           T >= tp_bf16_rows_;
 }
 
 bool GpuSession::tp_fused_norm() const {

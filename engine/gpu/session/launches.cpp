@@ -157,9 +157,7 @@ bool GpuSession::fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) cons
         if (!m->quantized() || (T == 1 ? m->spec_decode : m->spec_prefill) != spec) return false;
     }
     const jit::KernelSpec& s = model_.kernels().spec(spec);
-    const std::string multi = s.family + "_multi";
-    return T <= int(spec_constant(s, "NCOLS")) &&
-           std::find(s.entries.begin(), s.entries.end(), multi) != s.entries.end();
+    return T <= int(spec_constant(s, "NCOLS")) && spec_has_entry(s, s.family + "_multi");
 }
 
 CUdeviceptr GpuSession::copy_ahead(const GpuMatrix& m) const {
@@ -242,8 +240,7 @@ void GpuSession::matvec_gelu_mul(const GpuMatrix& m, CUdeviceptr x, CUdeviceptr 
 bool GpuSession::ple_input(const GpuMatrix& m, const char* entry, int T) const {
     if (!ple_input_ || T != 1 || blas_for(m, T) || chunk_products(T)) return false;
     const jit::KernelSpec& spec = model_.kernels().spec(m.spec_decode);
-    return std::find(spec.entries.begin(), spec.entries.end(), spec.family + entry) !=
-           spec.entries.end();
+    return spec_has_entry(spec, spec.family + entry);
 }
 
 void GpuSession::matvec_ple_input(const GpuMatrix& m, const char* entry, CUdeviceptr a,
@@ -350,6 +347,28 @@ CUdeviceptr GpuSession::row_parallel_out(int T, int which) const {
     if (w_->tp_sym.ptr() && uint64_t(T) <= uint64_t(w_->layout.sequences))
         return w_->tp_sym.ptr() + uint64_t(which) * rows * cfg_.d_model * 4;
     return w_->tmp.ptr();
+}
+
+GpuSession::Product GpuSession::row_parallel_product(const GpuMatrix& m, Input in, int T, int which,
+                                                     bool bf16_ok, const char* what) {
+    // One GPU's post-norm sums split-K planes itself (rmsnorm PARTS); a tensor-parallel rank
+    // sums them before its all-reduce, which then moves T x d values whatever each rank's split.
+    const bool tp = model_.tensor_parallel().active();
+    const std::string reduce_bf16 =
+        m.spec_gemm.empty() ? "" : model_.kernels().spec(m.spec_gemm).family + "_reduce_bf16";
+    const bool round = bf16_all_reduce(T, bf16_ok) && chunk_products(T) && !blas_for(m, T) &&
+                       splits_k(m) &&
+                       spec_has_entry(model_.kernels().spec(m.spec_gemm), reduce_bf16);
+    const CUdeviceptr y = row_parallel_out(T, which);
+    const int parts = matvec(m, nullptr, in, y, T, what, !tp || round);
+    if (!round || parts == 1) return {parts > 1 ? product(parts) : y, parts};
+    CUdeviceptr planes = product(parts), half = w_->tp_bf16_ptr();
+    int n = T * m.rows;
+    void* args[] = {&planes, &half, &n};
+    launch(model_.kernels().get(m.spec_gemm, reduce_bf16), {ceil_div(n, 256)}, {256}, 0, args,
+           m.spec_gemm + " " + reduce_bf16 + " " + what, LaunchCost{0, 0, WorkKind::Gemm});
+    ++paths_.product_bf16;
+    return {half, 1};
 }
 
 GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {

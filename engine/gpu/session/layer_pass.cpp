@@ -185,16 +185,13 @@ void GpuSession::record_layer(int l, int T) {
                {ceil_div(rows, warps), unsigned(T)}, {32 * warps}, 0, args, g.attn_prep_spec);
     }
     const Input attn_out = record_attention(l, T);
-    // Split-K products leave their partial planes for the post-norm to sum.
-    // A tensor-parallel rank sums its split-K planes itself: the all-reduce then moves T x d
-    // values, the same count on every rank whatever split each rank's slice width gives.
-    const bool planes_ok = !model_.tensor_parallel().active();
-    const CUdeviceptr o_y = row_parallel_out(T, 0);
-    int parts = matvec(g.o, nullptr, attn_out, o_y, T, "attn_output", planes_ok);
-    const CUdeviceptr attn_sum = parts > 1 ? product(parts) : o_y;
+    // Split-K products leave their partial planes for the post-norm to sum (one GPU).
     // Tensor parallelism: this rank's heads gave a partial sum of the projection (the sum may
     // come back as bf16, which the post-norm reads as such; the MoE norms have no bf16 form, and
     // a MoE model is never split).
+    const Product o = row_parallel_product(g.o, attn_out, T, 0, !g.moe, "attn_output");
+    const CUdeviceptr attn_sum = o.ptr;
+    int parts = o.parts;
     // A decode step's post-norm may sum the ranks' products itself (its fp32, Q8_1 form).
     const bool attn_f16 = !g.moe && parts == 1 && ffn_input_f16(g, T);
     const Reduced attn = all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output", !g.moe,
@@ -221,12 +218,13 @@ void GpuSession::record_layer(int l, int T) {
         record_moe_ffn(l, T);
         parts = 1;
     } else {
-        const CUdeviceptr y = row_parallel_out(T, 1);
-        parts = matvec(g.down, nullptr, ffn_gate_up(g, T), y, T, "ffn_down", planes_ok);
+        const Product down =
+            row_parallel_product(g.down, ffn_gate_up(g, T), T, 1, true, "ffn_down");
+        parts = down.parts;
         // (A PLE model's FFN sum goes to the PLE gate's input, which has no such form.)
         const bool lsa_ok = !cfg_.has_ple() && !(parts == 1 && next_f16);
-        const Reduced sum = all_reduce(parts > 1 ? product(parts) : y, uint64_t(T) * cfg_.d_model,
-                                       "ffn_down", true, lsa_ok);
+        const Reduced sum =
+            all_reduce(down.ptr, uint64_t(T) * cfg_.d_model, "ffn_down", true, lsa_ok);
         ffn_out = sum.ptr;
         ffn_bf16 = sum.bf16;
         ffn_lsa = sum.lsa;
