@@ -10,26 +10,18 @@
 #ifndef GJ_SPLIT_K_REDUCE_CUH
 #define GJ_SPLIT_K_REDUCE_CUH
 
-#define GJ_SPLIT_K_REDUCE_ENTRY(NAME)                                                    \
+// One entry of output type YT, each sum stored as CONVERT(sum) (CONVERT empty: the float).
+#define GJ_SPLIT_K_REDUCE_AS(NAME, YT, CONVERT)                                          \
     extern "C" __global__ void __launch_bounds__(256)                                    \
-        NAME(const float* __restrict__ part, float* __restrict__ y, int n) {             \
+        NAME(const float* __restrict__ part, YT* __restrict__ y, int n) {                \
         gj_grid_sync();                                                                  \
         const int i = blockIdx.x * 256 + threadIdx.x;                                    \
         if (i >= n) return;                                                              \
         float s = part[i];                                                               \
         _Pragma("unroll") for (int z = 1; z < SPLITS; ++z) s += part[(size_t)z * n + i]; \
-        y[i] = s;                                                                        \
+        y[i] = CONVERT(s);                                                               \
     }
-
-#define GJ_SPLIT_K_REDUCE_BF16_ENTRY(NAME)                                               \
-    extern "C" __global__ void __launch_bounds__(256)                                    \
-        NAME(const float* __restrict__ part, bf16_bits* __restrict__ y, int n) {         \
-        gj_grid_sync();                                                                  \
-        const int i = blockIdx.x * 256 + threadIdx.x;                                    \
-        if (i >= n) return;                                                              \
-        float s = part[i];                                                               \
-        _Pragma("unroll") for (int z = 1; z < SPLITS; ++z) s += part[(size_t)z * n + i]; \
-        y[i] = f32_to_bf16(s);                                                           \
-    }
+#define GJ_SPLIT_K_REDUCE_ENTRY(NAME) GJ_SPLIT_K_REDUCE_AS(NAME, float, )
+#define GJ_SPLIT_K_REDUCE_BF16_ENTRY(NAME) GJ_SPLIT_K_REDUCE_AS(NAME, bf16_bits, f32_to_bf16)
 
 #endif  // GJ_SPLIT_K_REDUCE_CUH
