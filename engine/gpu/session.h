@@ -323,6 +323,9 @@ class GpuSession {
     };
     Product row_parallel_product(const GpuMatrix& m, Input in, int T, int which, bool bf16_ok,
                                  const char* what);
+    // The sum of a split-K GEMM's planes (in gemm_split) into y: fp32, or bf16 (the family's
+    // _reduce / _reduce_bf16 entry; every split-K spec of mmq and gemm_wgmma has both).
+    void sum_split_k(const GpuMatrix& m, int T, CUdeviceptr y, bool bf16, const char* what);
     // The tensor-core GEMM of a quantized matrix over a prefill chunk (m.spec_gemm: mmq or
     // gemm_wgmma): y = W x (Plain), gelu(W x) * (up x) in fp32 (Geglu), or that GeGLU in the
     // down projection's input form (GegluNext: Q8_1 y + yds for mmq, bf16 y for gemm_wgmma).

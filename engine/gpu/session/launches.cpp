@@ -293,7 +293,6 @@ int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut 
     const double flops = 2.0 * double(m.rows) * m.cols * T * (up ? 2 : 1);
     const LaunchCost cost{m.bytes + (up ? up->bytes : 0), flops, WorkKind::Gemm};
     const int form = int(out_form);
-    std::string reduce;
     if (m.gemm_bf16) {
         // bf16 activations; the GeGLU entries take BN / 2 rows of each matrix per block.
         in = with_bf16(in, T * m.cols, what);
@@ -306,7 +305,6 @@ int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut 
                {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
                m.spec_gemm + " " + entries[form] + " " + what, cost);
         ++paths_.wgmma;
-        reduce = "gemm_wgmma_reduce";
     } else {
         if (in.q == 0) {
             quantize(in.f, T * m.cols);
@@ -320,15 +318,9 @@ int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut 
                {constant(spec, "THREADS")}, constant(spec, "SMEM"), args,
                m.spec_gemm + " " + entries[form] + " " + what, cost);
         ++paths_.mmq;
-        reduce = "mmq_reduce";
     }
     if (splits > 1 && partials_ok) return int(splits);  // the caller's post-norm sums the planes
-    if (splits > 1) {
-        int n = T * m.rows;
-        void* rargs[] = {&out, &y, &n};
-        launch(model_.kernels().get(m.spec_gemm, reduce), {ceil_div(n, 256)}, {256}, 0, rargs,
-               m.spec_gemm + " " + reduce + " " + what, LaunchCost{0, 0, WorkKind::Gemm});
-    }
+    if (splits > 1) sum_split_k(m, T, y, false, what);
     return 1;
 }
 
@@ -349,26 +341,30 @@ CUdeviceptr GpuSession::row_parallel_out(int T, int which) const {
     return w_->tmp.ptr();
 }
 
+void GpuSession::sum_split_k(const GpuMatrix& m, int T, CUdeviceptr y, bool bf16,
+                             const char* what) {
+    const jit::KernelSpec& spec = model_.kernels().spec(m.spec_gemm);
+    const std::string entry = spec.family + (bf16 ? "_reduce_bf16" : "_reduce");
+    CUdeviceptr planes = w_->gemm_split.ptr();
+    int n = T * m.rows;
+    void* args[] = {&planes, &y, &n};
+    launch(model_.kernels().get(m.spec_gemm, entry), {ceil_div(n, 256)}, {256}, 0, args,
+           m.spec_gemm + " " + entry + " " + what, LaunchCost{0, 0, WorkKind::Gemm});
+}
+
 GpuSession::Product GpuSession::row_parallel_product(const GpuMatrix& m, Input in, int T, int which,
                                                      bool bf16_ok, const char* what) {
     // One GPU's post-norm sums split-K planes itself (rmsnorm PARTS); a tensor-parallel rank
     // sums them before its all-reduce, which then moves T x d values whatever each rank's split.
     const bool tp = model_.tensor_parallel().active();
-    const std::string reduce_bf16 =
-        m.spec_gemm.empty() ? "" : model_.kernels().spec(m.spec_gemm).family + "_reduce_bf16";
-    const bool round = bf16_all_reduce(T, bf16_ok) && chunk_products(T) && !blas_for(m, T) &&
-                       splits_k(m) &&
-                       spec_has_entry(model_.kernels().spec(m.spec_gemm), reduce_bf16);
+    const bool round =
+        bf16_all_reduce(T, bf16_ok) && chunk_products(T) && !blas_for(m, T) && splits_k(m);
     const CUdeviceptr y = row_parallel_out(T, which);
     const int parts = matvec(m, nullptr, in, y, T, what, !tp || round);
     if (!round || parts == 1) return {parts > 1 ? product(parts) : y, parts};
-    CUdeviceptr planes = product(parts), half = w_->tp_bf16_ptr();
-    int n = T * m.rows;
-    void* args[] = {&planes, &half, &n};
-    launch(model_.kernels().get(m.spec_gemm, reduce_bf16), {ceil_div(n, 256)}, {256}, 0, args,
-           m.spec_gemm + " " + reduce_bf16 + " " + what, LaunchCost{0, 0, WorkKind::Gemm});
+    sum_split_k(m, T, w_->tp_bf16_ptr(), true, what);
     ++paths_.product_bf16;
-    return {half, 1};
+    return {w_->tp_bf16_ptr(), 1};
 }
 
 GpuSession::Input GpuSession::ffn_gate_up(const GpuLayer& g, int T) {
