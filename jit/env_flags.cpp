@@ -243,8 +243,9 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Bool,
          .cls = C::Neutral,
          .default_value = "1",
-         .help = "0: run a layer's K and V projections after Q on the compute stream instead of "
-                 "concurrently on two side streams"},
+         .help = "0: run a layer's K and V projections after Q, and a MoE layer's dense MLP "
+                 "in a decode step before its router and experts, on the compute stream instead "
+                 "of concurrently on side streams"},
         {.name = "GEMMAJIT_FUSE_QKV",
          .family = "path",
          .type = T::Bool,

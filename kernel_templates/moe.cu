@@ -21,6 +21,9 @@
 //     across warps by a per-round table of (THREADS / 32) x E counts: THREADS is at most
 //     32 * 8192 / E, see moe_spec).
 //     Launch: block THREADS, grid 1.
+//   moe_route_group(logits, expert_scale, ids, wts, T, cols, n_groups, groups, slots)
+//     both of the above in one launch for T <= 4 and T * K <= 32 (a decode step).
+//     Launch: block 128, grid 1.
 //   moe_ffn_out(dense [T][D], ed [T * K][D], wts [T][K], w1 [D], w2 [D], y [T][D], T, eps)
 //     the FFN output of the layer: y[t] = norm(dense[t]) * w1 + norm(e) * w2 with
 //     e = sum_k wts[t][k] * ed[t * K + k] (k ascending), norm(v) = v / sqrt(mean(v^2) + eps):
@@ -39,12 +42,10 @@ GJ_DEVICE float moe_neg_inf() {
     return __int_as_float(0xff800000);
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    moe_route(const float* __restrict__ logits, const float* __restrict__ expert_scale,
-              int* __restrict__ ids, float* __restrict__ wts, int T) {
-    gj_grid_sync();
-    const int t = blockIdx.x * 4 + threadIdx.x / 32;
-    if (t >= T) return;
+// Routes token t by one warp (see moe_route). Lane 0 writes its ids and weights, and also the ids
+// to sid[0..K) when sid is not null.
+GJ_DEVICE void route_token(const float* __restrict__ logits, const float* __restrict__ expert_scale,
+                           int* __restrict__ ids, float* __restrict__ wts, int t, int* sid) {
     const int lane = threadIdx.x % 32;
     const float* row = logits + (size_t)t * E;
     float v[EPL];
@@ -104,17 +105,27 @@ extern "C" __global__ void __launch_bounds__(128)
     for (int k = 0; k < K; ++k) {
         ids[(size_t)t * K + k] = chosen[k];
         wts[(size_t)t * K + k] = p[k] / top * expert_scale[chosen[k]];
+        if (sid != nullptr) sid[k] = chosen[k];
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    moe_route(const float* __restrict__ logits, const float* __restrict__ expert_scale,
+              int* __restrict__ ids, float* __restrict__ wts, int T) {
+    gj_grid_sync();
+    const int t = blockIdx.x * 4 + threadIdx.x / 32;
+    if (t >= T) return;
+    route_token(logits, expert_scale, ids, wts, t, nullptr);
 }
 
 // moe_group for n <= 32 slots, by one warp: lane i holds slot i; its place in the grouped order
 // is the count of slots of lower experts plus its earlier peers (the same expert, lower slot).
-GJ_DEVICE void moe_group_warp(const int* __restrict__ ids, int n, int cols,
-                              int* __restrict__ n_groups, int4* __restrict__ groups,
-                              int* __restrict__ slots) {
+// `expert`: slot lane's expert (read only on live lanes, lane < n).
+GJ_DEVICE void moe_group_warp(int expert, int n, int cols, int* __restrict__ n_groups,
+                              int4* __restrict__ groups, int* __restrict__ slots) {
     const int lane = threadIdx.x % 32;
     const bool live = lane < n;
-    const int e = live ? __ldg(ids + lane) : 0x7fffffff;  // dead lanes after every expert
+    const int e = live ? expert : 0x7fffffff;  // dead lanes after every expert
     const unsigned peers = __match_any_sync(GJ_FULL_MASK, e);
     const int cnt = __popc(peers), j = __popc(peers & ((1u << lane) - 1u));
     const int my_groups = j == 0 ? (cnt + cols - 1) / cols : 0;  // counted once per expert
@@ -147,7 +158,8 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int n = T * K;
     if (n <= 32) {  // a decode step's few slots: one warp, no shared memory
-        if (warp == 0) moe_group_warp(ids, n, cols, n_groups, groups, slots);
+        if (warp == 0)
+            moe_group_warp(lane < n ? __ldg(ids + lane) : 0, n, cols, n_groups, groups, slots);
         return;
     }
     for (int e = threadIdx.x; e < E; e += THREADS) count[e] = 0;
@@ -206,6 +218,24 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         __syncthreads();
         for (int x = threadIdx.x; x < E; x += THREADS) base[x] += count[x];
     }
+}
+
+// moe_route_group: moe_route then moe_group in one launch, for a decode step's few slots (T <= 4,
+// T * K <= 32): warp t routes token t, then warp 0 groups the T * K slots from the ids the warps
+// left in shared memory. The same ids, weights and groups as the two launches.
+extern "C" __global__ void __launch_bounds__(128)
+    moe_route_group(const float* __restrict__ logits, const float* __restrict__ expert_scale,
+                    int* __restrict__ ids, float* __restrict__ wts, int T, int cols,
+                    int* __restrict__ n_groups, int4* __restrict__ groups,
+                    int* __restrict__ slots) {
+    gj_grid_sync();
+    __shared__ int sid[32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (T > 4 || T * K > 32) __trap();  // the caller's contract (moe_route + moe_group beyond)
+    if (warp < T) route_token(logits, expert_scale, ids, wts, warp, sid + warp * K);
+    __syncthreads();
+    const int n = T * K;
+    if (warp == 0) moe_group_warp(lane < n ? sid[lane] : 0, n, cols, n_groups, groups, slots);
 }
 
 #define FFN_OUT_VPT ((D / 4 + 255) / 256)  // float4 per thread of moe_ffn_out

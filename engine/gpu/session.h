@@ -133,13 +133,15 @@ class GpuSession {
         uint64_t dequant = 0;             // quantized matrices dequantized to F16 for cuBLAS
         uint64_t dequant_ahead = 0;       // ... of them, layers copied on the dequantization stream
         uint64_t blas_beside_copies = 0;  // cuBLAS products leaving SMs to those copies
-        uint64_t geglu_f16 = 0;       // cuBLAS GeGLUs written as the f16 input of the down product
-        uint64_t norm_f16 = 0;        // norms written as the f16 input of cuBLAS products
-        uint64_t attn_f16 = 0;        // prefill attention outputs also written in f16 (the same)
-        uint64_t flash_prefill = 0;   // tensor-core prefill attention launches
-        uint64_t flash_wgmma = 0;     // ... of them on the warpgroup kernel (sm_90)
-        uint64_t moe_grouped = 0;     // grouped expert matvec launches (MoE layers)
-        uint64_t moe_gemm = 0;        // grouped expert tensor-core GEMM launches (MoE prefill)
+        uint64_t geglu_f16 = 0;      // cuBLAS GeGLUs written as the f16 input of the down product
+        uint64_t norm_f16 = 0;       // norms written as the f16 input of cuBLAS products
+        uint64_t attn_f16 = 0;       // prefill attention outputs also written in f16 (the same)
+        uint64_t flash_prefill = 0;  // tensor-core prefill attention launches
+        uint64_t flash_wgmma = 0;    // ... of them on the warpgroup kernel (sm_90)
+        uint64_t moe_grouped = 0;    // grouped expert matvec launches (MoE layers)
+        uint64_t moe_gemm = 0;       // grouped expert tensor-core GEMM launches (MoE prefill)
+        uint64_t moe_dense_beside = 0;  // MoE dense MLPs beside the router and experts (streams)
+        uint64_t moe_route_group = 0;   // MoE routings grouped by the same launch (decode)
         uint64_t attn_q8 = 0;         // attention outputs quantized by flash_combine (no quantize)
         uint64_t qkv_fused = 0;       // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
         uint64_t qkv_merged = 0;      // Q, K and V prefill products as one cuBLAS product
@@ -412,7 +414,8 @@ class GpuSession {
     std::vector<std::unique_ptr<Graph>> graphs_list_;
     Profiler* profiler_ = nullptr;
     CUstream stream_ = nullptr;  // where launch() enqueues: the device stream or a side one
-    CUstream side_[2] = {};      // K and V projections, concurrent with Q (GEMMAJIT_STREAMS)
+    CUstream side_[2] = {};      // K and V projections, concurrent with Q, and a MoE layer's
+                                 // dense MLP beside its experts (GEMMAJIT_STREAMS)
     CUevent forked_ = nullptr, joined_[2] = {};
     CUstream deq_stream_ = nullptr;  // F16 copies of the next layer during prefill (lowest
                                      // priority)

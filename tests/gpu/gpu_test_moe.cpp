@@ -164,6 +164,40 @@ TEST(Moe, RoutingAndGroupingMatchPlainLoops) {
                 EXPECT_NEAR(got_wts[i], want_wts[i], 1e-6f * (1 + std::fabs(want_wts[i]))) << i;
             for (int cols : {1, 8, 64}) check_grouping(spec, got_ids, T, E, K, cols, "routed");
         }
+        // A decode step's routing and grouping in one launch: the same ids and weights as
+        // moe_route, bit for bit, and the documented groups.
+        const int max_t = gj::gemma4::moe_route_group_max_tokens(K);
+        ASSERT_GE(max_t, 1);
+        for (int T = 1; T <= max_t; ++T)
+            for (int cols : {1, 8}) {
+                SCOPED_TRACE("moe_route_group E " + std::to_string(E) + " T " + std::to_string(T) +
+                             " cols " + std::to_string(cols));
+                std::vector<float> logits(size_t(T) * E);
+                for (float& v : logits) v = normal(rng);
+                auto dl = to_device(logits);
+                DeviceBuffer ids(size_t(T) * K * 4 + 16), wts(size_t(T) * K * 4 + 16),
+                    ids2(size_t(T) * K * 4 + 16), wts2(size_t(T) * K * 4 + 16);
+                launch(g.get(spec.name, "moe_route"), {1}, {128}, dl.ptr(), dscale.ptr(), ids.ptr(),
+                       wts.ptr(), T);
+                const int bound = gj::gemma4::moe_group_bound(T, K, E, cols);
+                DeviceBuffer n_groups(16), groups(size_t(bound) * 16 + 16),
+                    slots(size_t(T) * K * 4 + 16);
+                launch(g.get(spec.name, "moe_route_group"), {1}, {128}, dl.ptr(), dscale.ptr(),
+                       ids2.ptr(), wts2.ptr(), T, cols, n_groups.ptr(), groups.ptr(), slots.ptr());
+                const auto got_ids = from_device<int>(ids2, size_t(T) * K);
+                EXPECT_EQ(got_ids, from_device<int>(ids, size_t(T) * K));
+                EXPECT_EQ(from_device<float>(wts2, size_t(T) * K),
+                          from_device<float>(wts, size_t(T) * K));
+                const Grouping want = group_cpu(got_ids, E, cols);
+                const int n = from_device<int>(n_groups, 1)[0];
+                ASSERT_EQ(n, int(want.groups.size()));
+                EXPECT_EQ(from_device<int>(slots, got_ids.size()), want.slots);
+                const auto got = from_device<int>(groups, size_t(n) * 4);
+                for (int i = 0; i < n; ++i)
+                    EXPECT_EQ((std::array<int, 3>{got[i * 4], got[i * 4 + 1], got[i * 4 + 2]}),
+                              want.groups[i])
+                        << "group " << i;
+            }
         // Hand-made slot lists: every slot in one expert (most experts get none), and a few
         // experts only.
         for (int T : {1, 64, 512}) {
@@ -276,7 +310,8 @@ INSTANTIATE_TEST_SUITE_P(Types, MoeVsCpu,
                              return std::string(ggml::type_name(i.param));
                          });
 
-// The decode graph of a MoE model replays the eager launches bit for bit.
+// The decode graph of a MoE model (its dense MLPs on a side stream) replays the eager launches
+// of one stream bit for bit.
 TEST(Moe, GraphReplayIsBitIdenticalToEagerLaunches) {
     GJ_REQUIRE_GPU();
     ScratchDir dir("gpu-moe-graph");
@@ -295,6 +330,11 @@ TEST(Moe, GraphReplayIsBitIdenticalToEagerLaunches) {
     }
     EXPECT_EQ(g.graph_captures(), 1u);
     EXPECT_GT(g.path_counts().moe_grouped, 0u);
+    // The graph's dense MLPs ran beside the router and the experts (a branch of their own), the
+    // eager steps' in line: the same logits.
+    EXPECT_GT(g.path_counts().moe_dense_beside, 0u) << "the dense MLP stayed in the chain";
+    EXPECT_EQ(e.path_counts().moe_dense_beside, 0u);
+    EXPECT_GT(g.path_counts().moe_route_group, 0u) << "routing and grouping took two launches";
 }
 
 // The real 26B-A4B shapes (d 2816, 128 experts of width 704, top-8, dense MLP 2112, head dims

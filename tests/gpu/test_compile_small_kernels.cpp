@@ -84,6 +84,11 @@ TEST(KernelTemplates, SmallKernelSpecsCompileWithTheirInstructionsAndNoSpills) {
                 EXPECT_NE(group.find("atom.shared.add"), std::string::npos);
                 EXPECT_NE(group.find("match.any.sync.b32"), std::string::npos);
                 EXPECT_NE(group.find("popc.b32"), std::string::npos);
+                // The decode form of both: routing by shuffles, grouping by warp peers.
+                const auto fused = entry_ptx(c.ptx, "moe_route_group");
+                EXPECT_NE(fused.find("div.rn.f32"), std::string::npos);
+                EXPECT_NE(fused.find("match.any.sync.b32"), std::string::npos);
+                EXPECT_NE(fused.find("bar.sync"), std::string::npos);
                 EXPECT_NE(entry_ptx(c.ptx, "moe_ffn_out").find("fma.rn.f32"), std::string::npos);
                 EXPECT_EQ(c.ptx.find(".local"), std::string::npos) << "moe uses local memory";
             } else if (s.family == "quantize_q8_1") {

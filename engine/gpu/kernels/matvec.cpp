@@ -198,7 +198,10 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    block, so every thread keeps more 16-byte loads in flight: 4 for one unit per thread or
     //    fewer (split Q4_0 k <= 1024: the 26B's 704-wide expert down, whose 32-thread one-row
     //    blocks read 483 GB/s on the H200), 2 for up to 4 units per thread (H200 tg128, before the
-    //    rule above: E4B Q4_0 359.2 -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4).
+    //    rule above: E4B Q4_0 359.2 -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4). Twice that for the
+    //    experts (8 and 4 rows): a decode step's 8 experts of 2816 rows ran 5632 blocks of 32
+    //    threads, more than the 132 x 32 an H200 holds at once; in one wave the 26B-A4B Q4_0's
+    //    tg128 went 555.5 -> 580.9 and 585.4 (H200, 2026-11-29; 8 rows for the GeGLU spill).
     if (!kq_blocks && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
         const bool dense_split = !moe && layout == MatvecLayout::Split;
         const bool q4_0 = weight_type == ggml::Type::Q4_0;
@@ -213,9 +216,9 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             unroll = narrow ? 1 : 2;
             geglu_shape = narrow;  // the GeGLU keeps 128 x 2 (below)
         } else if (units <= threads) {
-            rows = 4;
+            rows = moe ? 8 : 4;
         } else if (units <= 4 * threads) {
-            rows = 2;
+            rows = moe ? 4 : 2;
         }
     }
     jit::KernelSpec s;

@@ -23,7 +23,7 @@ jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model) {
                    {"K", n_used},
                    {"D", d_model},
                    {"THREADS", 32 * std::clamp(8192 / n_experts, 1, 32)}};
-    s.entries = {"moe_route", "moe_group", "moe_ffn_out"};
+    s.entries = {"moe_route", "moe_group", "moe_route_group", "moe_ffn_out"};
     s.priority = 0;
     return s;
 }
@@ -35,6 +35,10 @@ jit::KernelSpec moe_spec(const Config& cfg) {
 bool moe_experts_split(ggml::Type t, int rows, int k) {
     return (t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0) && rows > 0 && k > 0 && k % 32 == 0 &&
            (int64_t(rows) * (k / 32)) % 8 == 0;
+}
+
+int moe_route_group_max_tokens(int n_used) {
+    return std::min(4, 32 / std::max(1, n_used));
 }
 
 int moe_group_bound(int T, int n_used, int n_experts, int cols) {

@@ -6,6 +6,7 @@
 // Spec name: "moe.e<E>.k<K>.d<D>". Launch (from the spec constants):
 //   moe_route:   block 128, grid ceil(T / 4)
 //   moe_group:   block THREADS, grid 1
+//   moe_route_group: block 128, grid 1 (both of the above, for T <= moe_route_group_max_tokens(K))
 //   moe_ffn_out: block 256, grid T
 // moe_group_bound gives the most groups a batch can form (the grouped matvecs' grid).
 #pragma once
@@ -20,6 +21,10 @@ namespace gj::gemma4 {
 // "moe.e<E>.k<K>.d<D>". Throws std::invalid_argument for impossible shapes.
 jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model);
 jit::KernelSpec moe_spec(const Config& cfg);
+
+// The most tokens moe_route_group takes at once with K experts each: a warp per token (4) and
+// every slot in one warp (T * K <= 32).
+int moe_route_group_max_tokens(int n_used);
 
 // Groups of at most `cols` slots that T tokens with K experts each can form (every expert's last
 // group may be partial): min(T * K, ceil(T * K / cols) + E).

@@ -1,7 +1,8 @@
 // The FFN of a MoE layer (26B-A4B, reference/gemma4-spec.md section 2.5) over T rows, all on the
 // GPU with no host round trip: the norms of the post-attention residual in one launch (the dense
 // MLP's, the router's input: weightless norm times scale / sqrt(d), the experts' pre-norm), the
-// router (logits, top-K weights: moe_route), the dense MLP, the slots grouped by expert
+// router (logits, top-K weights: moe_route), the dense MLP (in a decode step on a side stream,
+// beside the router and the experts), the slots grouped by expert
 // (moe_group), the grouped gate|up GeGLU and down products (each expert's weights read once per
 // group: the grouped int8 tensor-core GEMM over groups of BM slots in prefill chunks of Q8_0 /
 // Q4_0 experts, else the grouped matvecs over groups of up to kPrefillCols slots, one slot per
@@ -99,19 +100,20 @@ void GpuSession::record_moe_ffn(int l, int T) {
     CUdeviceptr y1 = w.moe_y1.ptr(), logits = w.moe_logits.ptr(), ids = w.moe_ids.ptr(),
                 wts = w.moe_wts.ptr();
 
-    // Router on the post-attention residual: r = norm(x) * scale / sqrt(d) (made by
-    // moe_post_attention_norms in y1, until the dense branch's output replaces it), logits = W r,
-    // then the K weights per row.
-    matvec(g.router, nullptr, Input{y1}, logits, T, "router");
-    {
-        CUdeviceptr scale = g.expert_scale;
-        void* args[] = {&logits, &scale, &ids, &wts, &T};
-        launch(model_.kernels().get(moe, "moe_route"), {ceil_div(T, 4)}, {128}, 0, args,
-               moe + " moe_route router");
+    // Dense MLP on h = ffn_norm(x) (made by the post-attention norms), its output in tmp. It
+    // reads nothing the router and the experts write: in a decode step it runs on a side stream
+    // (a branch of the step's graph) beside them, joined before moe_ffn_out, so its three
+    // launches leave the chain. Not with a quantized router, whose Q8_1 input would take xq from
+    // the dense gate|up; not in prefill chunks (split-K workspaces) or while profiling (one
+    // kernel at a time).
+    const bool beside = streams_ && !profiler_ && !chunk_products(T) && !g.router.quantized();
+    if (beside) {
+        fork(1);
+        stream_ = side_[0];
     }
-
-    // Dense MLP on h = ffn_norm(x) (made by the post-attention norms), its output in tmp.
     matvec(g.down, nullptr, ffn_gate_up(g, T), w.tmp.ptr(), T, "ffn_down");
+    stream_ = jit::Device::get().stream();
+    paths_.moe_dense_beside += beside;
 
     // Experts: z2 = pre_ffw_norm_2(x) (and Q8_1, from moe_post_attention_norms), the slots
     // grouped by expert, gate|up GeGLU per slot, down per slot, the weighted sum per row.
@@ -126,12 +128,27 @@ void GpuSession::record_moe_ffn(int l, int T) {
     int cols = gemm  ? constant(model_.kernels().spec(g.gate_up.spec_gemm), "BM")
                : one ? 1
                      : std::min(g.gate_up.batch_cols, g.down_exps.batch_cols);
+    // Router on the post-attention residual: r = norm(x) * scale / sqrt(d) (made by
+    // moe_post_attention_norms in y1, until the dense branch's output replaces it), logits = W r,
+    // then the K weights per row and the slots grouped by expert: one launch for a decode step's
+    // few tokens.
+    matvec(g.router, nullptr, Input{y1}, logits, T, "router");
     {
-        CUdeviceptr n_groups = w.moe_n_groups.ptr(), groups = w.moe_groups.ptr(),
-                    slots = w.moe_slots.ptr();
-        void* args[] = {&ids, &T, &cols, &n_groups, &groups, &slots};
-        launch(model_.kernels().get(moe, "moe_group"), {1}, {constant(moe_k, "THREADS")}, 0, args,
-               moe + " moe_group experts");
+        CUdeviceptr scale = g.expert_scale, n_groups = w.moe_n_groups.ptr(),
+                    groups = w.moe_groups.ptr(), slots = w.moe_slots.ptr();
+        if (T <= moe_route_group_max_tokens(K)) {
+            void* args[] = {&logits, &scale, &ids, &wts, &T, &cols, &n_groups, &groups, &slots};
+            launch(model_.kernels().get(moe, "moe_route_group"), {1}, {128}, 0, args,
+                   moe + " moe_route_group router");
+            ++paths_.moe_route_group;
+        } else {
+            void* rargs[] = {&logits, &scale, &ids, &wts, &T};
+            launch(model_.kernels().get(moe, "moe_route"), {ceil_div(T, 4)}, {128}, 0, rargs,
+                   moe + " moe_route router");
+            void* gargs[] = {&ids, &T, &cols, &n_groups, &groups, &slots};
+            launch(model_.kernels().get(moe, "moe_group"), {1}, {constant(moe_k, "THREADS")}, 0,
+                   gargs, moe + " moe_group experts");
+        }
     }
     if (gemm) {
         // gate|up writes each slot's GeGLU row as Q8_1, the input of down.
@@ -149,6 +166,7 @@ void GpuSession::record_moe_ffn(int l, int T) {
         }
         experts(g.down_exps, 0, eh, 1, w.moe_ed.ptr(), d, T, cols, "down");
     }
+    if (beside) join(1);
     // y1 = post_ffw_norm_1(dense) + post_ffw_norm_2(sum_k w_k expert_k): the FFN output the
     // layer's post_ffw_norm takes.
     {
