@@ -72,17 +72,10 @@ Grouping group_cpu(const std::vector<int>& ids, int E, int cols) {
     return g;
 }
 
-void check_grouping(const gj::jit::KernelSpec& spec, const std::vector<int>& ids, int T, int E,
-                    int K, int cols, const char* what) {
-    SCOPED_TRACE(std::string(what) + " T " + std::to_string(T) + " cols " + std::to_string(cols));
+// A grouping kernel's output (the group count, the slot list, the groups) against group_cpu.
+void expect_grouping(const std::vector<int>& ids, int E, int cols, const DeviceBuffer& n_groups,
+                     const DeviceBuffer& groups, const DeviceBuffer& slots) {
     const Grouping want = group_cpu(ids, E, cols);
-    const int bound = gj::gemma4::moe_group_bound(T, K, E, cols);
-    ASSERT_LE(int(want.groups.size()), bound) << "moe_group_bound is too small";
-    auto dids = to_device(ids);
-    DeviceBuffer n_groups(16), groups(size_t(bound) * 16 + 16), slots(ids.size() * 4 + 16);
-    launch(kernels_for(spec).get(spec.name, "moe_group"), {1},
-           {unsigned(gj::gemma4::spec_constant(spec, "THREADS"))}, dids.ptr(), T, cols,
-           n_groups.ptr(), groups.ptr(), slots.ptr());
     const int n = from_device<int>(n_groups, 1)[0];
     ASSERT_EQ(n, int(want.groups.size()));
     EXPECT_EQ(from_device<int>(slots, ids.size()), want.slots);
@@ -92,6 +85,19 @@ void check_grouping(const gj::jit::KernelSpec& spec, const std::vector<int>& ids
         EXPECT_EQ(got[i * 4 + 1], want.groups[i][1]) << "group " << i;
         EXPECT_EQ(got[i * 4 + 2], want.groups[i][2]) << "group " << i;
     }
+}
+
+void check_grouping(const gj::jit::KernelSpec& spec, const std::vector<int>& ids, int T, int E,
+                    int K, int cols, const char* what) {
+    SCOPED_TRACE(std::string(what) + " T " + std::to_string(T) + " cols " + std::to_string(cols));
+    const int bound = gj::gemma4::moe_group_bound(T, K, E, cols);
+    ASSERT_LE(int(group_cpu(ids, E, cols).groups.size()), bound) << "moe_group_bound is too small";
+    auto dids = to_device(ids);
+    DeviceBuffer n_groups(16), groups(size_t(bound) * 16 + 16), slots(ids.size() * 4 + 16);
+    launch(kernels_for(spec).get(spec.name, "moe_group"), {1},
+           {unsigned(gj::gemma4::spec_constant(spec, "THREADS"))}, dids.ptr(), T, cols,
+           n_groups.ptr(), groups.ptr(), slots.ptr());
+    expect_grouping(ids, E, cols, n_groups, groups, slots);
 }
 
 // Per position: max |got - ref| over the row, relative to the largest |logit| of the reference.
@@ -188,15 +194,7 @@ TEST(Moe, RoutingAndGroupingMatchPlainLoops) {
                 EXPECT_EQ(got_ids, from_device<int>(ids, size_t(T) * K));
                 EXPECT_EQ(from_device<float>(wts2, size_t(T) * K),
                           from_device<float>(wts, size_t(T) * K));
-                const Grouping want = group_cpu(got_ids, E, cols);
-                const int n = from_device<int>(n_groups, 1)[0];
-                ASSERT_EQ(n, int(want.groups.size()));
-                EXPECT_EQ(from_device<int>(slots, got_ids.size()), want.slots);
-                const auto got = from_device<int>(groups, size_t(n) * 4);
-                for (int i = 0; i < n; ++i)
-                    EXPECT_EQ((std::array<int, 3>{got[i * 4], got[i * 4 + 1], got[i * 4 + 2]}),
-                              want.groups[i])
-                        << "group " << i;
+                expect_grouping(got_ids, E, cols, n_groups, groups, slots);
             }
         // Hand-made slot lists: every slot in one expert (most experts get none), and a few
         // experts only.

@@ -201,7 +201,8 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    rule above: E4B Q4_0 359.2 -> 370.6, 26B-A4B Q4_0 384.4 -> 407.4). Twice that for the
     //    experts (8 and 4 rows): a decode step's 8 experts of 2816 rows ran 5632 blocks of 32
     //    threads, more than the 132 x 32 an H200 holds at once; in one wave the 26B-A4B Q4_0's
-    //    tg128 went 555.5 -> 580.9 and 585.4 (H200, 2026-11-29; 8 rows for the GeGLU spill).
+    //    tg128 went 555.5 -> 580.9 and 585.4 (H200, 2026-11-29; 8 rows would spill in the
+    //    GeGLU entry, 40 bytes on sm_90).
     if (!kq_blocks && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
         const bool dense_split = !moe && layout == MatvecLayout::Split;
         const bool q4_0 = weight_type == ggml::Type::Q4_0;
