@@ -288,8 +288,8 @@ const std::vector<FlagDef>& flag_table() {
          .type = T::Bool,
          .cls = C::Neutral,
          .default_value = "1",
-         .help = "0: keep Q8_0/Q4_0/Q4_K/Q5_K/Q6_K weights in their GGUF block layout instead of "
-                 "repacking them into the aligned split layout at load"},
+         .help = "0: keep Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K weights in their GGUF "
+                 "block layout instead of repacking them into the aligned split layout at load"},
         {.name = "GEMMAJIT_GPU_SAMPLING",
          .family = "path",
          .type = T::Bool,

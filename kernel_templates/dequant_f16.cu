@@ -12,6 +12,7 @@
 //   ELEMS    elements per thread: 8 (consecutive lanes write consecutive 16-byte runs)
 //   THREADS  threads per block (multiple of 32)
 //   LAYOUT   0: src holds the GGUF blocks; 1 (Q4_K, Q5_K, Q6_K): the split planes (kquant.cuh);
+//            1 (Q4_1, Q5_0, Q5_1): the split planes of q32_blocks.cuh;
 //            1 (Q8_0, Q4_0): the split planes of matvec_common.cuh (quants [n_rows][K] int8 or
 //            [n_rows][K / 2] nibble bytes in the Q4_0 order, then fp16 scales [n_rows][K / 32])
 // Launch: block THREADS, grid ceil(n_rows * K / ELEMS / THREADS).
@@ -32,10 +33,7 @@
 #endif
 #define GJ_Q32_TYPE (WTYPE == 3 || WTYPE == 6 || WTYPE == 7)
 #define GJ_SPLIT32_TYPE (WTYPE == 8 || WTYPE == 2)
-static_assert(LAYOUT == 0 ||
-                  (LAYOUT == 1 && (WTYPE == 12 || WTYPE == 13 || WTYPE == 14 || GJ_SPLIT32_TYPE)),
-              "dequant_f16: the split layout (LAYOUT 1) exists for Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 "
-              "only");
+static_assert(LAYOUT == 0 || LAYOUT == 1, "dequant_f16: LAYOUT must be 0 (GGUF) or 1 (split)");
 static_assert(!GJ_SPLIT32_TYPE || LAYOUT == 1,
               "dequant_f16: Q8_0 / Q4_0 are read in their split layout (LAYOUT 1) only");
 static_assert(K % (GJ_Q32_TYPE || GJ_SPLIT32_TYPE ? 32 : 256) == 0 && K > 0,
@@ -53,7 +51,14 @@ extern "C" __global__ void __launch_bounds__(THREADS)
     const size_t i = (size_t)blockIdx.x * THREADS + threadIdx.x;  // group of 8 elements
     if (i >= (size_t)n_rows * (K / 8)) return;
     float f[8];
-#if GJ_Q32_TYPE
+#if GJ_Q32_TYPE && LAYOUT == 1
+    // Split Q4_1 / Q5_0 / Q5_1: the 8 elements are elements p .. p+7 of flat block b.
+    const size_t units = (size_t)n_rows * (K / 32), b = i / 4;
+    const int p = 8 * (int)(i % 4);
+    const float4 a = gj_q32_split_dequant4<WTYPE>(src, units, b, p),
+                 c = gj_q32_split_dequant4<WTYPE>(src, units, b, p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = c.x, f[5] = c.y, f[6] = c.z, f[7] = c.w;
+#elif GJ_Q32_TYPE
     // 32-element blocks, contiguous across rows: 4 threads per block.
     const uint8* blk = src + (i / 4) * gj_q32_layout<WTYPE>::kBytes;
     const float4 a = gj_q32_dequant4<WTYPE>(blk, 2 * (int)(i % 4)),

@@ -1,21 +1,23 @@
-// matvec_q32.cuh: the matvec traits of Q4_1, Q5_0 and Q5_1 (layouts in q32_blocks.cuh), read in
-// place in their GGUF blocks against Q8_1 activations with dp4a; matvec_q4_1.cu, matvec_q5_0.cu
-// and matvec_q5_1.cu instantiate it.
+// matvec_q32.cuh: the matvec traits of Q4_1, Q5_0 and Q5_1 (layouts in q32_blocks.cuh) against
+// Q8_1 activations with dp4a, in their GGUF blocks (LAYOUT 0) or their split planes (LAYOUT 1,
+// with the repack entry that makes them); matvec_q4_1.cu, matvec_q5_0.cu and matvec_q5_1.cu
+// instantiate it.
 //
-// Two lanes per block, as Q4_0's GGUF layout: part p holds payload bytes 8p .. 8p+7, i.e. the low
-// nibbles of elements 8p .. 8p+7 and the high nibbles of 16+8p .. 16+8p+7, plus their fifth bits.
+// GGUF blocks: two lanes per block, as Q4_0's GGUF layout: part p holds payload bytes 8p .. 8p+7,
+// i.e. the low nibbles of elements 8p .. 8p+7 and the high nibbles of 16+8p .. 16+8p+7, plus their
+// fifth bits; each of the two lanes takes half of the sx term below. Split planes: one lane per
+// block, its 16 payload bytes in one 16-byte load (as split Q4_0), its fifth-bit word and scale
+// from their own planes.
 // With the activation block {dx, sx = dx * sum(qx)}:
 //   Q4_1 / Q5_1: sum (d q + m) dx qx = d dx sum(q qx) + m sx,
-//   Q5_0:        sum d (q - 16) dx qx = d (dx sum(q qx) - 16 sx),
-// and each of the two lanes takes half of the sx term.
+//   Q5_0:        sum d (q - 16) dx qx = d (dx sum(q qx) - 16 sx).
 #ifndef GJ_MATVEC_Q32_CUH
 #define GJ_MATVEC_Q32_CUH
 
 #include "matvec_common.cuh"
 #include "q32_blocks.cuh"
 
-static_assert(LAYOUT == 0, "matvec (Q4_1/Q5_0/Q5_1): only the GGUF layout (LAYOUT 0)");
-
+#if LAYOUT == 0
 template <int kType>
 struct gj_q32 {
     using L = gj_q32_layout<kType>;
@@ -72,5 +74,74 @@ struct gj_q32 {
         return dm.x * (x.ds.x * (float)s - 8.0f * x.ds.y);
     }
 };
+
+#define GJ_Q32_REPACK_ENTRY(NAME, TYPE)
+#else
+template <int kType>
+struct gj_q32 {
+    using L = gj_q32_layout<kType>;
+    using P = gj_q32_split_planes<kType>;
+    static constexpr int kUnits = K / 32;
+    // The matrix, its block count and the row's first block, from which each load computes its
+    // plane offset (as split Q5_K: fewer registers per row than a pointer per plane).
+    struct Row {
+        const uint8* w;
+        uint32 units, u0;
+    };
+    struct WFrag {
+        uint4 q;    // the block's 16 payload bytes
+        uint32 qh;  // its split fifth-bit word (Q5_0 / Q5_1)
+        uint32 dm;  // d, or d | m << 16
+    };
+    using XFrag = gj_x32;
+    static GJ_DEVICE Row row(const uint8* w, int n_rows, int r) {
+        return Row{w, (uint32)n_rows * (K / 32), (uint32)r * (K / 32)};
+    }
+    static GJ_DEVICE void prefetch_l2(const Row& row) {
+        const size_t units = row.units, i = row.u0;
+        gj_prefetch_plane(row.w + 16 * i, K / 2);
+        if (L::kFifth) gj_prefetch_plane((const uint32*)(row.w + P::qh(units)) + i, K / 8);
+        gj_prefetch_plane(row.w + P::dm(units) + (L::kMin ? 4 : 2) * i, K / (L::kMin ? 8 : 16));
+    }
+    static GJ_DEVICE WFrag load_w(const Row& row, int u) {
+        const size_t units = row.units, i = row.u0 + (uint32)u;
+        WFrag f;
+        f.q = ld_stream_u32x4(row.w + 16 * i);
+        f.qh = L::kFifth ? ld_stream_u32((const uint32*)(row.w + P::qh(units)) + i) : 0u;
+        f.dm = L::kMin ? __ldg((const uint32*)(row.w + P::dm(units)) + i)
+                       : (uint32)ld_nc_u16((const uint16*)(row.w + P::dm(units)) + i);
+        return f;
+    }
+    static GJ_DEVICE float scale(const WFrag&, int) { return 1.0f; }
+    template <bool kS = false>
+    static GJ_DEVICE XFrag load_x(const void* x, const float2* xds, int c, int u) {
+        return gj_x32::load<kS>(x, xds, c, u);
+    }
+    static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
+        const uint32 ql[4] = {f.q.x, f.q.y, f.q.z, f.q.w};
+        const int32 lo[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w};
+        const int32 hi[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+        int32 s = 0;
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            s = dp4a_s8((int32)gj_q32_split_q<kType>(ql[t], f.qh, t, 0), lo[t], s);
+            s = dp4a_s8((int32)gj_q32_split_q<kType>(ql[t], f.qh, t, 1), hi[t], s);
+        }
+        const float2 dm = unpack_f16x2(f.dm);
+        if (L::kMin) return dm.x * x.ds.x * (float)s + dm.y * x.ds.y;
+        return dm.x * (x.ds.x * (float)s - 16.0f * x.ds.y);
+    }
+};
+
+// GGUF blocks [n_rows][K / 32] -> split planes (dst must not overlap src; src 2-byte aligned). One
+// thread per block; any grid covering n_rows * K / 32 threads. Run once at load.
+#define GJ_Q32_REPACK_ENTRY(NAME, TYPE)                                                     \
+    extern "C" __global__ void NAME(const void* src, void* dst, int n_rows) {               \
+        gj_grid_sync();                                                                     \
+        const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;                     \
+        const size_t units = (size_t)n_rows * (K / 32);                                     \
+        if (i < units) gj_q32_split_repack<TYPE>((const uint8*)src, (uint8*)dst, units, i); \
+    }
+#endif
 
 #endif  // GJ_MATVEC_Q32_CUH

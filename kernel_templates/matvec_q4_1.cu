@@ -1,7 +1,9 @@
-// matvec_q4_1: decode matvec for Q4_1 weights in their GGUF blocks against Q8_1 activations, with
-// dp4a (traits and units: matvec_q32.cuh; block layout: q32_blocks.cuh). Constants, launch and
-// entry points: see matvec_common.cuh (K a multiple of 32, LAYOUT 0, THREADS, ROWS, NCOLS,
-// UNROLL). Entries: matvec_q4_1, matvec_q4_1_add, matvec_q4_1_geglu.
+// matvec_q4_1: decode matvec for Q4_1 weights against Q8_1 activations, with dp4a, in their GGUF
+// blocks or (LAYOUT 1) their split planes (traits and units: matvec_q32.cuh; layouts:
+// q32_blocks.cuh). Constants, launch and entry points: see matvec_common.cuh (K a multiple of
+// 32, LAYOUT, THREADS, ROWS, NCOLS, UNROLL). Entries: matvec_q4_1, matvec_q4_1_add,
+// matvec_q4_1_geglu, and with LAYOUT=1 also repack_q4_1.
 #include "matvec_q32.cuh"
 
+GJ_Q32_REPACK_ENTRY(repack_q4_1, 3)
 GJ_MATVEC_ENTRIES(matvec_q4_1, gj_q32<3>)

@@ -1,7 +1,7 @@
-// q32_blocks.cuh: ggml's 32-element block types besides Q8_0 / Q4_0, read in place as the GGUF
-// stores them (the fallback types K-quant files use where a row is not whole 256-element
-// super-blocks). Shared by their matvecs (matvec_q32.cuh), the embedding gather (embed.cu) and
-// the F16 dequantization for prefill products (dequant_f16.cu).
+// q32_blocks.cuh: ggml's 32-element block types besides Q8_0 / Q4_0 (the fallback types K-quant
+// files use where a row is not whole 256-element super-blocks), as the GGUF stores them and in
+// their split layout (below). Shared by their matvecs (matvec_q32.cuh), the embedding gather
+// (embed.cu, GGUF blocks only) and the F16 dequantization for prefill products (dequant_f16.cu).
 //
 //   Q4_1 (type 3, 20 bytes): fp16 d, fp16 m, qs[16];          x = d * q + m, q = 4 bits
 //   Q5_0 (type 6, 22 bytes): fp16 d, qh[4], qs[16];           x = d * (q - 16), q = 5 bits
@@ -29,6 +29,88 @@ struct gj_q32_layout {
         return load_u32_align2(p);
     }
 };
+
+// The split layout of these types (matvec LAYOUT 1, made once at load by the matvecs' repack_<type>
+// entries), over a matrix's `units` blocks (n_rows * K / 32; rows contiguous in every plane):
+//   [0, 16 units)          each block's 16 payload bytes as the file stores them (Q4_0's order)
+//   [16 units, 20 units)   Q5_0 / Q5_1: each block's fifth-bit word, rearranged as split Q5_K's
+//                          (kquant.cuh): bit t of byte i is element 4t + i's fifth bit, bit 4 + t
+//                          element 16 + 4t + i's, so the four bits under one nibble word are one
+//                          shift and mask away
+//   then                   each block's fp16 d (Q5_0) or d | m << 16 (Q4_1 / Q5_1)
+// The same bytes as the GGUF blocks; each plane starts on its element's alignment when the
+// matrix does (16 bytes), and a stack of experts repacked one by one keeps every expert's base
+// 16-byte aligned when its block count is a multiple of 8.
+template <int kType>
+struct gj_q32_split_planes {
+    using L = gj_q32_layout<kType>;
+    static GJ_DEVICE size_t qh(size_t units) { return 16 * units; }
+    static GJ_DEVICE size_t dm(size_t units) { return (L::kFifth ? 20 : 16) * units; }
+};
+
+// A GGUF fifth-bit word (bit e: element e) in the split order above.
+GJ_DEVICE uint32 gj_q32_split_fifth(uint32 qh) {
+    uint32 h = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        // Nibble t of qh (elements 4t .. 4t+3) spread to bit 0 of bytes 0..3, then moved to bit t.
+        h |= ((((qh >> (4 * t)) & 0xfu) * 0x00204081u) & 0x01010101u) << t;
+        h |= ((((qh >> (16 + 4 * t)) & 0xfu) * 0x00204081u) & 0x01010101u) << (4 + t);
+    }
+    return h;
+}
+
+// Block `unit` of a GGUF matrix at `src` to the split planes at `dst` (of `units` blocks).
+template <int kType>
+GJ_DEVICE void gj_q32_split_repack(const uint8* src, uint8* dst, size_t units, size_t unit) {
+    using L = gj_q32_layout<kType>;
+    using P = gj_q32_split_planes<kType>;
+    const uint8* blk = src + unit * L::kBytes;
+    uint32* q = (uint32*)(dst + 16 * unit);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) q[k] = L::word(blk + L::kQs + 4 * k);
+    if (L::kFifth)
+        ((uint32*)(dst + P::qh(units)))[unit] = gj_q32_split_fifth(L::word(blk + L::kQh));
+    if (L::kMin)
+        ((uint32*)(dst + P::dm(units)))[unit] = L::word(blk);
+    else
+        ((uint16*)(dst + P::dm(units)))[unit] = *(const uint16*)blk;
+}
+
+// The four 4- or 5-bit values (one per byte) under the low (hi 0) or high (hi 1) nibbles of payload
+// word t of a split block, given that word and the block's split fifth-bit word.
+template <int kType>
+GJ_DEVICE uint32 gj_q32_split_q(uint32 ql, uint32 h, int t, int hi) {
+    uint32 q = (ql >> (4 * hi)) & 0x0f0f0f0fu;
+    if (gj_q32_layout<kType>::kFifth) q |= ((h >> (t + 4 * hi)) & 0x01010101u) << 4;
+    return q;
+}
+
+// The four elements e .. e+3 (e a multiple of 4) of block `unit` of a split matrix at `w` of
+// `units` blocks, dequantized exactly as gj_q32_dequant4 (and the CPU) does it.
+template <int kType>
+GJ_DEVICE float4 gj_q32_split_dequant4(const uint8* w, size_t units, size_t unit, int e) {
+    using L = gj_q32_layout<kType>;
+    using P = gj_q32_split_planes<kType>;
+    const uint32 ql = __ldg((const uint32*)(w + 16 * unit + (e & 15)));
+    const uint32 h = L::kFifth ? __ldg((const uint32*)(w + P::qh(units)) + unit) : 0u;
+    const uint32 q = gj_q32_split_q<kType>(ql, h, (e & 15) / 4, e >= 16);
+    float d, m = 0.0f;
+    if (L::kMin) {
+        const uint32 dm = __ldg((const uint32*)(w + P::dm(units)) + unit);
+        d = f16_to_f32((uint16)(dm & 0xffffu));
+        m = f16_to_f32((uint16)(dm >> 16));
+    } else {
+        d = f16_to_f32(__ldg((const uint16*)(w + P::dm(units)) + unit));
+    }
+    float f[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int v = (int)((q >> (8 * k)) & 0xffu);
+        f[k] = L::kMin ? __fadd_rn(__fmul_rn((float)v, d), m) : __fmul_rn((float)(v - 16), d);
+    }
+    return make_float4(f[0], f[1], f[2], f[3]);
+}
 
 // The four elements 4g .. 4g+3 (g = 0..7) of the block at `blk`, dequantized exactly as the CPU
 // does it (engine/gguf/dequant.cpp: the same float products and sums, unfused).

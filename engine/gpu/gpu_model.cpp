@@ -205,7 +205,7 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         } else if (spec_util::has_dequant_f16(t) &&
                    g.cols % spec_util::matvec_block_elems(t) == 0) {
             // K-quants and Q4_1/Q5_0/Q5_1: read by the decode matvecs in their GGUF blocks, or
-            // (the K-quants: GEMMAJIT_REPACK) repacked at load to the split layout; prefill
+            // (GEMMAJIT_REPACK) repacked at load to the split layout; prefill
             // chunks multiply an F16 copy made per chunk in the session scratch with cuBLAS.
             g.type = t;
             g.layout = kept_layout;
@@ -270,9 +270,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     };
 
     // A stacked expert tensor [E][per][cols] of matrices of `piece` rows (a fused gate|up expert
-    // holds two): Q8_0 / Q4_0 repacked per matrix to the split layout (GEMMAJIT_REPACK) for the
-    // split matvecs and the grouped tensor-core GEMM, other types read in place by the grouped
-    // matvecs (their GGUF layout), or dequantized to F16 when no matvec reads the type.
+    // holds two): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 repacked per matrix to the split layout
+    // (GEMMAJIT_REPACK, moe_experts_split) for the split matvecs (and, Q8_0 / Q4_0, the grouped
+    // tensor-core GEMM), the K-quants read in place by the grouped matvecs (their GGUF layout),
+    // or dequantized to F16 when no matvec reads the type.
     const bool moe_gemm = mmq && flags.get_bool("GEMMAJIT_MOE_GEMM");
     auto plan_experts = [&](const Matrix& first, int per, int piece) {
         GpuExperts x;
@@ -380,7 +381,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             // The grouped GEMM takes both products or neither (gate|up writes the Q8_1 rows that
             // down reads, both grouped alike).
             if (moe_gemm && g.gate_up.all.layout == MatvecLayout::Split &&
-                g.down_exps.all.layout == MatvecLayout::Split)
+                g.down_exps.all.layout == MatvecLayout::Split &&
+                spec_util::has_gemm(g.gate_up.all.type) &&
+                spec_util::has_gemm(g.down_exps.all.type))
                 for (GpuExperts* x : {&g.gate_up, &g.down_exps})
                     x->spec_gemm =
                         kernels_.add(mmq_moe_spec(x->all.type, x->all.cols, x->piece_rows)).name;

@@ -133,8 +133,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // A K-quant file stores rows that are not whole super-blocks in a 32-block fallback type
     // (planned with that type), so K-quant kernels exist only for widths of whole super-blocks.
     auto fits = [](ggml::Type t, int k) { return !is_kquant(t) || k % 256 == 0; };
-    // Q8_0, Q4_0 and K-quant (Q4_K, Q5_K, Q6_K) matrices take the plan's layout; every other
-    // type is read in its GGUF blocks.
+    // Block-quant matrices (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) take the plan's
+    // layout; float ones are read as they are.
     auto layout_of = [&](ggml::Type t) {
         return spec_util::has_split(t) ? types.layout : MatvecLayout::Ggml;
     };
@@ -218,8 +218,9 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             add(with_decode_prefetch(
                 matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0),
                 types.decode_prefetch));
-        // Q8_0 / Q4_0 experts in the split layout (each expert repacked on its own) also get
-        // the grouped int8 tensor-core GEMMs of prefill (gate|up: d -> F, down: F -> d).
+        // Experts in the split layout (each expert repacked on its own: moe_experts_split); the
+        // Q8_0 / Q4_0 ones also get the grouped int8 tensor-core GEMMs of prefill (gate|up:
+        // d -> F, down: F -> d).
         const int F = cfg.expert_ffn_dim;
         auto split = [&](int rows, int k) {
             return types.layout == MatvecLayout::Split && moe_experts_split(types.matmul, rows, k);
@@ -229,7 +230,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
                 for (int ncols : col_counts)
                     add(matvec_moe_spec(types.matmul, k, ncols,
                                         split(rows, k) ? MatvecLayout::Split : MatvecLayout::Ggml));
-        if (types.mmq && split(F, d) && split(d, F)) {
+        if (types.mmq && has_gemm(types.matmul) && split(F, d) && split(d, F)) {
             add(mmq_moe_spec(types.matmul, d, F));
             add(mmq_moe_spec(types.matmul, F, d));
         }

@@ -2,7 +2,8 @@
 // super-blocks) and Q4_1 / Q5_0 / Q5_1 rows to fp16 must equal the CPU's dequantized floats rounded
 // to fp16, bit for bit, for one and several super-blocks per row, 210-byte Q6_K rows that start 2
 // bytes past a word, and a grid whose last block is partial (nothing written past the matrix);
-// the K-quants also from their split layouts (the planes made on the CPU by kref::split_layout),
+// the K-quants and the fallbacks also from their split layouts (the planes made on the CPU by
+// kref::split_layout),
 // as are Q8_0 and Q4_0 (GEMMAJIT_MMQ_VARIANT=blas), which are read in that layout only.
 #include <gtest/gtest.h>
 
@@ -75,6 +76,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{ggml::Type::Q5_K, 10240, 9, MatvecLayout::Split},
                       Case{ggml::Type::Q6_K, 256, 33, MatvecLayout::Split},
                       Case{ggml::Type::Q6_K, 10240, 9, MatvecLayout::Split},
+                      Case{ggml::Type::Q4_1, 32, 33, MatvecLayout::Split},
+                      Case{ggml::Type::Q5_0, 96, 31, MatvecLayout::Split},
+                      Case{ggml::Type::Q5_0, 2112, 9, MatvecLayout::Split},
+                      Case{ggml::Type::Q5_1, 2112, 9, MatvecLayout::Split},
                       Case{ggml::Type::Q8_0, 32, 33, MatvecLayout::Split},
                       Case{ggml::Type::Q8_0, 2560, 70, MatvecLayout::Split},
                       Case{ggml::Type::Q4_0, 96, 31, MatvecLayout::Split},

@@ -290,9 +290,11 @@ TEST(GpuKQuant, SplitLayoutsAgreeWithTheGgufBlocks) {
     }
 }
 
-// The 32-block fallback types of K-quant files (Q4_1, Q5_0, Q5_1) read in place: every matrix
-// and table of tiny-e2b in each, decode steps and 32-token prefill chunks (cuBLAS products of
-// dequantized copies) against the CPU reference.
+// The 32-block fallback types of K-quant files (Q4_1, Q5_0, Q5_1): every matrix and table of
+// tiny-e2b in each, decode steps and 32-token prefill chunks (cuBLAS products of dequantized
+// copies) against the CPU reference, with the matrices in their split layout (the default) and
+// in their GGUF blocks (GEMMAJIT_REPACK=0); the tied table stays in its GGUF blocks and the LM
+// head gets its own split copy.
 TEST(GpuKQuant, FallbackBlockTypesMatchTheCpuReference) {
     GJ_REQUIRE_GPU();
     ScratchDir dir("gpu-q32");
@@ -300,20 +302,32 @@ TEST(GpuKQuant, FallbackBlockTypesMatchTheCpuReference) {
         const std::string what = ggml::type_name(type);
         SCOPED_TRACE(what);
         const auto path = synth_mix(dir, "tiny-e2b", what);
-        const auto f = flags();
-        std::vector<std::string> lines;
-        auto model = load_noting(path, 256, 32, f, lines);
-        EXPECT_EQ(f16_notices(lines), 0);
-        EXPECT_EQ(model->layers()[0].gate.type, type);
-        EXPECT_EQ(model->token_embd().type, type);
-        const int V = model->config().vocab_size;
-        const auto tokens = test_tokens(40, V);
-        const auto ref = cpu_logits(path, tokens);
-        GpuSession s(*model);
-        expect_agree(ref, s.prefill_logits(tokens), V, kTolQuant, what + " 32-token chunks vs CPU");
-        EXPECT_GT(s.path_counts().dequant, 0u);
-        s.reset();
-        expect_agree(ref, decode_logits(s, tokens), V, kTolQuant, what + " decode steps vs CPU");
+        std::vector<float> decoded[2];
+        int V = 0;
+        for (int repack : {1, 0}) {
+            const auto f = flags({{"GEMMAJIT_REPACK", repack ? "1" : "0"}});
+            const std::string how = what + (repack ? " split" : " GGUF blocks");
+            std::vector<std::string> lines;
+            auto model = load_noting(path, 256, 32, f, lines);
+            EXPECT_EQ(f16_notices(lines), 0);
+            EXPECT_EQ(model->layers()[0].gate.type, type);
+            EXPECT_EQ(model->layers()[0].gate.layout,
+                      repack ? MatvecLayout::Split : MatvecLayout::Ggml);
+            EXPECT_EQ(model->lm_head().layout, repack ? MatvecLayout::Split : MatvecLayout::Ggml);
+            EXPECT_EQ(model->token_embd().type, type);
+            EXPECT_EQ(model->token_embd().layout, MatvecLayout::Ggml);
+            V = model->config().vocab_size;
+            const auto tokens = test_tokens(40, V);
+            const auto ref = cpu_logits(path, tokens);
+            GpuSession s(*model);
+            expect_agree(ref, s.prefill_logits(tokens), V, kTolQuant,
+                         how + " 32-token chunks vs CPU");
+            EXPECT_GT(s.path_counts().dequant, 0u);
+            s.reset();
+            decoded[repack] = decode_logits(s, tokens);
+            expect_agree(ref, decoded[repack], V, kTolQuant, how + " decode steps vs CPU");
+        }
+        expect_agree(decoded[0], decoded[1], V, kTolQuant, what + " split vs GGUF decode");
     }
 }
 

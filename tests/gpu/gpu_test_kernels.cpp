@@ -3,8 +3,8 @@
 // scale and the chained second norm) and the Q8_0 / Q4_0 matvecs (both layouts, all epilogues,
 // the real widths and the tiny presets' 32 / 96, odd block counts per row, 1 to 8 columns, row
 // counts that do not fill the last block), and the K-quant (Q4_K, Q5_K, Q6_K) and Q4_1 / Q5_0 /
-// Q5_1 matvecs in their GGUF blocks the same ways (the K-quants also in their split layouts, the
-// GPU repack checked byte for byte against the CPU's).
+// Q5_1 matvecs in their GGUF blocks and their split layouts the same ways (the GPU repack
+// checked byte for byte against the CPU's).
 // MatvecBench.DISABLED_E4bFfnShapes measures bandwidth (run with --gtest_also_run_disabled_tests).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -382,7 +382,18 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q5_0, MatvecLayout::Ggml, 704, 131, 32, 1, 1},
         MatvecCase{ggml::Type::Q5_0, MatvecLayout::Ggml, 2112, 300, 128, 1, 1},
         MatvecCase{ggml::Type::Q5_1, MatvecLayout::Ggml, 96, 127, 32, 1, 2},
-        MatvecCase{ggml::Type::Q5_1, MatvecLayout::Ggml, 2560, 1000, 64, 2, 1}),
+        MatvecCase{ggml::Type::Q5_1, MatvecLayout::Ggml, 2560, 1000, 64, 2, 1},
+        // ... and in their split layout: one block per row, three, the 26B's 704 and 2112 with
+        // several rows per block over ragged row counts, partial thread coverage, 2 and 8
+        // columns.
+        MatvecCase{ggml::Type::Q4_1, MatvecLayout::Split, 32, 129, 32, 1, 1},
+        MatvecCase{ggml::Type::Q4_1, MatvecLayout::Split, 2112, 300, 64, 3, 2},
+        MatvecCase{ggml::Type::Q5_0, MatvecLayout::Split, 96, 127, 32, 2, 8},
+        MatvecCase{ggml::Type::Q5_0, MatvecLayout::Split, 704, 131, 32, 8, 1},
+        MatvecCase{ggml::Type::Q5_0, MatvecLayout::Split, 2112, 300, 64, 4, 1},
+        MatvecCase{ggml::Type::Q5_0, MatvecLayout::Split, 2112, 301, 128, 2, 8},
+        MatvecCase{ggml::Type::Q5_1, MatvecLayout::Split, 96, 127, 32, 1, 2},
+        MatvecCase{ggml::Type::Q5_1, MatvecLayout::Split, 2560, 1000, 64, 2, 1}),
     [](const ::testing::TestParamInfo<MatvecCase>& i) { return case_name(i.param); });
 
 // The plan's own choice of THREADS/ROWS, for the E4B widths and the tiny ones, both layouts,
@@ -400,7 +411,9 @@ TEST(MatvecPlanSpecs, E4bAndTinyWidthsMatchCpu) {
          {MatvecLayout::Ggml, MatvecLayout::Split},
          // ... and the slices of a tensor-parallel split (tiny over 2 GPUs: 64; 31B: 10752).
          {2560, 10240, 2048, 256, 128, 64, 32, 10752}},
-        {{ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1}, {MatvecLayout::Ggml}, q32_widths},
+        {{ggml::Type::Q4_1, ggml::Type::Q5_0, ggml::Type::Q5_1},
+         {MatvecLayout::Ggml, MatvecLayout::Split},
+         q32_widths},
         {{ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K},
          {MatvecLayout::Ggml},
          {2560, 10240, 2048, 1536, 512, 256}},

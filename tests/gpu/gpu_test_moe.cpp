@@ -31,6 +31,7 @@
 #include "tests/support/test_env.h"
 
 using gj::gemma4::GpuSession;
+using gj::gemma4::MatvecLayout;
 using gj::gemma4::Readout;
 using gj::jit::DeviceBuffer;
 using namespace gj::test;
@@ -266,10 +267,17 @@ TEST_P(MoeVsCpu, TinyMoeMatchesTheCpuReference) {
     GJ_REQUIRE_GPU();
     const ggml::Type wtype = GetParam();
     ScratchDir dir("gpu-moe");
-    const auto path = synth(dir, "tiny-moe", wtype);
+    // Whole-model Q5_0 is written as a quant mix (synth's plain types are the unmixed ones).
+    const auto path = wtype == ggml::Type::Q5_0 ? synth_mix(dir, "tiny-moe", "q5_0")
+                                                : synth(dir, "tiny-moe", wtype);
     const auto f = flags();
     const bool quant = wtype != ggml::Type::F16;
+    const bool gemm = wtype == ggml::Type::Q8_0 || wtype == ggml::Type::Q4_0;
     const auto probe = load_gpu(path, 1024, 8, f);
+    // Every quantized type's experts are split (Q5_0: the fallback of a Q4_K_M file's expert
+    // down).
+    EXPECT_EQ(probe->layers()[0].down_exps.all.layout,
+              quant ? MatvecLayout::Split : MatvecLayout::Ggml);
     const int V = probe->config().vocab_size;
     const auto tokens = test_tokens(600, V, 99);
     const auto ref = cpu_logits(path, tokens);
@@ -282,9 +290,9 @@ TEST_P(MoeVsCpu, TinyMoeMatchesTheCpuReference) {
         EXPECT_GT(s.path_counts().moe_grouped + s.path_counts().moe_gemm, 0u)
             << "the grouped expert kernels did not run";
         // Chunks wider than 8 tokens take the grouped tensor-core GEMM for Q8_0 / Q4_0 experts.
-        EXPECT_EQ(s.path_counts().moe_gemm > 0, quant && chunk > 8) << "chunks of " << chunk;
+        EXPECT_EQ(s.path_counts().moe_gemm > 0, gemm && chunk > 8) << "chunks of " << chunk;
     }
-    if (quant) {  // the kill switch: the grouped matvecs in chunks of 64
+    if (gemm) {  // the kill switch: the grouped matvecs in chunks of 64
         auto model = load_gpu(path, 1024, 64, flags({{"GEMMAJIT_MOE_GEMM", "0"}}));
         GpuSession s(*model);
         expect_moe_agree(ref, s.prefill_logits(tokens), V, kTolQuant,
@@ -303,7 +311,8 @@ TEST_P(MoeVsCpu, TinyMoeMatchesTheCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, MoeVsCpu,
-                         ::testing::Values(ggml::Type::Q8_0, ggml::Type::Q4_0, ggml::Type::F16),
+                         ::testing::Values(ggml::Type::Q8_0, ggml::Type::Q4_0, ggml::Type::Q5_0,
+                                           ggml::Type::F16),
                          [](const ::testing::TestParamInfo<ggml::Type>& i) {
                              return std::string(ggml::type_name(i.param));
                          });

@@ -17,6 +17,7 @@
 #include "engine/gpu/kernels/flash_prefill.h"
 #include "engine/gpu/kernels/logits.h"
 #include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/moe.h"
 #include "engine/gpu/kernels/ple.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
@@ -254,20 +255,58 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
               "dequant_f16.q5_k.k2560.split");
     EXPECT_EQ(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q5_K, 100, MatvecLayout::Split).name,
               "embed_rows.q5_k.n2560.v100.split");
-    EXPECT_THROW(matvec_spec(ggml::Type::Q5_1, 2560, 1, MatvecLayout::Split),
-                 std::invalid_argument);
-    EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q5_1, 2560, MatvecLayout::Split),
-                 std::invalid_argument);
     EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q8_0, 100, MatvecLayout::Split),
                  std::invalid_argument);
-    // Experts stay in their GGUF blocks (their upload sizes pieces in GGUF bytes); the repack
-    // entries exist for the split types only.
+    // K-quant experts stay in their GGUF blocks (their upload sizes pieces in GGUF bytes, which
+    // a split Q4_K / Q5_K is not).
     for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K})
         EXPECT_THROW(gj::gemma4::matvec_moe_spec(t, 2816, 1, MatvecLayout::Split),
                      std::invalid_argument);
     EXPECT_EQ(gj::gemma4::repack_entry(ggml::Type::Q6_K), "repack_q6_k");
     EXPECT_EQ(gj::gemma4::repack_entry(ggml::Type::Q5_K), "repack_q5_k");
-    EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::Q5_1), std::invalid_argument);
+    EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::F16), std::invalid_argument);
+}
+
+// The 32-block fallbacks of K-quant files (Q4_1, Q5_0, Q5_1) have the split layout too, in the
+// files' own bytes, with split Q4_0's decode shapes; their experts are split (the 26B-A4B's
+// 704-wide expert down of a Q4_K_M file is Q5_0), without the grouped int8 GEMM.
+TEST(KernelPlan, FallbackMatricesTakeTheSplitLayout) {
+    using gj::gemma4::matrix_bytes;
+    using gj::gemma4::matvec_spec;
+    const std::pair<ggml::Type, uint64_t> types[] = {
+        {ggml::Type::Q4_1, 20}, {ggml::Type::Q5_0, 22}, {ggml::Type::Q5_1, 24}};
+    for (auto [t, block_bytes] : types) {
+        const std::string tag = ggml::type_name(t);
+        const auto s = matvec_spec(t, 2112, 1, MatvecLayout::Split, 2816);
+        EXPECT_EQ(s.name, "matvec_" + tag + ".k2112.split");
+        EXPECT_EQ(gj::gemma4::spec_constant(s, "LAYOUT"), 1);
+        EXPECT_EQ(s.entries.back(), "repack_" + tag);
+        const auto q4 = matvec_spec(ggml::Type::Q4_0, 2112, 1, MatvecLayout::Split, 2816);
+        for (const char* c : {"THREADS", "ROWS", "UNROLL", "GEGLU_THREADS", "GEGLU_ROWS"})
+            EXPECT_EQ(gj::gemma4::spec_constant(s, c), gj::gemma4::spec_constant(q4, c))
+                << tag << " " << c;
+        EXPECT_EQ(matrix_bytes(t, MatvecLayout::Split, 2816, 2112), 2816u * 66 * block_bytes);
+        EXPECT_EQ(gj::gemma4::repack_entry(t), "repack_" + tag);
+        EXPECT_EQ(gj::gemma4::dequant_f16_spec(t, 2112, MatvecLayout::Split).name,
+                  "dequant_f16." + tag + ".k2112.split");
+        const auto down = gj::gemma4::matvec_moe_spec(t, 704, 1, MatvecLayout::Split);
+        EXPECT_EQ(down.name, "matvec_" + tag + ".k704.split.moe");
+        EXPECT_EQ(down.entries.back(), "repack_" + tag);
+        EXPECT_TRUE(gj::gemma4::moe_experts_split(t, 2816, 704));
+        EXPECT_FALSE(gj::gemma4::moe_experts_split(t, 3, 32)) << "3 blocks per expert";
+        // The embedding gather reads fallback tables in their GGUF blocks only.
+        EXPECT_THROW(gj::gemma4::embed_rows_spec(2816, t, 100, MatvecLayout::Split),
+                     std::invalid_argument);
+    }
+    // A whole-model Q5_0 MoE plans split experts without the grouped int8 GEMM.
+    const auto plan = build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q5_0);
+    bool split_experts = false;
+    for (const auto& s : plan) {
+        EXPECT_EQ(s.name.rfind("mmq", 0), std::string::npos) << s.name;
+        split_experts = split_experts || (s.name.find(".split.moe") != std::string::npos &&
+                                          s.name.rfind("matvec_q5_0", 0) == 0);
+    }
+    EXPECT_TRUE(split_experts);
 }
 
 // GEMMAJIT_MMQ_VARIANT=blas (apply_prefill_flags as a load reads it): Q8_0/Q4_0 layer matrices
@@ -476,8 +515,7 @@ TEST(KernelPlan, SpecBuildersRejectImpossibleShapes) {
     EXPECT_THROW(matvec_spec(ggml::Type::Q8_0, 2560, 9), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::IQ4_NL, 2560), gj::gemma4::ConfigError);
     EXPECT_NO_THROW(matvec_spec(ggml::Type::Q5_0, 2112));
-    EXPECT_THROW(matvec_spec(ggml::Type::Q5_1, 2560, 1, MatvecLayout::Split),
-                 std::invalid_argument);
+    EXPECT_THROW(matvec_spec(ggml::Type::F16, 2560, 1, MatvecLayout::Split), std::invalid_argument);
     EXPECT_THROW(gj::gemma4::dequant_f16_spec(ggml::Type::Q4_1, 100), std::invalid_argument);
     EXPECT_THROW(matvec_spec(ggml::Type::Q4_K, 2112), std::invalid_argument);  // % 256 != 0
     EXPECT_THROW(matvec_spec(ggml::Type::Q5_K, 2112, 1, MatvecLayout::Split),

@@ -175,6 +175,33 @@ std::vector<uint8_t> split_layout_q6_k(const std::vector<uint8_t>& blocks, int r
     return out;
 }
 
+// Q4_1 / Q5_0 / Q5_1 blocks -> the split planes of kernel_templates/q32_blocks.cuh, element by
+// element: the 16 payload bytes as they are; element e's fifth bit (bit e of the block's qh
+// word) at byte e % 4 of the unit's fifth-bit word, bit (e % 16) / 4 + (e >= 16 ? 4 : 0); then the
+// scale bytes (Q5_0: d; Q4_1 / Q5_1: d, m).
+std::vector<uint8_t> split_layout_q32(ggml::Type type, const std::vector<uint8_t>& blocks, int rows,
+                                      int k) {
+    const bool fifth = type != ggml::Type::Q4_1;
+    const int scale_bytes = type == ggml::Type::Q5_0 ? 2 : 4;
+    const int qs_at = type == ggml::Type::Q4_1 ? 4 : type == ggml::Type::Q5_0 ? 6 : 8;
+    const int qh_at = type == ggml::Type::Q5_0 ? 2 : 4;
+    const size_t block_bytes = ggml::type_info(type).block_bytes;
+    const size_t units = size_t(rows) * (k / 32);
+    std::vector<uint8_t> out(units * block_bytes);
+    uint8_t* qh_plane = &out[units * 16];
+    uint8_t* scale_plane = &out[units * (fifth ? 20 : 16)];
+    for (size_t i = 0; i < units; ++i) {
+        const uint8_t* blk = &blocks[i * block_bytes];
+        std::copy(blk + qs_at, blk + qs_at + 16, &out[i * 16]);
+        if (fifth)
+            for (int e = 0; e < 32; ++e)
+                if ((blk[qh_at + e / 8] >> (e % 8)) & 1)
+                    qh_plane[4 * i + e % 4] |= uint8_t(1 << ((e % 16) / 4 + (e >= 16 ? 4 : 0)));
+        std::copy(blk, blk + scale_bytes, scale_plane + scale_bytes * i);
+    }
+    return out;
+}
+
 }  // namespace
 
 std::vector<uint8_t> split_layout(ggml::Type type, const std::vector<uint8_t>& blocks, int rows,
@@ -182,6 +209,8 @@ std::vector<uint8_t> split_layout(ggml::Type type, const std::vector<uint8_t>& b
     if (type == ggml::Type::Q4_K) return split_layout_q4_k(blocks, rows, k);
     if (type == ggml::Type::Q5_K) return split_layout_q5_k(blocks, rows, k);
     if (type == ggml::Type::Q6_K) return split_layout_q6_k(blocks, rows, k);
+    if (type == ggml::Type::Q4_1 || type == ggml::Type::Q5_0 || type == ggml::Type::Q5_1)
+        return split_layout_q32(type, blocks, rows, k);
     const auto& info = ggml::type_info(type);
     const size_t n_blocks = static_cast<size_t>(rows) * (k / 32);
     const size_t payload = info.block_bytes - 2;

@@ -35,7 +35,7 @@ std::vector<float> random_normal(size_t n, float sigma, std::mt19937& rng);
 
 // ggml blocks [rows][k / 32] -> the split layout of matvec_common.cuh (payload plane, then fp16
 // scale plane); Q4_K / Q5_K / Q6_K super-blocks -> their split planes
-// (kernel_templates/kquant.cuh).
+// (kernel_templates/kquant.cuh); Q4_1 / Q5_0 / Q5_1 -> theirs (kernel_templates/q32_blocks.cuh).
 std::vector<uint8_t> split_layout(ggml::Type type, const std::vector<uint8_t>& blocks, int rows,
                                   int k);
 

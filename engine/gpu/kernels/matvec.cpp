@@ -144,6 +144,16 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     // 2 spilled 4-16 bytes on sm_80 at k 4096 .. 16384).
     if (layout == MatvecLayout::Split && is_kquant(weight_type) && ncols > 1)
         unroll = std::min(unroll, weight_type == ggml::Type::Q6_K ? 1 : 2);
+    // The split fallbacks' units (a fifth-bit word and a scale word more than Q4_0's) take the
+    // batch sizes at which ptxas keeps every spec of the five models free of spills (sm_80 and
+    // sm_90, searched over 1, 2 and 4): a dense Q5_0 batch one iteration (4 spilled 4 bytes at
+    // k 1536 on sm_90, 2 spilled at k 1536, 3840 and 5376), a Q5_1 expert batch 2 (4 spilled
+    // 24 bytes in the GeGLU at k 2816 on sm_90); the rest keep the rule above (Q4_1 with 2 or 1
+    // spilled 8-16 bytes on sm_80).
+    if (layout == MatvecLayout::Split && ncols > 1) {
+        if (weight_type == ggml::Type::Q5_0 && !moe) unroll = 1;
+        if (weight_type == ggml::Type::Q5_1 && moe) unroll = std::min(unroll, 2);
+    }
     int threads_used = threads, rows = 1;
     bool geglu_shape = false;  // the _geglu entry in 128 threads over 2 rows, 2-unit batches
     if (kq_blocks && ncols == 1) {
@@ -171,7 +181,8 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             unroll = 1;
         }
     }
-    // Single-column Q8_0 / Q4_0 decode shapes.
+    // Single-column Q8_0 / Q4_0 decode shapes; split Q4_1 / Q5_0 / Q5_1 take split Q4_0's (a unit
+    // of 16 nibble bytes, 32 activations, plus a fifth-bit word and a scale word).
     //  * Split rows of the dense layers, from an H100 sweep (MatvecBench.DISABLED_E4bFfnShapes,
     //    then tg128 with each candidate in the whole model): rows of at least 8192 take 64
     //    threads over 2 rows for Q8_0 (E4B ffn_down k 10240: 2280 -> 2410 GB/s) and 32 threads
@@ -203,7 +214,8 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    threads, more than the 132 x 32 an H200 holds at once; in one wave the 26B-A4B Q4_0's
     //    tg128 went 555.5 -> 580.9 and 585.4 (H200, 2026-11-29; 8 rows would spill in the
     //    GeGLU entry, 40 bytes on sm_90).
-    if (!kq_blocks && !spec_util::is_q32_fallback(weight_type) && ncols == 1) {
+    const bool q32_blocks = spec_util::is_q32_fallback(weight_type) && layout == MatvecLayout::Ggml;
+    if (!kq_blocks && !q32_blocks && ncols == 1) {
         const bool dense_split = !moe && layout == MatvecLayout::Split;
         const bool q4_0 = weight_type == ggml::Type::Q4_0;
         if (dense_split && k >= 8192) {
@@ -211,7 +223,7 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             rows = q4_split && !(q4_0 && row_class == Rows::Tall) ? 1 : 2;
             unroll = 2;
         } else if (dense_split && units > 32) {
-            const bool narrow = !is_kquant(weight_type);  // Q4_0 and Q8_0
+            const bool narrow = !is_kquant(weight_type);  // Q8_0, Q4_0 and the fallbacks
             threads_used = narrow ? 64 : 128;
             rows = narrow ? 4 : 2;
             unroll = narrow ? 1 : 2;
@@ -366,8 +378,8 @@ jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, Matvec
     // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /
     // bf16 k 2816, GeGLU).
     if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
-    // Split experts are Q8_0 / Q4_0 (moe_experts_split): the expert upload sizes each expert's
-    // piece in GGUF bytes, which a split Q4_K or Q5_K is not.
+    // Split experts are Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 (moe_experts_split): the expert upload
+    // sizes each expert's piece in GGUF bytes, which a split Q4_K or Q5_K is not.
     if (layout == MatvecLayout::Split && is_kquant(weight_type))
         throw std::invalid_argument(fmt::format(
             "matvec .moe: {} experts are read in their GGUF blocks", ggml::type_name(weight_type)));

@@ -2,6 +2,9 @@
 // the weights in each storage type:
 //   kernel_templates/matvec_q8_0.cu, matvec_q4_0.cu: Q8_0 / Q4_0 weights against Q8_1 (int8)
 //     activations, dp4a; "matvec_<q8_0|q4_0>.k<k>[.b<ncols>][.split]"
+//   kernel_templates/matvec_q4_1.cu, matvec_q5_0.cu, matvec_q5_1.cu: the 32-block fallbacks of
+//     K-quant files, in their GGUF blocks or split (matvec_q32.cuh), dp4a;
+//     "matvec_<q4_1|q5_0|q5_1>.k<k>[.b<ncols>][.split]"
 //   kernel_templates/matvec_q4_k.cu, matvec_q5_k.cu, matvec_q6_k.cu: the K-quants in their GGUF
 //     super-blocks or split (all three) against Q8_1 activations, dp4a;
 //     "matvec_<q4_k|q5_k|q6_k>.k<k>[.b<ncols>][.split]"
@@ -23,8 +26,7 @@ namespace gj::gemma4 {
 enum class MatvecLayout {
     Ggml,   // the GGUF's blocks as-is
     Split,  // payload plane + scale plane(s), made once by the spec's repack_<type> entry
-            // (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: spec_util::has_split; matrix_bytes gives the
-            // size)
+            // (every block type: spec_util::has_split; matrix_bytes gives the size)
 };
 
 // Which PLE matrix a matvec spec is for (matvec_spec's `ple`).
@@ -39,11 +41,11 @@ std::string repack_entry(ggml::Type t);
 // split Q5_K (180 instead of 176, for the same reason).
 uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint64_t k);
 
-// matvec of input width k. Q8_0 / Q4_0: "matvec_q8_0.k<k>[.b<ncols>][.split]" (int8 activations);
-// Q4_K / Q5_K / Q6_K: "matvec_q4_k.k<k>[.b<ncols>][.split]" (k a multiple of 256);
-// F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for another
-// weight type, std::invalid_argument for k % 32 != 0 (% 256 for K-quants), a split layout the
-// type does not have (Q4_1 / Q5_0 / Q5_1) or ncols outside 1..8.
+// matvec of input width k. Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1: "matvec_q8_0.k<k>[.b<ncols>][.split]"
+// (int8 activations); Q4_K / Q5_K / Q6_K: "matvec_q4_k.k<k>[.b<ncols>][.split]" (k a multiple of
+// 256); F32 / F16 / BF16: the matvec_f_spec below (layout must be Ggml). Throws ConfigError for
+// another weight type, std::invalid_argument for k % 32 != 0 (% 256 for K-quants), a split layout
+// of a float type or ncols outside 1..8.
 // n_rows (0: not known) is the matrix's output rows: single-column launch shapes depend on it
 // for a few types (a vocabulary-sized LM head, float matrices of few rows), and a spec whose
 // shape it changed carries ".wide" (>= 65536 rows), ".tall" (> 4096) or ".few" (< 1024) in its

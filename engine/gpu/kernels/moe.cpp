@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "engine/gpu/kernels/spec_util.h"
+
 namespace gj::gemma4 {
 
 jit::KernelSpec moe_spec(int n_experts, int n_used, int d_model) {
@@ -33,8 +35,8 @@ jit::KernelSpec moe_spec(const Config& cfg) {
 }
 
 bool moe_experts_split(ggml::Type t, int rows, int k) {
-    return (t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0) && rows > 0 && k > 0 && k % 32 == 0 &&
-           (int64_t(rows) * (k / 32)) % 8 == 0;
+    return (t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0 || spec_util::is_q32_fallback(t)) &&
+           rows > 0 && k > 0 && k % 32 == 0 && (int64_t(rows) * (k / 32)) % 8 == 0;
 }
 
 int moe_route_group_max_tokens(int n_used) {

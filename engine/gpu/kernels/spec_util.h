@@ -72,8 +72,8 @@ inline const char* quant_type_tag(ggml::Type t) {
     }
 }
 
-// The 32-element block types read in place in their GGUF blocks only (no split layout, no
-// tensor-core GEMM): Q4_1, Q5_0, Q5_1, the fallbacks of K-quant files.
+// The 32-element block types besides Q8_0 / Q4_0 (no tensor-core GEMM; their prefill products go
+// through F16 copies): Q4_1, Q5_0, Q5_1, the fallbacks of K-quant files.
 inline bool is_q32_fallback(ggml::Type t) {
     return t == ggml::Type::Q4_1 || t == ggml::Type::Q5_0 || t == ggml::Type::Q5_1;
 }
@@ -102,9 +102,11 @@ inline bool is_kquant_split(ggml::Type t) {
 }
 
 // Whether matrices of type t have the split layout (MatvecLayout::Split: aligned planes made
-// once at load by the matvec spec's repack entry): Q8_0, Q4_0 and the K-quants Q4_K, Q5_K, Q6_K.
+// once at load by the matvec spec's repack entry): every block type the matvecs read (Q8_0,
+// Q4_0, the fallbacks Q4_1, Q5_0, Q5_1, the K-quants Q4_K, Q5_K, Q6_K).
 inline bool has_split(ggml::Type t) {
-    return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0 || is_kquant_split(t);
+    return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0 || is_q32_fallback(t) ||
+           is_kquant_split(t);
 }
 
 // Whether the prefill tensor-core GEMMs (mmq, gemm_wgmma) read weights of type t in place.
