@@ -179,6 +179,23 @@ struct gj_x32 {
     }
 };
 
+// The integer dot of a split unit with its 32 activations: 16 nibble bytes in Q4_0's order and a
+// fifth-bit word in split Q5_K's order (kquant.cuh: bit t of byte i is element 4t + i's, bit 4 + t
+// element 16 + 4t + i's), which is 0 for units of 4-bit values (the additions fold away).
+GJ_DEVICE int32 gj_split_unit_dot5(uint4 q, uint32 qh, const gj_x32& x) {
+    const uint32 ql[4] = {q.x, q.y, q.z, q.w};
+    const int32 lo[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w};
+    const int32 hi[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+    int32 s = 0;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        s = dp4a_s8((int32)((ql[t] & 0x0f0f0f0fu) | (((qh >> t) & 0x01010101u) << 4)), lo[t], s);
+        s = dp4a_s8((int32)(((ql[t] >> 4) & 0x0f0f0f0fu) | (((qh >> (t + 4)) & 0x01010101u) << 4)),
+                    hi[t], s);
+    }
+    return s;
+}
+
 // What a matvec block does right after its grid dependency wait, before its first activation
 // load: nothing (the input is in global memory), or an input prologue (below) that makes the
 // block's Q8_1 input in shared memory (kShared: the activation loads then read shared memory).

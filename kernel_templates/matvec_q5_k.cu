@@ -66,16 +66,7 @@ struct gj_q5_k_split {
         return gj_x32::load<kS>(x, xds, c, u);
     }
     static GJ_DEVICE float dot(const WFrag& f, const XFrag& x) {
-        const uint32 ql[4] = {f.q.x, f.q.y, f.q.z, f.q.w};
-        const int32 lo[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w};
-        const int32 hi[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
-        int32 s = 0;
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            s = dp4a_s8((int32)gj_q5_k_split_q(ql[t], f.qh, t, 0), lo[t], s);
-            s = dp4a_s8((int32)gj_q5_k_split_q(ql[t], f.qh, t, 1), hi[t], s);
-        }
-        return gj_kq_split_unit_sum(f.dm, f.scm, x.ds, s);
+        return gj_kq_split_unit_sum(f.dm, f.scm, x.ds, gj_split_unit_dot5(f.q, f.qh, x));
     }
 };
 

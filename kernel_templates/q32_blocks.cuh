@@ -13,6 +13,7 @@
 #define GJ_Q32_BLOCKS_CUH
 
 #include "gj_ptx.cuh"
+#include "kquant.cuh"
 
 template <int kType>
 struct gj_q32_layout {
@@ -77,15 +78,6 @@ GJ_DEVICE void gj_q32_split_repack(const uint8* src, uint8* dst, size_t units, s
         ((uint16*)(dst + P::dm(units)))[unit] = *(const uint16*)blk;
 }
 
-// The four 4- or 5-bit values (one per byte) under the low (hi 0) or high (hi 1) nibbles of payload
-// word t of a split block, given that word and the block's split fifth-bit word.
-template <int kType>
-GJ_DEVICE uint32 gj_q32_split_q(uint32 ql, uint32 h, int t, int hi) {
-    uint32 q = (ql >> (4 * hi)) & 0x0f0f0f0fu;
-    if (gj_q32_layout<kType>::kFifth) q |= ((h >> (t + 4 * hi)) & 0x01010101u) << 4;
-    return q;
-}
-
 // The four elements e .. e+3 (e a multiple of 4) of block `unit` of a split matrix at `w` of
 // `units` blocks, dequantized exactly as gj_q32_dequant4 (and the CPU) does it.
 template <int kType>
@@ -94,7 +86,7 @@ GJ_DEVICE float4 gj_q32_split_dequant4(const uint8* w, size_t units, size_t unit
     using P = gj_q32_split_planes<kType>;
     const uint32 ql = __ldg((const uint32*)(w + 16 * unit + (e & 15)));
     const uint32 h = L::kFifth ? __ldg((const uint32*)(w + P::qh(units)) + unit) : 0u;
-    const uint32 q = gj_q32_split_q<kType>(ql, h, (e & 15) / 4, e >= 16);
+    const uint32 q = gj_q5_k_split_q(ql, h, (e & 15) / 4, e >= 16);  // h is 0 for Q4_1
     float d, m = 0.0f;
     if (L::kMin) {
         const uint32 dm = __ldg((const uint32*)(w + P::dm(units)) + unit);
