@@ -20,9 +20,6 @@ jit::KernelSpec dequant_f16_spec(ggml::Type weight_type, int k, MatvecLayout lay
         throw std::invalid_argument(
             fmt::format("dequant_f16: row width {} is not a positive multiple of {}", k, block));
     const bool split = layout == MatvecLayout::Split;
-    if (split && !spec_util::has_split(weight_type))
-        throw std::invalid_argument(
-            fmt::format("dequant_f16: {} has no split layout", ggml::type_name(weight_type)));
     if (split32 && !split)
         throw std::invalid_argument(fmt::format("dequant_f16: {} is read in its split layout only",
                                                 ggml::type_name(weight_type)));

@@ -115,10 +115,6 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             throw std::invalid_argument(fmt::format(
                 "matvec_{}: input width {} is not a multiple of 256 (whole super-blocks)", tag, k));
     }
-    if (!spec_util::has_split(weight_type) && layout != MatvecLayout::Ggml)
-        throw std::invalid_argument(
-            fmt::format("matvec_{}: {} is read in its GGUF blocks (no split layout)", tag,
-                        ggml::type_name(weight_type)));
     // The K-quant rules below are those of the GGUF super-blocks; a split Q4_K, Q5_K or Q6_K
     // unit is a split Q4_0 unit (16 nibble bytes, 32 activations; Q5_K 4 bytes of fifth bits
     // more, Q6_K 8 bytes of top bits) and takes the split Q4_0 shapes.

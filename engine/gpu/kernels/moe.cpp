@@ -35,8 +35,9 @@ jit::KernelSpec moe_spec(const Config& cfg) {
 }
 
 bool moe_experts_split(ggml::Type t, int rows, int k) {
-    return (t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0 || spec_util::is_q32_fallback(t)) &&
-           rows > 0 && k > 0 && k % 32 == 0 && (int64_t(rows) * (k / 32)) % 8 == 0;
+    // Every split type but the K-quants, whose split matrices are larger than their blocks.
+    return spec_util::has_split(t) && !spec_util::is_kquant(t) && rows > 0 && k > 0 &&
+           k % 32 == 0 && (int64_t(rows) * (k / 32)) % 8 == 0;
 }
 
 int moe_route_group_max_tokens(int n_used) {

@@ -105,8 +105,7 @@ inline bool is_kquant_split(ggml::Type t) {
 // once at load by the matvec spec's repack entry): every block type the matvecs read (Q8_0,
 // Q4_0, the fallbacks Q4_1, Q5_0, Q5_1, the K-quants Q4_K, Q5_K, Q6_K).
 inline bool has_split(ggml::Type t) {
-    return t == ggml::Type::Q8_0 || t == ggml::Type::Q4_0 || is_q32_fallback(t) ||
-           is_kquant_split(t);
+    return quant_type_tag(t) != nullptr;
 }
 
 // Whether the prefill tensor-core GEMMs (mmq, gemm_wgmma) read weights of type t in place.
