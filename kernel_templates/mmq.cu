@@ -1,38 +1,56 @@
 // mmq: prompt-batch matrix product C = X W^T on int8 tensor cores (mma.sync m16n8k32 s8) for
-// Q8_0 / Q4_0 weights in the split layout against Q8_1 activations, fp32 results.
+// block-quantized weights against Q8_1 activations, fp32 results.
 //
 // Per 32-element block b of the inner dimension, the tensor core forms the exact integer dot
 //   dot(t, n, b) = sum_{j < 32} qx[t][32b + j] * qw[n][32b + j]
-// (Q4_0: qw = the raw nibble 0..15), and the fp32 accumulator of (token t, row n) takes
-//   Q8_0: acc += dw[n][b] * (dx[t][b] * dot)
-//   Q4_0: acc += dw[n][b] * (dx[t][b] * dot - 8 * s[t][b])       s = dx * sum(qx): the -8 offset
-// with {dx, s} the activation block's Q8_1 scales and dw the weight block's fp16 scale. The int32
-// accumulator of each mma starts at the bit pattern of 1.5 * 2^23, so its result read as a float
-// is 1.5 * 2^23 + dot (|dot| < 2^22) and one exact subtraction gives float(dot): three fp32
-// operations per element and block, no int -> float conversion.
+// of the weights' unsigned quants qw (Q8_0: the signed bytes), and the fp32 accumulator of (token
+// t, row n) takes, with {dx, s} the activation block's Q8_1 scales (s = dx * sum(qx)):
+//   offset types, x = d (q + c):  acc += d[n][b] * (dx[t][b] * dot + c * s[t][b])
+//       Q8_0 (c 0), Q4_0 (c -8), Q5_0 (c -16); d the block's fp16 scale
+//   min types, x = A q + B:       acc += A[n][b] * (dx[t][b] * dot) + B[n][b] * s[t][b]
+//       Q4_1, Q5_1 (A, B = the block's fp16 d, m); Q4_K, Q5_K (A = d sc, B = -dmin m of the
+//       sub-block's 6-bit scale and min and the super-block's fp16 d, dmin)
+// The int32 accumulator of each mma starts at the bit pattern of 1.5 * 2^23, so its result read
+// as a float is 1.5 * 2^23 + dot (|dot| < 2^22) and one exact subtraction gives float(dot): no int
+// -> float conversion.
+//
+// Weight layouts read (WTYPE is the ggml type id):
+//   Q8_0 (8), Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7): the split layout of the matvecs (planes over
+//     the matrix's n_rows * K / 32 blocks: the payload, 32 or 16 bytes a block, then Q5_0 / Q5_1's
+//     fifth-bit words, then the fp16 d or d | m << 16; kernel_templates/q32_blocks.cuh).
+//   Q4_K (12), Q5_K (13): the GGUF super-blocks in place (kquant.cuh; rows of whole super-blocks,
+//     K % 256 == 0): a stage takes KBS sub-blocks of one super-block, its 16-byte head (d, dmin,
+//     the packed scales), Q5_K's 32 qh bytes and the KBS * 16 qs bytes that hold them (pairs of
+//     sub-blocks share 32 qs bytes: low nibbles the even one, high nibbles the odd one). Each warp
+//     decodes the {A, B} of its rows' sub-blocks into a table of its own once per stage.
 //
 // Data: a block computes a BM (tokens) x BN (weight rows) tile. Each pipeline stage holds KBS
-// 32-blocks of K: activations [rows][KBS * 32] int8, weights [BN][KBS * 32] int8 (Q8_0) or
-// [BN][KBS * 16] nibble bytes (Q4_0) per matrix, the {dx, s} [KBS][rows] and fp16 dw [BN][KBS].
+// 32-blocks of K: activations [rows][KBS * 32] int8, per matrix the weight payload [BN][KBS * 32]
+// int8 (Q8_0) or [BN][KBS * 16] nibble bytes (the rest), the fifth bits (Q5_0 / Q5_1 [BN][KBS]
+// words, Q5_K [BN][32] qh bytes), the super-block heads (K-quants, [BN][16] bytes) and the block
+// scales ([BN][KBS] fp16 d or d | m words), and the {dx, s} [KBS][rows].
 // Everything is copied with cp.async (16-byte chunks for the payloads), STAGES stages in flight.
 // Payload rows are stored as 16-byte chunks XOR-swizzled within each 128-byte line, so ldmatrix
 // reads (8 rows at one chunk column) and the copies hit distinct banks. ldmatrix.x4 on the
-// activation tile gives the mma A fragment directly; on the Q8_0 tile it gives two n8 B
-// fragments; for Q4_0 one 32-bit word of a row holds the nibbles of both B registers (bytes
-// 4t..4t+3: low nibbles are elements 4t..4t+3, high nibbles 16+4t..16+4t+3): a mask and a shift.
+// activation tile gives the mma A fragment directly; on the Q8_0 tile (and the K-quants' 32-byte
+// qs pairs, masked to the sub-block's nibbles) it gives two n8 B fragments; for the split nibble
+// types one 32-bit word of a row holds the nibbles of both B registers (bytes 4t..4t+3: low
+// nibbles are elements 4t..4t+3, high nibbles 16+4t..16+4t+3): a mask and a shift, then the
+// fifth bits or'ed in at bit 4.
 // Warps form a WARPS_M x WARPS_N grid over the tile. The GeGLU entries compute two matrices; with
 // GEGLU_PASSES = 2 they take the BM tokens in two passes of BM / 2 (the same registers and mma
 // work per warp and step as the plain entry, the weights read twice).
 // Rows past T or n_rows read the last valid row (clamped) and are never written.
 //
 // Constants (prologue #defines):
-//   K        inner dimension (multiple of 32)       WTYPE    0 = Q8_0, 1 = Q4_0 (split layout)
+//   K        inner dimension (multiple of 32; of 256 for Q4_K / Q5_K)
+//   WTYPE    ggml type id: 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1 (split), 12 Q4_K, 13 Q5_K (GGUF)
 //   BM, BN   block tile: tokens x weight rows       WARPS_M, WARPS_N  warp grid (see above)
-//   KBS      32-blocks of K per stage (1, 2, 4, 8)  STAGES   pipeline depth (>= 2)
+//   KBS      32-blocks of K per stage (1, 2, 4, 8; K-quants 2, 4, 8)  STAGES  pipeline depth (>= 2)
 //   THREADS  32 * WARPS_M * WARPS_N                 MIN_BLOCKS  __launch_bounds__ blocks per SM
 //   GEGLU_PASSES  1 or 2 passes over the tokens in the GeGLU entries (see above)
-//   SMEM     dynamic shared memory bytes: STAGES times the larger stage of the plain and the
-//            GeGLU layouts (checked against the layout below)
+//   SMEM     dynamic shared memory bytes: the larger of the plain and the GeGLU layouts' STAGES
+//            stages plus (K-quants) the warps' scale tables (checked against the layout below)
 //   SPLITS   the plain entry splits K over SPLITS blocks (1: no split); see mmq_reduce
 // Launch (every entry): grid (ceil(n_rows / BN), ceil(T / BM)), block THREADS, dynamic smem SMEM
 // (above 48 KiB the engine opts every entry in). With SPLITS > 1 the plain
@@ -44,7 +62,7 @@
 //
 // Entries, one signature:
 //   (w, w_up, xq, xds, y, yds, T, n_rows)
-//     w, w_up  split-layout weights [n_rows][K] (w_up only for the GeGLU entries)
+//     w, w_up  weights [n_rows][K] (w_up only for the GeGLU entries; layouts above)
 //     xq, xds  Q8_1 activations int8 [T][K], float2 {d, d * sum(q)} [T][K / 32]
 //   mmq           y fp32 [T][n_rows] = X W^T                              (yds unused)
 //   mmq_geglu     y fp32 [T][n_rows] = gelu_tanh(X W^T) * (X W_up^T)      (yds unused)
@@ -52,7 +70,7 @@
 //                 bit-identical to quantize_q8_1 over mmq_geglu's output; needs n_rows % 32 == 0
 //
 // With MOE = 1 the module holds the grouped expert forms instead (a MoE layer's routed experts in
-// prefill, every expert a split-layout matrix of its own, expert e at w + e * expert_bytes):
+// prefill, every expert a matrix of its own (layouts above), expert e at w + e * expert_bytes):
 //   mmq_moe, mmq_moe_geglu, mmq_moe_geglu_q8
 //     (w, w_up, expert_bytes, xq, xds, groups, n_groups, slots, in_div, y, yds, n_rows)
 //     block (row tile, g) multiplies expert groups[g].x by the groups[g].z <= BM slots of group g
@@ -62,6 +80,7 @@
 //     groups a batch can form). Launch: grid (ceil(n_rows / BN), that bound), block THREADS,
 //     dynamic smem SMEM. No split K.
 #include "gj_ptx.cuh"
+#include "kquant.cuh"
 #include "split_k_reduce.cuh"
 
 #ifndef MIN_BLOCKS
@@ -77,8 +96,24 @@
 #define MOE 0
 #endif
 
+// How the kernel reads each weight type (WTYPE: its ggml type id).
+constexpr bool kQ8 = WTYPE == 8;                            // int8 payload, 32 bytes a block
+constexpr bool kKq = WTYPE == 12 || WTYPE == 13;            // GGUF K-quant super-blocks
+constexpr bool kFifth32 = WTYPE == 6 || WTYPE == 7;         // split fifth-bit words (Q5_0, Q5_1)
+constexpr bool kQh = WTYPE == 13;                           // Q5_K's qh bytes
+constexpr bool kMinForm = WTYPE == 3 || WTYPE == 7 || kKq;  // x = A q + B (else d (q + c))
+constexpr float kOffset = WTYPE == 2 ? -8.0f : WTYPE == 6 ? -16.0f : 0.0f;  // c
+constexpr int kDwElem = kKq ? 0 : kMinForm ? 4 : 2;  // scale bytes per (row, block): d | m, d
+constexpr int kKqBlock = WTYPE == 12 ? 144 : 176;    // a K-quant super-block's bytes
+constexpr int kKqQs = WTYPE == 12 ? 16 : 48;         // its qs bytes' offset
+
 static_assert(K % 32 == 0 && K > 0, "mmq: K must be a positive multiple of 32");
-static_assert(WTYPE == 0 || WTYPE == 1, "mmq: WTYPE must be 0 (Q8_0) or 1 (Q4_0)");
+static_assert(kQ8 || kKq || WTYPE == 2 || WTYPE == 3 || WTYPE == 6 || WTYPE == 7,
+              "mmq: WTYPE must be 8 (Q8_0), 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 7 (Q5_1), 12 (Q4_K) or "
+              "13 (Q5_K)");
+static_assert(!kKq || (K % 256 == 0 && KBS >= 2),
+              "mmq: K-quant rows are whole super-blocks (K % 256 == 0), staged 2, 4 or 8 "
+              "sub-blocks at a time (pairs share their qs bytes)");
 static_assert(THREADS == 32 * WARPS_M * WARPS_N, "mmq: THREADS must be 32 * WARPS_M * WARPS_N");
 static_assert(BM % (16 * WARPS_M) == 0, "mmq: a warp's token rows must be whole m16 tiles");
 static_assert(BN % (32 * WARPS_N) == 0,
@@ -96,14 +131,17 @@ constexpr int kSteps = (kKb + KBS - 1) / KBS;  // pipeline steps over K
 constexpr int kWn = BN / WARPS_N;
 constexpr int kNf = kWn / 8;    // n8 fragments per warp
 constexpr int kXCpr = KBS * 2;  // 16-byte chunks per activation row
-constexpr int kWBytesPerKb = WTYPE == 0 ? 32 : 16;
+constexpr int kWBytesPerKb = kQ8 ? 32 : 16;
 constexpr int kWCpr = KBS * kWBytesPerKb / 16;    // 16-byte chunks per weight row
 constexpr int kWBytes = BN * KBS * kWBytesPerKb;  // one matrix's payload per stage
-constexpr int kDwBytes = BN * KBS * 2;            // one matrix's fp16 scales per stage
-constexpr int32 kMagic = 0x4b400000;              // bits of 1.5 * 2^23
-constexpr float kMagicF = 12582912.0f;            // 1.5 * 2^23
+constexpr int kQhBytes = kFifth32 ? BN * KBS * 4 : kQh ? BN * 32 : 0;  // its fifth bits
+constexpr int kHdBytes = kKq ? BN * 16 : 0;                            // its super-block heads
+constexpr int kDwBytes = BN * KBS * kDwElem;                           // its block scales
+constexpr int32 kMagic = 0x4b400000;                                   // bits of 1.5 * 2^23
+constexpr float kMagicF = 12582912.0f;                                 // 1.5 * 2^23
 
-// The stage layout of an entry that computes kMats matrices for kRows tokens per pass.
+// The stage layout of an entry that computes kMats matrices for kRows tokens per pass, and (the
+// K-quants) the warps' scale tables after the stages: float2 {A, B} [warp][matrix][KBS][kWn].
 template <int kMats>
 struct MmqLayout {
     static constexpr int kPasses = kMats == 2 ? GEGLU_PASSES : 1;
@@ -111,14 +149,18 @@ struct MmqLayout {
     static constexpr int kWm = kRows / WARPS_M;  // a warp's tokens per pass
     static constexpr int kMf = kWm / 16;         // its m16 fragments
     static constexpr int kXBytes = kRows * KBS * 32;
-    static constexpr int kW = kXBytes;                     // weights, kMats x kWBytes
-    static constexpr int kDx = kW + kMats * kWBytes;       // float2 [KBS][kRows]
-    static constexpr int kDw = kDx + KBS * kRows * 8;      // fp16 [kMats][BN][KBS]
+    static constexpr int kW = kXBytes;                     // payloads, kMats x kWBytes
+    static constexpr int kQ = kW + kMats * kWBytes;        // fifth bits, kMats x kQhBytes
+    static constexpr int kHd = kQ + kMats * kQhBytes;      // heads, kMats x kHdBytes
+    static constexpr int kDx = kHd + kMats * kHdBytes;     // float2 [KBS][kRows]
+    static constexpr int kDw = kDx + KBS * kRows * 8;      // scales, kMats x kDwBytes
     static constexpr int kStage = kDw + kMats * kDwBytes;  // bytes per stage
-    static_assert(kXBytes % 128 == 0 && kWBytes % 128 == 0 && kDx % 16 == 0 && kDw % 16 == 0 &&
-                      kStage % 16 == 0,
+    static constexpr int kTabWarp = KBS * kWn * 8;         // one warp's table of one matrix
+    static constexpr int kSmem = STAGES * kStage + (kKq ? WARPS_M * WARPS_N * kMats * kTabWarp : 0);
+    static_assert(kXBytes % 128 == 0 && kWBytes % 128 == 0 && kQ % 16 == 0 && kHd % 16 == 0 &&
+                      kDx % 16 == 0 && kDw % 16 == 0 && kStage % 16 == 0,
                   "mmq: tile pieces must keep 128-byte lines and 16-byte alignment");
-    static_assert(SMEM >= STAGES * kStage, "mmq: SMEM is smaller than the pipeline needs");
+    static_assert(SMEM >= kSmem, "mmq: SMEM is smaller than the pipeline needs");
 };
 
 // Byte offset of 16-byte chunk c of row r in a tile of `cpr` chunks per row: the chunk's position
@@ -166,6 +208,51 @@ GJ_DEVICE void mmq_per_thread(F&& f) {
     }
 }
 
+// kBytes (4, 8, 16 or 32) from global to shared memory asynchronously, both aligned to
+// min(kBytes, 16).
+template <int kBytes>
+GJ_DEVICE void mmq_cp_async_row(uint32 dst, const uint8* src) {
+    if (kBytes >= 16) {
+#pragma unroll
+        for (int i = 0; i < kBytes / 16; ++i) cp_async_ca16(dst + 16 * i, src + 16 * i);
+    } else if (kBytes == 8) {
+        mmq_cp_async8(dst, src);
+    } else {
+        mmq_cp_async4(dst, src);
+    }
+}
+
+// The stage's per-block words of the tile's rows (fifth-bit words, block scales): the kElem bytes
+// of each of its KBS blocks of row n, from a plane of [n_rows][kKb] elements, to [BN][KBS] at dst.
+// Whole steps of aligned rows copy asynchronously; otherwise (odd block counts, the ragged last
+// step) plain loads and stores, which the __syncthreads before the stage is read also order.
+template <int kElem>
+GJ_DEVICE void mmq_load_blocks(uint32 dst, const uint8* plane, int n0, int n_rows, int kb0) {
+    constexpr int kRowBytes = KBS * kElem;
+    if (kRowBytes >= 4 && kKb % KBS == 0) {
+        mmq_per_thread<BN>([&](int r) {
+            const int n = min(n0 + r, n_rows - 1);
+            mmq_cp_async_row<kRowBytes>(dst + r * kRowBytes,
+                                        plane + ((size_t)n * kKb + kb0) * kElem);
+        });
+    } else {
+        for (int i = threadIdx.x; i < BN * KBS; i += THREADS) {
+            const int r = i / KBS, kk = i % KBS;
+            if (kb0 + kk < kKb) {
+                const int n = min(n0 + r, n_rows - 1);
+                const uint8* src = plane + ((size_t)n * kKb + kb0 + kk) * kElem;
+                const uint32 at = dst + (r * KBS + kk) * kElem;
+                if (kElem == 2)
+                    asm volatile("st.shared.u16 [%0], %1;" ::"r"(at), "h"(*(const uint16*)src)
+                                 : "memory");
+                else
+                    asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(*(const uint32*)src)
+                                 : "memory");
+            }
+        }
+    }
+}
+
 // Issues the copies of pipeline step `step` (tokens m0.., weight rows n0..) into the stage at
 // shared address `st`.
 template <int kMats>
@@ -181,7 +268,11 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
             cp_async_cg16(st + mmq_swizzle(r, c, kXCpr), xq + (size_t)t * K + kb0 * 32 + c * 16);
         }
     });
-    const size_t row_bytes = (size_t)K * kWBytesPerKb / 32;
+    // A row's bytes: its blocks' payloads (split planes), or its super-blocks (K-quants), whose
+    // stage starts at super-block kb0 / 8, sub-block kb0 % 8.
+    const size_t row_bytes = kKq ? (size_t)(K / 256) * kKqBlock : (size_t)K * kWBytesPerKb / 32;
+    const size_t units = (size_t)n_rows * kKb;  // blocks per matrix (the split planes' length)
+    const int sb_bytes = (kb0 / 8) * kKqBlock;  // K-quants: the stage's super-block in a row
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
         const uint32 wt = st + L::kW + m * kWBytes;
@@ -189,10 +280,29 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
             const int r = i / kWCpr, c = i % kWCpr;
             if (kWhole || kb0 + c * 16 / kWBytesPerKb < kKb) {
                 const int n = min(n0 + r, n_rows - 1);
+                const uint8* row = w[m] + n * row_bytes;
                 cp_async_cg16(wt + mmq_swizzle(r, c, kWCpr),
-                              w[m] + n * row_bytes + kb0 * kWBytesPerKb + c * 16);
+                              kKq ? row + sb_bytes + kKqQs + (kb0 % 8) * 16 + c * 16
+                                  : row + kb0 * kWBytesPerKb + c * 16);
             }
         });
+        if (kKq) {  // the super-block heads and (Q5_K) qh bytes
+            mmq_per_thread<BN*(kQh ? 3 : 1)>([&](int i) {
+                const int r = i % BN, c = i / BN;  // c 0: head, 1..2: qh chunks
+                const uint8* blk = w[m] + min(n0 + r, n_rows - 1) * row_bytes + sb_bytes;
+                if (c == 0)
+                    cp_async_ca16(st + L::kHd + m * kHdBytes + r * 16, blk);
+                else
+                    cp_async_cg16(st + L::kQ + m * kQhBytes + mmq_swizzle(r, c - 1, 2),
+                                  blk + 16 * c);
+            });
+        } else {
+            if (kFifth32)
+                mmq_load_blocks<4>(st + L::kQ + m * kQhBytes, w[m] + units * 16, n0, n_rows, kb0);
+            mmq_load_blocks<kDwElem>(st + L::kDw + m * kDwBytes,
+                                     w[m] + units * (kWBytesPerKb + (kFifth32 ? 4 : 0)), n0, n_rows,
+                                     kb0);
+        }
     }
     mmq_per_thread<L::kRows * KBS>([&](int i) {
         const int kk = i / L::kRows, r = i % L::kRows;
@@ -201,34 +311,25 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
             mmq_cp_async8(st + L::kDx + (kk * L::kRows + r) * 8, xds + (size_t)t * kKb + kb0 + kk);
         }
     });
-    // Weight scales, from the scale plane after the payload plane. Whole steps with aligned rows
-    // copy asynchronously; otherwise (odd block counts, the ragged last step) plain loads and
-    // stores, which the __syncthreads before the stage is read also order.
+}
+
+// K-quants: the {A, B} = {d sc, -dmin m} of sub-blocks kb0 % 8 .. + KBS of the warp's kWn rows
+// (wn * kWn ..) of matrix m, from the stage's heads, into the warp's table [KBS][kWn]. The exact
+// products of the CPU's dequantization (engine/gguf/dequant.cpp).
+template <int kMats>
+GJ_DEVICE void mmq_kq_scales(const uint8* st_gen, float2* tab, int m, int wn, int lane, int step) {
+    using L = MmqLayout<kMats>;
+    const int s0 = (step * KBS) % 8;
 #pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-        const uint16* scales = (const uint16*)(w[m] + (size_t)n_rows * row_bytes);
-        const uint32 dw = st + L::kDw + m * kDwBytes;
-        if (KBS > 1 && kKb % KBS == 0) {
-            mmq_per_thread<BN>([&](int r) {
-                const int n = min(n0 + r, n_rows - 1);
-                const uint16* src = scales + (size_t)n * kKb + kb0;
-                if (KBS == 8)
-                    cp_async_ca16(dw + r * KBS * 2, src);
-                else if (KBS == 4)
-                    mmq_cp_async8(dw + r * KBS * 2, src);
-                else
-                    mmq_cp_async4(dw + r * KBS * 2, src);
-            });
-        } else {
-            for (int i = threadIdx.x; i < BN * KBS; i += THREADS) {
-                const int r = i / KBS, kk = i % KBS;
-                if (kb0 + kk < kKb) {
-                    const int n = min(n0 + r, n_rows - 1);
-                    const uint16 v = scales[(size_t)n * kKb + kb0 + kk];
-                    asm volatile("st.shared.u16 [%0], %1;" ::"r"(dw + (r * KBS + kk) * 2), "h"(v)
-                                 : "memory");
-                }
-            }
+    for (int r = lane; r < kWn; r += 32) {
+        const uint4 hd = *(const uint4*)(st_gen + L::kHd + m * kHdBytes + (wn * kWn + r) * 16);
+        const float2 dm = unpack_f16x2(hd.x);  // {d, dmin}
+#pragma unroll
+        for (int kk = 0; kk < KBS; ++kk) {
+            int sc, mn;
+            gj_kq_scale_min(hd.y, hd.z, hd.w, s0 + kk, sc, mn);
+            tab[kk * kWn + r] =
+                make_float2(__fmul_rn(dm.x, (float)sc), -__fmul_rn(dm.y, (float)mn));
         }
     }
 }
@@ -257,25 +358,31 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     if (kSplits > 1) y = (float*)y + (size_t)z * T * n_rows;
 
     // Per-lane ldmatrix row/chunk selections (see the fragment layouts in gj_ptx.cuh). One
-    // ldmatrix.x4 of the weight tile covers kG n8 fragments: 2 (Q8_0: 16 rows x 32 bytes) or 4
-    // (Q4_0: 32 rows x 16 nibble bytes).
-    constexpr int kG = WTYPE == 0 ? 2 : 4;
+    // ldmatrix.x4 of the weight tile covers kG n8 fragments: 2 (16 rows x 32 bytes: Q8_0, a
+    // K-quant's qs pair) or 4 (32 rows x 16 nibble bytes).
+    constexpr bool kRows32 = kQ8 || kKq;  // 32-byte payload rows per ldmatrix
+    constexpr int kG = kRows32 ? 2 : 4;
     constexpr int kB = kMf >= 4 ? 1 : (4 / kMf < kG ? 4 / kMf : kG);  // fragments per mma batch
     const int a_row = wm * kWm + (lane % 8) + ((lane / 8) % 2) * 8;   // + i * 16
     const int a_chunk = lane / 16;                                    // + kk * 2
-    const int b_row = wn * kWn + (WTYPE == 0 ? (lane % 8) + (lane / 16) * 8 : lane);
-    const int b_chunk = WTYPE == 0 ? (lane / 8) % 2 : 0;  // + kk * kBStep
-    constexpr int kBStep = kWCpr / KBS;                   // weight chunks per 32-block
+    const int b_row = wn * kWn + (kRows32 ? (lane % 8) + (lane / 16) * 8 : lane);
+    const int b_chunk = kRows32 ? (lane / 8) % 2 : 0;  // + the 32-block's chunk
+    constexpr int kBStep = kWCpr / KBS;                // weight chunks per 32-block (not K-quants)
     // The lane's ldmatrix offsets within a stage's tiles at its first 32-block (a chunk below 2 or
     // kBStep, so mmq_swizzle_add reaches the later ones).
-    uint32 a_off[kMf], b_off[kNf / kG];
+    uint32 a_off[kMf], b_off[kNf / kG], h_off[kNf / kG];
 #pragma unroll
     for (int i = 0; i < kMf; ++i) a_off[i] = mmq_swizzle(a_row + i * 16, a_chunk, kXCpr);
 #pragma unroll
-    for (int q = 0; q < kNf / kG; ++q) b_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, kWCpr);
+    for (int q = 0; q < kNf / kG; ++q) {
+        b_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, kWCpr);
+        h_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, 2);  // Q5_K's qh rows
+    }
     // The lane's {d, s} row g (+ 8 h + 16 i) and weight scale rows 2 tq (+ 1, + 8 j) of a stage.
     const int dx_row = wm * kWm + g;
     const int dw_row = wn * kWn + 2 * tq;
+    // K-quants: the warp's scale tables, one per matrix.
+    float2* const tab = (float2*)(smem + STAGES * L::kStage) + warp * kMats * KBS * kWn;
 
 #pragma unroll 1
     for (int pass = 0; pass < L::kPasses; ++pass) {
@@ -322,7 +429,15 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
             const uint8* st_gen = smem + stage * L::kStage;
             stage = stage == STAGES - 1 ? 0 : stage + 1;
             const float2* sdx = (const float2*)(st_gen + L::kDx);
-            const uint16* sdw = (const uint16*)(st_gen + L::kDw);
+            const uint8* sdw = st_gen + L::kDw;
+            const uint32* sqh = (const uint32*)(st_gen + L::kQ);  // Q5_0 / Q5_1 fifth bits
+            if (kKq) {  // this stage's sub-block scales, for the warp's rows
+                __syncwarp();
+#pragma unroll
+                for (int m = 0; m < kMats; ++m)
+                    mmq_kq_scales<kMats>(st_gen, tab + m * KBS * kWn, m, wn, lane, step);
+                __syncwarp();
+            }
 #pragma unroll 1  // one 32-block at a time: bounds the registers ptxas spends on overlap
             for (int kk = 0; kk < KBS; ++kk) {
                 if (kKb % KBS != 0 && step * KBS + kk >= kKb) break;  // ragged last step
@@ -330,24 +445,27 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
 #pragma unroll
                 for (int i = 0; i < kMf; ++i)
                     ldmatrix_x4(a[i], st + mmq_swizzle_add(a_off[i], kk * 2));
-                float dx[kMf][2], c8[kMf][2];  // Q8_1 d, and -8 * s (Q4_0) of rows g, g + 8
+                // Q8_1 d of rows g, g + 8, and their s (min types) or c * s (offset types).
+                float dx[kMf][2], cs[kMf][2];
 #pragma unroll
                 for (int i = 0; i < kMf; ++i)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const float2 ds = sdx[kk * L::kRows + dx_row + i * 16 + h * 8];
                         dx[i][h] = ds.x;
-                        c8[i][h] = -8.0f * ds.y;
+                        cs[i][h] = kMinForm ? ds.y : kOffset * ds.y;
                     }
+                const int sub = (step * KBS) % 8 + kk;  // K-quants: the super-block's sub-block
 #pragma unroll
                 for (int m = 0; m < kMats; ++m)
 #pragma unroll
                     for (int q = 0; q < kNf / kG; ++q) {
-                        uint32 r[4];
-                        ldmatrix_x4(
-                            r, st + L::kW + m * kWBytes + mmq_swizzle_add(b_off[q], kk * kBStep));
-                        // Batches of kB fragments: their kB * kMf mmas are issued together
-                        // (independent), then scaled.
+                        uint32 r[4], rh[4];
+                        ldmatrix_x4(r, st + L::kW + m * kWBytes +
+                                           mmq_swizzle_add(b_off[q], kKq ? kk & ~1 : kk * kBStep));
+                        if (kQh) ldmatrix_x4(rh, st + L::kQ + m * kQhBytes + h_off[q]);
+                            // Batches of kB fragments: their kB * kMf mmas are issued together
+                            // (independent), then scaled.
 #pragma unroll
                         for (int jb = 0; jb < kG; jb += kB) {
                             int32 d[kB][kMf][4];
@@ -355,12 +473,26 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                             for (int jj = 0; jj < kB; ++jj) {
                                 const int x = jb + jj;  // fragment of the ldmatrix group
                                 uint32 b[2];
-                                if (WTYPE == 0) {
+                                if (kQ8) {
                                     b[0] = r[2 * x];
                                     b[1] = r[2 * x + 1];
+                                } else if (kKq) {  // sub-block kk's nibbles of the qs pair
+                                    b[0] = (r[2 * x] >> (4 * (kk & 1))) & 0x0f0f0f0fu;
+                                    b[1] = (r[2 * x + 1] >> (4 * (kk & 1))) & 0x0f0f0f0fu;
+                                    if (kQh) {  // bit `sub` of each qh byte
+                                        b[0] |= ((rh[2 * x] >> sub) & 0x01010101u) << 4;
+                                        b[1] |= ((rh[2 * x + 1] >> sub) & 0x01010101u) << 4;
+                                    }
                                 } else {
                                     b[0] = r[x] & 0x0f0f0f0fu;
                                     b[1] = (r[x] >> 4) & 0x0f0f0f0fu;
+                                    if (kFifth32) {  // the word of row 8 x + g: bits tq, 4 + tq
+                                        const uint32 h =
+                                            sqh[m * (kQhBytes / 4) +
+                                                (wn * kWn + q * 8 * kG + 8 * x + g) * KBS + kk];
+                                        b[0] |= ((h >> tq) & 0x01010101u) << 4;
+                                        b[1] |= ((h >> (4 + tq)) & 0x01010101u) << 4;
+                                    }
                                 }
                                 const int32 bias[4] = {kMagic, kMagic, kMagic, kMagic};
 #pragma unroll
@@ -370,20 +502,41 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
 #pragma unroll
                             for (int jj = 0; jj < kB; ++jj) {
                                 const int j = q * kG + jb + jj;
-                                // The fp16 scales of rows col and col + 1 ([BN][KBS]).
-                                const uint16* dws =
-                                    sdw + m * (kDwBytes / 2) + (dw_row + j * 8) * KBS + kk;
-                                const float dw0 = f16_to_f32(dws[0]), dw1 = f16_to_f32(dws[KBS]);
+                                // The scales {A, B} of rows col and col + 1: the warp's table
+                                // (K-quants), else the stage's [BN][KBS] d | m words or fp16 d.
+                                float A[2], B[2] = {0.0f, 0.0f};
+                                if (kKq) {
+                                    const float4 ab = *(const float4*)(tab + (m * KBS + kk) * kWn +
+                                                                       2 * tq + 8 * j);
+                                    A[0] = ab.x, B[0] = ab.y, A[1] = ab.z, B[1] = ab.w;
+                                } else {
+                                    const int at = (dw_row + j * 8) * KBS + kk;
+#pragma unroll
+                                    for (int e = 0; e < 2; ++e) {
+                                        if (kMinForm) {
+                                            const float2 dm = unpack_f16x2((
+                                                (const uint32*)(sdw + m * kDwBytes))[at + e * KBS]);
+                                            A[e] = dm.x, B[e] = dm.y;
+                                        } else {
+                                            A[e] = f16_to_f32((
+                                                (const uint16*)(sdw + m * kDwBytes))[at + e * KBS]);
+                                        }
+                                    }
+                                }
 #pragma unroll
                                 for (int i = 0; i < kMf; ++i)
 #pragma unroll
                                     for (int e = 0; e < 4; ++e) {
                                         const float dot = __int_as_float(d[jj][i][e]) - kMagicF;
-                                        const float part =
-                                            WTYPE == 0 ? dot * dx[i][e / 2]
-                                                       : fmaf(dot, dx[i][e / 2], c8[i][e / 2]);
-                                        acc[m][i][j][e] =
-                                            fmaf(part, e % 2 ? dw1 : dw0, acc[m][i][j][e]);
+                                        float& c = acc[m][i][j][e];
+                                        if (kMinForm)
+                                            c = fmaf(dot * dx[i][e / 2], A[e % 2],
+                                                     fmaf(B[e % 2], cs[i][e / 2], c));
+                                        else
+                                            c = fmaf(kOffset != 0.0f
+                                                         ? fmaf(dot, dx[i][e / 2], cs[i][e / 2])
+                                                         : dot * dx[i][e / 2],
+                                                     A[e % 2], c);
                                     }
                             }
                         }

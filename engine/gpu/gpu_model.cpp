@@ -271,9 +271,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
 
     // A stacked expert tensor [E][per][cols] of matrices of `piece` rows (a fused gate|up expert
     // holds two): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 repacked per matrix to the split layout
-    // (GEMMAJIT_REPACK, moe_experts_split) for the split matvecs (and, Q8_0 / Q4_0, the grouped
-    // tensor-core GEMM), the K-quants read in place by the grouped matvecs (their GGUF layout),
-    // or dequantized to F16 when no matvec reads the type.
+    // (GEMMAJIT_REPACK, moe_experts_split) for the split matvecs, the K-quants read in place by
+    // the grouped matvecs (their GGUF layout), or dequantized to F16 when no matvec reads the
+    // type; the grouped tensor-core GEMM of prefill reads the first two (Q4_K / Q5_K of the
+    // K-quants: mmq_moe_reads).
     const bool moe_gemm = mmq && flags.get_bool("GEMMAJIT_MOE_GEMM");
     auto plan_experts = [&](const Matrix& first, int per, int piece) {
         GpuExperts x;
@@ -380,10 +381,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             g.down_exps = plan_experts(lw.down_exps.at(0), c.d_model, c.d_model);
             // The grouped GEMM takes both products or neither (gate|up writes the Q8_1 rows that
             // down reads, both grouped alike).
-            if (moe_gemm && g.gate_up.all.layout == MatvecLayout::Split &&
-                g.down_exps.all.layout == MatvecLayout::Split &&
-                spec_util::has_gemm(g.gate_up.all.type) &&
-                spec_util::has_gemm(g.down_exps.all.type))
+            auto gemm_reads = [](const GpuExperts& x) {
+                return mmq_moe_reads(x.all.type, x.all.layout, x.all.cols);
+            };
+            if (moe_gemm && gemm_reads(g.gate_up) && gemm_reads(g.down_exps))
                 for (GpuExperts* x : {&g.gate_up, &g.down_exps})
                     x->spec_gemm =
                         kernels_.add(mmq_moe_spec(x->all.type, x->all.cols, x->piece_rows)).name;

@@ -134,8 +134,8 @@ struct GpuExperts {
     int per_expert = 0;         // rows of one expert (2F for a fused gate|up tensor)
     int piece_rows = 0;         // rows of one matrix a kernel reads (F or d)
     uint64_t expert_bytes = 0;  // one expert's matrix
-    std::string spec_gemm;      // split layout: the grouped int8 tensor-core GEMM of prefill
-                                // (GEMMAJIT_MOE_GEMM); empty: the grouped matvecs
+    std::string spec_gemm;      // the grouped int8 tensor-core GEMM of prefill (mmq_moe_reads,
+                                // GEMMAJIT_MOE_GEMM); empty: the grouped matvecs
     std::string spec_one;       // groups of one slot (a single-token decode step)
     std::string spec_batch;     // groups of up to batch_cols slots (kPrefillCols, or fewer)
     int batch_cols = 1;

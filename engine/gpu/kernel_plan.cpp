@@ -218,22 +218,22 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             add(with_decode_prefetch(
                 matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0),
                 types.decode_prefetch));
-        // Experts in the split layout (each expert repacked on its own: moe_experts_split); the
-        // Q8_0 / Q4_0 ones also get the grouped int8 tensor-core GEMMs of prefill (gate|up:
-        // d -> F, down: F -> d).
+        // Experts in the split layout (each expert repacked on its own: moe_experts_split), the
+        // K-quants in their GGUF blocks; the grouped int8 tensor-core GEMMs of prefill (gate|up:
+        // d -> F, down: F -> d) for the types and layouts they read (mmq_moe_reads).
         const int F = cfg.expert_ffn_dim;
-        auto split = [&](int rows, int k) {
-            return types.layout == MatvecLayout::Split && moe_experts_split(types.matmul, rows, k);
+        auto expert_layout = [&](int rows, int k) {
+            return types.layout == MatvecLayout::Split && moe_experts_split(types.matmul, rows, k)
+                       ? MatvecLayout::Split
+                       : MatvecLayout::Ggml;
         };
         for (auto [k, rows] : {std::pair{d, F}, std::pair{F, d}})
-            if (fits(types.matmul, k))
+            if (fits(types.matmul, k)) {
                 for (int ncols : col_counts)
-                    add(matvec_moe_spec(types.matmul, k, ncols,
-                                        split(rows, k) ? MatvecLayout::Split : MatvecLayout::Ggml));
-        if (types.mmq && has_gemm(types.matmul) && split(F, d) && split(d, F)) {
-            add(mmq_moe_spec(types.matmul, d, F));
-            add(mmq_moe_spec(types.matmul, F, d));
-        }
+                    add(matvec_moe_spec(types.matmul, k, ncols, expert_layout(rows, k)));
+                if (types.mmq && mmq_moe_reads(types.matmul, expert_layout(rows, k), k))
+                    add(mmq_moe_spec(types.matmul, k, rows));
+            }
     }
     add_matvec(types.token_embd, d, lm_rows);
     if (cfg.has_ple()) add_matvec(types.ple_model_proj, d, cfg.n_layers * cfg.ple_dim);

@@ -387,8 +387,10 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
     }
 }
 
-// The grouped expert GEMM (MOE entries) of MoE prefill: E experts, each a split-layout matrix of
-// its own (gate|up: gate then up half of every expert, one stride apart), slots grouped by expert
+// The grouped expert GEMM (MOE entries) of MoE prefill: E experts, each a matrix of its own (the
+// 32-block types in the split layout, Q4_K / Q5_K in their GGUF super-blocks; gate|up: gate then
+// up half of every expert, one stride apart; gate|up and down in the types a K-quant file mixes,
+// e.g. Q4_K with Q5_0 where F is no multiple of 256), slots grouped by expert
 // in groups of BM (the grouping moe_group makes: gpu_test_moe checks it), activations gathered by
 // slot / in_div and results scattered to the slot's row. Against the exact CPU products per slot,
 // with experts that get no slot, more than one group, and a batch all in one expert;
@@ -397,13 +399,13 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
 namespace {
 
 struct MoeGemmCase {
-    ggml::Type type;
+    ggml::Type type, down_type;  // gate|up's, down's
     int d, F, E, K, T;
     bool one_expert;  // every slot routed to expert E / 2
 };
 
 struct Stacked {
-    std::vector<uint8_t> bytes;         // E experts of `pieces` split matrices of rows x k
+    std::vector<uint8_t> bytes;         // E experts of `pieces` matrices of rows x k
     std::vector<std::vector<float>> w;  // [piece][E * rows * k] the exact weights
     uint64_t expert_bytes = 0, piece_bytes = 0;
 };
@@ -414,13 +416,15 @@ Stacked stacked_experts(ggml::Type type, int E, int pieces, int rows, int k, std
     std::vector<std::vector<uint8_t>> blocks(pieces);
     for (int p = 0; p < pieces; ++p) blocks[p] = random_weights(type, E * rows, k, rng, s.w[p]);
     const size_t piece_blocks = blocks[0].size() / E;
-    s.piece_bytes = piece_blocks;  // the split layout has as many bytes as the blocks
+    s.piece_bytes = piece_blocks;  // the split layouts read here have as many bytes as the blocks
     s.expert_bytes = piece_blocks * pieces;
     for (int e = 0; e < E; ++e)
         for (int p = 0; p < pieces; ++p) {
             const std::vector<uint8_t> one(blocks[p].begin() + e * piece_blocks,
                                            blocks[p].begin() + (e + 1) * piece_blocks);
-            const auto split = split_layout(type, one, rows, k);
+            const auto split = gj::gemma4::spec_util::is_kquant(type)
+                                   ? one  // read in their GGUF blocks
+                                   : split_layout(type, one, rows, k);
             s.bytes.insert(s.bytes.end(), split.begin(), split.end());
         }
     return s;
@@ -434,13 +438,13 @@ TEST_P(MmqMoeTest, GroupedExpertProductsMatchCpu) {
     GJ_REQUIRE_GPU();
     const MoeGemmCase c = GetParam();
     const KernelSpec up_spec = gj::gemma4::mmq_moe_spec(c.type, c.d, c.F);
-    const KernelSpec down_spec = gj::gemma4::mmq_moe_spec(c.type, c.F, c.d);
+    const KernelSpec down_spec = gj::gemma4::mmq_moe_spec(c.down_type, c.F, c.d);
     SCOPED_TRACE(up_spec.name + " / " + down_spec.name + " T=" + std::to_string(c.T));
     const int BM = int(spec_constant(up_spec, "BM"));
     ASSERT_EQ(BM, int(spec_constant(down_spec, "BM")));
     std::mt19937 rng(c.d + c.F * 3 + c.T * 7 + c.E);
     const Stacked gu = stacked_experts(c.type, c.E, 2, c.F, c.d, rng);
-    const Stacked dn = stacked_experts(c.type, c.E, 1, c.d, c.F, rng);
+    const Stacked dn = stacked_experts(c.down_type, c.E, 1, c.d, c.F, rng);
 
     // Routing: K distinct experts per token (or all slots to one expert), then the groups.
     const int S = c.T * c.K;
@@ -551,20 +555,38 @@ TEST_P(MmqMoeTest, GroupedExpertProductsMatchCpu) {
         }
 }
 
+namespace {
+constexpr ggml::Type Q8_0 = ggml::Type::Q8_0, Q4_0 = ggml::Type::Q4_0, Q4_1 = ggml::Type::Q4_1,
+                     Q5_0 = ggml::Type::Q5_0, Q5_1 = ggml::Type::Q5_1, Q4_K = ggml::Type::Q4_K,
+                     Q5_K = ggml::Type::Q5_K;
+}  // namespace
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, MmqMoeTest,
     ::testing::Values(
         // tiny-moe (d 128, F 64, 16 experts, top 4): one token, a ragged group, a chunk.
-        MoeGemmCase{ggml::Type::Q8_0, 128, 64, 16, 4, 1, false},
-        MoeGemmCase{ggml::Type::Q4_0, 128, 64, 16, 4, 37, false},
-        MoeGemmCase{ggml::Type::Q8_0, 128, 64, 16, 4, 512, false},
-        MoeGemmCase{ggml::Type::Q4_0, 128, 64, 16, 4, 100, true},
-        // 26B-A4B (d 2816, F 704, 128 experts, top 8).
-        MoeGemmCase{ggml::Type::Q4_0, 2816, 704, 128, 8, 200, false},
-        MoeGemmCase{ggml::Type::Q8_0, 2816, 704, 128, 8, 67, false},
-        MoeGemmCase{ggml::Type::Q4_0, 2816, 704, 128, 8, 20, true}),
+        MoeGemmCase{Q8_0, Q8_0, 128, 64, 16, 4, 1, false},
+        MoeGemmCase{Q4_0, Q4_0, 128, 64, 16, 4, 37, false},
+        MoeGemmCase{Q8_0, Q8_0, 128, 64, 16, 4, 512, false},
+        MoeGemmCase{Q4_0, Q4_0, 128, 64, 16, 4, 100, true},
+        MoeGemmCase{Q5_0, Q8_0, 128, 64, 16, 4, 1, false},
+        MoeGemmCase{Q4_1, Q5_1, 128, 64, 16, 4, 100, true},
+        // K-quant gate|up over d 256 (and down over F 256: the plain entry), fallbacks for F 64.
+        MoeGemmCase{Q4_K, Q5_0, 256, 64, 16, 4, 37, false},
+        MoeGemmCase{Q5_K, Q5_1, 256, 64, 16, 4, 512, false},
+        MoeGemmCase{Q5_0, Q4_K, 256, 256, 16, 4, 64, false},
+        MoeGemmCase{Q4_K, Q5_K, 2048, 512, 32, 4, 80, false},  // down's 128-row tiles, 2 a stage
+        // 26B-A4B (d 2816, F 704, 128 experts, top 8); its Q4_K_M / Q5_K_M pairs.
+        MoeGemmCase{Q4_0, Q4_0, 2816, 704, 128, 8, 200, false},
+        MoeGemmCase{Q8_0, Q8_0, 2816, 704, 128, 8, 67, false},
+        MoeGemmCase{Q4_0, Q4_0, 2816, 704, 128, 8, 20, true},
+        MoeGemmCase{Q4_K, Q5_0, 2816, 704, 128, 8, 200, false},
+        MoeGemmCase{Q4_K, Q8_0, 2816, 704, 128, 8, 67, false},
+        MoeGemmCase{Q5_K, Q5_1, 2816, 704, 128, 8, 100, false},
+        MoeGemmCase{Q5_K, Q8_0, 2816, 704, 128, 8, 20, true}),
     [](const ::testing::TestParamInfo<MoeGemmCase>& i) {
         const MoeGemmCase& c = i.param;
-        return fmt::format("{}_d{}_F{}_E{}_K{}_T{}{}", ggml::type_name(c.type), c.d, c.F, c.E, c.K,
-                           c.T, c.one_expert ? "_one_expert" : "");
+        return fmt::format("{}_{}_d{}_F{}_E{}_K{}_T{}{}", ggml::type_name(c.type),
+                           ggml::type_name(c.down_type), c.d, c.F, c.E, c.K, c.T,
+                           c.one_expert ? "_one_expert" : "");
     });

@@ -272,7 +272,7 @@ TEST_P(MoeVsCpu, TinyMoeMatchesTheCpuReference) {
                                                 : synth(dir, "tiny-moe", wtype);
     const auto f = flags();
     const bool quant = wtype != ggml::Type::F16;
-    const bool gemm = wtype == ggml::Type::Q8_0 || wtype == ggml::Type::Q4_0;
+    const bool gemm = quant;  // split Q8_0 / Q4_0 / Q5_0 experts: the grouped int8 GEMM
     const auto probe = load_gpu(path, 1024, 8, f);
     // Every quantized type's experts are split (Q5_0: the fallback of a Q4_K_M file's expert
     // down).
@@ -289,7 +289,7 @@ TEST_P(MoeVsCpu, TinyMoeMatchesTheCpuReference) {
                              std::to_string(chunk));
         EXPECT_GT(s.path_counts().moe_grouped + s.path_counts().moe_gemm, 0u)
             << "the grouped expert kernels did not run";
-        // Chunks wider than 8 tokens take the grouped tensor-core GEMM for Q8_0 / Q4_0 experts.
+        // Chunks wider than 8 tokens take the grouped tensor-core GEMM for quantized experts.
         EXPECT_EQ(s.path_counts().moe_gemm > 0, gemm && chunk > 8) << "chunks of " << chunk;
     }
     if (gemm) {  // the kill switch: the grouped matvecs in chunks of 64
@@ -345,21 +345,38 @@ TEST(Moe, GraphReplayIsBitIdenticalToEagerLaunches) {
 }
 
 // The real 26B-A4B shapes (d 2816, 128 experts of width 704, top-8, dense MLP 2112, head dims
-// 256/512, vocab 262144) cut to two layers, against the CPU reference.
-TEST(Moe, ShapesOf26bA4bMatchTheCpuReference) {
+// 256/512, vocab 262144) cut to two layers, against the CPU reference: Q4_0, and the K-quant
+// mixes whose experts' gate|up are Q4_K / Q5_K (GGUF blocks) and down the 32-block fallbacks
+// (F 704 is no multiple of 256), all on the grouped tensor-core GEMM in prefill.
+class Moe26bVsCpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Moe26bVsCpu, ShapesOf26bA4bMatchTheCpuReference) {
     GJ_REQUIRE_GPU();
-    ScratchDir dir("gpu-moe-26b");
-    const auto path = synth(dir, "26b-a4b", ggml::Type::Q4_0, 2);
+    const std::string w = GetParam();
+    ScratchDir dir("gpu-moe-26b-" + w);
+    const auto path =
+        w == "q4_0" ? synth(dir, "26b-a4b", ggml::Type::Q4_0, 2) : synth_mix(dir, "26b-a4b", w, 2);
     const auto f = flags();
     auto model = load_gpu(path, 1024, 16, f);
     const auto& cfg = model->config();
     ASSERT_EQ(cfg.n_experts, 128);
+    if (w != "q4_0") {  // the mix's expert types, as a llama.cpp file stores them
+        const auto& g = model->layers()[0];
+        EXPECT_EQ(g.gate_up.all.type, w == "q4_k_m" ? ggml::Type::Q4_K : ggml::Type::Q5_K);
+        EXPECT_EQ(g.gate_up.all.layout, MatvecLayout::Ggml);
+        EXPECT_EQ(g.down_exps.all.layout, MatvecLayout::Split);
+        EXPECT_FALSE(g.gate_up.spec_gemm.empty()) << "no grouped GEMM planned for gate|up";
+    }
     const auto tokens = test_tokens(24, cfg.vocab_size, 4242);
     const auto ref = cpu_logits(path, tokens);
     GpuSession s(*model);
-    expect_moe_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQuant, "26b-a4b prefill");
+    expect_moe_agree(ref, s.prefill_logits(tokens), cfg.vocab_size, kTolQuant,
+                     "26b-a4b " + w + " prefill");
     EXPECT_GT(s.path_counts().moe_gemm, 0u) << "the grouped expert GEMM did not run";
     s.reset();
-    expect_moe_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQuant, "26b-a4b decode");
+    expect_moe_agree(ref, decode_logits(s, tokens), cfg.vocab_size, kTolQuant,
+                     "26b-a4b " + w + " decode");
     EXPECT_GT(s.path_counts().moe_grouped, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, Moe26bVsCpu, ::testing::Values("q4_0", "q4_k_m", "q5_k_m"));

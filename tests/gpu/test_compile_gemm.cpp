@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/gpu/kernel_plan.h"
@@ -48,9 +49,10 @@ TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
     EXPECT_THROW(mmq_spec(ggml::Type::Q8_0, 2560, MmqTile{64, 64, 2, 2, 4, 4, 2, 1, 9}),
                  std::invalid_argument);
     EXPECT_EQ(spec_constant(s, "K"), 2560);
-    EXPECT_EQ(spec_constant(s, "WTYPE"), 0);
+    EXPECT_EQ(spec_constant(s, "WTYPE"), int64_t(ggml::Type::Q8_0));
     EXPECT_EQ(spec_constant(s, "THREADS"), 256);
-    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q4_0, 2560, 10240), "WTYPE"), 1);
+    EXPECT_EQ(spec_constant(mmq_spec(ggml::Type::Q4_0, 2560, 10240), "WTYPE"),
+              int64_t(ggml::Type::Q4_0));
     // Few rows get smaller tiles, so a 512-token chunk still spreads over the SMs.
     const auto narrow = mmq_spec(ggml::Type::Q8_0, 2560, 512);
     EXPECT_LT(spec_constant(narrow, "BN") * spec_constant(narrow, "BM"),
@@ -90,7 +92,9 @@ TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
 }
 
 // The grouped expert GEMM of MoE prefill: its specs, and the 26B-A4B plan holding them for
-// Q8_0 / Q4_0 experts (gate|up d -> F, down F -> d) and not for float ones.
+// Q8_0 / Q4_0 experts (gate|up d -> F, down F -> d) and not for float ones; for the K-quant mixes,
+// Q4_K / Q5_K gate|up in their GGUF blocks and down (F 704, no whole super-blocks) in the split
+// fallback types.
 TEST(KernelPlan, MmqMoeSpecsAndThePlanOf26bA4b) {
     using gj::gemma4::kMoeGemmSlots;
     using gj::gemma4::mmq_moe_spec;
@@ -124,6 +128,32 @@ TEST(KernelPlan, MmqMoeSpecsAndThePlanOf26bA4b) {
                   quant ? 1u : 0u)
             << ggml::type_name(t);
     }
+    using T = ggml::Type;
+    for (auto [mix, up_t, fallback] :
+         {std::tuple{"q4_k_m", T::Q4_K, T::Q5_0}, std::tuple{"q5_k_m", T::Q5_K, T::Q5_1}}) {
+        std::set<std::string> names;
+        for (const auto& k : gj::gemma4::build_kernel_plan(
+                 moe, *gj::gemma4::quant_mix_from_name(mix), {T::Q8_0, T::Q8_0, T::Q8_0, T::Q8_0}))
+            names.insert(k.name);
+        EXPECT_EQ(names.count(mmq_moe_spec(up_t, 2816, 704).name), 1u) << mix;
+        EXPECT_EQ(names.count(mmq_moe_spec(fallback, 704, 2816).name), 1u) << mix;
+        EXPECT_EQ(names.count(mmq_moe_spec(T::Q8_0, 704, 2816).name), 1u) << mix;  // from Q6_K
+    }
+    EXPECT_EQ(spec_constant(mmq_moe_spec(T::Q4_K, 2816, 704), "WTYPE"), int64_t(T::Q4_K));
+    EXPECT_THROW(mmq_moe_spec(T::Q6_K, 2816, 704), gj::gemma4::ConfigError);
+    EXPECT_THROW(mmq_moe_spec(T::Q4_K, 704, 2816), std::invalid_argument);  // 704 % 256
+    EXPECT_THROW(mmq_moe_spec(T::Q4_K, 2816, MmqTile{32, 64, 2, 2, 1, 4, 3, 1}),
+                 std::invalid_argument);  // one sub-block a stage
+    EXPECT_THROW(gj::gemma4::mmq_spec(T::Q4_K, 2816, 704), gj::gemma4::ConfigError);  // layers
+    using gj::gemma4::MatvecLayout;
+    using gj::gemma4::mmq_moe_reads;
+    EXPECT_TRUE(mmq_moe_reads(T::Q4_K, MatvecLayout::Ggml, 2816));
+    EXPECT_FALSE(mmq_moe_reads(T::Q4_K, MatvecLayout::Split, 2816));
+    EXPECT_FALSE(mmq_moe_reads(T::Q5_K, MatvecLayout::Ggml, 704));
+    EXPECT_TRUE(mmq_moe_reads(T::Q5_0, MatvecLayout::Split, 704));
+    EXPECT_FALSE(mmq_moe_reads(T::Q5_0, MatvecLayout::Ggml, 704));
+    EXPECT_FALSE(mmq_moe_reads(T::Q6_K, MatvecLayout::Ggml, 2816));
+    EXPECT_FALSE(mmq_moe_reads(T::F16, MatvecLayout::Ggml, 2816));
 }
 
 TEST(KernelTemplates, MmqSpecsCompileWithTheirInstructionsAndNoSpills) {

@@ -298,15 +298,21 @@ TEST(KernelPlan, FallbackMatricesTakeTheSplitLayout) {
         EXPECT_THROW(gj::gemma4::embed_rows_spec(2816, t, 100, MatvecLayout::Split),
                      std::invalid_argument);
     }
-    // A whole-model Q5_0 MoE plans split experts without the grouped int8 GEMM.
+    // A whole-model Q5_0 MoE plans split experts, and the grouped int8 GEMMs that read them, but
+    // no layer GEMM (its layer matrices take F16 copies).
     const auto plan = build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q5_0);
     bool split_experts = false;
+    int moe_gemms = 0;
     for (const auto& s : plan) {
-        EXPECT_EQ(s.name.rfind("mmq", 0), std::string::npos) << s.name;
+        if (s.name.rfind("mmq", 0) == 0) {
+            EXPECT_TRUE(s.name.starts_with("mmq.q5_0.") && s.name.ends_with(".moe")) << s.name;
+            ++moe_gemms;
+        }
         split_experts = split_experts || (s.name.find(".split.moe") != std::string::npos &&
                                           s.name.rfind("matvec_q5_0", 0) == 0);
     }
     EXPECT_TRUE(split_experts);
+    EXPECT_EQ(moe_gemms, 2) << "gate|up and down";
 }
 
 // GEMMAJIT_MMQ_VARIANT=blas (apply_prefill_flags as a load reads it): Q8_0/Q4_0 layer matrices

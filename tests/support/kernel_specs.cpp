@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <stdexcept>
+#include <tuple>
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
@@ -195,6 +196,18 @@ std::vector<KernelSpec> all_specs() {
         for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0})
             for (const auto& s : mmq_specs(Config::preset(v), t)) add(s);
     add(gemma4::mmq_spec(ggml::Type::Q4_0, 96, gemma4::MmqTile{32, 64, 2, 1, 4, 3}));
+    // The grouped expert GEMMs gpu_test_mmq runs beyond the 26B-A4B plans: the tiny widths in
+    // every type it reads, K-quant down products (their plain entry) and 128-row K-quant tiles.
+    {
+        using T = ggml::Type;
+        for (auto [up, down, d, F] :
+             {std::tuple{T::Q5_0, T::Q8_0, 128, 64}, std::tuple{T::Q4_1, T::Q5_1, 128, 64},
+              std::tuple{T::Q4_K, T::Q5_0, 256, 64}, std::tuple{T::Q5_K, T::Q5_1, 256, 64},
+              std::tuple{T::Q5_0, T::Q4_K, 256, 256}, std::tuple{T::Q4_K, T::Q5_K, 2048, 512}}) {
+            add(gemma4::mmq_moe_spec(up, d, F));
+            add(gemma4::mmq_moe_spec(down, F, d));
+        }
+    }
     add(gemma4::mmq_spec(ggml::Type::Q8_0, 96, gemma4::MmqTile{128, 128, 4, 2, 1, 2}));
     add(gemma4::mmq_spec(ggml::Type::Q8_0, 2560, gemma4::MmqTile{64, 128, 2, 4, 8, 2, 1, 2}));
     const Config tiny = Config::preset("tiny-keqv");

@@ -41,15 +41,30 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, int n_rows) {
 
 namespace {
 
+// The block types the grouped expert GEMM reads (the layer GEMM: has_gemm's Q8_0 / Q4_0).
+bool moe_gemm_type(ggml::Type t) {
+    using T = ggml::Type;
+    return spec_util::has_gemm(t) || t == T::Q4_1 || t == T::Q5_0 || t == T::Q5_1 || t == T::Q4_K ||
+           t == T::Q5_K;
+}
+
 jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, bool moe) {
+    using T = ggml::Type;
     const char* tag = spec_util::quant_type_tag(weight_type);
-    if (!spec_util::has_gemm(weight_type))
-        throw ConfigError(
-            fmt::format("no int8 tensor-core GEMM (mmq) for weight type {} (supported: q8_0, q4_0)",
-                        ggml::type_name(weight_type)));
+    if (moe ? !moe_gemm_type(weight_type) : !spec_util::has_gemm(weight_type))
+        throw ConfigError(fmt::format(
+            "no int8 tensor-core GEMM (mmq{}) for weight type {} (supported: q8_0, q4_0{})",
+            moe ? " of grouped experts" : "", ggml::type_name(weight_type),
+            moe ? ", q4_1, q5_0, q5_1, q4_k, q5_k" : ""));
     if (k <= 0 || k % 32 != 0)
         throw std::invalid_argument(
             fmt::format("mmq: input width {} is not a positive multiple of 32", k));
+    const bool kq = weight_type == T::Q4_K || weight_type == T::Q5_K;
+    if (kq && (k % 256 != 0 || t.kbs < 2))
+        throw std::invalid_argument(fmt::format(
+            "mmq: {} rows are whole 256-element super-blocks staged 2, 4 or 8 sub-blocks at a "
+            "time (input width {}, {} per stage)",
+            ggml::type_name(weight_type), k, t.kbs));
     const std::string tile = fmt::format(
         "m{}n{}.w{}x{}.s{}b{}.o{}p{}{}", t.bm, t.bn, t.warps_m, t.warps_n, t.stages, t.kbs,
         t.min_blocks, t.geglu_passes, t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string());
@@ -64,14 +79,23 @@ jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, boo
             "16 warps, KBS 1/2/4/8, 2..8 stages, at most 64 warps per SM, 1 or 2 GeGLU passes "
             "of whole m16 tiles per warp, 1..8 K splits)",
             tile));
-    // The stage layouts of kernel_templates/mmq.cu: activations, the weight payloads, {d, s} and
-    // the fp16 weight scales; the GeGLU entries hold two matrices for BM / GEGLU_PASSES tokens.
-    const int w_bytes_per_kb = weight_type == ggml::Type::Q8_0 ? 32 : 16;
-    auto stage = [&](int64_t rows, int64_t mats) {
-        return rows * t.kbs * 32 + mats * t.bn * t.kbs * w_bytes_per_kb + t.kbs * rows * 8 +
-               mats * t.bn * t.kbs * 2;
+    // The stage layouts of kernel_templates/mmq.cu: activations, per matrix the weight payload,
+    // fifth bits, super-block heads and block scales, and {d, s}; the GeGLU entries hold two
+    // matrices for BM / GEGLU_PASSES tokens. The K-quants add each warp's scale table per matrix.
+    const int64_t payload = weight_type == T::Q8_0 ? 32 : 16;  // bytes per block
+    const int64_t fifth = weight_type == T::Q5_0 || weight_type == T::Q5_1 ? t.bn * t.kbs * 4
+                          : weight_type == T::Q5_K                         ? t.bn * 32
+                                                                           : 0;
+    const int64_t head = kq ? t.bn * 16 : 0;
+    const int64_t scale = kq ? 0 : weight_type == T::Q4_1 || weight_type == T::Q5_1 ? 4 : 2;
+    auto layout = [&](int64_t rows, int64_t mats) {
+        const int64_t stage = rows * t.kbs * 32 + t.kbs * rows * 8 +
+                              mats * (t.bn * t.kbs * payload + fifth + head + t.bn * t.kbs * scale);
+        const int64_t tables =
+            kq ? int64_t(t.warps_m) * t.warps_n * mats * t.kbs * (t.bn / t.warps_n) * 8 : 0;
+        return t.stages * stage + tables;
     };
-    const int64_t smem = t.stages * std::max(stage(t.bm, 1), stage(t.bm / t.geglu_passes, 2));
+    const int64_t smem = std::max(layout(t.bm, 1), layout(t.bm / t.geglu_passes, 2));
     // 227 KiB per block; the SM's 228 KiB also hold 1 KiB per resident block. The grouped expert
     // entries keep their slot table (two ints per tile row) in static shared memory.
     const int64_t fixed = moe ? int64_t(t.bm) * 8 : 0;
@@ -87,7 +111,7 @@ jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, boo
     s.family = "mmq";
     s.name = fmt::format("mmq.{}.k{}.{}", tag, k, tile);
     s.constants = {{"K", k},
-                   {"WTYPE", weight_type == ggml::Type::Q8_0 ? 0 : 1},
+                   {"WTYPE", int64_t(weight_type)},
                    {"BM", t.bm},
                    {"BN", t.bn},
                    {"WARPS_M", t.warps_m},
@@ -115,15 +139,24 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile) {
     return mmq_spec_of(weight_type, k, tile, false);
 }
 
+bool mmq_moe_reads(ggml::Type t, MatvecLayout layout, int k) {
+    if (!moe_gemm_type(t) || k <= 0 || k % 32 != 0) return false;
+    if (spec_util::is_kquant(t)) return layout == MatvecLayout::Ggml && k % 256 == 0;
+    return layout == MatvecLayout::Split;
+}
+
 MmqTile mmq_moe_tile(ggml::Type weight_type, int k, int n_rows) {
     // A 512-token chunk of 26B-A4B gives each of its 128 experts 32 slots on average, so tiles
     // take 32 slots of one expert (pp512 on the H200: 19520 tokens/s against 18177 with 64-slot
     // tiles, half of whose rows were padding). The gate|up pair (n 704, two matrices) runs on
     // 32 x 64 tiles of 4 warps, the down product (n 2816 over k 704) on 32 x 128 tiles of 8
     // warps; gate|up three blocks per SM (Q8_0's larger stages: two), down two (three leave the
-    // module's GeGLU entries 85 registers: they spill).
+    // module's GeGLU entries 85 registers: they spill). Q5_K's gate|up stages (with its qh bytes
+    // and the warps' scale tables) fit three blocks per SM three deep.
     const bool q8 = weight_type == ggml::Type::Q8_0;
-    if (n_rows <= 1024) return MmqTile{kMoeGemmSlots, 64, 2, 2, 4, 4, q8 ? 2 : 3, 1};
+    if (n_rows <= 1024)
+        return MmqTile{kMoeGemmSlots, 64, 2, 2, 4, weight_type == ggml::Type::Q5_K ? 3 : 4,
+                       q8 ? 2 : 3,    1};
     return MmqTile{kMoeGemmSlots, 128, 2, 4, k >= 1024 ? 4 : 2, 3, 2, 1};
 }
 

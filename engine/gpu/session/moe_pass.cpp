@@ -4,8 +4,9 @@
 // router (logits, top-K weights: moe_route), the dense MLP (in a decode step on a side stream,
 // beside the router and the experts), the slots grouped by expert
 // (moe_group), the grouped gate|up GeGLU and down products (each expert's weights read once per
-// group: the grouped int8 tensor-core GEMM over groups of BM slots in prefill chunks of Q8_0 /
-// Q4_0 experts, else the grouped matvecs over groups of up to kPrefillCols slots, one slot per
+// group: the grouped int8 tensor-core GEMM over groups of BM slots in prefill chunks of the
+// expert types it reads (mmq_moe_reads: every quantized type of our files but Q6_K), else the
+// grouped matvecs over groups of up to kPrefillCols slots, one slot per
 // group for a single token), then in one pass the dense output's post-norm plus the experts'
 // weighted combine and post-norm (moe_ffn_out).
 #include "engine/gpu/kernels/moe.h"
@@ -118,7 +119,7 @@ void GpuSession::record_moe_ffn(int l, int T) {
     // Experts: z2 = pre_ffw_norm_2(x) (and Q8_1, from moe_post_attention_norms), the slots
     // grouped by expert, gate|up GeGLU per slot, down per slot, the weighted sum per row.
     const Input z2{w.moe_z.ptr(), w.moe_zq.ptr(), w.moe_zds.ptr()};
-    // Prefill chunks of Q8_0 / Q4_0 experts: the grouped tensor-core GEMMs, one tile of BM slots
+    // Prefill chunks of experts mmq_moe_reads: the grouped tensor-core GEMMs, one tile of BM slots
     // of one expert per block. Else groups of one slot, or as many as both expert matvecs take.
     const bool gemm = !g.gate_up.spec_gemm.empty() && chunk_products(T);
     // A few slots per expert (a decode batch: T * K <= 2E) take groups of one slot on the
