@@ -10,6 +10,9 @@
 //   min types, x = A q + B:       acc += A[n][b] * (dx[t][b] * dot) + B[n][b] * s[t][b]
 //       Q4_1, Q5_1 (A, B = the block's fp16 d, m); Q4_K, Q5_K (A = d sc, B = -dmin m of the
 //       sub-block's 6-bit scale and min and the super-block's fp16 d, dmin)
+//   Q6_K, x = d sc_h (q - 32), one int8 scale per 16 elements (h = 0, 1): the signed quants
+//       q - 32 go to the tensor core, one mma per half (the other half's B register zero):
+//       acc += dx[t][b] * (A0 dot0 + A1 dot1), A_h = d sc_h
 // The int32 accumulator of each mma starts at the bit pattern of 1.5 * 2^23, so its result read
 // as a float is 1.5 * 2^23 + dot (|dot| < 2^22) and one exact subtraction gives float(dot): no int
 // -> float conversion.
@@ -18,17 +21,21 @@
 //   Q8_0 (8), Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7): the split layout of the matvecs (planes over
 //     the matrix's n_rows * K / 32 blocks: the payload, 32 or 16 bytes a block, then Q5_0 / Q5_1's
 //     fifth-bit words, then the fp16 d or d | m << 16; kernel_templates/q32_blocks.cuh).
+//   Q6_K (14): its split layout (kquant.cuh: low nibbles, high-bit pairs, int8 scale pairs, an
+//     fp16 d per super-block), the stage's d taken as the aligned word that holds it.
 //   Q4_K (12), Q5_K (13): the GGUF super-blocks in place (kquant.cuh; rows of whole super-blocks,
 //     K % 256 == 0): a stage takes KBS sub-blocks of one super-block, its 16-byte head (d, dmin,
 //     the packed scales), Q5_K's 32 qh bytes and the KBS * 16 qs bytes that hold them (pairs of
-//     sub-blocks share 32 qs bytes: low nibbles the even one, high nibbles the odd one). Each warp
-//     decodes the {A, B} of its rows' sub-blocks into a table of its own once per stage.
+//     sub-blocks share 32 qs bytes: low nibbles the even one, high nibbles the odd one).
+//   The K-quants' per-block scales ({A, B}, Q6_K's {A0, A1}) are decoded by each warp for its rows
+//   into a table of its own once per stage.
 //
 // Data: a block computes a BM (tokens) x BN (weight rows) tile. Each pipeline stage holds KBS
 // 32-blocks of K: activations [rows][KBS * 32] int8, per matrix the weight payload [BN][KBS * 32]
 // int8 (Q8_0) or [BN][KBS * 16] nibble bytes (the rest), the fifth bits (Q5_0 / Q5_1 [BN][KBS]
-// words, Q5_K [BN][32] qh bytes), the super-block heads (K-quants, [BN][16] bytes) and the block
-// scales ([BN][KBS] fp16 d or d | m words), and the {dx, s} [KBS][rows].
+// words, Q5_K [BN][32] qh bytes, Q6_K [BN][KBS] 8-byte high-bit pairs), the super-block heads
+// (Q4_K / Q5_K [BN][16] bytes; Q6_K the [BN] words holding d) and the block scales ([BN][KBS]
+// fp16 d, d | m words or Q6_K's int8 pairs), and the {dx, s} [KBS][rows].
 // Everything is copied with cp.async (16-byte chunks for the payloads), STAGES stages in flight.
 // Payload rows are stored as 16-byte chunks XOR-swizzled within each 128-byte line, so ldmatrix
 // reads (8 rows at one chunk column) and the copies hit distinct banks. ldmatrix.x4 on the
@@ -44,7 +51,8 @@
 //
 // Constants (prologue #defines):
 //   K        inner dimension (multiple of 32; of 256 for Q4_K / Q5_K)
-//   WTYPE    ggml type id: 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1 (split), 12 Q4_K, 13 Q5_K (GGUF)
+//   WTYPE    ggml type id: 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 14 Q6_K (split), 12 Q4_K,
+//            13 Q5_K (GGUF)
 //   BM, BN   block tile: tokens x weight rows       WARPS_M, WARPS_N  warp grid (see above)
 //   KBS      32-blocks of K per stage (1, 2, 4, 8; K-quants 2, 4, 8)  STAGES  pipeline depth (>= 2)
 //   THREADS  32 * WARPS_M * WARPS_N                 MIN_BLOCKS  __launch_bounds__ blocks per SM
@@ -100,20 +108,23 @@
 constexpr bool kQ8 = WTYPE == 8;                            // int8 payload, 32 bytes a block
 constexpr bool kKq = WTYPE == 12 || WTYPE == 13;            // GGUF K-quant super-blocks
 constexpr bool kFifth32 = WTYPE == 6 || WTYPE == 7;         // split fifth-bit words (Q5_0, Q5_1)
+constexpr bool kQ6 = WTYPE == 14;                           // split Q6_K: two scales per block
+constexpr bool kTable = kKq || kQ6;                         // per-warp scale tables
 constexpr bool kQh = WTYPE == 13;                           // Q5_K's qh bytes
 constexpr bool kMinForm = WTYPE == 3 || WTYPE == 7 || kKq;  // x = A q + B (else d (q + c))
 constexpr float kOffset = WTYPE == 2 ? -8.0f : WTYPE == 6 ? -16.0f : 0.0f;  // c
-constexpr int kDwElem = kKq ? 0 : kMinForm ? 4 : 2;  // scale bytes per (row, block): d | m, d
-constexpr int kKqBlock = WTYPE == 12 ? 144 : 176;    // a K-quant super-block's bytes
-constexpr int kKqQs = WTYPE == 12 ? 16 : 48;         // its qs bytes' offset
+// Scale bytes per (row, block): none (Q4_K / Q5_K: in the heads), d | m, fp16 d or int8 pair.
+constexpr int kDwElem = kKq ? 0 : kMinForm ? 4 : 2;
+constexpr int kKqBlock = WTYPE == 12 ? 144 : 176;  // a K-quant super-block's bytes
+constexpr int kKqQs = WTYPE == 12 ? 16 : 48;       // its qs bytes' offset
 
 static_assert(K % 32 == 0 && K > 0, "mmq: K must be a positive multiple of 32");
-static_assert(kQ8 || kKq || WTYPE == 2 || WTYPE == 3 || WTYPE == 6 || WTYPE == 7,
-              "mmq: WTYPE must be 8 (Q8_0), 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 7 (Q5_1), 12 (Q4_K) or "
-              "13 (Q5_K)");
-static_assert(!kKq || (K % 256 == 0 && KBS >= 2),
+static_assert(kQ8 || kKq || kQ6 || WTYPE == 2 || WTYPE == 3 || WTYPE == 6 || WTYPE == 7,
+              "mmq: WTYPE must be 8 (Q8_0), 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 7 (Q5_1), 12 (Q4_K), "
+              "13 (Q5_K) or 14 (Q6_K)");
+static_assert(!kTable || (K % 256 == 0 && KBS >= 2),
               "mmq: K-quant rows are whole super-blocks (K % 256 == 0), staged 2, 4 or 8 "
-              "sub-blocks at a time (pairs share their qs bytes)");
+              "sub-blocks at a time (Q4_K / Q5_K pairs share their qs bytes)");
 static_assert(THREADS == 32 * WARPS_M * WARPS_N, "mmq: THREADS must be 32 * WARPS_M * WARPS_N");
 static_assert(BM % (16 * WARPS_M) == 0, "mmq: a warp's token rows must be whole m16 tiles");
 static_assert(BN % (32 * WARPS_N) == 0,
@@ -134,11 +145,14 @@ constexpr int kXCpr = KBS * 2;  // 16-byte chunks per activation row
 constexpr int kWBytesPerKb = kQ8 ? 32 : 16;
 constexpr int kWCpr = KBS * kWBytesPerKb / 16;    // 16-byte chunks per weight row
 constexpr int kWBytes = BN * KBS * kWBytesPerKb;  // one matrix's payload per stage
-constexpr int kQhBytes = kFifth32 ? BN * KBS * 4 : kQh ? BN * 32 : 0;  // its fifth bits
-constexpr int kHdBytes = kKq ? BN * 16 : 0;                            // its super-block heads
-constexpr int kDwBytes = BN * KBS * kDwElem;                           // its block scales
-constexpr int32 kMagic = 0x4b400000;                                   // bits of 1.5 * 2^23
-constexpr float kMagicF = 12582912.0f;                                 // 1.5 * 2^23
+constexpr int kQhBytes = kFifth32 ? BN * KBS * 4  // its fifth or high bits
+                         : kQ6    ? BN * KBS * 8
+                         : kQh    ? BN * 32
+                                  : 0;
+constexpr int kHdBytes = kKq ? BN * 16 : kQ6 ? BN * 4 : 0;  // its super-block heads / d words
+constexpr int kDwBytes = BN * KBS * kDwElem;                // its block scales
+constexpr int32 kMagic = 0x4b400000;                        // bits of 1.5 * 2^23
+constexpr float kMagicF = 12582912.0f;                      // 1.5 * 2^23
 
 // The stage layout of an entry that computes kMats matrices for kRows tokens per pass, and (the
 // K-quants) the warps' scale tables after the stages: float2 {A, B} [warp][matrix][KBS][kWn].
@@ -156,7 +170,8 @@ struct MmqLayout {
     static constexpr int kDw = kDx + KBS * kRows * 8;      // scales, kMats x kDwBytes
     static constexpr int kStage = kDw + kMats * kDwBytes;  // bytes per stage
     static constexpr int kTabWarp = KBS * kWn * 8;         // one warp's table of one matrix
-    static constexpr int kSmem = STAGES * kStage + (kKq ? WARPS_M * WARPS_N * kMats * kTabWarp : 0);
+    static constexpr int kSmem =
+        STAGES * kStage + (kTable ? WARPS_M * WARPS_N * kMats * kTabWarp : 0);
     static_assert(kXBytes % 128 == 0 && kWBytes % 128 == 0 && kQ % 16 == 0 && kHd % 16 == 0 &&
                       kDx % 16 == 0 && kDw % 16 == 0 && kStage % 16 == 0,
                   "mmq: tile pieces must keep 128-byte lines and 16-byte alignment");
@@ -296,6 +311,16 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
                     cp_async_cg16(st + L::kQ + m * kQhBytes + mmq_swizzle(r, c - 1, 2),
                                   blk + 16 * c);
             });
+        } else if (kQ6) {  // high bits, int8 scale pairs, the word holding the super-block's d
+            mmq_load_blocks<8>(st + L::kQ + m * kQhBytes, w[m] + gj_q6_k_qh_plane(units), n0,
+                               n_rows, kb0);
+            mmq_load_blocks<2>(st + L::kDw + m * kDwBytes, w[m] + gj_q6_k_sc_plane(units), n0,
+                               n_rows, kb0);
+            mmq_per_thread<BN>([&](int r) {
+                const size_t i = (size_t)min(n0 + r, n_rows - 1) * (K / 256) + kb0 / 8;
+                mmq_cp_async4(st + L::kHd + m * kHdBytes + r * 4,
+                              w[m] + gj_q6_k_d_plane(units) + ((2 * i) & ~(size_t)3));
+            });
         } else {
             if (kFifth32)
                 mmq_load_blocks<4>(st + L::kQ + m * kQhBytes, w[m] + units * 16, n0, n_rows, kb0);
@@ -313,25 +338,45 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
     });
 }
 
-// K-quants: the {A, B} = {d sc, -dmin m} of sub-blocks kb0 % 8 .. + KBS of the warp's kWn rows
-// (wn * kWn ..) of matrix m, from the stage's heads, into the warp's table [KBS][kWn]. The exact
-// products of the CPU's dequantization (engine/gguf/dequant.cpp).
+// K-quants: the scales of sub-blocks kb0 % 8 .. + KBS of the warp's kWn rows (wn * kWn ..) of
+// matrix m, from the stage, into the warp's table [KBS][kWn]: Q4_K / Q5_K {A, B} = {d sc, -dmin m}
+// from the heads, Q6_K {A0, A1} = {d sc0, d sc1}. The exact products of the CPU's dequantization
+// (engine/gguf/dequant.cpp).
 template <int kMats>
-GJ_DEVICE void mmq_kq_scales(const uint8* st_gen, float2* tab, int m, int wn, int lane, int step) {
+GJ_DEVICE void mmq_table(const uint8* st_gen, float2* tab, int m, int wn, int lane, int step,
+                         int n0, int n_rows) {
     using L = MmqLayout<kMats>;
     const int s0 = (step * KBS) % 8;
 #pragma unroll
     for (int r = lane; r < kWn; r += 32) {
-        const uint4 hd = *(const uint4*)(st_gen + L::kHd + m * kHdBytes + (wn * kWn + r) * 16);
-        const float2 dm = unpack_f16x2(hd.x);  // {d, dmin}
+        const int row = wn * kWn + r;
+        if (kQ6) {
+            const uint32 word = *(const uint32*)(st_gen + L::kHd + m * kHdBytes + row * 4);
+            const size_t i = (size_t)min(n0 + row, n_rows - 1) * (K / 256) + step * KBS / 8;
+            const float d = f16_to_f32((uint16)(word >> (16 * (uint32)(i & 1))));
+            const uint16* sc = (const uint16*)(st_gen + L::kDw + m * kDwBytes) + row * KBS;
 #pragma unroll
-        for (int kk = 0; kk < KBS; ++kk) {
-            int sc, mn;
-            gj_kq_scale_min(hd.y, hd.z, hd.w, s0 + kk, sc, mn);
-            tab[kk * kWn + r] =
-                make_float2(__fmul_rn(dm.x, (float)sc), -__fmul_rn(dm.y, (float)mn));
+            for (int kk = 0; kk < KBS; ++kk)
+                tab[kk * kWn + r] = make_float2(__fmul_rn(d, (float)(int8)(sc[kk] & 0xffu)),
+                                                __fmul_rn(d, (float)(int8)(sc[kk] >> 8)));
+        } else {
+            const uint4 hd = *(const uint4*)(st_gen + L::kHd + m * kHdBytes + row * 16);
+            const float2 dm = unpack_f16x2(hd.x);  // {d, dmin}
+#pragma unroll
+            for (int kk = 0; kk < KBS; ++kk) {
+                int sc, mn;
+                gj_kq_scale_min(hd.y, hd.z, hd.w, s0 + kk, sc, mn);
+                tab[kk * kWn + r] =
+                    make_float2(__fmul_rn(dm.x, (float)sc), -__fmul_rn(dm.y, (float)mn));
+            }
         }
     }
+}
+
+// Four unsigned 6-bit quants (one per byte) as signed bytes q - 32: each byte's top bit set, 32
+// taken off without a borrow, the top bit cleared again.
+GJ_DEVICE uint32 mmq_q6_signed(uint32 q) {
+    return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
 }
 
 enum { mmq_epi_store = 0, mmq_epi_geglu = 1, mmq_epi_geglu_q8 = 2 };
@@ -430,12 +475,12 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
             stage = stage == STAGES - 1 ? 0 : stage + 1;
             const float2* sdx = (const float2*)(st_gen + L::kDx);
             const uint8* sdw = st_gen + L::kDw;
-            const uint32* sqh = (const uint32*)(st_gen + L::kQ);  // Q5_0 / Q5_1 fifth bits
-            if (kKq) {  // this stage's sub-block scales, for the warp's rows
+            const uint32* sqh = (const uint32*)(st_gen + L::kQ);  // fifth bits, Q6_K high bits
+            if (kTable) {  // this stage's sub-block scales, for the warp's rows
                 __syncwarp();
 #pragma unroll
                 for (int m = 0; m < kMats; ++m)
-                    mmq_kq_scales<kMats>(st_gen, tab + m * KBS * kWn, m, wn, lane, step);
+                    mmq_table<kMats>(st_gen, tab + m * KBS * kWn, m, wn, lane, step, n0, n_rows);
                 __syncwarp();
             }
 #pragma unroll 1  // one 32-block at a time: bounds the registers ptxas spends on overlap
@@ -468,7 +513,7 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                             // (independent), then scaled.
 #pragma unroll
                         for (int jb = 0; jb < kG; jb += kB) {
-                            int32 d[kB][kMf][4];
+                            int32 d[kB][kMf][4], d2[kQ6 ? kB : 1][kMf][4];  // Q6_K: 2 halves
 #pragma unroll
                             for (int jj = 0; jj < kB; ++jj) {
                                 const int x = jb + jj;  // fragment of the ldmatrix group
@@ -483,6 +528,13 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                                         b[0] |= ((rh[2 * x] >> sub) & 0x01010101u) << 4;
                                         b[1] |= ((rh[2 * x + 1] >> sub) & 0x01010101u) << 4;
                                     }
+                                } else if (kQ6) {  // nibble word tq, high-bit word tq / 2
+                                    const uint32 h =
+                                        sqh[m * (kQhBytes / 4) +
+                                            ((wn * kWn + q * 8 * kG + 8 * x + g) * KBS + kk) * 2 +
+                                            tq / 2];
+                                    b[0] = mmq_q6_signed(gj_q6_k_split_q(r[x], h, tq, 0));
+                                    b[1] = mmq_q6_signed(gj_q6_k_split_q(r[x], h, tq, 1));
                                 } else {
                                     b[0] = r[x] & 0x0f0f0f0fu;
                                     b[1] = (r[x] >> 4) & 0x0f0f0f0fu;
@@ -495,17 +547,27 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                                     }
                                 }
                                 const int32 bias[4] = {kMagic, kMagic, kMagic, kMagic};
+                                if (kQ6) {  // elements 0..15 (b[0] across the quad), 16..31
+                                    const uint32 lo[2] = {b[0], 0u}, hi[2] = {0u, b[1]};
 #pragma unroll
-                                for (int i = 0; i < kMf; ++i)
-                                    mma_s8_16x8x32(d[jj][i], a[i], b, bias);
+                                    for (int i = 0; i < kMf; ++i) {
+                                        mma_s8_16x8x32(d[jj][i], a[i], lo, bias);
+                                        mma_s8_16x8x32(d2[kQ6 ? jj : 0][i], a[i], hi, bias);
+                                    }
+                                } else {
+#pragma unroll
+                                    for (int i = 0; i < kMf; ++i)
+                                        mma_s8_16x8x32(d[jj][i], a[i], b, bias);
+                                }
                             }
 #pragma unroll
                             for (int jj = 0; jj < kB; ++jj) {
                                 const int j = q * kG + jb + jj;
-                                // The scales {A, B} of rows col and col + 1: the warp's table
-                                // (K-quants), else the stage's [BN][KBS] d | m words or fp16 d.
+                                // The scales {A, B} of rows col and col + 1 (Q6_K: {A0, A1}):
+                                // the warp's table (K-quants), else the stage's [BN][KBS] d | m
+                                // words or fp16 d.
                                 float A[2], B[2] = {0.0f, 0.0f};
-                                if (kKq) {
+                                if (kTable) {
                                     const float4 ab = *(const float4*)(tab + (m * KBS + kk) * kWn +
                                                                        2 * tq + 8 * j);
                                     A[0] = ab.x, B[0] = ab.y, A[1] = ab.z, B[1] = ab.w;
@@ -529,7 +591,12 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                                     for (int e = 0; e < 4; ++e) {
                                         const float dot = __int_as_float(d[jj][i][e]) - kMagicF;
                                         float& c = acc[m][i][j][e];
-                                        if (kMinForm)
+                                        if (kQ6) {
+                                            const float dot2 =
+                                                __int_as_float(d2[kQ6 ? jj : 0][i][e]) - kMagicF;
+                                            c = fmaf(fmaf(dot, A[e % 2], dot2 * B[e % 2]),
+                                                     dx[i][e / 2], c);
+                                        } else if (kMinForm)
                                             c = fmaf(dot * dx[i][e / 2], A[e % 2],
                                                      fmaf(B[e % 2], cs[i][e / 2], c));
                                         else

@@ -388,14 +388,13 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
 }
 
 // The grouped expert GEMM (MOE entries) of MoE prefill: E experts, each a matrix of its own (the
-// 32-block types in the split layout, Q4_K / Q5_K in their GGUF super-blocks; gate|up: gate then
-// up half of every expert, one stride apart; gate|up and down in the types a K-quant file mixes,
-// e.g. Q4_K with Q5_0 where F is no multiple of 256), slots grouped by expert
-// in groups of BM (the grouping moe_group makes: gpu_test_moe checks it), activations gathered by
-// slot / in_div and results scattered to the slot's row. Against the exact CPU products per slot,
-// with experts that get no slot, more than one group, and a batch all in one expert;
-// mmq_moe_geglu_q8 bit-identical to the CPU quantizer over mmq_moe_geglu's output; no row outside
-// the slots written.
+// 32-block types and Q6_K in the split layout, Q4_K / Q5_K in their GGUF super-blocks; gate|up:
+// gate then up half of every expert, one stride apart; gate|up and down in the types a K-quant file
+// mixes, e.g. Q4_K with Q5_0 where F is no multiple of 256), slots grouped by expert in groups of
+// BM (the grouping moe_group makes: gpu_test_moe checks it), activations gathered by slot / in_div
+// and results scattered to the slot's row. Against the exact CPU products per slot, with experts
+// that get no slot, more than one group, and a batch all in one expert; mmq_moe_geglu_q8
+// bit-identical to the CPU quantizer over mmq_moe_geglu's output; no row outside the slots written.
 namespace {
 
 struct MoeGemmCase {
@@ -422,7 +421,7 @@ Stacked stacked_experts(ggml::Type type, int E, int pieces, int rows, int k, std
         for (int p = 0; p < pieces; ++p) {
             const std::vector<uint8_t> one(blocks[p].begin() + e * piece_blocks,
                                            blocks[p].begin() + (e + 1) * piece_blocks);
-            const auto split = gj::gemma4::spec_util::is_kquant(type)
+            const auto split = type == ggml::Type::Q4_K || type == ggml::Type::Q5_K
                                    ? one  // read in their GGUF blocks
                                    : split_layout(type, one, rows, k);
             s.bytes.insert(s.bytes.end(), split.begin(), split.end());
@@ -558,7 +557,7 @@ TEST_P(MmqMoeTest, GroupedExpertProductsMatchCpu) {
 namespace {
 constexpr ggml::Type Q8_0 = ggml::Type::Q8_0, Q4_0 = ggml::Type::Q4_0, Q4_1 = ggml::Type::Q4_1,
                      Q5_0 = ggml::Type::Q5_0, Q5_1 = ggml::Type::Q5_1, Q4_K = ggml::Type::Q4_K,
-                     Q5_K = ggml::Type::Q5_K;
+                     Q5_K = ggml::Type::Q5_K, Q6_K = ggml::Type::Q6_K;
 }  // namespace
 
 INSTANTIATE_TEST_SUITE_P(
@@ -576,6 +575,9 @@ INSTANTIATE_TEST_SUITE_P(
         MoeGemmCase{Q5_K, Q5_1, 256, 64, 16, 4, 512, false},
         MoeGemmCase{Q5_0, Q4_K, 256, 256, 16, 4, 64, false},
         MoeGemmCase{Q4_K, Q5_K, 2048, 512, 32, 4, 80, false},  // down's 128-row tiles, 2 a stage
+        MoeGemmCase{Q6_K, Q8_0, 256, 64, 16, 4, 37, false},
+        MoeGemmCase{Q5_1, Q6_K, 256, 256, 16, 4, 512, false},
+        MoeGemmCase{Q6_K, Q6_K, 2048, 512, 32, 4, 80, true},
         // 26B-A4B (d 2816, F 704, 128 experts, top 8); its Q4_K_M / Q5_K_M pairs.
         MoeGemmCase{Q4_0, Q4_0, 2816, 704, 128, 8, 200, false},
         MoeGemmCase{Q8_0, Q8_0, 2816, 704, 128, 8, 67, false},
@@ -583,7 +585,8 @@ INSTANTIATE_TEST_SUITE_P(
         MoeGemmCase{Q4_K, Q5_0, 2816, 704, 128, 8, 200, false},
         MoeGemmCase{Q4_K, Q8_0, 2816, 704, 128, 8, 67, false},
         MoeGemmCase{Q5_K, Q5_1, 2816, 704, 128, 8, 100, false},
-        MoeGemmCase{Q5_K, Q8_0, 2816, 704, 128, 8, 20, true}),
+        MoeGemmCase{Q5_K, Q8_0, 2816, 704, 128, 8, 20, true},
+        MoeGemmCase{Q6_K, Q8_0, 2816, 704, 128, 8, 100, false}),
     [](const ::testing::TestParamInfo<MoeGemmCase>& i) {
         const MoeGemmCase& c = i.param;
         return fmt::format("{}_{}_d{}_F{}_E{}_K{}_T{}{}", ggml::type_name(c.type),

@@ -346,8 +346,9 @@ TEST(Moe, GraphReplayIsBitIdenticalToEagerLaunches) {
 
 // The real 26B-A4B shapes (d 2816, 128 experts of width 704, top-8, dense MLP 2112, head dims
 // 256/512, vocab 262144) cut to two layers, against the CPU reference: Q4_0, and the K-quant
-// mixes whose experts' gate|up are Q4_K / Q5_K (GGUF blocks) and down the 32-block fallbacks
-// (F 704 is no multiple of 256), all on the grouped tensor-core GEMM in prefill.
+// mixes whose experts' gate|up are Q4_K / Q5_K (GGUF blocks) or Q6_K (split) and down the
+// 32-block fallbacks (F 704 is no multiple of 256), all on the grouped tensor-core GEMM in
+// prefill.
 class Moe26bVsCpu : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Moe26bVsCpu, ShapesOf26bA4bMatchTheCpuReference) {
@@ -362,8 +363,12 @@ TEST_P(Moe26bVsCpu, ShapesOf26bA4bMatchTheCpuReference) {
     ASSERT_EQ(cfg.n_experts, 128);
     if (w != "q4_0") {  // the mix's expert types, as a llama.cpp file stores them
         const auto& g = model->layers()[0];
-        EXPECT_EQ(g.gate_up.all.type, w == "q4_k_m" ? ggml::Type::Q4_K : ggml::Type::Q5_K);
-        EXPECT_EQ(g.gate_up.all.layout, MatvecLayout::Ggml);
+        const ggml::Type up = w == "q4_k_m"   ? ggml::Type::Q4_K
+                              : w == "q5_k_m" ? ggml::Type::Q5_K
+                                              : ggml::Type::Q6_K;
+        EXPECT_EQ(g.gate_up.all.type, up);
+        EXPECT_EQ(g.gate_up.all.layout,
+                  up == ggml::Type::Q6_K ? MatvecLayout::Split : MatvecLayout::Ggml);
         EXPECT_EQ(g.down_exps.all.layout, MatvecLayout::Split);
         EXPECT_FALSE(g.gate_up.spec_gemm.empty()) << "no grouped GEMM planned for gate|up";
     }
@@ -379,4 +384,4 @@ TEST_P(Moe26bVsCpu, ShapesOf26bA4bMatchTheCpuReference) {
     EXPECT_GT(s.path_counts().moe_grouped, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, Moe26bVsCpu, ::testing::Values("q4_0", "q4_k_m", "q5_k_m"));
+INSTANTIATE_TEST_SUITE_P(Types, Moe26bVsCpu, ::testing::Values("q4_0", "q4_k_m", "q5_k_m", "q6_k"));

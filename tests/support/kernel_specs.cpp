@@ -149,7 +149,7 @@ std::vector<KernelSpec> all_specs() {
         add(gemma4::embed_rows_spec(n, ggml::Type::Q5_K, 262144, MatvecLayout::Split));
     // The 32-block fallbacks: the 26B's K-quant mixes (ffn_down 2112 wide: Q5_0 / Q5_1 / Q8_0)
     // and whole tiny models in Q4_1 / Q5_0 / Q5_1, as the GPU tests run them.
-    for (const char* mix : {"q4_k_m", "q5_k_m"})
+    for (const char* mix : {"q4_k_m", "q5_k_m", "q6_k"})
         for (const auto& s : build_kernel_plan(
                  Config::preset("26b-a4b"), *gemma4::quant_mix_from_name(mix),
                  {ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0}))
@@ -203,7 +203,9 @@ std::vector<KernelSpec> all_specs() {
         for (auto [up, down, d, F] :
              {std::tuple{T::Q5_0, T::Q8_0, 128, 64}, std::tuple{T::Q4_1, T::Q5_1, 128, 64},
               std::tuple{T::Q4_K, T::Q5_0, 256, 64}, std::tuple{T::Q5_K, T::Q5_1, 256, 64},
-              std::tuple{T::Q5_0, T::Q4_K, 256, 256}, std::tuple{T::Q4_K, T::Q5_K, 2048, 512}}) {
+              std::tuple{T::Q5_0, T::Q4_K, 256, 256}, std::tuple{T::Q4_K, T::Q5_K, 2048, 512},
+              std::tuple{T::Q6_K, T::Q8_0, 256, 64}, std::tuple{T::Q5_1, T::Q6_K, 256, 256},
+              std::tuple{T::Q6_K, T::Q6_K, 2048, 512}}) {
             add(gemma4::mmq_moe_spec(up, d, F));
             add(gemma4::mmq_moe_spec(down, F, d));
         }

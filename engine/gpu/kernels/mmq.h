@@ -1,11 +1,11 @@
 // mmq family: the spec of kernel_templates/mmq.cu, the prompt-batch GEMM on int8 tensor cores
 // (mma.sync m16n8k32) for block-quantized weights against Q8_1 activations, and the tile the plan
 // picks per matrix shape. Layer matrices: Q8_0 / Q4_0 in the split layout. Grouped experts (the
-// ".moe" specs): those and Q4_1 / Q5_0 / Q5_1 in the split layout, Q4_K / Q5_K as the GGUF stores
-// them (mmq_moe_reads).
+// ".moe" specs): those and Q4_1 / Q5_0 / Q5_1 / Q6_K in the split layout, Q4_K / Q5_K as the
+// GGUF stores them (mmq_moe_reads).
 //
-// Spec name: "mmq.<type>.k<k>.<tile>", type q8_0, q4_0 (.moe also q4_1, q5_0, q5_1, q4_k, q5_k),
-// tile
+// Spec name: "mmq.<type>.k<k>.<tile>", type q8_0, q4_0 (.moe also q4_1, q5_0, q5_1, q4_k, q5_k,
+// q6_k), tile
 //   "m<BM>n<BN>.w<WARPS_M>x<WARPS_N>.s<STAGES>b<KBS>.o<MIN_BLOCKS>p<GEGLU_PASSES>[.k<SPLITS>]".
 // Entries mmq, mmq_geglu, mmq_geglu_q8 and mmq_reduce (the sum of the split-K partial planes);
 // the ".moe" specs hold the grouped expert entries instead (see mmq_moe_spec).
@@ -43,8 +43,8 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile);
 // rows follow the matrix (n_rows: one expert's rows of one matrix, F for gate|up, d for down).
 constexpr int kMoeGemmSlots = 32;
 // Whether the grouped expert GEMM reads experts of type t stored in `layout` with input width k:
-// the 32-block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) in the split layout, Q4_K / Q5_K in their GGUF
-// super-blocks (k % 256 == 0). Q6_K (two scales per 32 elements) is not read.
+// the 32-block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and Q6_K in the split layout, Q4_K / Q5_K in
+// their GGUF super-blocks (K-quants: k % 256 == 0). Every quantized type of our files.
 bool mmq_moe_reads(ggml::Type t, MatvecLayout layout, int k);
 // The tile and spec (ConfigError for a type mmq_moe_reads never takes; std::invalid_argument as
 // mmq_spec, and for a K-quant k % 256 != 0 or a tile of one block per stage).

@@ -35,9 +35,10 @@ jit::KernelSpec moe_spec(const Config& cfg) {
 }
 
 bool moe_experts_split(ggml::Type t, int rows, int k) {
-    // Every split type but the K-quants, whose split matrices are larger than their blocks.
-    return spec_util::has_split(t) && !spec_util::is_kquant(t) && rows > 0 && k > 0 &&
-           k % 32 == 0 && (int64_t(rows) * (k / 32)) % 8 == 0;
+    // Every split type whose split matrices are the size of their blocks: all but Q4_K and Q5_K.
+    const bool same_size = t != ggml::Type::Q4_K && t != ggml::Type::Q5_K;
+    return spec_util::has_split(t) && same_size && rows > 0 && k > 0 &&
+           k % spec_util::matvec_block_elems(t) == 0 && (int64_t(rows) * (k / 32)) % 8 == 0;
 }
 
 int moe_route_group_max_tokens(int n_used) {

@@ -31,11 +31,11 @@ int moe_route_group_max_tokens(int n_used);
 int moe_group_bound(int T, int n_used, int n_experts, int cols);
 
 // Whether experts of `rows` x k weights of type t are repacked to the split layout (each expert's
-// matrix on its own, as the split matvecs and (Q8_0 / Q4_0) the grouped GEMM read it): Q8_0,
-// Q4_0 and the 32-block fallbacks Q4_1 / Q5_0 / Q5_1 (whose split matrix is as large as its GGUF
-// blocks, which the expert upload's offsets assume; a split Q4_K or Q5_K is not), k a multiple of
-// 32, and every expert's planes starting 16-byte aligned (rows * k / 32 a multiple of 8, so that
-// the stacked matrices keep the alignment).
+// matrix on its own, as the split matvecs and the grouped GEMM read it): Q8_0, Q4_0, the 32-block
+// fallbacks Q4_1 / Q5_0 / Q5_1 and Q6_K (whose split matrices are as large as their GGUF blocks,
+// which the expert upload's offsets assume; a split Q4_K or Q5_K is not), k whole blocks, and
+// every expert's planes starting 16-byte aligned (rows * k / 32 a multiple of 8, so that the
+// stacked matrices keep the alignment).
 bool moe_experts_split(ggml::Type t, int rows, int k);
 
 }  // namespace gj::gemma4
