@@ -270,11 +270,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     };
 
     // A stacked expert tensor [E][per][cols] of matrices of `piece` rows (a fused gate|up expert
-    // holds two): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 repacked per matrix to the split layout
-    // (GEMMAJIT_REPACK, moe_experts_split) for the split matvecs, the K-quants read in place by
+    // holds two): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q6_K repacked per matrix to the split layout
+    // (GEMMAJIT_REPACK, moe_experts_split) for the split matvecs, Q4_K / Q5_K read in place by
     // the grouped matvecs (their GGUF layout), or dequantized to F16 when no matvec reads the
-    // type; the grouped tensor-core GEMM of prefill reads the first two (Q4_K / Q5_K of the
-    // K-quants: mmq_moe_reads).
+    // type; the grouped tensor-core GEMM of prefill reads both kinds (mmq_moe_reads).
     const bool moe_gemm = mmq && flags.get_bool("GEMMAJIT_MOE_GEMM");
     auto plan_experts = [&](const Matrix& first, int per, int piece) {
         GpuExperts x;

@@ -5,7 +5,7 @@
 // beside the router and the experts), the slots grouped by expert
 // (moe_group), the grouped gate|up GeGLU and down products (each expert's weights read once per
 // group: the grouped int8 tensor-core GEMM over groups of BM slots in prefill chunks of the
-// expert types it reads (mmq_moe_reads: every quantized type of our files but Q6_K), else the
+// expert types it reads (mmq_moe_reads: every quantized type of our files), else the
 // grouped matvecs over groups of up to kPrefillCols slots, one slot per
 // group for a single token), then in one pass the dense output's post-norm plus the experts'
 // weighted combine and post-norm (moe_ffn_out).
