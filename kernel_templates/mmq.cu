@@ -17,33 +17,30 @@
 // as a float is 1.5 * 2^23 + dot (|dot| < 2^22) and one exact subtraction gives float(dot): no int
 // -> float conversion.
 //
-// Weight layouts read (WTYPE is the ggml type id):
-//   Q8_0 (8), Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7): the split layout of the matvecs (planes over
-//     the matrix's n_rows * K / 32 blocks: the payload, 32 or 16 bytes a block, then Q5_0 / Q5_1's
-//     fifth-bit words, then the fp16 d or d | m << 16; kernel_templates/q32_blocks.cuh).
-//   Q6_K (14): its split layout (kquant.cuh: low nibbles, high-bit pairs, int8 scale pairs, an
-//     fp16 d per super-block), the stage's d taken as the aligned word that holds it.
-//   Q4_K (12), Q5_K (13): the GGUF super-blocks in place (kquant.cuh; rows of whole super-blocks,
-//     K % 256 == 0): a stage takes KBS sub-blocks of one super-block, its 16-byte head (d, dmin,
-//     the packed scales), Q5_K's 32 qh bytes and the KBS * 16 qs bytes that hold them (pairs of
-//     sub-blocks share 32 qs bytes: low nibbles the even one, high nibbles the odd one).
-//   The K-quants' per-block scales ({A, B}, Q6_K's {A0, A1}) are decoded by each warp for its rows
-//   into a table of its own once per stage.
+// Weight layouts read (WTYPE is the ggml type id): the split layouts of the matvecs, planes over
+// the matrix's n_rows * K / 32 blocks, whose payload is 16 nibble bytes a block in the Q4_0 order
+// (Q8_0: 32 int8):
+//   Q8_0 (8), Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7): the payload, Q5_0 / Q5_1's fifth-bit words,
+//     the fp16 d or d | m << 16 (kernel_templates/q32_blocks.cuh);
+//   Q4_K (12), Q5_K (13), Q6_K (14): kquant.cuh's planes (rows of whole super-blocks, K % 256 ==
+//     0): Q5_K's fifth-bit words (the order of Q5_0's), Q6_K's top-bit pairs; the sub-blocks'
+//     sc | m bytes (Q6_K: int8 scale pairs); the super-blocks' d | dmin (Q6_K: d), of which a
+//     stage takes the aligned word holding its one. Each warp decodes its rows' {A, B} ({A0, A1})
+//     into a table of its own once per stage.
 //
 // Data: a block computes a BM (tokens) x BN (weight rows) tile. Each pipeline stage holds KBS
 // 32-blocks of K: activations [rows][KBS * 32] int8, per matrix the weight payload [BN][KBS * 32]
-// int8 (Q8_0) or [BN][KBS * 16] nibble bytes (the rest), the fifth bits (Q5_0 / Q5_1 [BN][KBS]
-// words, Q5_K [BN][32] qh bytes, Q6_K [BN][KBS] 8-byte high-bit pairs), the super-block heads
-// (Q4_K / Q5_K [BN][16] bytes; Q6_K the [BN] words holding d) and the block scales ([BN][KBS]
-// fp16 d, d | m words or Q6_K's int8 pairs), and the {dx, s} [KBS][rows].
+// int8 (Q8_0) or [BN][KBS * 16] nibble bytes (the rest), the fifth bits (Q5_0 / Q5_1 / Q5_K
+// [BN][KBS] words, Q6_K [BN][KBS] 8-byte top-bit pairs), the K-quants' super-block words ([BN]:
+// d | dmin, Q6_K d) and the block scales ([BN][KBS] fp16 d, d | m words, the K-quants' 2-byte
+// sc | m or int8 scale pairs), and the {dx, s} [KBS][rows].
 // Everything is copied with cp.async (16-byte chunks for the payloads), STAGES stages in flight.
 // Payload rows are stored as 16-byte chunks XOR-swizzled within each 128-byte line, so ldmatrix
 // reads (8 rows at one chunk column) and the copies hit distinct banks. ldmatrix.x4 on the
-// activation tile gives the mma A fragment directly; on the Q8_0 tile (and the K-quants' 32-byte
-// qs pairs, masked to the sub-block's nibbles) it gives two n8 B fragments; for the split nibble
-// types one 32-bit word of a row holds the nibbles of both B registers (bytes 4t..4t+3: low
-// nibbles are elements 4t..4t+3, high nibbles 16+4t..16+4t+3): a mask and a shift, then the
-// fifth bits or'ed in at bit 4.
+// activation tile gives the mma A fragment directly; on the Q8_0 tile it gives two n8 B
+// fragments; for the nibble types one 32-bit word of a row holds the nibbles of both B registers
+// (bytes 4t..4t+3: low nibbles are elements 4t..4t+3, high nibbles 16+4t..16+4t+3): a mask and a
+// shift, then the fifth bits or'ed in at bit 4 (Q6_K: the top two bits, then q - 32).
 // Warps form a WARPS_M x WARPS_N grid over the tile. The GeGLU entries compute two matrices; with
 // GEGLU_PASSES = 2 they take the BM tokens in two passes of BM / 2 (the same registers and mma
 // work per warp and step as the plain entry, the weights read twice).
@@ -51,10 +48,9 @@
 //
 // Constants (prologue #defines):
 //   K        inner dimension (multiple of 32; of 256 for Q4_K / Q5_K)
-//   WTYPE    ggml type id: 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 14 Q6_K (split), 12 Q4_K,
-//            13 Q5_K (GGUF)
+//   WTYPE    ggml type id: 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 12 Q4_K, 13 Q5_K, 14 Q6_K
 //   BM, BN   block tile: tokens x weight rows       WARPS_M, WARPS_N  warp grid (see above)
-//   KBS      32-blocks of K per stage (1, 2, 4, 8; K-quants 2, 4, 8)  STAGES  pipeline depth (>= 2)
+//   KBS      32-blocks of K per stage (1, 2, 4, 8)  STAGES   pipeline depth (>= 2)
 //   THREADS  32 * WARPS_M * WARPS_N                 MIN_BLOCKS  __launch_bounds__ blocks per SM
 //   GEGLU_PASSES  1 or 2 passes over the tokens in the GeGLU entries (see above)
 //   SMEM     dynamic shared memory bytes: the larger of the plain and the GeGLU layouts' STAGES
@@ -105,26 +101,21 @@
 #endif
 
 // How the kernel reads each weight type (WTYPE: its ggml type id).
-constexpr bool kQ8 = WTYPE == 8;                            // int8 payload, 32 bytes a block
-constexpr bool kKq = WTYPE == 12 || WTYPE == 13;            // GGUF K-quant super-blocks
-constexpr bool kFifth32 = WTYPE == 6 || WTYPE == 7;         // split fifth-bit words (Q5_0, Q5_1)
+constexpr bool kQ8 = WTYPE == 8;                  // int8 payload, 32 bytes a block
+constexpr bool kKq = WTYPE == 12 || WTYPE == 13;  // Q4_K, Q5_K
+constexpr bool kFifth32 = WTYPE == 6 || WTYPE == 7 || WTYPE == 13;  // fifth-bit words
 constexpr bool kQ6 = WTYPE == 14;                           // split Q6_K: two scales per block
 constexpr bool kTable = kKq || kQ6;                         // per-warp scale tables
-constexpr bool kQh = WTYPE == 13;                           // Q5_K's qh bytes
 constexpr bool kMinForm = WTYPE == 3 || WTYPE == 7 || kKq;  // x = A q + B (else d (q + c))
 constexpr float kOffset = WTYPE == 2 ? -8.0f : WTYPE == 6 ? -16.0f : 0.0f;  // c
-// Scale bytes per (row, block): none (Q4_K / Q5_K: in the heads), d | m, fp16 d or int8 pair.
-constexpr int kDwElem = kKq ? 0 : kMinForm ? 4 : 2;
-constexpr int kKqBlock = WTYPE == 12 ? 144 : 176;  // a K-quant super-block's bytes
-constexpr int kKqQs = WTYPE == 12 ? 16 : 48;       // its qs bytes' offset
+// Scale bytes per (row, block): d | m, fp16 d, the K-quants' sc | m or int8 pair.
+constexpr int kDwElem = kTable ? 2 : kMinForm ? 4 : 2;
 
 static_assert(K % 32 == 0 && K > 0, "mmq: K must be a positive multiple of 32");
 static_assert(kQ8 || kKq || kQ6 || WTYPE == 2 || WTYPE == 3 || WTYPE == 6 || WTYPE == 7,
               "mmq: WTYPE must be 8 (Q8_0), 2 (Q4_0), 3 (Q4_1), 6 (Q5_0), 7 (Q5_1), 12 (Q4_K), "
               "13 (Q5_K) or 14 (Q6_K)");
-static_assert(!kTable || (K % 256 == 0 && KBS >= 2),
-              "mmq: K-quant rows are whole super-blocks (K % 256 == 0), staged 2, 4 or 8 "
-              "sub-blocks at a time (Q4_K / Q5_K pairs share their qs bytes)");
+static_assert(!kTable || K % 256 == 0, "mmq: K-quant rows are whole super-blocks (K % 256 == 0)");
 static_assert(THREADS == 32 * WARPS_M * WARPS_N, "mmq: THREADS must be 32 * WARPS_M * WARPS_N");
 static_assert(BM % (16 * WARPS_M) == 0, "mmq: a warp's token rows must be whole m16 tiles");
 static_assert(BN % (32 * WARPS_N) == 0,
@@ -145,14 +136,11 @@ constexpr int kXCpr = KBS * 2;  // 16-byte chunks per activation row
 constexpr int kWBytesPerKb = kQ8 ? 32 : 16;
 constexpr int kWCpr = KBS * kWBytesPerKb / 16;    // 16-byte chunks per weight row
 constexpr int kWBytes = BN * KBS * kWBytesPerKb;  // one matrix's payload per stage
-constexpr int kQhBytes = kFifth32 ? BN * KBS * 4  // its fifth or high bits
-                         : kQ6    ? BN * KBS * 8
-                         : kQh    ? BN * 32
-                                  : 0;
-constexpr int kHdBytes = kKq ? BN * 16 : kQ6 ? BN * 4 : 0;  // its super-block heads / d words
-constexpr int kDwBytes = BN * KBS * kDwElem;                // its block scales
-constexpr int32 kMagic = 0x4b400000;                        // bits of 1.5 * 2^23
-constexpr float kMagicF = 12582912.0f;                      // 1.5 * 2^23
+constexpr int kQhBytes = kFifth32 ? BN * KBS * 4 : kQ6 ? BN * KBS * 8 : 0;  // its fifth / top bits
+constexpr int kHdBytes = kTable ? BN * 4 : 0;  // its super-block words (d | dmin, Q6_K's d)
+constexpr int kDwBytes = BN * KBS * kDwElem;   // its block scales
+constexpr int32 kMagic = 0x4b400000;           // bits of 1.5 * 2^23
+constexpr float kMagicF = 12582912.0f;         // 1.5 * 2^23
 
 // The stage layout of an entry that computes kMats matrices for kRows tokens per pass, and (the
 // K-quants) the warps' scale tables after the stages: float2 {A, B} [warp][matrix][KBS][kWn].
@@ -164,8 +152,8 @@ struct MmqLayout {
     static constexpr int kMf = kWm / 16;         // its m16 fragments
     static constexpr int kXBytes = kRows * KBS * 32;
     static constexpr int kW = kXBytes;                     // payloads, kMats x kWBytes
-    static constexpr int kQ = kW + kMats * kWBytes;        // fifth bits, kMats x kQhBytes
-    static constexpr int kHd = kQ + kMats * kQhBytes;      // heads, kMats x kHdBytes
+    static constexpr int kQ = kW + kMats * kWBytes;        // fifth / top bits, kMats x kQhBytes
+    static constexpr int kHd = kQ + kMats * kQhBytes;      // super-block words, kMats x kHdBytes
     static constexpr int kDx = kHd + kMats * kHdBytes;     // float2 [KBS][kRows]
     static constexpr int kDw = kDx + KBS * kRows * 8;      // scales, kMats x kDwBytes
     static constexpr int kStage = kDw + kMats * kDwBytes;  // bytes per stage
@@ -283,11 +271,8 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
             cp_async_cg16(st + mmq_swizzle(r, c, kXCpr), xq + (size_t)t * K + kb0 * 32 + c * 16);
         }
     });
-    // A row's bytes: its blocks' payloads (split planes), or its super-blocks (K-quants), whose
-    // stage starts at super-block kb0 / 8, sub-block kb0 % 8.
-    const size_t row_bytes = kKq ? (size_t)(K / 256) * kKqBlock : (size_t)K * kWBytesPerKb / 32;
-    const size_t units = (size_t)n_rows * kKb;  // blocks per matrix (the split planes' length)
-    const int sb_bytes = (kb0 / 8) * kKqBlock;  // K-quants: the stage's super-block in a row
+    const size_t row_bytes = (size_t)K * kWBytesPerKb / 32;  // a row's payload
+    const size_t units = (size_t)n_rows * kKb;  // blocks per matrix (the planes' length)
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
         const uint32 wt = st + L::kW + m * kWBytes;
@@ -295,35 +280,31 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
             const int r = i / kWCpr, c = i % kWCpr;
             if (kWhole || kb0 + c * 16 / kWBytesPerKb < kKb) {
                 const int n = min(n0 + r, n_rows - 1);
-                const uint8* row = w[m] + n * row_bytes;
                 cp_async_cg16(wt + mmq_swizzle(r, c, kWCpr),
-                              kKq ? row + sb_bytes + kKqQs + (kb0 % 8) * 16 + c * 16
-                                  : row + kb0 * kWBytesPerKb + c * 16);
+                              w[m] + n * row_bytes + kb0 * kWBytesPerKb + c * 16);
             }
         });
-        if (kKq) {  // the super-block heads and (Q5_K) qh bytes
-            mmq_per_thread<BN*(kQh ? 3 : 1)>([&](int i) {
-                const int r = i % BN, c = i / BN;  // c 0: head, 1..2: qh chunks
-                const uint8* blk = w[m] + min(n0 + r, n_rows - 1) * row_bytes + sb_bytes;
-                if (c == 0)
-                    cp_async_ca16(st + L::kHd + m * kHdBytes + r * 16, blk);
-                else
-                    cp_async_cg16(st + L::kQ + m * kQhBytes + mmq_swizzle(r, c - 1, 2),
-                                  blk + 16 * c);
-            });
-        } else if (kQ6) {  // high bits, int8 scale pairs, the word holding the super-block's d
+        if (kFifth32)  // Q5_0 / Q5_1 / Q5_K: fifth-bit words; Q6_K: top-bit pairs
+            mmq_load_blocks<4>(st + L::kQ + m * kQhBytes, w[m] + units * 16, n0, n_rows, kb0);
+        else if (kQ6)
             mmq_load_blocks<8>(st + L::kQ + m * kQhBytes, w[m] + gj_q6_k_qh_plane(units), n0,
                                n_rows, kb0);
-            mmq_load_blocks<2>(st + L::kDw + m * kDwBytes, w[m] + gj_q6_k_sc_plane(units), n0,
-                               n_rows, kb0);
+        if (kTable) {
+            // sc | m (Q6_K: scale pairs) of the stage's blocks, and the aligned word holding its
+            // super-block's d | dmin (Q6_K: d, one fp16 of the word).
+            const size_t sc_plane = kQ6           ? gj_q6_k_sc_plane(units)
+                                    : WTYPE == 12 ? gj_q4_k_scm_plane(units)
+                                                  : gj_q5_k_scm_plane(units);
+            const size_t d_plane = kQ6           ? gj_q6_k_d_plane(units)
+                                   : WTYPE == 12 ? gj_q4_k_dm_plane(units)
+                                                 : gj_q5_k_dm_plane(units);
+            mmq_load_blocks<2>(st + L::kDw + m * kDwBytes, w[m] + sc_plane, n0, n_rows, kb0);
             mmq_per_thread<BN>([&](int r) {
-                const size_t i = (size_t)min(n0 + r, n_rows - 1) * (K / 256) + kb0 / 8;
+                const size_t sb = (size_t)min(n0 + r, n_rows - 1) * (K / 256) + kb0 / 8;
                 mmq_cp_async4(st + L::kHd + m * kHdBytes + r * 4,
-                              w[m] + gj_q6_k_d_plane(units) + ((2 * i) & ~(size_t)3));
+                              w[m] + d_plane + (kQ6 ? (2 * sb) & ~(size_t)3 : 4 * sb));
             });
         } else {
-            if (kFifth32)
-                mmq_load_blocks<4>(st + L::kQ + m * kQhBytes, w[m] + units * 16, n0, n_rows, kb0);
             mmq_load_blocks<kDwElem>(st + L::kDw + m * kDwBytes,
                                      w[m] + units * (kWBytesPerKb + (kFifth32 ? 4 : 0)), n0, n_rows,
                                      kb0);
@@ -338,15 +319,14 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
     });
 }
 
-// K-quants: the scales of sub-blocks kb0 % 8 .. + KBS of the warp's kWn rows (wn * kWn ..) of
-// matrix m, from the stage, into the warp's table [KBS][kWn]: Q4_K / Q5_K {A, B} = {d sc, -dmin m}
-// from the heads, Q6_K {A0, A1} = {d sc0, d sc1}. The exact products of the CPU's dequantization
+// K-quants: the scales of the stage's KBS blocks of the warp's kWn rows (wn * kWn ..) of matrix m,
+// into the warp's table [KBS][kWn]: Q4_K / Q5_K {A, B} = {d sc, -dmin m}, Q6_K {A0, A1} =
+// {d sc0, d sc1}. The exact products of the CPU's dequantization
 // (engine/gguf/dequant.cpp).
 template <int kMats>
 GJ_DEVICE void mmq_table(const uint8* st_gen, float2* tab, int m, int wn, int lane, int step,
                          int n0, int n_rows) {
     using L = MmqLayout<kMats>;
-    const int s0 = (step * KBS) % 8;
 #pragma unroll
     for (int r = lane; r < kWn; r += 32) {
         const int row = wn * kWn + r;
@@ -359,16 +339,14 @@ GJ_DEVICE void mmq_table(const uint8* st_gen, float2* tab, int m, int wn, int la
             for (int kk = 0; kk < KBS; ++kk)
                 tab[kk * kWn + r] = make_float2(__fmul_rn(d, (float)(int8)(sc[kk] & 0xffu)),
                                                 __fmul_rn(d, (float)(int8)(sc[kk] >> 8)));
-        } else {
-            const uint4 hd = *(const uint4*)(st_gen + L::kHd + m * kHdBytes + row * 16);
-            const float2 dm = unpack_f16x2(hd.x);  // {d, dmin}
+        } else {  // Q4_K / Q5_K: sc | m << 8
+            const float2 dm =
+                unpack_f16x2(*(const uint32*)(st_gen + L::kHd + m * kHdBytes + row * 4));
+            const uint16* scm = (const uint16*)(st_gen + L::kDw + m * kDwBytes) + row * KBS;
 #pragma unroll
-            for (int kk = 0; kk < KBS; ++kk) {
-                int sc, mn;
-                gj_kq_scale_min(hd.y, hd.z, hd.w, s0 + kk, sc, mn);
-                tab[kk * kWn + r] =
-                    make_float2(__fmul_rn(dm.x, (float)sc), -__fmul_rn(dm.y, (float)mn));
-            }
+            for (int kk = 0; kk < KBS; ++kk)
+                tab[kk * kWn + r] = make_float2(__fmul_rn(dm.x, (float)(scm[kk] & 0xffu)),
+                                                -__fmul_rn(dm.y, (float)(scm[kk] >> 8)));
         }
     }
 }
@@ -403,26 +381,22 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
     if (kSplits > 1) y = (float*)y + (size_t)z * T * n_rows;
 
     // Per-lane ldmatrix row/chunk selections (see the fragment layouts in gj_ptx.cuh). One
-    // ldmatrix.x4 of the weight tile covers kG n8 fragments: 2 (16 rows x 32 bytes: Q8_0, a
-    // K-quant's qs pair) or 4 (32 rows x 16 nibble bytes).
-    constexpr bool kRows32 = kQ8 || kKq;  // 32-byte payload rows per ldmatrix
-    constexpr int kG = kRows32 ? 2 : 4;
+    // ldmatrix.x4 of the weight tile covers kG n8 fragments: 2 (Q8_0: 16 rows x 32 bytes) or 4
+    // (32 rows x 16 nibble bytes).
+    constexpr int kG = kQ8 ? 2 : 4;
     constexpr int kB = kMf >= 4 ? 1 : (4 / kMf < kG ? 4 / kMf : kG);  // fragments per mma batch
     const int a_row = wm * kWm + (lane % 8) + ((lane / 8) % 2) * 8;   // + i * 16
     const int a_chunk = lane / 16;                                    // + kk * 2
-    const int b_row = wn * kWn + (kRows32 ? (lane % 8) + (lane / 16) * 8 : lane);
-    const int b_chunk = kRows32 ? (lane / 8) % 2 : 0;  // + the 32-block's chunk
-    constexpr int kBStep = kWCpr / KBS;                // weight chunks per 32-block (not K-quants)
+    const int b_row = wn * kWn + (kQ8 ? (lane % 8) + (lane / 16) * 8 : lane);
+    const int b_chunk = kQ8 ? (lane / 8) % 2 : 0;  // + kk * kBStep
+    constexpr int kBStep = kWCpr / KBS;            // weight chunks per 32-block
     // The lane's ldmatrix offsets within a stage's tiles at its first 32-block (a chunk below 2 or
     // kBStep, so mmq_swizzle_add reaches the later ones).
-    uint32 a_off[kMf], b_off[kNf / kG], h_off[kNf / kG];
+    uint32 a_off[kMf], b_off[kNf / kG];
 #pragma unroll
     for (int i = 0; i < kMf; ++i) a_off[i] = mmq_swizzle(a_row + i * 16, a_chunk, kXCpr);
 #pragma unroll
-    for (int q = 0; q < kNf / kG; ++q) {
-        b_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, kWCpr);
-        h_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, 2);  // Q5_K's qh rows
-    }
+    for (int q = 0; q < kNf / kG; ++q) b_off[q] = mmq_swizzle(b_row + q * 8 * kG, b_chunk, kWCpr);
     // The lane's {d, s} row g (+ 8 h + 16 i) and weight scale rows 2 tq (+ 1, + 8 j) of a stage.
     const int dx_row = wm * kWm + g;
     const int dw_row = wn * kWn + 2 * tq;
@@ -500,17 +474,15 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                         dx[i][h] = ds.x;
                         cs[i][h] = kMinForm ? ds.y : kOffset * ds.y;
                     }
-                const int sub = (step * KBS) % 8 + kk;  // K-quants: the super-block's sub-block
 #pragma unroll
                 for (int m = 0; m < kMats; ++m)
 #pragma unroll
                     for (int q = 0; q < kNf / kG; ++q) {
-                        uint32 r[4], rh[4];
-                        ldmatrix_x4(r, st + L::kW + m * kWBytes +
-                                           mmq_swizzle_add(b_off[q], kKq ? kk & ~1 : kk * kBStep));
-                        if (kQh) ldmatrix_x4(rh, st + L::kQ + m * kQhBytes + h_off[q]);
-                            // Batches of kB fragments: their kB * kMf mmas are issued together
-                            // (independent), then scaled.
+                        uint32 r[4];
+                        ldmatrix_x4(
+                            r, st + L::kW + m * kWBytes + mmq_swizzle_add(b_off[q], kk * kBStep));
+                        // Batches of kB fragments: their kB * kMf mmas are issued together
+                        // (independent), then scaled.
 #pragma unroll
                         for (int jb = 0; jb < kG; jb += kB) {
                             int32 d[kB][kMf][4], d2[kQ6 ? kB : 1][kMf][4];  // Q6_K: 2 halves
@@ -521,13 +493,6 @@ GJ_DEVICE void mmq_body(const void* w_gate, const void* w_up, const int8* __rest
                                 if (kQ8) {
                                     b[0] = r[2 * x];
                                     b[1] = r[2 * x + 1];
-                                } else if (kKq) {  // sub-block kk's nibbles of the qs pair
-                                    b[0] = (r[2 * x] >> (4 * (kk & 1))) & 0x0f0f0f0fu;
-                                    b[1] = (r[2 * x + 1] >> (4 * (kk & 1))) & 0x0f0f0f0fu;
-                                    if (kQh) {  // bit `sub` of each qh byte
-                                        b[0] |= ((rh[2 * x] >> sub) & 0x01010101u) << 4;
-                                        b[1] |= ((rh[2 * x + 1] >> sub) & 0x01010101u) << 4;
-                                    }
                                 } else if (kQ6) {  // nibble word tq, high-bit word tq / 2
                                     const uint32 h =
                                         sqh[m * (kQhBytes / 4) +

@@ -270,10 +270,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     };
 
     // A stacked expert tensor [E][per][cols] of matrices of `piece` rows (a fused gate|up expert
-    // holds two): Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q6_K repacked per matrix to the split layout
-    // (GEMMAJIT_REPACK, moe_experts_split) for the split matvecs, Q4_K / Q5_K read in place by
-    // the grouped matvecs (their GGUF layout), or dequantized to F16 when no matvec reads the
-    // type; the grouped tensor-core GEMM of prefill reads both kinds (mmq_moe_reads).
+    // holds two): block types repacked per matrix to the split layout (GEMMAJIT_REPACK,
+    // moe_experts_split) for the split matvecs and the grouped tensor-core GEMM of prefill
+    // (mmq_moe_reads), read in place by the grouped matvecs with GEMMAJIT_REPACK=0, or
+    // dequantized to F16 when no matvec reads the type.
     const bool moe_gemm = mmq && flags.get_bool("GEMMAJIT_MOE_GEMM");
     auto plan_experts = [&](const Matrix& first, int per, int piece) {
         GpuExperts x;
@@ -291,10 +291,10 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
             d.first += 1;
             d.second += t.n_bytes;
         }
-        x.all.bytes = type_bytes(x.all.type, x.all.rows, x.all.cols);
-        x.expert_bytes = x.all.bytes / uint64_t(c.n_experts);
         if (repack && moe_experts_split(x.all.type, piece, x.all.cols))
             x.all.layout = MatvecLayout::Split;
+        x.all.bytes = matrix_bytes(x.all.type, x.all.layout, x.all.rows, x.all.cols);
+        x.expert_bytes = x.all.bytes / uint64_t(c.n_experts);
         x.spec_one = kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, 1, x.all.layout)).name;
         const jit::KernelSpec& batch =
             kernels_.add(matvec_moe_spec(x.all.type, x.all.cols, kPrefillCols, x.all.layout));

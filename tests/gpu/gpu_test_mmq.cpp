@@ -387,8 +387,8 @@ TEST(MmqVsMatvec, SameResultsAsTheBatchedMatvec) {
     }
 }
 
-// The grouped expert GEMM (MOE entries) of MoE prefill: E experts, each a matrix of its own (the
-// 32-block types and Q6_K in the split layout, Q4_K / Q5_K in their GGUF super-blocks; gate|up:
+// The grouped expert GEMM (MOE entries) of MoE prefill: E experts, each a split-layout matrix of
+// its own (every block type; gate|up:
 // gate then up half of every expert, one stride apart; gate|up and down in the types a K-quant file
 // mixes, e.g. Q4_K with Q5_0 where F is no multiple of 256), slots grouped by expert in groups of
 // BM (the grouping moe_group makes: gpu_test_moe checks it), activations gathered by slot / in_div
@@ -415,17 +415,16 @@ Stacked stacked_experts(ggml::Type type, int E, int pieces, int rows, int k, std
     std::vector<std::vector<uint8_t>> blocks(pieces);
     for (int p = 0; p < pieces; ++p) blocks[p] = random_weights(type, E * rows, k, rng, s.w[p]);
     const size_t piece_blocks = blocks[0].size() / E;
-    s.piece_bytes = piece_blocks;  // the split layouts read here have as many bytes as the blocks
-    s.expert_bytes = piece_blocks * pieces;
     for (int e = 0; e < E; ++e)
         for (int p = 0; p < pieces; ++p) {
             const std::vector<uint8_t> one(blocks[p].begin() + e * piece_blocks,
                                            blocks[p].begin() + (e + 1) * piece_blocks);
-            const auto split = type == ggml::Type::Q4_K || type == ggml::Type::Q5_K
-                                   ? one  // read in their GGUF blocks
-                                   : split_layout(type, one, rows, k);
+            const auto split = split_layout(type, one, rows, k);
+            // Split Q4_K / Q5_K matrices are larger than their blocks (148 / 180 bytes per 256).
+            s.piece_bytes = split.size();
             s.bytes.insert(s.bytes.end(), split.begin(), split.end());
         }
+    s.expert_bytes = s.piece_bytes * pieces;
     return s;
 }
 

@@ -346,9 +346,8 @@ TEST(Moe, GraphReplayIsBitIdenticalToEagerLaunches) {
 
 // The real 26B-A4B shapes (d 2816, 128 experts of width 704, top-8, dense MLP 2112, head dims
 // 256/512, vocab 262144) cut to two layers, against the CPU reference: Q4_0, and the K-quant
-// mixes whose experts' gate|up are Q4_K / Q5_K (GGUF blocks) or Q6_K (split) and down the
-// 32-block fallbacks (F 704 is no multiple of 256), all on the grouped tensor-core GEMM in
-// prefill.
+// mixes whose experts' gate|up are Q4_K / Q5_K / Q6_K and down the 32-block fallbacks (F 704 is
+// no multiple of 256), all split and on the grouped tensor-core GEMM in prefill.
 class Moe26bVsCpu : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Moe26bVsCpu, ShapesOf26bA4bMatchTheCpuReference) {
@@ -367,8 +366,7 @@ TEST_P(Moe26bVsCpu, ShapesOf26bA4bMatchTheCpuReference) {
                               : w == "q5_k_m" ? ggml::Type::Q5_K
                                               : ggml::Type::Q6_K;
         EXPECT_EQ(g.gate_up.all.type, up);
-        EXPECT_EQ(g.gate_up.all.layout,
-                  up == ggml::Type::Q6_K ? MatvecLayout::Split : MatvecLayout::Ggml);
+        EXPECT_EQ(g.gate_up.all.layout, MatvecLayout::Split);
         EXPECT_EQ(g.down_exps.all.layout, MatvecLayout::Split);
         EXPECT_FALSE(g.gate_up.spec_gemm.empty()) << "no grouped GEMM planned for gate|up";
     }

@@ -93,8 +93,8 @@ TEST(KernelPlan, MmqSpecNamesTilesAndErrors) {
 
 // The grouped expert GEMM of MoE prefill: its specs, and the 26B-A4B plan holding them for
 // Q8_0 / Q4_0 experts (gate|up d -> F, down F -> d) and not for float ones; for the K-quant mixes,
-// Q4_K / Q5_K gate|up in their GGUF blocks (Q6_K split) and down (F 704, no whole super-blocks)
-// in the split fallback types.
+// Q4_K / Q5_K / Q6_K gate|up and down (F 704, no whole super-blocks) in the fallback types, all
+// split.
 TEST(KernelPlan, MmqMoeSpecsAndThePlanOf26bA4b) {
     using gj::gemma4::kMoeGemmSlots;
     using gj::gemma4::mmq_moe_spec;
@@ -143,15 +143,13 @@ TEST(KernelPlan, MmqMoeSpecsAndThePlanOf26bA4b) {
     EXPECT_EQ(spec_constant(mmq_moe_spec(T::Q4_K, 2816, 704), "WTYPE"), int64_t(T::Q4_K));
     EXPECT_THROW(mmq_moe_spec(T::Q6_K, 704, 2816), std::invalid_argument);
     EXPECT_THROW(mmq_moe_spec(T::BF16, 2816, 704), gj::gemma4::ConfigError);
-    EXPECT_THROW(mmq_moe_spec(T::Q4_K, 704, 2816), std::invalid_argument);  // 704 % 256
-    EXPECT_THROW(mmq_moe_spec(T::Q4_K, 2816, MmqTile{32, 64, 2, 2, 1, 4, 3, 1}),
-                 std::invalid_argument);  // one sub-block a stage
+    EXPECT_THROW(mmq_moe_spec(T::Q4_K, 704, 2816), std::invalid_argument);            // 704 % 256
     EXPECT_THROW(gj::gemma4::mmq_spec(T::Q4_K, 2816, 704), gj::gemma4::ConfigError);  // layers
     using gj::gemma4::MatvecLayout;
     using gj::gemma4::mmq_moe_reads;
-    EXPECT_TRUE(mmq_moe_reads(T::Q4_K, MatvecLayout::Ggml, 2816));
-    EXPECT_FALSE(mmq_moe_reads(T::Q4_K, MatvecLayout::Split, 2816));
-    EXPECT_FALSE(mmq_moe_reads(T::Q5_K, MatvecLayout::Ggml, 704));
+    EXPECT_FALSE(mmq_moe_reads(T::Q4_K, MatvecLayout::Ggml, 2816));  // GEMMAJIT_REPACK=0
+    EXPECT_TRUE(mmq_moe_reads(T::Q4_K, MatvecLayout::Split, 2816));
+    EXPECT_FALSE(mmq_moe_reads(T::Q5_K, MatvecLayout::Split, 704));
     EXPECT_TRUE(mmq_moe_reads(T::Q5_0, MatvecLayout::Split, 704));
     EXPECT_FALSE(mmq_moe_reads(T::Q5_0, MatvecLayout::Ggml, 704));
     EXPECT_FALSE(mmq_moe_reads(T::Q6_K, MatvecLayout::Ggml, 2816));

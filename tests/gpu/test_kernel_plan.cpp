@@ -257,15 +257,12 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
               "embed_rows.q5_k.n2560.v100.split");
     EXPECT_THROW(gj::gemma4::embed_rows_spec(2560, ggml::Type::Q8_0, 100, MatvecLayout::Split),
                  std::invalid_argument);
-    // Q4_K / Q5_K experts stay in their GGUF blocks (their upload sizes pieces in GGUF bytes,
-    // which a split Q4_K / Q5_K is not); Q6_K's split matrix is the file's size.
-    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K})
-        EXPECT_THROW(gj::gemma4::matvec_moe_spec(t, 2816, 1, MatvecLayout::Split),
-                     std::invalid_argument);
-    const auto q6_experts =
-        gj::gemma4::matvec_moe_spec(ggml::Type::Q6_K, 2816, 1, MatvecLayout::Split);
-    EXPECT_EQ(q6_experts.name, "matvec_q6_k.k2816.split.moe");
-    EXPECT_EQ(q6_experts.entries.back(), "repack_q6_k");
+    // K-quant experts are split too, each expert's matrices repacked on their own.
+    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K}) {
+        const auto experts = gj::gemma4::matvec_moe_spec(t, 2816, 1, MatvecLayout::Split);
+        EXPECT_EQ(experts.name, "matvec_" + ggml::type_name(t) + ".k2816.split.moe");
+        EXPECT_EQ(experts.entries.back(), "repack_" + ggml::type_name(t));
+    }
     EXPECT_EQ(gj::gemma4::repack_entry(ggml::Type::Q6_K), "repack_q6_k");
     EXPECT_EQ(gj::gemma4::repack_entry(ggml::Type::Q5_K), "repack_q5_k");
     EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::F16), std::invalid_argument);
@@ -302,11 +299,14 @@ TEST(KernelPlan, FallbackMatricesTakeTheSplitLayout) {
         EXPECT_THROW(gj::gemma4::embed_rows_spec(2816, t, 100, MatvecLayout::Split),
                      std::invalid_argument);
     }
-    // Q6_K experts are split too (its split matrix is the file's size), Q4_K / Q5_K ones not.
-    EXPECT_TRUE(gj::gemma4::moe_experts_split(ggml::Type::Q6_K, 1408, 2816));
-    EXPECT_FALSE(gj::gemma4::moe_experts_split(ggml::Type::Q6_K, 2816, 704)) << "704 % 256";
-    EXPECT_FALSE(gj::gemma4::moe_experts_split(ggml::Type::Q4_K, 1408, 2816));
-    EXPECT_FALSE(gj::gemma4::moe_experts_split(ggml::Type::Q5_K, 1408, 2816));
+    // K-quant experts are split too: whole super-blocks, and (Q4_K / Q5_K, whose planes are not
+    // the file's size) 32 units per expert, so every expert's planes stay 16-byte aligned.
+    for (auto t : {ggml::Type::Q4_K, ggml::Type::Q5_K, ggml::Type::Q6_K}) {
+        EXPECT_TRUE(gj::gemma4::moe_experts_split(t, 1408, 2816)) << ggml::type_name(t);
+        EXPECT_FALSE(gj::gemma4::moe_experts_split(t, 2816, 704)) << "704 % 256";
+    }
+    EXPECT_FALSE(gj::gemma4::moe_experts_split(ggml::Type::Q4_K, 1, 256)) << "8 units";
+    EXPECT_TRUE(gj::gemma4::moe_experts_split(ggml::Type::Q6_K, 1, 256));
     // A whole-model Q5_0 MoE plans split experts, and the grouped int8 GEMMs that read them, but
     // no layer GEMM (its layer matrices take F16 copies).
     const auto plan = build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q5_0);

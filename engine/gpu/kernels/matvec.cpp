@@ -226,9 +226,10 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             geglu_shape = narrow;  // the GeGLU keeps 128 x 2 (below)
         } else if (units <= threads) {
             rows = moe ? 8 : 4;
-        } else if (moe && weight_type == ggml::Type::Q6_K) {
-            // Split Q6_K experts (a unit of 16 nibble bytes, 8 of top bits and two scales):
-            // 4 rows of one-unit batches; 4-unit batches took 254 registers at k 2816 on sm_90.
+        } else if (moe && is_kquant(weight_type)) {
+            // Split K-quant experts (a unit of 16 nibble bytes, scale words, Q5_K's fifth bits,
+            // Q6_K's 8 bytes of top bits): 4 rows of one-unit batches; Q6_K's 4-unit batches took
+            // 254 registers at k 2816 on sm_90.
             rows = 4;
             unroll = 1;
         } else if (units <= 4 * threads) {
@@ -379,12 +380,6 @@ jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols, Matvec
     // (8 fp32 activations per column and unit) keep groups of at most 4 slots (8 spill at f16 /
     // bf16 k 2816, GeGLU).
     if (is_float_type(weight_type)) ncols = std::min(ncols, 4);
-    // Split experts are Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q6_K (moe_experts_split): the expert
-    // upload sizes each expert's piece in GGUF bytes, which a split Q4_K or Q5_K is not.
-    if (layout == MatvecLayout::Split &&
-        (weight_type == ggml::Type::Q4_K || weight_type == ggml::Type::Q5_K))
-        throw std::invalid_argument(fmt::format(
-            "matvec .moe: {} experts are read in their GGUF blocks", ggml::type_name(weight_type)));
     jit::KernelSpec s = make_matvec_spec(weight_type, k, ncols, layout, true, Rows::Any);
     s.name += ".moe";
     s.constants.push_back({"MOE", 1});

@@ -60,11 +60,10 @@ jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, boo
         throw std::invalid_argument(
             fmt::format("mmq: input width {} is not a positive multiple of 32", k));
     const bool kq = spec_util::is_kquant(weight_type);
-    if (kq && (k % 256 != 0 || t.kbs < 2))
-        throw std::invalid_argument(fmt::format(
-            "mmq: {} rows are whole 256-element super-blocks staged 2, 4 or 8 sub-blocks at a "
-            "time (input width {}, {} per stage)",
-            ggml::type_name(weight_type), k, t.kbs));
+    if (kq && k % 256 != 0)
+        throw std::invalid_argument(
+            fmt::format("mmq: {} rows are whole 256-element super-blocks (input width {})",
+                        ggml::type_name(weight_type), k));
     const std::string tile = fmt::format(
         "m{}n{}.w{}x{}.s{}b{}.o{}p{}{}", t.bm, t.bn, t.warps_m, t.warps_n, t.stages, t.kbs,
         t.min_blocks, t.geglu_passes, t.splits > 1 ? fmt::format(".k{}", t.splits) : std::string());
@@ -80,16 +79,16 @@ jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, boo
             "of whole m16 tiles per warp, 1..8 K splits)",
             tile));
     // The stage layouts of kernel_templates/mmq.cu: activations, per matrix the weight payload,
-    // fifth bits, super-block heads and block scales, and {d, s}; the GeGLU entries hold two
+    // fifth / top bits, the K-quants' super-block words and block scales, and {d, s}; the GeGLU
+    // entries hold two
     // matrices for BM / GEGLU_PASSES tokens. The K-quants add each warp's scale table per matrix.
     const int64_t payload = weight_type == T::Q8_0 ? 32 : 16;  // bytes per block
-    const bool q6 = weight_type == T::Q6_K;
-    const int64_t fifth = weight_type == T::Q5_0 || weight_type == T::Q5_1 ? t.bn * t.kbs * 4
-                          : q6                                             ? t.bn * t.kbs * 8
-                          : weight_type == T::Q5_K                         ? t.bn * 32
-                                                                           : 0;
-    const int64_t head = q6 ? t.bn * 4 : kq ? t.bn * 16 : 0;  // Q6_K: the words holding d
-    const int64_t scale = kq && !q6 ? 0 : weight_type == T::Q4_1 || weight_type == T::Q5_1 ? 4 : 2;
+    const bool fifth32 = weight_type == T::Q5_0 || weight_type == T::Q5_1 || weight_type == T::Q5_K;
+    const int64_t fifth = fifth32                  ? t.bn * t.kbs * 4
+                          : weight_type == T::Q6_K ? t.bn * t.kbs * 8
+                                                   : 0;  // fifth / top bits
+    const int64_t head = kq ? t.bn * 4 : 0;  // the super-blocks' d | dmin (Q6_K: d) words
+    const int64_t scale = weight_type == T::Q4_1 || weight_type == T::Q5_1 ? 4 : 2;
     auto layout = [&](int64_t rows, int64_t mats) {
         const int64_t stage = rows * t.kbs * 32 + t.kbs * rows * 8 +
                               mats * (t.bn * t.kbs * payload + fifth + head + t.bn * t.kbs * scale);
@@ -143,10 +142,6 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile) {
 
 bool mmq_moe_reads(ggml::Type t, MatvecLayout layout, int k) {
     if (!moe_gemm_type(t) || k <= 0 || k % 32 != 0) return false;
-    // Q4_K / Q5_K in their GGUF blocks (their split layout is larger than the file's, so experts
-    // keep the blocks); Q6_K, whose split layout is the file's size, and the rest split.
-    if (t == ggml::Type::Q4_K || t == ggml::Type::Q5_K)
-        return layout == MatvecLayout::Ggml && k % 256 == 0;
     return layout == MatvecLayout::Split && (!spec_util::is_kquant(t) || k % 256 == 0);
 }
 
@@ -156,11 +151,11 @@ MmqTile mmq_moe_tile(ggml::Type weight_type, int k, int n_rows) {
     // tiles, half of whose rows were padding). The gate|up pair (n 704, two matrices) runs on
     // 32 x 64 tiles of 4 warps, the down product (n 2816 over k 704) on 32 x 128 tiles of 8
     // warps; gate|up three blocks per SM (Q8_0's larger stages: two), down two (three leave the
-    // module's GeGLU entries 85 registers: they spill). Q5_K's and Q6_K's gate|up stages (with
-    // their high bits and the warps' scale tables) fit three blocks per SM three deep.
+    // module's GeGLU entries 85 registers: they spill). Q6_K's gate|up stages (with its top bits
+    // and the warps' scale tables) fit three blocks per SM three deep.
     const bool q8 = weight_type == ggml::Type::Q8_0;
-    const bool deep = weight_type == ggml::Type::Q5_K || weight_type == ggml::Type::Q6_K;
-    if (n_rows <= 1024) return MmqTile{kMoeGemmSlots, 64, 2, 2, 4, deep ? 3 : 4, q8 ? 2 : 3, 1};
+    const bool q6 = weight_type == ggml::Type::Q6_K;
+    if (n_rows <= 1024) return MmqTile{kMoeGemmSlots, 64, 2, 2, 4, q6 ? 3 : 4, q8 ? 2 : 3, 1};
     return MmqTile{kMoeGemmSlots, 128, 2, 4, k >= 1024 ? 4 : 2, 3, 2, 1};
 }
 

@@ -1,8 +1,8 @@
 // mmq family: the spec of kernel_templates/mmq.cu, the prompt-batch GEMM on int8 tensor cores
 // (mma.sync m16n8k32) for block-quantized weights against Q8_1 activations, and the tile the plan
 // picks per matrix shape. Layer matrices: Q8_0 / Q4_0 in the split layout. Grouped experts (the
-// ".moe" specs): those and Q4_1 / Q5_0 / Q5_1 / Q6_K in the split layout, Q4_K / Q5_K as the
-// GGUF stores them (mmq_moe_reads).
+// ".moe" specs): every block type of our files, Q4_1 / Q5_0 / Q5_1 and the K-quants too, in the
+// split layout (mmq_moe_reads).
 //
 // Spec name: "mmq.<type>.k<k>.<tile>", type q8_0, q4_0 (.moe also q4_1, q5_0, q5_1, q4_k, q5_k,
 // q6_k), tile
@@ -43,11 +43,11 @@ jit::KernelSpec mmq_spec(ggml::Type weight_type, int k, const MmqTile& tile);
 // rows follow the matrix (n_rows: one expert's rows of one matrix, F for gate|up, d for down).
 constexpr int kMoeGemmSlots = 32;
 // Whether the grouped expert GEMM reads experts of type t stored in `layout` with input width k:
-// the 32-block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) and Q6_K in the split layout, Q4_K / Q5_K in
-// their GGUF super-blocks (K-quants: k % 256 == 0). Every quantized type of our files.
+// every block type of our files (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) in the split
+// layout, the K-quants with k % 256 == 0.
 bool mmq_moe_reads(ggml::Type t, MatvecLayout layout, int k);
 // The tile and spec (ConfigError for a type mmq_moe_reads never takes; std::invalid_argument as
-// mmq_spec, and for a K-quant k % 256 != 0 or a tile of one block per stage).
+// mmq_spec, and for a K-quant k % 256 != 0).
 MmqTile mmq_moe_tile(ggml::Type weight_type, int k, int n_rows);
 jit::KernelSpec mmq_moe_spec(ggml::Type weight_type, int k, int n_rows);
 jit::KernelSpec mmq_moe_spec(ggml::Type weight_type, int k, const MmqTile& tile);

@@ -35,10 +35,13 @@ jit::KernelSpec moe_spec(const Config& cfg) {
 }
 
 bool moe_experts_split(ggml::Type t, int rows, int k) {
-    // Every split type whose split matrices are the size of their blocks: all but Q4_K and Q5_K.
-    const bool same_size = t != ggml::Type::Q4_K && t != ggml::Type::Q5_K;
-    return spec_util::has_split(t) && same_size && rows > 0 && k > 0 &&
-           k % spec_util::matvec_block_elems(t) == 0 && (int64_t(rows) * (k / 32)) % 8 == 0;
+    // Split Q4_K / Q5_K planes (148 / 180 bytes per 256 weights) start 16-byte aligned, their
+    // 2-byte sc | m plane too, when an expert holds a multiple of 32 units; the other types'
+    // planes when it holds a multiple of 8.
+    const bool kq45 = t == ggml::Type::Q4_K || t == ggml::Type::Q5_K;
+    return spec_util::has_split(t) && rows > 0 && k > 0 &&
+           k % spec_util::matvec_block_elems(t) == 0 &&
+           (int64_t(rows) * (k / 32)) % (kq45 ? 32 : 8) == 0;
 }
 
 int moe_route_group_max_tokens(int n_used) {

@@ -31,11 +31,10 @@ int moe_route_group_max_tokens(int n_used);
 int moe_group_bound(int T, int n_used, int n_experts, int cols);
 
 // Whether experts of `rows` x k weights of type t are repacked to the split layout (each expert's
-// matrix on its own, as the split matvecs and the grouped GEMM read it): Q8_0, Q4_0, the 32-block
-// fallbacks Q4_1 / Q5_0 / Q5_1 and Q6_K (whose split matrices are as large as their GGUF blocks,
-// which the expert upload's offsets assume; a split Q4_K or Q5_K is not), k whole blocks, and
-// every expert's planes starting 16-byte aligned (rows * k / 32 a multiple of 8, so that the
-// stacked matrices keep the alignment).
+// matrix on its own, as the split matvecs and the grouped GEMM read it): every block type (Q8_0,
+// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; split Q4_K / Q5_K are 148 / 180 bytes per 256 weights
+// against the file's 144 / 176), k whole blocks, and every expert's planes starting 16-byte
+// aligned in the stack (rows * k / 32 a multiple of 8; of 32 for Q4_K / Q5_K).
 bool moe_experts_split(ggml::Type t, int rows, int k);
 
 }  // namespace gj::gemma4
