@@ -347,8 +347,8 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::OutputChanging,
          .default_value = "1",
          .help = "0: a MoE layer's routed experts in prefill on the grouped dp4a matvecs (groups "
-                 "of 8 slots) instead of the grouped int8 tensor-core GEMM (experts in "
-                 "Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q6_K, split, or Q4_K/Q5_K, as the GGUF stores them; with "
+                 "of 8 slots) instead of the grouped int8 tensor-core GEMM (experts of every "
+                 "block type in the split layout, i.e. not with GEMMAJIT_REPACK=0; with "
                  "GEMMAJIT_MMQ_VARIANT other than none)"},
         {.name = "GEMMAJIT_BLAS",
          .family = "path",

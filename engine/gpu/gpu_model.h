@@ -126,9 +126,9 @@ struct GpuTable {
 };
 
 // One stacked expert tensor of a MoE layer, [E][per_expert rows][cols] in its GGUF layout (or
-// dequantized to F16), or (Q8_0 / Q4_0, all.layout Split) with each expert's matrix repacked on
-// its own (a fused gate|up expert as its gate and up halves, each a split matrix of F rows), and
-// the grouped kernels that read it (matvec_*.moe, and mmq .moe in prefill).
+// dequantized to F16), or (block types, all.layout Split; moe_experts_split) with each expert's
+// matrix repacked on its own (a fused gate|up expert as its gate and up halves, each a split matrix
+// of F rows), and the grouped kernels that read it (matvec_*.moe, and mmq .moe in prefill).
 struct GpuExperts {
     GpuMatrix all;              // the whole tensor: rows = E * per_expert
     int per_expert = 0;         // rows of one expert (2F for a fused gate|up tensor)

@@ -77,11 +77,10 @@ jit::KernelSpec matvec_f_spec(ggml::Type weight_type, int k, int ncols = 1, int 
                               PleInput ple = PleInput::None);
 
 // The grouped expert matvecs of a MoE layer (entries <base>_moe, <base>_moe_geglu; see
-// matvec_common.cuh) over stacked experts, in their GGUF layout or (Q8_0 / Q4_0 / Q4_1 / Q5_0 /
-// Q5_1, `layout` Split) each expert's matrix repacked on its own (the spec then also holds the
-// repack entry): the name of matvec_spec / matvec_f_spec with ".moe". ncols: the most slots of one
-// group (1 for single-token decode); float weights take at most 4 (the spec's NCOLS says how many
-// it took).
+// matvec_common.cuh) over stacked experts, in their GGUF layout or (block types, `layout` Split)
+// each expert's matrix repacked on its own (the spec then also holds the repack entry): the name of
+// matvec_spec / matvec_f_spec with ".moe". ncols: the most slots of one group (1 for single-token
+// decode); float weights take at most 4 (the spec's NCOLS says how many it took).
 jit::KernelSpec matvec_moe_spec(ggml::Type weight_type, int k, int ncols = 1,
                                 MatvecLayout layout = MatvecLayout::Ggml);
 
