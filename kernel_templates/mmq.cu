@@ -47,7 +47,7 @@
 // Rows past T or n_rows read the last valid row (clamped) and are never written.
 //
 // Constants (prologue #defines):
-//   K        inner dimension (multiple of 32; of 256 for Q4_K / Q5_K)
+//   K        inner dimension (multiple of 32; of 256 for the K-quants)
 //   WTYPE    ggml type id: 8 Q8_0, 2 Q4_0, 3 Q4_1, 6 Q5_0, 7 Q5_1, 12 Q4_K, 13 Q5_K, 14 Q6_K
 //   BM, BN   block tile: tokens x weight rows       WARPS_M, WARPS_N  warp grid (see above)
 //   KBS      32-blocks of K per stage (1, 2, 4, 8)  STAGES   pipeline depth (>= 2)
@@ -245,12 +245,16 @@ GJ_DEVICE void mmq_load_blocks(uint32 dst, const uint8* plane, int n0, int n_row
                 const int n = min(n0 + r, n_rows - 1);
                 const uint8* src = plane + ((size_t)n * kKb + kb0 + kk) * kElem;
                 const uint32 at = dst + (r * KBS + kk) * kElem;
-                if (kElem == 2)
+                if (kElem == 2) {
                     asm volatile("st.shared.u16 [%0], %1;" ::"r"(at), "h"(*(const uint16*)src)
                                  : "memory");
-                else
-                    asm volatile("st.shared.u32 [%0], %1;" ::"r"(at), "r"(*(const uint32*)src)
-                                 : "memory");
+                } else {  // 4 or 8 bytes (Q6_K's top-bit pairs): whole words
+#pragma unroll
+                    for (int b = 0; b < kElem; b += 4)
+                        asm volatile("st.shared.u32 [%0], %1;" ::"r"(at + b),
+                                     "r"(*(const uint32*)(src + b))
+                                     : "memory");
+                }
             }
         }
     }

@@ -218,9 +218,10 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             add(with_decode_prefetch(
                 matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0),
                 types.decode_prefetch));
-        // Experts in the split layout (each expert repacked on its own: moe_experts_split), the
-        // K-quants in their GGUF blocks; the grouped int8 tensor-core GEMMs of prefill (gate|up:
-        // d -> F, down: F -> d) for the types and layouts they read (mmq_moe_reads).
+        // Experts in the split layout (each expert repacked on its own: moe_experts_split); the
+        // grouped int8 tensor-core GEMMs of prefill (gate|up: d -> F, down: F -> d) for the types
+        // and layouts they read (mmq_moe_reads). A load takes the GEMMs only for both products
+        // at once: a plan of one type lists each it can read (a mix's types make the pairs).
         const int F = cfg.expert_ffn_dim;
         auto expert_layout = [&](int rows, int k) {
             return types.layout == MatvecLayout::Split && moe_experts_split(types.matmul, rows, k)

@@ -306,7 +306,9 @@ TEST(KernelPlan, FallbackMatricesTakeTheSplitLayout) {
         EXPECT_FALSE(gj::gemma4::moe_experts_split(t, 2816, 704)) << "704 % 256";
     }
     EXPECT_FALSE(gj::gemma4::moe_experts_split(ggml::Type::Q4_K, 1, 256)) << "8 units";
-    EXPECT_TRUE(gj::gemma4::moe_experts_split(ggml::Type::Q6_K, 1, 256));
+    EXPECT_TRUE(gj::gemma4::moe_experts_split(ggml::Type::Q4_K, 4, 256)) << "32 units";
+    EXPECT_FALSE(gj::gemma4::moe_experts_split(ggml::Type::Q6_K, 4, 256)) << "32 units";
+    EXPECT_TRUE(gj::gemma4::moe_experts_split(ggml::Type::Q6_K, 8, 256)) << "64 units";
     // A whole-model Q5_0 MoE plans split experts, and the grouped int8 GEMMs that read them, but
     // no layer GEMM (its layer matrices take F16 copies).
     const auto plan = build_kernel_plan(Config::preset("26b-a4b"), ggml::Type::Q5_0);

@@ -80,8 +80,8 @@ jit::KernelSpec mmq_spec_of(ggml::Type weight_type, int k, const MmqTile& t, boo
             tile));
     // The stage layouts of kernel_templates/mmq.cu: activations, per matrix the weight payload,
     // fifth / top bits, the K-quants' super-block words and block scales, and {d, s}; the GeGLU
-    // entries hold two
-    // matrices for BM / GEGLU_PASSES tokens. The K-quants add each warp's scale table per matrix.
+    // entries hold two matrices for BM / GEGLU_PASSES tokens. The K-quants add each warp's scale
+    // table per matrix.
     const int64_t payload = weight_type == T::Q8_0 ? 32 : 16;  // bytes per block
     const bool fifth32 = weight_type == T::Q5_0 || weight_type == T::Q5_1 || weight_type == T::Q5_K;
     const int64_t fifth = fifth32                  ? t.bn * t.kbs * 4

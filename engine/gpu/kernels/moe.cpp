@@ -35,13 +35,16 @@ jit::KernelSpec moe_spec(const Config& cfg) {
 }
 
 bool moe_experts_split(ggml::Type t, int rows, int k) {
-    // Split Q4_K / Q5_K planes (148 / 180 bytes per 256 weights) start 16-byte aligned, their
-    // 2-byte sc | m plane too, when an expert holds a multiple of 32 units; the other types'
-    // planes when it holds a multiple of 8.
-    const bool kq45 = t == ggml::Type::Q4_K || t == ggml::Type::Q5_K;
+    // Every plane of an expert starts 16-byte aligned in the stack when the expert holds a
+    // multiple of 8 units (32 weights each) of the 32-block types; of 32 for split Q4_K / Q5_K
+    // (148 / 180 bytes per 256 weights; their 2-byte sc | m plane at 16.5 / 20.5 bytes per
+    // unit); of 64 for Q6_K (210 bytes per 256 weights).
+    const int units_multiple = t == ggml::Type::Q6_K                            ? 64
+                               : t == ggml::Type::Q4_K || t == ggml::Type::Q5_K ? 32
+                                                                                : 8;
     return spec_util::has_split(t) && rows > 0 && k > 0 &&
            k % spec_util::matvec_block_elems(t) == 0 &&
-           (int64_t(rows) * (k / 32)) % (kq45 ? 32 : 8) == 0;
+           (int64_t(rows) * (k / 32)) % units_multiple == 0;
 }
 
 int moe_route_group_max_tokens(int n_used) {

@@ -34,7 +34,7 @@ int moe_group_bound(int T, int n_used, int n_experts, int cols);
 // matrix on its own, as the split matvecs and the grouped GEMM read it): every block type (Q8_0,
 // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; split Q4_K / Q5_K are 148 / 180 bytes per 256 weights
 // against the file's 144 / 176), k whole blocks, and every expert's planes starting 16-byte
-// aligned in the stack (rows * k / 32 a multiple of 8; of 32 for Q4_K / Q5_K).
+// aligned in the stack (rows * k / 32 a multiple of 8; of 32 for Q4_K / Q5_K, 64 for Q6_K).
 bool moe_experts_split(ggml::Type t, int rows, int k);
 
 }  // namespace gj::gemma4
