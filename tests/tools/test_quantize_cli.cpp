@@ -96,9 +96,9 @@ TEST(QuantizeCli, KernelsPlanOfAMix) {
     // The e4b q4_k_m plan reads its K-quants in their split layouts (Q4_K matrices, Q6_K for some
     // V / FFN down and the tied embedding / LM head; the PLE table gathered from its GGUF blocks),
     // takes prefill products through dequant_f16 copies, and keeps the F32 PLE projection float.
-    // The 26B's q5_k_m: its 2816-wide matrices are Q5_K (split; the routed experts in their GGUF
-    // blocks), the 2112-wide ffn_down falls back to Q8_0 (Q6_K rows) or Q5_1, which has no kernel
-    // (F16).
+    // The 26B's q5_k_m: its 2816-wide matrices are Q5_K (split, the routed experts too, with the
+    // grouped int8 GEMM of prefill), the 2112-wide ffn_down falls back to Q8_0 (Q6_K rows) or
+    // Q5_1 (split).
     auto r = run_command(gemmajit_exe() + " kernels --variant e4b --wtype q4_k_m --arch sm_90");
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("e4b (q4_k_m)"), std::string::npos) << r.out;
@@ -113,7 +113,9 @@ TEST(QuantizeCli, KernelsPlanOfAMix) {
     ASSERT_EQ(r.exit_code, 0) << r.out;
     EXPECT_NE(r.out.find("matvec_q8_0.k2112"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("matvec_q5_k.k2816.split "), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("matvec_q5_k.k2816.moe "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("matvec_q5_k.k2816.split.moe "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("mmq.q5_k.k2816."), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("matvec_q5_1.k2112.split "), std::string::npos) << r.out;
     r = run_command(gemmajit_exe() + " kernels --variant e4b --wtype q9_z");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.out.find("q4_k_m"), std::string::npos) << r.out;
