@@ -84,7 +84,7 @@
 //     groups a batch can form). Launch: grid (ceil(n_rows / BN), that bound), block THREADS,
 //     dynamic smem SMEM. No split K.
 #include "gj_ptx.cuh"
-#include "kquant.cuh"
+#include "q32_blocks.cuh"  // (and kquant.cuh): the split planes' offsets
 #include "split_k_reduce.cuh"
 
 #ifndef MIN_BLOCKS
@@ -108,8 +108,9 @@ constexpr bool kQ6 = WTYPE == 14;                           // split Q6_K: two s
 constexpr bool kTable = kKq || kQ6;                         // per-warp scale tables
 constexpr bool kMinForm = WTYPE == 3 || WTYPE == 7 || kKq;  // x = A q + B (else d (q + c))
 constexpr float kOffset = WTYPE == 2 ? -8.0f : WTYPE == 6 ? -16.0f : 0.0f;  // c
-// Scale bytes per (row, block): d | m, fp16 d, the K-quants' sc | m or int8 pair.
-constexpr int kDwElem = kTable ? 2 : kMinForm ? 4 : 2;
+// Scale bytes per (row, block): d | m (Q4_1 / Q5_1), else fp16 d, the K-quants' sc | m or int8
+// pair.
+constexpr int kDwElem = WTYPE == 3 || WTYPE == 7 ? 4 : 2;
 
 static_assert(K % 32 == 0 && K > 0, "mmq: K must be a positive multiple of 32");
 static_assert(kQ8 || kKq || kQ6 || WTYPE == 2 || WTYPE == 3 || WTYPE == 6 || WTYPE == 7,
@@ -260,6 +261,38 @@ GJ_DEVICE void mmq_load_blocks(uint32 dst, const uint8* plane, int n0, int n_row
     }
 }
 
+// Byte offsets of a split matrix's planes after its payload (`units` blocks), from the layouts'
+// own helpers: the fifth-bit words (Q5_0 / Q5_1 / Q5_K) or top-bit pairs (Q6_K), the block
+// scales, and the K-quants' super-block words (d | dmin, Q6_K's d).
+GJ_DEVICE size_t mmq_bits_plane(size_t units) {
+    if constexpr (WTYPE == 6 || WTYPE == 7)
+        return gj_q32_split_planes<WTYPE>::qh(units);
+    else if constexpr (WTYPE == 13)
+        return gj_q5_k_qh_plane(units);
+    else
+        return gj_q6_k_qh_plane(units);
+}
+GJ_DEVICE size_t mmq_scale_plane(size_t units) {
+    if constexpr (WTYPE == 3 || WTYPE == 6 || WTYPE == 7)
+        return gj_q32_split_planes<WTYPE>::dm(units);
+    else if constexpr (WTYPE == 12)
+        return gj_q4_k_scm_plane(units);
+    else if constexpr (WTYPE == 13)
+        return gj_q5_k_scm_plane(units);
+    else if constexpr (WTYPE == 14)
+        return gj_q6_k_sc_plane(units);
+    else
+        return units * kWBytesPerKb;  // Q8_0 / Q4_0: the fp16 d after the payload
+}
+GJ_DEVICE size_t mmq_word_plane(size_t units) {
+    if constexpr (WTYPE == 12)
+        return gj_q4_k_dm_plane(units);
+    else if constexpr (WTYPE == 13)
+        return gj_q5_k_dm_plane(units);
+    else
+        return gj_q6_k_d_plane(units);
+}
+
 // Issues the copies of pipeline step `step` (tokens m0.., weight rows n0..) into the stage at
 // shared address `st`.
 template <int kMats>
@@ -288,31 +321,18 @@ GJ_DEVICE void mmq_load_stage(uint32 st, const uint8* const* w, const int8* xq, 
                               w[m] + n * row_bytes + kb0 * kWBytesPerKb + c * 16);
             }
         });
-        if (kFifth32)  // Q5_0 / Q5_1 / Q5_K: fifth-bit words; Q6_K: top-bit pairs
-            mmq_load_blocks<4>(st + L::kQ + m * kQhBytes, w[m] + units * 16, n0, n_rows, kb0);
-        else if (kQ6)
-            mmq_load_blocks<8>(st + L::kQ + m * kQhBytes, w[m] + gj_q6_k_qh_plane(units), n0,
-                               n_rows, kb0);
-        if (kTable) {
-            // sc | m (Q6_K: scale pairs) of the stage's blocks, and the aligned word holding its
-            // super-block's d | dmin (Q6_K: d, one fp16 of the word).
-            const size_t sc_plane = kQ6           ? gj_q6_k_sc_plane(units)
-                                    : WTYPE == 12 ? gj_q4_k_scm_plane(units)
-                                                  : gj_q5_k_scm_plane(units);
-            const size_t d_plane = kQ6           ? gj_q6_k_d_plane(units)
-                                   : WTYPE == 12 ? gj_q4_k_dm_plane(units)
-                                                 : gj_q5_k_dm_plane(units);
-            mmq_load_blocks<2>(st + L::kDw + m * kDwBytes, w[m] + sc_plane, n0, n_rows, kb0);
+        if (kFifth32 || kQ6)  // fifth-bit words, Q6_K's top-bit pairs
+            mmq_load_blocks<kQ6 ? 8 : 4>(st + L::kQ + m * kQhBytes, w[m] + mmq_bits_plane(units),
+                                         n0, n_rows, kb0);
+        mmq_load_blocks<kDwElem>(st + L::kDw + m * kDwBytes, w[m] + mmq_scale_plane(units), n0,
+                                 n_rows, kb0);
+        if (kTable)  // the aligned word holding the stage's super-block's d | dmin (Q6_K: d)
             mmq_per_thread<BN>([&](int r) {
                 const size_t sb = (size_t)min(n0 + r, n_rows - 1) * (K / 256) + kb0 / 8;
-                mmq_cp_async4(st + L::kHd + m * kHdBytes + r * 4,
-                              w[m] + d_plane + (kQ6 ? (2 * sb) & ~(size_t)3 : 4 * sb));
+                mmq_cp_async4(
+                    st + L::kHd + m * kHdBytes + r * 4,
+                    w[m] + mmq_word_plane(units) + (kQ6 ? (2 * sb) & ~(size_t)3 : 4 * sb));
             });
-        } else {
-            mmq_load_blocks<kDwElem>(st + L::kDw + m * kDwBytes,
-                                     w[m] + units * (kWBytesPerKb + (kFifth32 ? 4 : 0)), n0, n_rows,
-                                     kb0);
-        }
     }
     mmq_per_thread<L::kRows * KBS>([&](int i) {
         const int kk = i / L::kRows, r = i % L::kRows;
