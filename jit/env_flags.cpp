@@ -160,12 +160,12 @@ const std::vector<FlagDef>& flag_table() {
          .family = "device",
          .type = T::Bool,
          .cls = C::Neutral,
-         .default_value = "0",
+         .default_value = "1",
          .help = "tensor parallelism: a decode step's post-norms sum the ranks' partial products "
                  "themselves, through NCCL's device API (an LSA barrier, then the peers' "
                  "symmetric windows read directly), instead of an NCCL all-reduce before them; "
                  "needs NCCL 2.28.3/2.28.7/2.28.9 with its nccl_device.h headers and the CUDA "
-                 "headers (else the all-reduce); off by default until it has run on a GPU pair "
+                 "headers (else the all-reduce); 0: NCCL's all-reduce always "
                  "(docs/TENSOR_PARALLEL.md)"},
         {.name = "GEMMAJIT_NCCL_INCLUDE",
          .family = "device",
