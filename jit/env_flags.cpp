@@ -167,6 +167,16 @@ const std::vector<FlagDef>& flag_table() {
                  "needs NCCL 2.28.3/2.28.7/2.28.9 with its nccl_device.h headers and the CUDA "
                  "headers (else the all-reduce); 0: NCCL's all-reduce always "
                  "(docs/TENSOR_PARALLEL.md)"},
+        {.name = "GEMMAJIT_TP_PUSH",
+         .family = "device",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "tensor parallelism, with GEMMAJIT_TP_FUSED_NORM: a single-sequence decode "
+                 "step's attention-output and FFN-down matvecs store their products into every "
+                 "rank's symmetric window themselves (one slot per rank), so the post-norm after "
+                 "the barrier reads local memory only; 0: the post-norm reads the peers' windows "
+                 "(docs/TENSOR_PARALLEL.md)"},
         {.name = "GEMMAJIT_NCCL_INCLUDE",
          .family = "device",
          .type = T::Path,

@@ -26,6 +26,8 @@
 //            for, between its first weight loads and its grid dependency wait (sm_90; below)
 //   GEGLU_THREADS, GEGLU_ROWS, GEGLU_UNROLL   the _geglu entry's (default: THREADS, ROWS, UNROLL;
 //            block GEGLU_THREADS, grid ceil(n_rows / GEGLU_ROWS))
+//   PUSH     P > 0: the module holds only <name>_push (below), a tensor-parallel rank's
+//            row-parallel decode product stored into all P ranks' windows (NCOLS 1, not MOE)
 // Launch: block THREADS, grid ceil(n_rows / ROWS).
 //
 // Entry points (one signature for all, so the engine launches them the same way):
@@ -39,6 +41,11 @@
 //   <name>_geglu  y = gelu_tanh(W x) * (W_up x)   (the FFN gate|up pair in one pass)
 //   <name>_multi  up to three products of one input in one launch (its own signature, below)
 //   <name>_gelu_in, <name>_norm_in  the input made by each block from fp32 vectors (PLE_IN; below)
+// With PUSH = P the module holds only
+//   <name>_push(w, xq, xds, to, n_rows)   (matvec_f: <name>_push(w, x, to, n_rows))
+//     y = W x stored to every to.y[p], p < P: the P ranks' window slots of this rank's partial
+//     product (peer addresses over NVLink), which their post-norms add after their LSA barrier
+//     (rmsnorm LSA_PUSH)
 // With MOE = 1 the module holds the grouped expert forms instead (a MoE layer's routed experts,
 // stacked [E][n_rows][K]: in LAYOUT 0 the GGUF tensor as it is, in LAYOUT 1 each expert's matrix
 // repacked on its own, so expert e is a whole split matrix at w + e * expert_bytes):
@@ -89,6 +96,9 @@
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0
 #endif
+#ifndef PUSH
+#define PUSH 0
+#endif
 #ifndef GEGLU_THREADS  // the _geglu entry's own launch shape (default: the spec's)
 #define GEGLU_THREADS THREADS
 #endif
@@ -107,10 +117,18 @@ static_assert(ROWS >= 1 && ROWS <= 8, "matvec: ROWS must be in [1, 8]");
 static_assert(NCOLS >= 1 && NCOLS <= 8, "matvec: NCOLS must be in [1, 8]");
 static_assert(UNROLL >= 1 && UNROLL <= 16, "matvec: UNROLL must be in [1, 16]");
 static_assert(L2_PREFETCH >= 0 && L2_PREFETCH <= 16, "matvec: L2_PREFETCH must be in [0, 16]");
+static_assert(PUSH >= 0 && PUSH <= 8 && (PUSH == 0 || (NCOLS == 1 && !MOE)),
+              "matvec: PUSH must be 0..8, and only for a single-column dense spec");
 
 // gj_epi_gelu_mul: y = gelu_tanh(W x) * other, with other (the residual argument) read at
 // column c, row r from other[c * other_stride + r] (the PLE gate times the token's PLE input).
-enum { gj_epi_store = 0, gj_epi_add = 1, gj_epi_geglu = 2, gj_epi_gelu_mul = 3 };
+// gj_epi_push: y = W x stored to each of the PUSH slots of a gj_push_to (y unused).
+enum { gj_epi_store = 0, gj_epi_add = 1, gj_epi_geglu = 2, gj_epi_gelu_mul = 3, gj_epi_push = 4 };
+
+// The PUSH destinations of a _push entry, by value: this rank's slot in every rank's window.
+struct gj_push_to {
+    float* y[PUSH > 0 ? PUSH : 1];
+};
 
 // Weight-format traits (matvec_q8_0.cu, matvec_q4_0.cu define them):
 //   kUnits                       units per row (the work items threads split K into)
@@ -237,7 +255,8 @@ template <class F, int kEpi, class Cols = gj_cols_dense, int kThreads = THREADS,
 GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ w_up,
                          const void* __restrict__ x, const float2* __restrict__ xds,
                          const float* residual, float* y, int n_rows, const Cols& cols = Cols(),
-                         int block = -1, int other_stride = 0, Pro prologue = Pro()) {
+                         int block = -1, int other_stride = 0, Pro prologue = Pro(),
+                         const gj_push_to& push = gj_push_to()) {
     constexpr int kVr = kEpi == gj_epi_geglu ? 2 * kRows : kRows;  // rows read per block
     constexpr int kUnits = F::kUnits;
     constexpr int kIters = (kUnits + kThreads - 1) / kThreads;
@@ -351,6 +370,9 @@ GJ_DEVICE void gj_matvec(const uint8* __restrict__ w, const uint8* __restrict__ 
         y[out] = gelu_tanh(s) * up;
     } else if (kEpi == gj_epi_gelu_mul) {
         y[out] = gelu_tanh(s) * residual[(size_t)cols.out(c) * other_stride + row];
+    } else if (kEpi == gj_epi_push) {
+#pragma unroll
+        for (int p = 0; p < PUSH; ++p) push.y[p][out] = s;
     } else {
         y[out] = s;
     }
@@ -597,7 +619,17 @@ static_assert(PLE_IN == 0 || NCOLS == 1, "matvec: the PLE_IN entries take one co
 #define GJ_MATVEC_PLE_IN_IF(NAME, F)
 #endif
 
-#if MOE
+// <name>_push (PUSH > 0): the product stored into the ranks' windows; nothing else.
+#define GJ_MATVEC_PUSH_ENTRY(NAME, F)                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                      \
+        NAME(const void* w, const int8* xq, const float2* xds, gj_push_to to, int n_rows) {    \
+        gj_matvec<F, gj_epi_push>((const uint8*)w, nullptr, xq, xds, nullptr, nullptr, n_rows, \
+                                  gj_cols_dense(), -1, 0, gj_no_prologue(), to);               \
+    }
+
+#if PUSH
+#define GJ_MATVEC_ENTRIES(NAME, F) GJ_MATVEC_PUSH_ENTRY(NAME##_push, F)
+#elif MOE
 #define GJ_MATVEC_ENTRIES(NAME, F)                         \
     GJ_MATVEC_MOE_ENTRY(NAME##_moe, F, gj_epi_store, int8) \
     GJ_MATVEC_MOE_ENTRY(NAME##_moe_geglu, F, gj_epi_geglu, int8)

@@ -92,7 +92,13 @@ struct gj_wf {
         gj_matvec<gj_wf, EPI>((const uint8*)w, (const uint8*)w_up, x, nullptr, residual, y,    \
                               n_rows);                                                         \
     }
-#if MOE
+#if PUSH
+extern "C" __global__ void __launch_bounds__(THREADS)
+    matvec_f_push(const void* w, const float* x, gj_push_to to, int n_rows) {
+    gj_matvec<gj_wf, gj_epi_push>((const uint8*)w, nullptr, x, nullptr, nullptr, nullptr, n_rows,
+                                  gj_cols_dense(), -1, 0, gj_no_prologue(), to);
+}
+#elif MOE
 GJ_MATVEC_MOE_ENTRY(matvec_f_moe, gj_wf, gj_epi_store, float)
 GJ_MATVEC_MOE_ENTRY(matvec_f_moe_geglu, gj_wf, gj_epi_geglu, float)
 #else

@@ -42,6 +42,9 @@
 //           peer pointers: a decode step's all-reduce in the norm, with no NCCL launch of its own.
 //           Compiled against the NCCL headers of the library loaded (jit/nccl_device.h); NORM2
 //           or SCALE, one plane, fp32 (the decode post-norms).
+//   LSA_PUSH  1 (with LSA_PEERS): the ranks' products were pushed here by their matvecs
+//           (matvec_common.cuh PUSH): rank p's in this rank's own window at x + p * slot floats,
+//           so after the barrier the sum reads local memory only (no NVLink read on the path).
 // Launch: block TPR * RPB threads, grid ceil(rows / RPB).
 // Entries (rows contiguous, stride N):
 //   SCALE = NORM2 = 0: rmsnorm(x, w, residual, y, yq, yds, rows, eps)
@@ -49,6 +52,12 @@
 //   LSA_PEERS > 0:     rmsnorm_ext_lsa(x_offset, win, comm, w, residual, y, scale, w2, y2, yq,
 //                                      yds, rows, eps): x at byte x_offset of window `win` on
 //                                      every rank; comm the ncclDevComm, by value
+//   LSA_PUSH = 1:      rmsnorm_ext_lsa_push(x, slot, comm, w, residual, y, scale, w2, y2, yq,
+//                                           yds, rows, eps): rank p's product at x + p * slot
+//                                           (floats), all in this rank's window;
+//                      lsa_window_pointers(win, offset, out): out[p] = the address of byte
+//                                           `offset` of rank p's window, p < P (the push
+//                                           matvecs' destinations, found once at setup)
 //   MOE_NORMS = 1:     rmsnorm_moe(x, w, residual, y, w2, y2, yq, yds, w3, y3, w4, y4, yq4,
 //                                  yds4, rows, eps)
 // y (and y2) may be null when only the quantized output is wanted; y may alias x or residual
@@ -71,11 +80,17 @@
 #else
 #include <nccl_device/impl/mem_barrier__funcs.h>
 #endif
-#define GJ_LSA_PARAMS , const ncclDevComm &lsa_comm, ncclWindow_t lsa_win, size_t lsa_offset
-#define GJ_LSA_ARGS , lsa_comm, lsa_win, lsa_offset
+#ifndef LSA_PUSH
+#define LSA_PUSH 0
+#endif
+#if LSA_PUSH
+#define GJ_LSA_PARAMS , const ncclDevComm &lsa_comm, size_t lsa_slot
 #else
+#define GJ_LSA_PARAMS , const ncclDevComm &lsa_comm, ncclWindow_t lsa_win, size_t lsa_offset
+#endif
+#else
+#define LSA_PUSH 0
 #define GJ_LSA_PARAMS
-#define GJ_LSA_ARGS
 #endif
 
 #ifndef TPR
@@ -120,6 +135,7 @@ static_assert(!X_BF16 || PARTS == 1, "rmsnorm: a bf16 input is one plane");
 static_assert(
     !LSA_PEERS || (PARTS == 1 && !X_BF16 && !MOE_NORMS && (NORM2 || SCALE)),
     "rmsnorm: the ranks' sum is one fp32 plane per rank, read by a post-norm (rmsnorm_ext)");
+static_assert(!LSA_PUSH || LSA_PEERS, "rmsnorm: LSA_PUSH is a form of the ranks' sum (LSA_PEERS)");
 static_assert(QUANT >= 0 && QUANT <= 2, "rmsnorm: QUANT must be 0, 1 (Q8_1) or 2 (f16)");
 static_assert(QUANT != 1 || (N % 32 == 0 && TPR % 8 == 0),
               "rmsnorm: QUANT needs N % 32 == 0 and TPR % 8 == 0 (8 lanes per 32-block)");
@@ -212,12 +228,20 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     if (lsa_comm.lsaSize != LSA_PEERS) __trap();  // the engine's ranks: one host's GPUs
     const int self = lsa_comm.lsaRank;
     const float4* xp[LSA_PEERS];  // (indexed by constants only: registers, not a stack array)
+#if LSA_PUSH
+    // The ranks' products, pushed into this rank's own window by their matvecs: rank p's at
+    // x + p * slot. The barrier below then says they have all arrived; the sum reads local memory.
+#pragma unroll
+    for (int p = 0; p < LSA_PEERS; ++p) xp[p] = (const float4*)(x + p * lsa_slot + (size_t)r * N);
+    const float4* xs = (const float4*)(x + self * lsa_slot + (size_t)r * N);
+#else
 #pragma unroll
     for (int p = 0; p < LSA_PEERS; ++p)
         xp[p] = (const float4*)((const char*)ncclGetLsaPointer(lsa_win, lsa_offset, p) +
                                 (size_t)r * N * 4);
     const float4* xs = (const float4*)((const char*)ncclGetLsaPointer(lsa_win, lsa_offset, self) +
                                        (size_t)r * N * 4);
+#endif
     float4 own[VPT];
     {
         ncclLsaBarrierSession<ncclCoopCta> barrier{ncclCoopCta(), lsa_comm, ncclTeamTagLsa{},
@@ -377,6 +401,21 @@ extern "C" __global__ void rmsnorm_moe(const float* x, const float* __restrict__
                                        uint32* __restrict__ yq4, float2* __restrict__ yds4,
                                        int rows, float eps) {
     gj_rmsnorm(x, w, residual, y, nullptr, w2, y2, yq, yds, rows, eps, w3, y3, w4, y4, yq4, yds4);
+}
+#elif LSA_PUSH
+extern "C" __global__ void rmsnorm_ext_lsa_push(const float* x, size_t slot,
+                                                const __grid_constant__ ncclDevComm comm,
+                                                const float* __restrict__ w, const float* residual,
+                                                float* y, const float* __restrict__ scale,
+                                                const float* __restrict__ w2, float* y2,
+                                                uint32* __restrict__ yq, float2* __restrict__ yds,
+                                                int rows, float eps) {
+    gj_rmsnorm(x, w, residual, y, scale, w2, y2, yq, yds, rows, eps, comm, slot);
+}
+extern "C" __global__ void lsa_window_pointers(ncclWindow_t win, size_t offset, void** out) {
+    gj_grid_sync();  // (as every model kernel, though nothing it reads is written by a kernel)
+    if (threadIdx.x < LSA_PEERS && blockIdx.x == 0)
+        out[threadIdx.x] = ncclGetLsaPointer(win, offset, threadIdx.x);
 }
 #elif LSA_PEERS
 extern "C" __global__ void rmsnorm_ext_lsa(size_t x_offset, ncclWindow_t win,

@@ -209,12 +209,14 @@ void run_bench(const BenchArgs& a) {
                          : "");
     fmt::print("model: {}\n", model->summary());
     if (ranks > 1)
-        fmt::print("decode all-reduces: {}\n",
-                   session.tp_fused_norm()
-                       ? "summed by the post-norms (NCCL device API, GEMMAJIT_TP_FUSED_NORM)"
-                   : model->tp_fused_norm()
-                       ? "NCCL all-reduce (NCCL made no device communicator)"
-                       : "NCCL all-reduce (" + model->tp_fused_norm_note() + ")");
+        fmt::print(
+            "decode all-reduces: {}\n",
+            session.tp_push() ? "summed by the post-norms from products the matvecs pushed (NCCL "
+                                "device API, GEMMAJIT_TP_FUSED_NORM, GEMMAJIT_TP_PUSH)"
+            : session.tp_fused_norm()
+                ? "summed by the post-norms (NCCL device API, GEMMAJIT_TP_FUSED_NORM)"
+            : model->tp_fused_norm() ? "NCCL all-reduce (NCCL made no device communicator)"
+                                     : "NCCL all-reduce (" + model->tp_fused_norm_note() + ")");
     fmt::print("graphs: {}, prefill chunk {}, context {}\n\n",
                session.graphs_enabled() ? "on" : "off (GEMMAJIT_GRAPHS=0)", model->prefill_chunk(),
                session.context());

@@ -94,6 +94,9 @@ struct GpuMatrix {
     bool blas = false;            // prefill products through cuBLAS (GEMMAJIT_BLAS): float weights,
                                   // and quantized ones (not the LM head) from a dequantized F16
                                   // copy (K-quants and fallbacks; Q8_0/Q4_0 by the MMQ variant)
+    std::string spec_push;        // a tensor-parallel row-parallel matrix (attention output, FFN
+                                  // down): spec_decode storing into every rank's window
+                                  // (matvec_push_spec; GEMMAJIT_TP_PUSH); else empty
     std::string spec_geglu;       // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
     std::string spec_dequant;     // quantized with blas: dequant_f16.<type>.k<cols>, whose copy
     uint64_t scratch_offset = 0;  // goes to this byte offset of its layer's scratch slot (each
@@ -259,6 +262,13 @@ class GpuModel {
     const std::string& spec_lsa_post_prenorm() const { return spec_lsa_.post_prenorm; }
     const std::string& spec_lsa_post_scale_prenorm() const { return spec_lsa_.post_scale_prenorm; }
     bool tp_fused_norm() const { return !spec_lsa_.post_prenorm.empty(); }
+    // Their push forms (rmsnorm_lsa_push_spec; GEMMAJIT_TP_PUSH), read after the row-parallel
+    // matvecs' push forms (GpuMatrix::spec_push); empty where off.
+    const std::string& spec_push_post_prenorm() const { return spec_lsa_.push_post_prenorm; }
+    const std::string& spec_push_post_scale_prenorm() const {
+        return spec_lsa_.push_post_scale_prenorm;
+    }
+    bool tp_push() const { return !spec_lsa_.push_post_prenorm.empty(); }
     const std::string& tp_fused_norm_note() const { return spec_lsa_.note; }
     const std::string& spec_post_quant(int parts = 1, bool bf16_in = false) const {  // PLE models
         if (bf16_in) return spec_xb16_.post_quant;
@@ -354,6 +364,7 @@ class GpuModel {
     } spec_xb16_;
     struct {  // the decode post-norms summing the ranks' products (spec_lsa_post_prenorm)
         std::string post_prenorm, post_scale_prenorm;
+        std::string push_post_prenorm, push_post_scale_prenorm;
         std::string note;  // why they are not planned, on a split model
     } spec_lsa_;
     jit::Blas* blas_ = nullptr;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "engine/gpu/gpu_model.h"
+#include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
@@ -105,6 +106,19 @@ void GpuModel::plan_fused_all_reduce_norms() {
         kernels_
             .add(rmsnorm_lsa_spec(rmsnorm_spec(d, true, true, true, true, true), ranks, *headers))
             .name;
+    // The push form: the row-parallel decode matvecs store into every rank's window, so the
+    // post-norms' sum after the barrier reads local memory (GEMMAJIT_TP_PUSH).
+    if (!flags_.get_bool("GEMMAJIT_TP_PUSH")) return;
+    spec_lsa_.push_post_prenorm =
+        kernels_.add(rmsnorm_lsa_push_spec(kernels_.spec(spec_lsa_.post_prenorm))).name;
+    spec_lsa_.push_post_scale_prenorm =
+        kernels_.add(rmsnorm_lsa_push_spec(kernels_.spec(spec_lsa_.post_scale_prenorm))).name;
+    for (GpuLayer& g : layers_) {
+        if (g.moe) continue;  // (a MoE model is never split)
+        for (GpuMatrix* m : {&g.o, &g.down})
+            m->spec_push =
+                kernels_.add(matvec_push_spec(kernels_.spec(m->spec_decode), ranks)).name;
+    }
 }
 
 }  // namespace gj::gemma4

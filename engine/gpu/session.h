@@ -157,12 +157,17 @@ class GpuSession {
         uint64_t product_bf16 = 0;  // bf16 all-reduce inputs that a split-K sum rounded itself
         uint64_t norm_lsa = 0;      // decode post-norms summing the ranks' products themselves, in
                                     // place of an all-reduce (GEMMAJIT_TP_FUSED_NORM)
+        uint64_t push = 0;          // ... of them reading products the ranks' matvecs pushed
+                                    // into this rank's window (GEMMAJIT_TP_PUSH)
         uint64_t launches = 0;      // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
     // Whether a decode step's post-norms sum the ranks' products themselves: the model planned
     // them (GpuModel::tp_fused_norm) and NCCL made this session's device communicator.
     bool tp_fused_norm() const;
+    // ... and the row-parallel decode matvecs push their products to every rank's window
+    // (GpuModel::tp_push, GEMMAJIT_TP_PUSH): a single-sequence step's.
+    bool tp_push() const;
 
     // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured (one per
     // batch size and count of rows of each readout kind) and how many times one was launched.
@@ -272,6 +277,16 @@ class GpuSession {
     // in the decode window (w_->tp_sym), added by the norm after an LSA barrier.
     void post_norm_lsa(const std::string& spec, CUdeviceptr u, CUdeviceptr w, CUdeviceptr scale,
                        CUdeviceptr w2, int T, const char* what);
+    // The push form of a decode step (T = 1): `which` half's row-parallel product m x pushed to
+    // every rank's window by the matvec (push_product), then summed from this rank's own slots
+    // by the post-norm `spec` (an rmsnorm_lsa_push_spec form) after the LSA barrier. pushes(T):
+    // whether this step's products take it.
+    bool pushes(int T) const;
+    void push_product(const GpuMatrix& m, Input in, int which, const char* what);
+    void post_norm_push(const std::string& spec, int which, CUdeviceptr w, CUdeviceptr scale,
+                        CUdeviceptr w2, const char* what);
+    // Once per session: the addresses of this rank's push slots in every rank's window.
+    void find_push_targets();
     // Whether every product of layer l's attention input (Q, K, V) / of a layer's FFN input
     // (gate, up) over T rows is an F16 cuBLAS product: the norm before them then writes f16.
     bool attention_input_f16(int l, int T) const;

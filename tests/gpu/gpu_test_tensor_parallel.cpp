@@ -154,14 +154,20 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
     // With ordinary buffers for their all-reduces (and so without the fused post-norms).
     const auto plain = decode_with(flags({{"GEMMAJIT_TP_SYMMETRIC", "0"}}), "decode_plain").first;
     // The post-norms summing the ranks' products themselves, and NCCL all-reduces before them.
-    const auto [fused, planned] =
-        decode_with(flags({{"GEMMAJIT_TP_FUSED_NORM", "1"}}), "decode_fused");
+    // (Reading the peers' windows, GEMMAJIT_TP_PUSH=0; then the products pushed by the matvecs.)
+    const auto [fused, planned] = decode_with(
+        flags({{"GEMMAJIT_TP_FUSED_NORM", "1"}, {"GEMMAJIT_TP_PUSH", "0"}}), "decode_fused");
+    const auto pushed =
+        decode_with(flags({{"GEMMAJIT_TP_FUSED_NORM", "1"}, {"GEMMAJIT_TP_PUSH", "1"}}),
+                    "decode_push")
+            .first;
     const auto unfused =
         decode_with(flags({{"GEMMAJIT_TP_FUSED_NORM", "0"}}), "decode_unfused").first;
     if (group.leader()) {
         save(out / "plain_symmetric", {float(plain.all_reduce_symmetric), float(plain.norm_lsa)});
         save(out / "fused_counts",
-             {float(fused.norm_lsa), float(planned), float(unfused.norm_lsa)});
+             {float(fused.norm_lsa), float(planned), float(unfused.norm_lsa), float(fused.push),
+              float(pushed.push), float(pushed.norm_lsa), float(unfused.push)});
     }
     // Chunks of 32: the tensor-core GEMMs / cuBLAS with their all-reduces over whole chunks; then
     // the same with bf16 all-reduces (GEMMAJIT_TP_BF16_ROWS; by default only chunks of 64 rows
@@ -308,8 +314,9 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
         // model without PLE, the attention one with it, each decode step. Every rank adds the
         // products in rank order; two ranks' a + b is NCCL's sum bit for bit.
         const auto fc = load(split / "fused_counts");
-        ASSERT_EQ(fc.size(), 3u);
+        ASSERT_EQ(fc.size(), 7u);
         EXPECT_EQ(fc[2], 0) << "GEMMAJIT_TP_FUSED_NORM=0 still summed in the post-norms";
+        EXPECT_EQ(fc[3] + fc[6], 0) << "GEMMAJIT_TP_PUSH=0 / GEMMAJIT_TP_FUSED_NORM=0 pushed";
         if (fc[1] > 0) {
             EXPECT_GT(fc[0], 0) << "no post-norm summed the ranks' products";
             const auto f = load(split / "decode_fused"), u = load(split / "decode_unfused");
@@ -319,6 +326,15 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
                     << "the fused post-norms' sums differ from NCCL's all-reduce";
             else
                 expect_agree(u, f, V, kTolSplit, tp + "decode, fused post-norms");
+            // The products pushed into every rank's window by the matvecs (GEMMAJIT_TP_PUSH):
+            // every post-norm of a one-token step sums the slots, in the same rank order as the
+            // pull form, so the two agree bit for bit at any rank count.
+            EXPECT_GT(fc[4], 0) << "no post-norm read pushed products";
+            EXPECT_EQ(fc[4], fc[5]) << "post-norms of one-token steps that did not take the push";
+            const auto p = load(split / "decode_push");
+            ASSERT_EQ(p.size(), f.size());
+            EXPECT_EQ(std::memcmp(p.data(), f.data(), f.size() * sizeof(float)), 0)
+                << "the pushed products' sums differ from the pulled ones";
         }
         EXPECT_EQ(load(one / "greedy"), load(split / "greedy")) << "greedy tokens differ";
         // Each step's 64 candidates (ascending ids): at least 60 shared.

@@ -24,6 +24,7 @@
 
 namespace fs = std::filesystem;
 using gj::gemma4::Config;
+using gj::gemma4::rmsnorm_lsa_push_spec;
 using gj::gemma4::rmsnorm_lsa_spec;
 using gj::gemma4::rmsnorm_spec;
 using gj::test::compile_and_check;
@@ -112,6 +113,41 @@ TEST(LsaPostNorms, CompileAgainstNcclDeviceHeaders) {
     });
 }
 
+// The push forms (GEMMAJIT_TP_PUSH): both post-norms at every split preset's width over 2 GPUs
+// and the 31B's over 8, against the first release's headers. The sum reads the ranks' slots in
+// this rank's own window, after the same barrier; lsa_window_pointers asks NCCL for the slots'
+// addresses.
+TEST(LsaPostNorms, PushFormsCompileAgainstNcclDeviceHeaders) {
+    const auto dirs = local_nccl_headers();
+    if (dirs.empty())
+        GTEST_SKIP() << "no NCCL 2.28.3/2.28.7/2.28.9 device headers (nccl_device.h) here";
+    if (gj::jit::cuda_include_dir().empty()) GTEST_SKIP() << "no CUDA headers (cuda_fp16.h)";
+    std::vector<gj::jit::KernelSpec> specs;
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        if (cfg.is_moe()) continue;
+        for (int peers : {2, 8}) {
+            if (peers > 2 && cfg.d_model != 5376) continue;
+            for (bool scale : {false, true})
+                specs.push_back(rmsnorm_lsa_push_spec(rmsnorm_lsa_spec(
+                    rmsnorm_spec(cfg.d_model, true, true, true, scale, true), peers, dirs[0])));
+        }
+    }
+    std::sort(specs.begin(), specs.end(), [](auto& a, auto& b) { return a.name < b.name; });
+    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+    compile_and_check(specs, [](const gj::jit::CompiledKernel& c, const std::string&) {
+        const std::string body = entry_ptx(c.ptx, "rmsnorm_ext_lsa_push");
+        ASSERT_FALSE(body.empty());
+        // The same barrier as the pull form; no pointer arithmetic of NCCL's in the sum.
+        EXPECT_NE(body.find("st.release.sys"), std::string::npos);
+        EXPECT_NE(body.find("ld.acquire.sys"), std::string::npos);
+        EXPECT_EQ(occurrences(body, "rsqrt.approx.f32"), 2u);
+        EXPECT_EQ(entry_ptx(c.ptx, "rmsnorm_ext_lsa").size(), 0u) << "the push module's own entry";
+        EXPECT_FALSE(entry_ptx(c.ptx, "lsa_window_pointers").empty());
+        for (const auto& r : c.resources_per_entry) EXPECT_EQ(r.stack_bytes, 0);
+    });
+}
+
 TEST(LsaPostNorms, OnlyForTheDecodePostNormsOfTwoOrMoreRanks) {
     const auto post = rmsnorm_spec(5376, true, true, true, false, true);
     const auto lsa = rmsnorm_lsa_spec(post, 2, "/x");
@@ -119,6 +155,11 @@ TEST(LsaPostNorms, OnlyForTheDecodePostNormsOfTwoOrMoreRanks) {
     EXPECT_EQ(lsa.entries, std::vector<std::string>{"rmsnorm_ext_lsa"});
     EXPECT_EQ(lsa.nccl_include, "/x");
     EXPECT_THROW(rmsnorm_lsa_spec(post, 1, "/x"), std::invalid_argument);
+    const auto push = rmsnorm_lsa_push_spec(lsa);
+    EXPECT_EQ(push.name, lsa.name + ".push");
+    EXPECT_EQ(push.entries,
+              (std::vector<std::string>{"rmsnorm_ext_lsa_push", "lsa_window_pointers"}));
+    EXPECT_THROW(rmsnorm_lsa_push_spec(post), std::invalid_argument);
     EXPECT_THROW(rmsnorm_lsa_spec(post, 2, ""), std::invalid_argument);
     // A pre-norm (entry rmsnorm), split-K planes, a bf16 input: no such form.
     EXPECT_THROW(rmsnorm_lsa_spec(rmsnorm_spec(5376, true, true, true), 2, "/x"),

@@ -4,13 +4,18 @@
 // compile, stream its weights with the loads it exists for, and spill nothing.
 #include <gtest/gtest.h>
 
-#include <algorithm>
+#include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+#include <stdexcept>
 #include <string>
 
+#include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "tests/support/kernel_specs.h"
 
+using gj::gemma4::matvec_push_spec;
 using gj::gemma4::spec_constant;
 using gj::jit::CompiledKernel;
 using gj::test::all_specs_of;
@@ -127,4 +132,53 @@ TEST(KernelTemplates, DequantF16SpecsCompile) {
         // The CPU's products and difference, unfused, for bit-equal values.
         EXPECT_EQ(body.find("fma.rn.f32"), std::string::npos);
     });
+}
+
+// The push forms of the row-parallel decode products (matvec_push_spec, GEMMAJIT_TP_PUSH): one
+// single-column dense spec of every family, layout and float type the plans hold (a tall one where
+// there is one, as the FFN down of a split 31B is), over 2 ranks and over 8. The entry stores the
+// product once per rank and is free of spills like its plain form.
+TEST(KernelTemplates, MatvecPushSpecsCompileAndStoreOncePerRank) {
+    std::map<std::string, gj::jit::KernelSpec> one;  // family|layout|wtype -> spec
+    for (const auto& s :
+         all_specs_of({"matvec_q8_0", "matvec_q4_0", "matvec_q4_1", "matvec_q5_0", "matvec_q5_1",
+                       "matvec_q4_k", "matvec_q5_k", "matvec_q6_k", "matvec_f"})) {
+        const bool other = std::any_of(s.constants.begin(), s.constants.end(), [](const auto& kv) {
+            return kv.first == "MOE" || kv.first == "PLE_IN";
+        });
+        if (other || spec_constant(s, "NCOLS") != 1) continue;
+        const bool split = s.family != "matvec_f" && spec_constant(s, "LAYOUT") == 1;
+        const auto wtype = s.family == "matvec_f" ? spec_constant(s, "WTYPE") : 0;
+        const std::string key = fmt::format("{}|{}|{}", s.family, split, wtype);
+        auto [it, fresh] = one.try_emplace(key, s);
+        if (!fresh && s.name.ends_with(".tall") && !it->second.name.ends_with(".tall"))
+            it->second = s;
+    }
+    ASSERT_GE(one.size(), 12u);
+    std::vector<gj::jit::KernelSpec> specs;
+    for (const auto& [key, s] : one) {
+        specs.push_back(matvec_push_spec(s, 2));
+        if (s.family == "matvec_q4_0" || s.family == "matvec_f")
+            specs.push_back(matvec_push_spec(s, 8));
+    }
+    compile_and_check(specs, [](const CompiledKernel& c, const std::string& /*arch*/) {
+        const auto& s = c.spec;
+        ASSERT_EQ(s.entries, std::vector<std::string>{s.family + "_push"});
+        const auto body = entry_ptx(c.ptx, s.entries[0]);
+        ASSERT_FALSE(body.empty()) << s.name;
+        const size_t ranks = size_t(spec_constant(s, "PUSH"));
+        // Each row stored once per rank; no fence, no atomics (the post-norms' barrier orders).
+        EXPECT_EQ(occurrences(body, "st.global.f32"), ranks) << s.name;
+        EXPECT_EQ(body.find("membar"), std::string::npos) << s.name;
+        EXPECT_EQ(body.find("atom."), std::string::npos) << s.name;
+        EXPECT_EQ(c.ptx.find(".entry " + s.family + "_add"), std::string::npos)
+            << s.name << ": the push module holds the push entry alone";
+    });
+    // Not for a MoE, PLE or several-column spec, nor one rank.
+    const auto& any = one.begin()->second;
+    EXPECT_THROW(matvec_push_spec(any, 1), std::invalid_argument);
+    auto batched = any;
+    for (auto& [n, v] : batched.constants)
+        if (n == "NCOLS") v = 8;
+    EXPECT_THROW(matvec_push_spec(batched, 2), std::invalid_argument);
 }

@@ -330,6 +330,24 @@ jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths) {
     return s;
 }
 
+jit::KernelSpec matvec_push_spec(jit::KernelSpec s, int ranks) {
+    const bool moe = std::any_of(s.constants.begin(), s.constants.end(), [](const auto& c) {
+        return c.first == "MOE" || c.first == "PLE_IN";
+    });
+    if (moe || spec_constant(s, "NCOLS") != 1)
+        throw std::invalid_argument(fmt::format(
+            "matvec: {} has no push form (a single-column dense decode spec has)", s.name));
+    if (ranks < 2 || ranks > 8)
+        throw std::invalid_argument(
+            fmt::format("matvec: a push to {} ranks (2..8 supported)", ranks));
+    // The module holds the push entry alone: the multi entry's constant goes.
+    std::erase_if(s.constants, [](const auto& c) { return c.first == "MULTI"; });
+    s.name += fmt::format(".push{}", ranks);
+    s.constants.push_back({"PUSH", ranks});
+    s.entries = {s.family + "_push"};
+    return s;
+}
+
 MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu) {
     auto get = [&](const char* name, const char* geglu_name) {
         for (const auto& [n, v] : spec.constants)

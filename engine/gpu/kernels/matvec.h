@@ -64,6 +64,13 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
 // and for specs of several columns or of MoE experts. Throws std::invalid_argument outside 0..16.
 jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths);
 
+// The push form of a single-column decode spec `s` (a tensor-parallel rank's row-parallel
+// product: attention output, FFN down): ".push<ranks>", constant PUSH, the one entry
+// "<family>_push", which stores the product into all `ranks` ranks' window slots itself
+// (matvec_common.cuh); the launch shape is `s`'s. Throws std::invalid_argument for a MoE, PLE or
+// several-column spec, or ranks outside 2..8.
+jit::KernelSpec matvec_push_spec(jit::KernelSpec s, int ranks);
+
 // The launch shape of a matvec spec's entry: block `threads`, grid ceil(n_rows / rows); the
 // _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
 struct MatvecLaunch {

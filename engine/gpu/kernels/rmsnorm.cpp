@@ -114,6 +114,18 @@ jit::KernelSpec rmsnorm_lsa_spec(const jit::KernelSpec& fp32_form, int peers,
     return s;
 }
 
+jit::KernelSpec rmsnorm_lsa_push_spec(const jit::KernelSpec& lsa_form) {
+    if (lsa_form.entries != std::vector<std::string>{"rmsnorm_ext_lsa"})
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: {} is not a form that sums the ranks' products (rmsnorm_lsa_spec)",
+            lsa_form.name));
+    jit::KernelSpec s = lsa_form;
+    s.name += ".push";
+    s.constants.emplace_back("LSA_PUSH", 1);
+    s.entries = {"rmsnorm_ext_lsa_push", "lsa_window_pointers"};
+    return s;
+}
+
 std::vector<jit::KernelSpec> RmsnormBf16InputSpecs::all() const {
     std::vector<jit::KernelSpec> out = {post_prenorm[0], post_prenorm[1], post_scale_prenorm[0],
                                         post_scale_prenorm[1]};

@@ -57,4 +57,11 @@ RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple);
 jit::KernelSpec rmsnorm_lsa_spec(const jit::KernelSpec& fp32_form, int peers,
                                  const std::string& nccl_include);
 
+// The push form of an rmsnorm_lsa_spec form: the ranks' products were stored into this rank's
+// window by their matvecs (matvec_push_spec), one slot per rank, so the sum after the barrier
+// reads local memory. ".push", constant LSA_PUSH; entries "rmsnorm_ext_lsa_push" and
+// "lsa_window_pointers" (the slots' addresses on every rank, found once per session). Throws
+// std::invalid_argument for another form.
+jit::KernelSpec rmsnorm_lsa_push_spec(const jit::KernelSpec& lsa_form);
+
 }  // namespace gj::gemma4

@@ -83,6 +83,47 @@ bool GpuSession::tp_fused_norm() const {
     return w_->tp_dev_comm.made();
 }
 
+bool GpuSession::tp_push() const {
+    return w_->push_to[0][0] != 0;
+}
+
+bool GpuSession::pushes(int T) const {
+    return T == 1 && decoding_ && tp_push();
+}
+
+void GpuSession::find_push_targets() {
+    Work& w = *w_;
+    if (!model_.tp_push() || !w.tp_dev_comm.made()) return;
+    const int ranks = w.layout.ranks, self = model_.tensor_parallel().rank;
+    if (ranks > 8) throw std::logic_error("find_push_targets: more than 8 ranks");
+    const jit::DriverApi& api = jit::driver();
+    // NCCL's own pointer arithmetic (ncclGetLsaPointer, of the headers of the library loaded) on
+    // the GPU, once: the window's peer mappings never move.
+    const std::string& name = model_.spec_push_post_prenorm();
+    jit::DeviceBuffer out(sizeof w.push_to);
+    jit::Nccl::Window win = w.tp_sym.window();
+    for (int half = 0; half < 2; ++half) {
+        uint64_t offset = w.push_slot(half, self) - w.tp_sym.ptr();
+        CUdeviceptr dst = out.ptr() + uint64_t(half) * sizeof w.push_to[0];
+        void* args[] = {&win, &offset, &dst};
+        model_.kernels().get(name, "lsa_window_pointers").launch({1}, {32}, 0, stream_, args);
+    }
+    CUdeviceptr host[2][8] = {};
+    jit::check_driver(api.cuMemcpyDtoHAsync(host, out.ptr(), sizeof host, stream_),
+                      "cuMemcpyDtoHAsync (push targets)");
+    jit::check_driver(api.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    // This rank's own through its ordinary address (NCCL's flat LSA mapping is an alias of the
+    // same memory); every peer's must have been given.
+    for (int half = 0; half < 2; ++half) {
+        host[half][self] = w.push_slot(half, self);
+        for (int p = 0; p < ranks; ++p)
+            if (!host[half][p])
+                throw jit::DeviceError(
+                    fmt::format("tensor parallelism: NCCL gave no address in rank {}'s window", p));
+    }
+    std::copy(&host[0][0], &host[0][0] + 16, &w.push_to[0][0]);
+}
+
 void GpuSession::gather_readouts(int n_rows, bool logits) {
     const TensorParallel& tp = model_.tensor_parallel();
     const Work& w = *w_;

@@ -93,6 +93,43 @@ void GpuSession::post_norm_lsa(const std::string& name, CUdeviceptr u, CUdevicep
            name + " " + what);
 }
 
+void GpuSession::push_product(const GpuMatrix& m, Input in, int which, const char* what) {
+    if (m.quantized() && in.q == 0) {
+        quantize(in.f, m.cols);
+        in.q = w_->xq.ptr();
+        in.ds = w_->xds.ptr();
+    }
+    const jit::KernelSpec& spec = model_.kernels().spec(m.spec_push);
+    const auto [threads, rows_per_block] = matvec_launch(spec, false);
+    CUdeviceptr w = m.ptr, xq = m.quantized() ? in.q : in.f, xds = in.ds;
+    CUdeviceptr* to = w_->push_to[which];  // the kernel takes PUSH of them, by value
+    int n_rows = m.rows;
+    void* quant_args[] = {&w, &xq, &xds, to, &n_rows};
+    void* float_args[] = {&w, &xq, to, &n_rows};
+    launch(model_.kernels().get(m.spec_push, spec.family + "_push"),
+           {ceil_div(m.rows, rows_per_block)}, {threads}, 0,
+           m.quantized() ? quant_args : float_args, m.spec_push + " " + what,
+           LaunchCost{m.bytes, 2.0 * double(m.rows) * m.cols, WorkKind::Gemm});
+}
+
+void GpuSession::post_norm_push(const std::string& name, int which, CUdeviceptr w,
+                                CUdeviceptr scale, CUdeviceptr w2, const char* what) {
+    const jit::KernelSpec& spec = model_.kernels().spec(name);
+    const unsigned tpr = constant(spec, "TPR"), rpb = constant(spec, "RPB");
+    CUdeviceptr slots = w_->push_slot(which, 0);  // rank p's slot follows rank p - 1's
+    uint64_t slot = uint64_t(cfg_.d_model);       // (floats)
+    CUdeviceptr x = w_->x.ptr(), y2 = w_->h.ptr(), yq = w_->xq.ptr(), yds = w_->xds.ptr();
+    float eps = cfg_.rms_eps;
+    int T = 1;
+    normed_f16_ = false;
+    void* args[] = {&slots, &slot, w_->tp_dev_comm.bytes(), &w, &x, &x, &scale, &w2, &y2, &yq, &yds,
+                    &T,     &eps};
+    launch(model_.kernels().get(name, "rmsnorm_ext_lsa_push"), {ceil_div(T, rpb)}, {tpr * rpb}, 0,
+           args, name + " " + what);
+    ++paths_.norm_lsa;
+    ++paths_.push;
+}
+
 void GpuSession::quantize(CUdeviceptr x, int n_values) {
     quantize(x, n_values, w_->xq.ptr(), w_->xds.ptr());
 }

@@ -189,15 +189,24 @@ void GpuSession::record_layer(int l, int T) {
     // Tensor parallelism: this rank's heads gave a partial sum of the projection (the sum may
     // come back as bf16, which the post-norm reads as such; the MoE norms have no bf16 form, and
     // a MoE model is never split).
-    const Product o = row_parallel_product(g.o, attn_out, T, 0, !g.moe, "attn_output");
+    // Or (a single-sequence decode step, GEMMAJIT_TP_PUSH) the product is stored into every
+    // rank's window by the matvec, and the post-norm sums this rank's slots after the barrier.
+    const bool attn_push = pushes(T) && !g.moe && !ffn_input_f16(g, T);
+    if (attn_push) push_product(g.o, attn_out, 0, "attn_output");
+    const Product o =
+        attn_push ? Product{} : row_parallel_product(g.o, attn_out, T, 0, !g.moe, "attn_output");
     const CUdeviceptr attn_sum = o.ptr;
     int parts = o.parts;
     // A decode step's post-norm may sum the ranks' products itself (its fp32, Q8_1 form).
     const bool attn_f16 = !g.moe && parts == 1 && ffn_input_f16(g, T);
-    const Reduced attn = all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output", !g.moe,
-                                    !g.moe && !attn_f16);
+    const Reduced attn = attn_push ? Reduced{}
+                                   : all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output",
+                                                !g.moe, !g.moe && !attn_f16);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, attn_sum, parts, T);
+    else if (attn_push)
+        post_norm_push(model_.spec_push_post_prenorm(), 0, g.post_attention_norm, 0, g.ffn_norm,
+                       "post_attention_norm+ffn_norm");
     else if (attn.lsa)
         post_norm_lsa(model_.spec_lsa_post_prenorm(), attn.ptr, g.post_attention_norm, 0,
                       g.ffn_norm, T, "post_attention_norm+ffn_norm");
@@ -214,8 +223,13 @@ void GpuSession::record_layer(int l, int T) {
     CUdeviceptr ffn_out = w.moe_y1.ptr();
     bool ffn_bf16 = false;  // ffn_out holds a bf16 all-reduce sum
     bool ffn_lsa = false;   // ... the ranks' products, for the post-norm to sum
+    // (The push form as the attention's: not where the PLE gate or an f16 pre-norm follows.)
+    const bool ffn_push = pushes(T) && !g.moe && !cfg_.has_ple() && !next_f16;
     if (g.moe) {
         record_moe_ffn(l, T);
+        parts = 1;
+    } else if (ffn_push) {
+        push_product(g.down, ffn_gate_up(g, T), 1, "ffn_down");
         parts = 1;
     } else {
         const Product down =
@@ -231,7 +245,10 @@ void GpuSession::record_layer(int l, int T) {
     }
     if (!cfg_.has_ple()) {
         const bool f16 = parts == 1 && next_f16;
-        if (ffn_lsa)
+        if (ffn_push)
+            post_norm_push(model_.spec_push_post_scale_prenorm(), 1, g.post_ffw_norm,
+                           g.output_scale, next_norm, "post_ffw_norm*scale+next_norm");
+        else if (ffn_lsa)
             post_norm_lsa(model_.spec_lsa_post_scale_prenorm(), ffn_out, g.post_ffw_norm,
                           g.output_scale, next_norm, T, "post_ffw_norm*scale+next_norm");
         else

@@ -45,6 +45,7 @@ GpuSession::GpuSession(GpuModel& model)
         for (CUevent& e : deq_ready_)
             jit::check_driver(api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     }
+    find_push_targets();
 }
 
 GpuSession::~GpuSession() {

@@ -163,7 +163,9 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
         tp_logits = zeroed(uint64_t(L.ranks) * L.logit_rows * L.vocab * 4);
         // In NCCL symmetric memory where the library has it, else in ordinary buffers.
         if (m.flags().get_bool("GEMMAJIT_TP_SYMMETRIC")) {
-            tp_sym = SymmetricBuffer(m.tensor_parallel(), 2 * L.sym_rows() * L.d * 4);
+            // (Push slots past the two halves: a slot of d floats per rank and half.)
+            const uint64_t push = m.tp_push() ? 2 * uint64_t(L.ranks) * L.d * 4 : 0;
+            tp_sym = SymmetricBuffer(m.tensor_parallel(), 2 * L.sym_rows() * L.d * 4 + push);
             tp_bf16_sym = SymmetricBuffer(m.tensor_parallel(), R * L.d * 2);
             // One LSA barrier per post-norm block of a decode step (a row each, or fewer).
             // NCCL refuses it (on every rank alike, before any exchange) where the communicator

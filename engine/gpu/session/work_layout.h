@@ -77,6 +77,16 @@ struct GpuSession::Work {
     // NCCL's device communicator for the decode post-norms that sum the ranks' products from
     // tp_sym themselves (GpuModel::tp_fused_norm); not made() otherwise.
     DeviceComm tp_dev_comm;
+    // The push form (GpuModel::tp_push): past the two halves above, tp_sym holds each half's
+    // slots, one of d floats per rank (push_slot; rmsnorm LSA_PUSH). push_to[h]: what this rank's
+    // push matvec of half h takes by value (matvec_common.cuh gj_push_to): its slot in each
+    // rank's window (GpuSession::find_push_targets). 0: no push.
+    CUdeviceptr push_to[2][8] = {};
+    CUdeviceptr push_slot(int half, int rank) const {
+        const uint64_t d = uint64_t(layout.d) * 4;
+        return tp_sym.ptr() + 2 * layout.sym_rows() * d + uint64_t(half * layout.ranks + rank) * d;
+    }
+
     // MoE: router logits [rows][E]; expert ids, weights and grouped slots [rows][K]; the group
     // table (+ its count); expert GeGLU outputs [rows * K][F] (fp32 and Q8_1); expert outputs
     // [rows * K][d]; the dense branch's normed output (first the router's input) [rows][d]; the
