@@ -101,7 +101,7 @@ TEST(KernelPlan, MmqMoeSpecsAndThePlanOf26bA4b) {
     using gj::gemma4::MmqTile;
     using gj::gemma4::spec_constant;
     const auto up = mmq_moe_spec(ggml::Type::Q4_0, 2816, 704);
-    EXPECT_EQ(up.name, "mmq.q4_0.k2816.m32n64.w2x2.s4b4.o3p1.moe");
+    EXPECT_EQ(up.name, "mmq.q4_0.k2816.m32n64.w2x2.s3b4.o3p1.moe");
     EXPECT_EQ(up.entries,
               (std::vector<std::string>{"mmq_moe", "mmq_moe_geglu", "mmq_moe_geglu_q8"}));
     EXPECT_EQ(spec_constant(up, "MOE"), 1);

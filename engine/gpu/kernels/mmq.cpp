@@ -154,10 +154,11 @@ MmqTile mmq_moe_tile(ggml::Type weight_type, int k, int n_rows) {
     // module's GeGLU entries 85 registers: they spill). The K-quants' gate|up tiles go three
     // stages deep: Q6_K's (with its top bits and the warps' scale tables) fit three blocks per SM
     // no deeper, and Q4_K / Q5_K's, which fit four, ran faster with three (26B-A4B pp512 on the
-    // H200: Q4_K_M 21328 -> 22820, Q5_K_M 17742 -> 19717).
+    // H200: Q4_K_M 21328 -> 22820, Q5_K_M 17742 -> 19717), as Q4_0's did by a little (26188 ->
+    // 26420); Q8_0's two blocks per SM keep four (24925 with four, 24679 with three).
     const bool q8 = weight_type == ggml::Type::Q8_0;
-    const bool kq = spec_util::is_kquant(weight_type);
-    if (n_rows <= 1024) return MmqTile{kMoeGemmSlots, 64, 2, 2, 4, kq ? 3 : 4, q8 ? 2 : 3, 1};
+    const bool three = spec_util::is_kquant(weight_type) || weight_type == ggml::Type::Q4_0;
+    if (n_rows <= 1024) return MmqTile{kMoeGemmSlots, 64, 2, 2, 4, three ? 3 : 4, q8 ? 2 : 3, 1};
     return MmqTile{kMoeGemmSlots, 128, 2, 4, k >= 1024 ? 4 : 2, 3, 2, 1};
 }
 
