@@ -21,6 +21,8 @@
 //   matvec_f_gelu_mul(w, x, other, other_stride, y, n_rows)
 //                   y = gelu_tanh(W x) * other, column c reading other + c * other_stride (a PLE
 //                   gate and its GeLU product with the token's PLE input in one launch)
+// With PUSH = P (matvec_common.cuh) only
+//   matvec_f_push(w, x, to, n_rows)  y = W x stored into the P ranks' window slots to.y[p]
 #include "matvec_common.cuh"
 
 #ifndef WTYPE
