@@ -198,6 +198,8 @@ class GpuSession {
     struct Input {
         CUdeviceptr f = 0, q = 0, ds = 0, bf = 0, h = 0;
     };
+    // `in` with its Q8_1 form: quantizes n values of in.f into xq / xds unless made.
+    Input with_q8(Input in, int n);
     // `in` with its bf16 form: converts n values of in.f into the shared bf16 buffer unless made.
     Input with_bf16(Input in, int n, const std::string& what);
     // `in` with its f16 form for the F16 cuBLAS products of `m` (and of `also`, unless null):

@@ -331,10 +331,10 @@ jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths) {
 }
 
 jit::KernelSpec matvec_push_spec(jit::KernelSpec s, int ranks) {
-    const bool moe = std::any_of(s.constants.begin(), s.constants.end(), [](const auto& c) {
+    const bool moe_or_ple = std::any_of(s.constants.begin(), s.constants.end(), [](const auto& c) {
         return c.first == "MOE" || c.first == "PLE_IN";
     });
-    if (moe || spec_constant(s, "NCOLS") != 1)
+    if (moe_or_ple || spec_constant(s, "NCOLS") != 1)
         throw std::invalid_argument(fmt::format(
             "matvec: {} has no push form (a single-column dense decode spec has)", s.name));
     if (ranks < 2 || ranks > 8)

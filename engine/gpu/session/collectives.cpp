@@ -95,7 +95,6 @@ void GpuSession::find_push_targets() {
     Work& w = *w_;
     if (!model_.tp_push() || !w.tp_dev_comm.made()) return;
     const int ranks = w.layout.ranks, self = model_.tensor_parallel().rank;
-    if (ranks > 8) throw std::logic_error("find_push_targets: more than 8 ranks");
     const jit::DriverApi& api = jit::driver();
     // NCCL's own pointer arithmetic (ncclGetLsaPointer, of the headers of the library loaded) on
     // the GPU, once: the window's peer mappings never move.

@@ -94,11 +94,7 @@ void GpuSession::post_norm_lsa(const std::string& name, CUdeviceptr u, CUdevicep
 }
 
 void GpuSession::push_product(const GpuMatrix& m, Input in, int which, const char* what) {
-    if (m.quantized() && in.q == 0) {
-        quantize(in.f, m.cols);
-        in.q = w_->xq.ptr();
-        in.ds = w_->xds.ptr();
-    }
+    if (m.quantized()) in = with_q8(in, m.cols);
     const jit::KernelSpec& spec = model_.kernels().spec(m.spec_push);
     const auto [threads, rows_per_block] = matvec_launch(spec, false);
     CUdeviceptr w = m.ptr, xq = m.quantized() ? in.q : in.f, xds = in.ds;
@@ -154,11 +150,7 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
     }
     if (chunk_products(T) && !m.spec_gemm.empty())
         return gemm(m, up, in, up ? GemmOut::Geglu : GemmOut::Plain, y, 0, T, what, partials_ok);
-    if (quant && in.q == 0) {
-        quantize(in.f, T * m.cols);
-        in.q = w_->xq.ptr();
-        in.ds = w_->xds.ptr();
-    }
+    if (quant) in = with_q8(in, T * m.cols);
     // One column: the decode specialization; more: groups of kPrefillCols columns (the buffers
     // hold whole groups, so a last partial group computes harmless padding columns).
     const std::string& spec_name = T == 1 ? m.spec_decode : m.spec_prefill;
@@ -228,11 +220,7 @@ void GpuSession::blas_qkv(const GpuLayer& g, Input in, int T) {
 
 void GpuSession::matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T) {
     const Work& w = *w_;
-    if (in.q == 0) {
-        quantize(in.f, T * g.q.cols);
-        in.q = w.xq.ptr();
-        in.ds = w.xds.ptr();
-    }
+    in = with_q8(in, T * g.q.cols);
     const std::string& name = T == 1 ? g.q.spec_decode : g.q.spec_prefill;
     const jit::KernelSpec& spec = model_.kernels().spec(name);
     const auto [threads, rows] = matvec_launch(spec, false);
@@ -302,6 +290,14 @@ void GpuSession::matvec_ple_input(const GpuMatrix& m, const char* entry, CUdevic
     paths_.ple_gate_fused += e == "_gelu_mul_norm_in";
 }
 
+GpuSession::Input GpuSession::with_q8(Input in, int n) {
+    if (in.q) return in;
+    quantize(in.f, n);
+    in.q = w_->xq.ptr();
+    in.ds = w_->xds.ptr();
+    return in;
+}
+
 GpuSession::Input GpuSession::with_bf16(Input in, int n, const std::string& what) {
     if (in.bf) return in;
     in.bf = convert(in.f, n, "f32_to_bf16", w_->xbf.ptr(), what);
@@ -343,11 +339,7 @@ int GpuSession::gemm(const GpuMatrix& m, const GpuMatrix* up, Input in, GemmOut 
                m.spec_gemm + " " + entries[form] + " " + what, cost);
         ++paths_.wgmma;
     } else {
-        if (in.q == 0) {
-            quantize(in.f, T * m.cols);
-            in.q = w_->xq.ptr();
-            in.ds = w_->xds.ptr();
-        }
+        in = with_q8(in, T * m.cols);
         static const char* const entries[] = {"mmq", "mmq_geglu", "mmq_geglu_q8"};
         void* args[] = {&w, &wu, &in.q, &in.ds, &out, &yds, &T, &n_rows};
         launch(model_.kernels().get(m.spec_gemm, entries[form]),
