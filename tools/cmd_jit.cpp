@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -16,6 +17,7 @@
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/spec_util.h"
+#include "engine/gpu/tensor_parallel.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/quant_mix.h"
 #include "jit/cache_config.h"
@@ -57,7 +59,21 @@ struct Plan {
     std::string label;
     std::vector<jit::KernelSpec> specs;
     std::string shards;  // --tp > 1: what each rank holds
+    std::string fused;   // --tp > 1: whether the decode post-norms take NCCL's device API
 };
+
+// A split's plan line about the forms compiled against NCCL's device headers (FusedNormPlan), as
+// fused_norm_plan decides them for a load on this machine; returns that decision.
+std::optional<gemma4::FusedNormPlan> plan_fused_norms(const jit::Flags& flags, Plan& plan) {
+    std::string why;
+    auto fused = gemma4::fused_norm_plan(flags, nullptr, &why);
+    plan.fused = fused ? fmt::format(
+                             "decode post-norms sum the ranks' products themselves{} "
+                             "(NCCL device headers in {})\n",
+                             fused->push ? ", products pushed" : "", fused->headers)
+                       : "fused all-reduce norms off: " + why + "\n";
+    return fused;
+}
 
 // The process's flags with the target arch set to `arch` (empty: unchanged): a plan depends on its
 // target (the prefill GEMM variant), so each arch gets its own.
@@ -82,8 +98,10 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
             plan.specs = gemma4::GpuModel::kernel_specs(src.model, opts);
             return plan;
         }
-        // Every rank's load, planned (no GPU, no NCCL): the union of their kernels.
+        // Every rank's load, planned (no GPU; NCCL loaded for its device headers' release): the
+        // union of their kernels.
         plan.label += fmt::format(", tensor parallel over {} GPUs", src.tp);
+        plan_fused_norms(flags, plan);
         std::set<std::string> seen;
         for (int r = 0; r < src.tp; ++r) {
             opts.tp.rank = r;
@@ -122,7 +140,8 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
         const gemma4::ShardPlan shards = gemma4::plan_shards(cfg, src.tp, block);
         plan.label += fmt::format(", tensor parallel over {} GPUs", src.tp);
         plan.shards = shards.describe();
-        plan.specs = gemma4::build_kernel_plan(shards, type_sets);
+        const auto fused = plan_fused_norms(flags, plan);
+        plan.specs = gemma4::build_kernel_plan(shards, type_sets, fused ? &*fused : nullptr);
         return plan;
     }
     plan.specs = use_mix ? gemma4::build_kernel_plan(cfg, *mix, types)
@@ -189,7 +208,8 @@ void cmd_kernels(const PlanSource& src, std::string arch, bool status) {
     jit::Jit jit;
     if (arch.empty()) arch = jit.default_arch();
     Plan plan = load_plan(src, arch);
-    fmt::print("{} kernels for {} on {}\n{}", plan.specs.size(), plan.label, arch, plan.shards);
+    fmt::print("{} kernels for {} on {}\n{}{}", plan.specs.size(), plan.label, arch, plan.shards,
+               plan.fused);
     size_t width = 4;
     for (const auto& s : plan.specs) width = std::max(width, s.name.size());
     fmt::print("{:<4} {:<{}} {:<16} {}{}\n", "PRIO", "SPEC", width, "FAMILY",
@@ -214,8 +234,10 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, b
                "SPILL(st/ld)", "SMEM", "COMPILE_MS", "CACHE");
     jit::ModuleSet modules;
     double load_ms = -1;
+    std::string fused;
     for (const auto& arch : arch_list) {
         const Plan plan = load_plan(src, arch);
+        fused = plan.fused;
         std::vector<jit::CompiledKernel> out = jit.compile_plan(plan.specs, arch, jobs);
         if (load && arch == jit::Device::get().arch()) {
             auto l0 = std::chrono::steady_clock::now();
@@ -239,6 +261,7 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, b
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("total: {} kernels, {} hits, {} misses, wall {:.2f} s ({})\n", hits + misses, hits,
                misses, wall, jit.cache_root().empty() ? "cache off" : jit.cache_root());
+    fmt::print("{}", fused);
     if (load) {
         if (load_ms < 0)
             throw std::invalid_argument(fmt::format(

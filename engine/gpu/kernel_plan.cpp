@@ -205,6 +205,19 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     std::set<int> widths;  // the input widths alone (the prefill dequantization specs)
     for (auto [k, n] : shapes) widths.insert(k);
     for (auto [k, n] : shapes) add_matvec(types.matmul, k, n);
+    // A tensor-parallel rank's row-parallel decode products in their push form: the attention
+    // output and FFN down matvecs, d rows each (a MoE model is never split).
+    if (types.push_ranks > 1 && !cfg.is_moe())
+        for (size_t i = 0; i < cfg.layers.size(); ++i) {
+            const int l = static_cast<int>(i), ffn = cfg.layers[i].ffn_dim;
+            for (int k : {cfg.q_dim(l), ffn})
+                if (k > 0 && fits(types.matmul, k))
+                    add(matvec_push_spec(
+                        with_decode_prefetch(
+                            matvec_spec(types.matmul, k, 1, layout_of(types.matmul), d),
+                            types.decode_prefetch),
+                        types.push_ranks));
+        }
     if (cfg.has_ple()) {  // the PLE gate (d -> P) and projection (P -> d)
         widths.insert({d, cfg.ple_dim});
         add_matvec(types.matmul, d, cfg.ple_dim, PleInput::Gate);
@@ -381,18 +394,32 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix
 }
 
 std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
-                                               const std::vector<PlanTypes>& types) {
+                                               const std::vector<PlanTypes>& types,
+                                               const FusedNormPlan* fused) {
     PlanUnion all;
+    const int ranks = static_cast<int>(shards.shards.size());
     // bf16 prefill all-reduces: the conversion to bf16, the post-norms reading the bf16 sums.
-    if (shards.shards.size() > 1) {
+    if (ranks > 1) {
         all.add({convert_f32_spec()});
         // Every rank has the whole d_model and the PLE (neither is split): rank 0's config says.
         const Config& rank0 = shards.shards.front().config;
-        all.add(rmsnorm_bf16_input_specs(rank0.d_model, rank0.has_ple()).all());
+        const int d = rank0.d_model;
+        all.add(rmsnorm_bf16_input_specs(d, rank0.has_ple()).all());
+        // The decode post-norms that sum the ranks' products (GpuModel's
+        // plan_fused_all_reduce_norms plans the same from a load).
+        if (fused) {
+            for (bool scale : {false, true}) {
+                const jit::KernelSpec lsa = rmsnorm_lsa_spec(
+                    rmsnorm_spec(d, true, true, true, scale, true), ranks, fused->headers);
+                all.add({lsa});
+                if (fused->push) all.add({rmsnorm_lsa_push_spec(lsa)});
+            }
+        }
     }
     for (const RankShard& rank : shards.shards)
         for (PlanTypes p : types) {
             p.lm_head_rows = rank.vocab.count;
+            if (ranks > 1 && fused && fused->push) p.push_ranks = ranks;
             all.add(build_kernel_plan(rank.config, p));
         }
     return std::move(all.plan);

@@ -51,6 +51,9 @@ struct PlanTypes {
                                  // (with_decode_prefetch)
     int lm_head_rows = 0;        // LM head rows (0: the vocabulary; a tensor-parallel rank: its
                                  // vocabulary slice, engine/gpu/shard_plan.h)
+    int push_ranks = 0;          // > 1: a rank of that many whose row-parallel decode products
+                                 // (attention output, FFN down) also take their push form
+                                 // (matvec_push_spec; GEMMAJIT_TP_PUSH)
 };
 // How prefill chunks multiply Q8_0/Q4_0 layer matrices (GEMMAJIT_MMQ_VARIANT).
 enum class QuantPrefill {
@@ -97,10 +100,22 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix
 // PLE types the mix gives them).
 std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, PlanTypes base);
 
+// The decode forms of a tensor-parallel split that compile against NCCL's device headers
+// (docs/TENSOR_PARALLEL.md): the post-norms that meet the other ranks at an LSA barrier and sum
+// their products themselves (GEMMAJIT_TP_FUSED_NORM), and with `push` (GEMMAJIT_TP_PUSH) the
+// post-norms' push forms and the row-parallel matvecs' (attention output, FFN down).
+// fused_norm_plan (engine/gpu/tensor_parallel.h) says whether a load takes them, and against
+// which headers.
+struct FusedNormPlan {
+    std::string headers;  // the folder of nccl.h and nccl_device/ of the library that runs them
+    bool push = false;
+};
+
 // The union of the plans of every rank of a tensor-parallel split (engine/gpu/shard_plan.h): each
 // rank's shard shape planned with each of `types` and its vocabulary slice as the LM head's rows
-// (ranks of one shape share their specializations).
+// (ranks of one shape share their specializations); with `fused`, the forms it names as well.
 std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
-                                               const std::vector<PlanTypes>& types);
+                                               const std::vector<PlanTypes>& types,
+                                               const FusedNormPlan* fused = nullptr);
 
 }  // namespace gj::gemma4

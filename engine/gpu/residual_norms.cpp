@@ -8,7 +8,6 @@
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
-#include "jit/nccl_device.h"
 
 namespace gj::gemma4 {
 
@@ -76,39 +75,28 @@ void GpuModel::plan_residual_norms() {
 void GpuModel::plan_fused_all_reduce_norms() {
     // A decode step's two all-reduces per layer can be done by the post-norms after them: each
     // meets the other ranks at an NCCL LSA barrier and reads their products from the symmetric
-    // window (GEMMAJIT_TP_FUSED_NORM; docs/TENSOR_PARALLEL.md). That needs the window
-    // (GEMMAJIT_TP_SYMMETRIC), an NCCL whose device API the engine knows, and that library's own
-    // device headers and the CUDA headers to compile against.
-    auto off = [&](std::string why) { spec_lsa_.note = "fused all-reduce norms off: " + why; };
-    if (!flags_.get_bool("GEMMAJIT_TP_FUSED_NORM")) return off("GEMMAJIT_TP_FUSED_NORM=0");
-    if (!flags_.get_bool("GEMMAJIT_TP_SYMMETRIC")) return off("GEMMAJIT_TP_SYMMETRIC=0");
-    const jit::Nccl* nccl = tp_.nccl;
-    if (!nccl) return off("no NCCL loaded (planning only)");
-    if (!nccl->has_device_api())
-        return off(
-            fmt::format("NCCL {} at {} has no device API this engine knows (2.28.3, "
-                        "2.28.7, 2.28.9)",
-                        nccl->version(), nccl->file()));
+    // window (GEMMAJIT_TP_FUSED_NORM; docs/TENSOR_PARALLEL.md). build_kernel_plan of a split
+    // plans the same specs for `kernels --tp`.
     std::string why;
-    const auto headers = jit::find_nccl_device_headers(flags_, nccl->file(), nccl->version(), &why);
-    if (!headers) return off(why + " (GEMMAJIT_NCCL_INCLUDE names the folder)");
-    try {  // the CUDA headers found, utility.h in the form the compile patches
-        jit::nccl_device_compile_inputs(*headers);
-    } catch (const std::exception& e) {
-        return off(e.what());
+    const std::optional<FusedNormPlan> fused = fused_norm_plan(flags_, tp_.nccl, &why);
+    if (!fused) {
+        spec_lsa_.note = "fused all-reduce norms off: " + why;
+        return;
     }
     const int d = cfg_.d_model, ranks = tp_.ranks;
     spec_lsa_.post_prenorm =
         kernels_
-            .add(rmsnorm_lsa_spec(rmsnorm_spec(d, true, true, true, false, true), ranks, *headers))
+            .add(rmsnorm_lsa_spec(rmsnorm_spec(d, true, true, true, false, true), ranks,
+                                  fused->headers))
             .name;
     spec_lsa_.post_scale_prenorm =
         kernels_
-            .add(rmsnorm_lsa_spec(rmsnorm_spec(d, true, true, true, true, true), ranks, *headers))
+            .add(rmsnorm_lsa_spec(rmsnorm_spec(d, true, true, true, true, true), ranks,
+                                  fused->headers))
             .name;
     // The push form: the row-parallel decode matvecs store into every rank's window, so the
     // post-norms' sum after the barrier reads local memory (GEMMAJIT_TP_PUSH).
-    if (!flags_.get_bool("GEMMAJIT_TP_PUSH")) return;
+    if (!fused->push) return;
     spec_lsa_.push_post_prenorm =
         kernels_.add(rmsnorm_lsa_push_spec(kernels_.spec(spec_lsa_.post_prenorm))).name;
     spec_lsa_.push_post_scale_prenorm =

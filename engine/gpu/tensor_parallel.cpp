@@ -21,6 +21,7 @@
 #include "jit/cuda_driver.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
+#include "jit/nccl_device.h"
 
 namespace gj::gemma4 {
 
@@ -304,6 +305,37 @@ void RankGroup::finish() {
     delete watch_;
     watch_ = nullptr;
     if (!failed.empty()) throw std::runtime_error("tensor-parallel workers failed: " + failed);
+}
+
+std::optional<FusedNormPlan> fused_norm_plan(const jit::Flags& flags, const jit::Nccl* nccl,
+                                             std::string* why) {
+    auto off = [&](std::string text) -> std::optional<FusedNormPlan> {
+        if (why) *why = std::move(text);
+        return std::nullopt;
+    };
+    if (!flags.get_bool("GEMMAJIT_TP_FUSED_NORM")) return off("GEMMAJIT_TP_FUSED_NORM=0");
+    if (!flags.get_bool("GEMMAJIT_TP_SYMMETRIC")) return off("GEMMAJIT_TP_SYMMETRIC=0");
+    if (!nccl) {
+        try {  // loading the library needs no GPU
+            nccl = &jit::Nccl::get(flags);
+        } catch (const std::exception& e) {
+            return off(fmt::format("no NCCL to plan them for ({})", e.what()));
+        }
+    }
+    if (!nccl->has_device_api())
+        return off(fmt::format(
+            "NCCL {} at {} has no device API this engine knows (2.28.3, 2.28.7, 2.28.9)",
+            nccl->version(), nccl->file()));
+    std::string missing;
+    const auto headers =
+        jit::find_nccl_device_headers(flags, nccl->file(), nccl->version(), &missing);
+    if (!headers) return off(missing + " (GEMMAJIT_NCCL_INCLUDE names the folder)");
+    try {  // the CUDA headers found, utility.h in the form the compile patches
+        jit::nccl_device_compile_inputs(*headers);
+    } catch (const std::exception& e) {
+        return off(e.what());
+    }
+    return FusedNormPlan{*headers, flags.get_bool("GEMMAJIT_TP_PUSH")};
 }
 
 }  // namespace gj::gemma4

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/gpu/kernel_plan.h"
 #include "jit/nccl.h"
 
 namespace gj::jit {
@@ -33,6 +35,16 @@ struct TensorParallel {
     jit::Nccl::Comm comm = nullptr;
     bool active() const { return ranks > 1; }
 };
+
+// Whether a split's decode steps take the forms that compile against NCCL's device headers
+// (FusedNormPlan, engine/gpu/kernel_plan.h), as a load decides it: GEMMAJIT_TP_FUSED_NORM and
+// GEMMAJIT_TP_SYMMETRIC on, an NCCL whose device API the engine knows, that release's device
+// headers (GEMMAJIT_NCCL_INCLUDE, or found beside the library) and the CUDA headers to compile
+// against; `push` is GEMMAJIT_TP_PUSH. `nccl` is the library a load runs on; null when only
+// planning (`kernels` / `precompile --tp`), where the library a load would find is loaded here
+// for its version. nullopt, with `why` saying what is off or missing, when they do not.
+std::optional<FusedNormPlan> fused_norm_plan(const jit::Flags& flags, const jit::Nccl* nccl,
+                                             std::string* why);
 
 // A buffer of NCCL symmetric memory registered as a window of the communicator
 // (GEMMAJIT_TP_SYMMETRIC): collectives on it take NCCL's symmetric kernels. Making one is

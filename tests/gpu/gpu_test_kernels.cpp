@@ -47,10 +47,12 @@ bool all_finite(const std::vector<float>& v) {
     return true;
 }
 
-// A matvec spec with its launch constants overridden (name extended so it stays unique).
+// A matvec spec with its launch constants overridden (name extended so it stays unique), for
+// every entry: the GeGLU's own shape (GEGLU_*) goes.
 KernelSpec matvec_variant(ggml::Type t, int k, int ncols, MatvecLayout layout, int threads,
                           int rows, int unroll) {
     KernelSpec s = gj::gemma4::matvec_spec(t, k, ncols, layout);
+    std::erase_if(s.constants, [](const auto& c) { return c.first.starts_with("GEGLU_"); });
     for (auto& [name, value] : s.constants) {
         if (name == "THREADS") value = threads;
         if (name == "ROWS") value = rows;
@@ -679,7 +681,8 @@ TEST(RmsNormMoe, EqualsTheSeparateNorms) {
 // Decode bandwidth for the E4B FFN shapes (gate/up: 10240 x 2560, down: 2560 x 10240) over a
 // grid of launch constants, plain and GeGLU entries. Weights rotate over enough copies to defeat
 // the L2 cache. GJ_BENCH_TYPES picks the weight types (default q8_0,q4_0; K-quants and float
-// types: ggml layout), GJ_BENCH_SHAPES the matrices ("NxK,...", default the E4B FFN pair).
+// types: ggml layout), GJ_BENCH_SHAPES the matrices ("NxK,...", default the E4B FFN pair),
+// GJ_BENCH_LAYOUT one layout alone.
 TEST(MatvecBench, DISABLED_E4bFfnShapes) {
     GJ_REQUIRE_GPU();
     struct Cfg {
@@ -688,7 +691,8 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
     const std::vector<Cfg> cfgs = {{32, 1, 4},  {64, 1, 4},  {128, 1, 4}, {256, 1, 4}, {128, 2, 4},
                                    {64, 2, 4},  {128, 1, 8}, {256, 1, 8}, {128, 1, 2}, {128, 4, 2},
                                    {256, 2, 8}, {32, 2, 2},  {32, 4, 1},  {64, 2, 2},  {64, 4, 1},
-                                   {32, 1, 2},  {256, 1, 2}, {512, 1, 1}, {32, 8, 1},  {64, 8, 1}};
+                                   {32, 1, 2},  {256, 1, 2}, {512, 1, 1}, {32, 8, 1},  {64, 8, 1},
+                                   {64, 1, 2},  {64, 4, 2},  {32, 2, 4},  {128, 2, 2}};
     struct Shape {
         int n, k;
     };
@@ -711,11 +715,15 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
         if (auto t = ggml::type_from_name(list.substr(p, e - p))) types.push_back(*t);
         p = e + 1;
     }
+    // GJ_BENCH_LAYOUT: "split" or "ggml" alone (default both, where the type has a split one).
+    const char* layout_env = std::getenv("GJ_BENCH_LAYOUT");
+    const std::string layout_only = layout_env ? layout_env : "";
     namespace su = gj::gemma4::spec_util;
     std::vector<std::pair<KernelSpec, int>> specs;  // spec, rows of its matrix
     for (auto t : types)
         for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split}) {
             if (!su::has_split(t) && layout == MatvecLayout::Split) continue;
+            if (layout_only == (layout == MatvecLayout::Split ? "ggml" : "split")) continue;
             for (const auto& sh : shapes) {
                 for (const auto& c : cfgs)
                     specs.push_back(

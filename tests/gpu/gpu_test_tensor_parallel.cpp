@@ -382,6 +382,32 @@ TEST(TensorParallelCli, MissingNcclAndTooFewGpusAreNamedErrors) {
     EXPECT_NE(r.out.find("tg4"), std::string::npos) << r.out;
 }
 
+// `precompile --tp 2` compiles every kernel the split's ranks load, the forms built against
+// NCCL's device headers (the decode post-norms that sum the ranks' products, the pushed
+// products) included: a run on a cache filled by it alone compiles nothing
+// (GEMMAJIT_REQUIRE_CACHED=1 makes a miss an error) and takes those forms.
+TEST(TensorParallelCli, PrecompiledSplitRunsFromTheCacheAlone) {
+    const int n = gpu_count();
+    if (n < 2) GTEST_SKIP() << "tensor parallelism needs 2 GPUs; this machine has " << n;
+    ScratchDir dir("gpu-tp-precompile");
+    const auto path = synth(dir, "tiny-keqv", ggml::Type::Q4_0);
+    const std::string cache = "GEMMAJIT_CACHE_DIR=" + (dir.path() / "cache").string() + " ";
+    auto r = run_command(cache + gemmajit_exe() + " precompile --tp 2 --model " + path.string() +
+                         " 2>&1");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    if (r.out.find("fused all-reduce norms off") != std::string::npos)
+        GTEST_SKIP() << "this machine's NCCL takes no fused post-norms: " << r.out;
+    EXPECT_NE(r.out.find(".lsa2.push"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(".push2"), std::string::npos) << r.out;
+    r = run_command(cache + "GEMMAJIT_REQUIRE_CACHED=1 " + gemmajit_exe() +
+                    " bench -p 8 -n 4 -r 1 --tp 2 -m " + path.string() + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("summed by the post-norms from products the matvecs pushed"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("tg4"), std::string::npos) << r.out;
+}
+
 // `serve --tp 2`: rank 0 serves HTTP and mirrors every session call to the worker. Two greedy
 // completions at once (two slots: batched decode steps, prefills between them) answer the same
 // text as a one-GPU server, and SIGTERM stops both processes cleanly.

@@ -189,6 +189,37 @@ TEST(ShardPlan, KernelPlanOfTheShards) {
                     .count("rmsnorm.n2560.w1.add.q8.xb16"));
     EXPECT_FALSE(names_of(gj::gemma4::build_kernel_plan(plan_shards(e4b, 1), std::vector{types}))
                      .count("rmsnorm.n2560.w1.add.q8.xb16"));
+    // With the forms built against NCCL's device headers (what fused_norm_plan finds for a
+    // load): the two post-norms that sum the ranks' products, and with the push their push forms
+    // and the row-parallel products' (attention output of sliding and global layers, FFN down),
+    // each keyed by the headers' folder. None without them.
+    for (const char* lsa :
+         {"rmsnorm.n5376.w1.add.n2.q8.lsa2", "rmsnorm.n5376.w1.add.scale.n2.q8.lsa2",
+          "matvec_q4_0.k4096.split.push2", "matvec_q4_0.k8192.split.tall.push2",
+          "matvec_q4_0.k10752.split.tall.push2"})
+        EXPECT_FALSE(names.count(lsa)) << lsa;
+    const gj::gemma4::FusedNormPlan pull{"/nccl/include", false}, push{"/nccl/include", true};
+    const auto fused =
+        gj::gemma4::build_kernel_plan(plan_shards(cfg, 2), std::vector{types}, &push);
+    const auto fused_names = names_of(fused);
+    for (const char* want :
+         {"rmsnorm.n5376.w1.add.n2.q8.lsa2", "rmsnorm.n5376.w1.add.scale.n2.q8.lsa2",
+          "rmsnorm.n5376.w1.add.n2.q8.lsa2.push", "rmsnorm.n5376.w1.add.scale.n2.q8.lsa2.push",
+          "matvec_q4_0.k4096.split.push2", "matvec_q4_0.k8192.split.tall.push2",
+          "matvec_q4_0.k10752.split.tall.push2"})
+        EXPECT_TRUE(fused_names.count(want)) << want;
+    for (const auto& s : fused)
+        if (s.name.find(".lsa2") != std::string::npos) EXPECT_EQ(s.nccl_include, "/nccl/include");
+    EXPECT_EQ(fused_names.size(), names.size() + 7);
+    const auto pulled =
+        names_of(gj::gemma4::build_kernel_plan(plan_shards(cfg, 2), std::vector{types}, &pull));
+    EXPECT_TRUE(pulled.count("rmsnorm.n5376.w1.add.n2.q8.lsa2"));
+    EXPECT_FALSE(pulled.count("rmsnorm.n5376.w1.add.n2.q8.lsa2.push"));
+    EXPECT_FALSE(pulled.count("matvec_q4_0.k4096.split.push2"));
+    // Over 4 ranks the forms are specialized for 4.
+    EXPECT_TRUE(
+        names_of(gj::gemma4::build_kernel_plan(plan_shards(cfg, 4), std::vector{types}, &push))
+            .count("rmsnorm.n5376.w1.add.scale.n2.q8.lsa4.push"));
     // A K-quant mix over 8 GPUs: ranks of 10 and 11 FFN blocks get their own down matvecs.
     gj::gemma4::PlanTypes base = types;
     const auto mix =

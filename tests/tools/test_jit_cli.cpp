@@ -174,3 +174,35 @@ TEST(JitCli, KernelsOfATensorParallelSplit) {
     r = run_command(cli(tmp.path(), "kernels --variant 31b --tp 9"));
     EXPECT_NE(r.exit_code, 0) << r.out;
 }
+
+// The split's decode forms built against NCCL's device headers are in its plan when a load on
+// this machine would take them (the library loads, its release's headers are found), and the
+// plan says why not when it would not.
+TEST(JitCli, KernelsOfASplitHoldTheNcclDeviceForms) {
+    gj::test::ScratchDir tmp("jit-cli-tp-nccl");
+    const std::string plan = "kernels --variant 31b --wtype q4_0 --tp 2 --arch sm_90";
+    auto r = run_command("GEMMAJIT_NCCL_LIB=/nonexistent/libnccl.so.2 " + cli(tmp.path(), plan));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("fused all-reduce norms off: no NCCL to plan them for"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("/nonexistent/libnccl.so.2"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(".lsa2"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(".push2"), std::string::npos) << r.out;
+    r = run_command("GEMMAJIT_TP_FUSED_NORM=0 " + cli(tmp.path(), plan));
+    EXPECT_NE(r.out.find("fused all-reduce norms off: GEMMAJIT_TP_FUSED_NORM=0"), std::string::npos)
+        << r.out;
+    r = run_command(cli(tmp.path(), plan));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    if (r.out.find("fused all-reduce norms off") != std::string::npos)
+        GTEST_SKIP() << "no NCCL with device headers here: " << r.out;
+    EXPECT_NE(r.out.find("decode post-norms sum the ranks' products themselves, products pushed"),
+              std::string::npos)
+        << r.out;
+    for (const char* want :
+         {"rmsnorm.n5376.w1.add.n2.q8.lsa2.push ", "rmsnorm.n5376.w1.add.scale.n2.q8.lsa2 ",
+          "matvec_q4_0.k10752.split.tall.push2 ", "matvec_q4_0.k4096.split.push2 "})
+        EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+    r = run_command("GEMMAJIT_TP_PUSH=0 " + cli(tmp.path(), plan));
+    EXPECT_NE(r.out.find("rmsnorm.n5376.w1.add.n2.q8.lsa2 "), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(".push"), std::string::npos) << r.out;
+}
