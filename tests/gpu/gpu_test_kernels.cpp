@@ -368,6 +368,10 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 2560, 1000, 128, 2, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 10240, 301, 32, 3, 2},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
+        // The 31B's FFN down rows (a Tall matrix: 2 rows per 32-thread block), ragged rows.
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 21504, 67, 32, 2, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 21504, 67, 32, 2, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 21504, 67, 32, 2, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 256, 77, 32, 1, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 2560, 1000, 32, 3, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Ggml, 768, 131, 32, 1, 8},

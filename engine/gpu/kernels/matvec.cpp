@@ -195,7 +195,11 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    rows of a Tall matrix take 2 rows per 32-thread block (31B ffn_down 5376 x 21504: 3018
     //    -> 3535 GB/s, a single wave instead of 1.3; 31B tg128 172.1 -> 181.4; E4B's 2560-row
     //    ffn_down keeps 1 row: 482.7 -> 480.8 with 2). The split K-quants keep the earlier Q4_0
-    //    shapes: with the new ones E4B Q4_K_M went 457.2 -> 450.1. The GeGLU (gate|up pair)
+    //    shapes: with the new ones E4B Q4_K_M went 457.2 -> 450.1. Except the Tall one: their
+    //    long rows of a Tall matrix take 2 rows per 32-thread block as well (H200 MatvecBench,
+    //    2026-11-29, us per call: 31B ffn_down 5376 x 21504 Q4_K 26.22 -> 20.41, Q5_K 31.92 ->
+    //    23.59, Q6_K 29.69 -> 27.52; the global attention output 5376 x 8192 Q4_K 10.39 ->
+    //    9.87, Q5_K 11.39 -> 10.61, Q6_K 12.62 -> 13.03). The GeGLU (gate|up pair)
     //    keeps 128 threads over 2 rows in its own entry shape: E4B Q4_0 10240 x 2560 took 12.06
     //    us per call with the new shape against 11.22 (ncu, one decode step), and E4B Q8_0 with
     //    both entries in the new shape went 406.7 -> 405.0. Split Q8_0 takes the same pair of
@@ -216,7 +220,8 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
         const bool q4_0 = weight_type == ggml::Type::Q4_0;
         if (dense_split && k >= 8192) {
             threads_used = q4_split ? 32 : 64;
-            rows = q4_split && !(q4_0 && row_class == Rows::Tall) ? 1 : 2;
+            const bool tall_two_rows = (q4_0 || is_kquant(weight_type)) && row_class == Rows::Tall;
+            rows = q4_split && !tall_two_rows ? 1 : 2;
             unroll = 2;
         } else if (dense_split && units > 32) {
             const bool narrow = !is_kquant(weight_type);  // Q8_0, Q4_0 and the fallbacks
