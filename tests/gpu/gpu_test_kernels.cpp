@@ -368,6 +368,8 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 2560, 1000, 128, 2, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 10240, 301, 32, 3, 2},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
+        // Split Q4_K's plain / multi shape below 8192 (64 threads over 4 rows), ragged rows.
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 3840, 1001, 64, 4, 1},
         // The 31B's FFN down rows (a Tall matrix: 2 rows per 32-thread block), ragged rows.
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 21504, 67, 32, 2, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 21504, 67, 32, 2, 1},

@@ -194,8 +194,12 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     //    rows 2473 -> 2929; E4B Q4_0 tg128 482.7 -> 495.7, 31B Q4_0 172.1 -> 173.7); the long
     //    rows of a Tall matrix take 2 rows per 32-thread block (31B ffn_down 5376 x 21504: 3018
     //    -> 3535 GB/s, a single wave instead of 1.3; 31B tg128 172.1 -> 181.4; E4B's 2560-row
-    //    ffn_down keeps 1 row: 482.7 -> 480.8 with 2). The split K-quants keep the earlier Q4_0
-    //    shapes: with the new ones E4B Q4_K_M went 457.2 -> 450.1. Except the Tall one: their
+    //    ffn_down keeps 1 row: 482.7 -> 480.8 with 2). The split K-quants kept the earlier Q4_0
+    //    shapes (with the new ones E4B Q4_K_M went 457.2 -> 450.1) until split Q4_K's plain and
+    //    multi entries took 64 x 4 with the GeGLU at 128 x 2 (H200 MatvecBench, 2026-11-29, us
+    //    per call: 12B Q|K|V 8192 x 3840 8.81 -> 7.42, E4B attention output 2560 x 2048 4.00 ->
+    //    3.67, 3072 x 2560 4.63 -> 4.71; tg128 E4B Q4_K_M 511.2 -> 527.5, 12B Q4_K_M 347.0 ->
+    //    358.8). Q5_K and Q6_K measured mixed there (3072 x 2560 +8-10%). All split K-quants'
     //    long rows of a Tall matrix take 2 rows per 32-thread block as well (H200 MatvecBench,
     //    2026-11-29, us per call: 31B ffn_down 5376 x 21504 Q4_K 26.22 -> 20.41, Q5_K 31.92 ->
     //    23.59, Q6_K 29.69 -> 27.52; the global attention output 5376 x 8192 Q4_K 10.39 ->
@@ -224,7 +228,8 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             rows = q4_split && !tall_two_rows ? 1 : 2;
             unroll = 2;
         } else if (dense_split && units > 32) {
-            const bool narrow = !is_kquant(weight_type);  // Q8_0, Q4_0 and the fallbacks
+            // Q8_0, Q4_0, the fallbacks and split Q4_K (measured above); Q5_K / Q6_K keep 128 x 2.
+            const bool narrow = !is_kquant(weight_type) || weight_type == ggml::Type::Q4_K;
             threads_used = narrow ? 64 : 128;
             rows = narrow ? 4 : 2;
             unroll = narrow ? 1 : 2;
