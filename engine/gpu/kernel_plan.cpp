@@ -407,14 +407,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
         all.add(rmsnorm_bf16_input_specs(d, rank0.has_ple()).all());
         // The decode post-norms that sum the ranks' products (GpuModel's
         // plan_fused_all_reduce_norms plans the same from a load).
-        if (fused) {
-            for (bool scale : {false, true}) {
-                const jit::KernelSpec lsa = rmsnorm_lsa_spec(
-                    rmsnorm_spec(d, true, true, true, scale, true), ranks, fused->headers);
-                all.add({lsa});
-                if (fused->push) all.add({rmsnorm_lsa_push_spec(lsa)});
-            }
-        }
+        if (fused) all.add(rmsnorm_lsa_specs(d, ranks, fused->headers, fused->push).all());
     }
     for (const RankShard& rank : shards.shards)
         for (PlanTypes p : types) {

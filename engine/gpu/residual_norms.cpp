@@ -83,24 +83,15 @@ void GpuModel::plan_fused_all_reduce_norms() {
         spec_lsa_.note = "fused all-reduce norms off: " + why;
         return;
     }
-    const int d = cfg_.d_model, ranks = tp_.ranks;
-    spec_lsa_.post_prenorm =
-        kernels_
-            .add(rmsnorm_lsa_spec(rmsnorm_spec(d, true, true, true, false, true), ranks,
-                                  fused->headers))
-            .name;
-    spec_lsa_.post_scale_prenorm =
-        kernels_
-            .add(rmsnorm_lsa_spec(rmsnorm_spec(d, true, true, true, true, true), ranks,
-                                  fused->headers))
-            .name;
+    const int ranks = tp_.ranks;
+    const RmsnormLsaSpecs s = rmsnorm_lsa_specs(cfg_.d_model, ranks, fused->headers, fused->push);
+    spec_lsa_.post_prenorm = kernels_.add(s.post_prenorm).name;
+    spec_lsa_.post_scale_prenorm = kernels_.add(s.post_scale_prenorm).name;
     // The push form: the row-parallel decode matvecs store into every rank's window, so the
     // post-norms' sum after the barrier reads local memory (GEMMAJIT_TP_PUSH).
     if (!fused->push) return;
-    spec_lsa_.push_post_prenorm =
-        kernels_.add(rmsnorm_lsa_push_spec(kernels_.spec(spec_lsa_.post_prenorm))).name;
-    spec_lsa_.push_post_scale_prenorm =
-        kernels_.add(rmsnorm_lsa_push_spec(kernels_.spec(spec_lsa_.post_scale_prenorm))).name;
+    spec_lsa_.push_post_prenorm = kernels_.add(*s.push_post_prenorm).name;
+    spec_lsa_.push_post_scale_prenorm = kernels_.add(*s.push_post_scale_prenorm).name;
     for (GpuLayer& g : layers_) {
         if (g.moe) continue;  // (a MoE model is never split)
         for (GpuMatrix* m : {&g.o, &g.down})

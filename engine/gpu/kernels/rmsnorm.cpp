@@ -126,6 +126,25 @@ jit::KernelSpec rmsnorm_lsa_push_spec(const jit::KernelSpec& lsa_form) {
     return s;
 }
 
+RmsnormLsaSpecs rmsnorm_lsa_specs(int n, int peers, const std::string& nccl_include, bool push) {
+    RmsnormLsaSpecs s{
+        rmsnorm_lsa_spec(rmsnorm_spec(n, true, true, true, false, true), peers, nccl_include),
+        rmsnorm_lsa_spec(rmsnorm_spec(n, true, true, true, true, true), peers, nccl_include),
+        std::nullopt, std::nullopt};
+    if (push) {
+        s.push_post_prenorm = rmsnorm_lsa_push_spec(s.post_prenorm);
+        s.push_post_scale_prenorm = rmsnorm_lsa_push_spec(s.post_scale_prenorm);
+    }
+    return s;
+}
+
+std::vector<jit::KernelSpec> RmsnormLsaSpecs::all() const {
+    std::vector<jit::KernelSpec> out = {post_prenorm, post_scale_prenorm};
+    for (const auto& p : {push_post_prenorm, push_post_scale_prenorm})
+        if (p) out.push_back(*p);
+    return out;
+}
+
 std::vector<jit::KernelSpec> RmsnormBf16InputSpecs::all() const {
     std::vector<jit::KernelSpec> out = {post_prenorm[0], post_prenorm[1], post_scale_prenorm[0],
                                         post_scale_prenorm[1]};

@@ -64,4 +64,15 @@ jit::KernelSpec rmsnorm_lsa_spec(const jit::KernelSpec& fp32_form, int peers,
 // std::invalid_argument for another form.
 jit::KernelSpec rmsnorm_lsa_push_spec(const jit::KernelSpec& lsa_form);
 
+// The two decode post-norms of a split, n wide, in the form that sums the `peers` ranks' products
+// (rmsnorm_lsa_spec, against the NCCL headers in `nccl_include`), and with `push` their push
+// forms (rmsnorm_lsa_push_spec): what a load and a planned split (`kernels --tp`) both add.
+struct RmsnormLsaSpecs {
+    jit::KernelSpec post_prenorm;        // post_attention_norm + ffn_norm, Q8_1
+    jit::KernelSpec post_scale_prenorm;  // post_ffw_norm * layer_output_scale + next pre-norm
+    std::optional<jit::KernelSpec> push_post_prenorm, push_post_scale_prenorm;
+    std::vector<jit::KernelSpec> all() const;
+};
+RmsnormLsaSpecs rmsnorm_lsa_specs(int n, int peers, const std::string& nccl_include, bool push);
+
 }  // namespace gj::gemma4
