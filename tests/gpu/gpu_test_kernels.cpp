@@ -35,18 +35,6 @@ namespace ggml = gj::ggml;
 
 namespace {
 
-std::vector<float> interleave(const Q81& q) {
-    std::vector<float> ds;
-    for (size_t i = 0; i < q.d.size(); ++i) ds.push_back(q.d[i]), ds.push_back(q.s[i]);
-    return ds;
-}
-
-bool all_finite(const std::vector<float>& v) {
-    for (float f : v)
-        if (!std::isfinite(f)) return false;
-    return true;
-}
-
 // A matvec spec with its launch constants overridden (name extended so it stays unique), for
 // every entry: the GeGLU's own shape (GEGLU_*) goes.
 KernelSpec matvec_variant(ggml::Type t, int k, int ncols, MatvecLayout layout, int threads,

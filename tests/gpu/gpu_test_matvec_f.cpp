@@ -24,12 +24,6 @@ namespace ggml = gj::ggml;
 
 namespace {
 
-bool all_finite(const std::vector<float>& v) {
-    for (float f : v)
-        if (!std::isfinite(f)) return false;
-    return true;
-}
-
 // The plan's spec, or with THREADS / ROWS / UNROLL overridden (0 keeps the plan's value).
 KernelSpec matvec_f_variant(ggml::Type t, int k, int ncols, int threads, int rows, int unroll) {
     KernelSpec s = gj::gemma4::matvec_f_spec(t, k, ncols);

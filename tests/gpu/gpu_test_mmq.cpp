@@ -40,12 +40,6 @@ namespace ggml = gj::ggml;
 
 namespace {
 
-std::vector<float> interleave(const Q81& q) {
-    std::vector<float> ds;
-    for (size_t i = 0; i < q.d.size(); ++i) ds.push_back(q.d[i]), ds.push_back(q.s[i]);
-    return ds;
-}
-
 // Output buffers start as this NaN pattern; what lies past the output must keep it.
 constexpr uint32_t kSentinel = 0x7fbadbadu;
 constexpr size_t kGuardWords = 256;

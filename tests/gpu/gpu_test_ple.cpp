@@ -18,12 +18,6 @@ using gj::jit::KernelSpec;
 
 namespace {
 
-bool all_finite(const std::vector<float>& v) {
-    for (float f : v)
-        if (!std::isfinite(f)) return false;
-    return true;
-}
-
 struct Shape {
     int layers, p, T;
 };

@@ -224,9 +224,9 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     EXPECT_TRUE(q5_pure.count("embed_rows.q5_k.n2560.v262144.split"));
     EXPECT_TRUE(q5_pure.count("matvec_q5_k.k2560.split"));
     EXPECT_FALSE(q5_pure.count("embed_rows.q5_k.n2560.v262144"));
-    // A split K-quant spec holds its repack entry and the split shapes Q4_0 had before its
-    // H200 re-measure (128 threads over 2 rows below k 8192; 32 over 1 row above, also where
-    // split Q4_0 takes 2 rows of a Tall matrix).
+    // A split K-quant spec holds its repack entry and its sweep's shapes (matvec.cpp): below k
+    // 8192 split Q4_K takes Q4_0's (64 threads over 4 rows, the GeGLU 128 over 2), Q5_K / Q6_K
+    // 128 threads over 2 rows; from k 8192 32 threads over 1 row, 2 rows in a Tall matrix.
     const auto q4_0 = matvec_spec(ggml::Type::Q4_0, 2560, 1, MatvecLayout::Split);
     EXPECT_EQ(spec_constant(q4_0, "THREADS"), 64);
     EXPECT_EQ(spec_constant(q4_0, "ROWS"), 4);
@@ -238,13 +238,20 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
         EXPECT_EQ(s.name, "matvec_" + ggml::type_name(t) + ".k2560.split");
         EXPECT_EQ(spec_constant(s, "LAYOUT"), 1);
         EXPECT_EQ(s.entries.back(), "repack_" + ggml::type_name(t));
-        EXPECT_EQ(spec_constant(s, "THREADS"), 128);
-        EXPECT_EQ(spec_constant(s, "ROWS"), 2);
-        EXPECT_EQ(spec_constant(s, "UNROLL"), 2);
+        const bool q4_k = t == ggml::Type::Q4_K;
+        EXPECT_EQ(spec_constant(s, "THREADS"), q4_k ? 64 : 128);
+        EXPECT_EQ(spec_constant(s, "ROWS"), q4_k ? 4 : 2);
+        EXPECT_EQ(spec_constant(s, "UNROLL"), q4_k ? 1 : 2);
+        const auto geglu = gj::gemma4::matvec_launch(s, true);
+        EXPECT_EQ(geglu.threads, 128u);
+        EXPECT_EQ(geglu.rows, 2u);
         const auto tall = matvec_spec(t, 21504, 1, MatvecLayout::Split, 5376);
-        EXPECT_EQ(tall.name, "matvec_" + ggml::type_name(t) + ".k21504.split") << "no .tall form";
+        EXPECT_EQ(tall.name, "matvec_" + ggml::type_name(t) + ".k21504.split.tall");
         EXPECT_EQ(spec_constant(tall, "THREADS"), 32);
-        EXPECT_EQ(spec_constant(tall, "ROWS"), 1);
+        EXPECT_EQ(spec_constant(tall, "ROWS"), 2);
+        const auto long_rows = matvec_spec(t, 21504, 1, MatvecLayout::Split, 4096);
+        EXPECT_EQ(long_rows.name, "matvec_" + ggml::type_name(t) + ".k21504.split");
+        EXPECT_EQ(spec_constant(long_rows, "ROWS"), 1);
     }
     EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Split, 10240, 2560), 10240u * 10 * 148);
     EXPECT_EQ(matrix_bytes(ggml::Type::Q4_K, MatvecLayout::Ggml, 10240, 2560), 10240u * 10 * 144);

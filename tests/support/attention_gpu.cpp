@@ -15,10 +15,6 @@ using gemma4::spec_constant;
 using jit::DeviceBuffer;
 using jit::KernelSpec;
 
-bool all_finite(const std::vector<float>& v) {
-    return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
-}
-
 size_t plane_bytes(KvType kv, size_t elems) {
     return kv == KvType::Q8_0 ? elems + elems / 16 : 2 * elems;
 }

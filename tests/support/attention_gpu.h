@@ -15,10 +15,9 @@
 #include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/kv_type.h"
 #include "jit/device.h"
+#include "tests/support/kernel_ref.h"  // all_finite
 
 namespace gj::test::kref {
-
-bool all_finite(const std::vector<float>& v);
 
 // Bytes of a cache plane of `elems` elements (q8_0: int8 payload + an fp16 scale per 32).
 size_t plane_bytes(gemma4::KvType kv, size_t elems);

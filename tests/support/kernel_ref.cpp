@@ -437,4 +437,14 @@ std::vector<int> topk(const std::vector<float>& v, int k) {
     return idx;
 }
 
+std::vector<float> interleave(const Q81& q) {
+    std::vector<float> ds;
+    for (size_t i = 0; i < q.d.size(); ++i) ds.push_back(q.d[i]), ds.push_back(q.s[i]);
+    return ds;
+}
+
+bool all_finite(const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float f) { return std::isfinite(f); });
+}
+
 }  // namespace gj::test::kref

@@ -19,6 +19,11 @@ struct Q81 {
     std::vector<float> d, s;
 };
 Q81 quantize_q8_1(const float* x, size_t n);
+// The d|s pairs of every 32-block in the interleaved order the kernels read them.
+std::vector<float> interleave(const Q81& q);
+
+// No NaN or inf in v.
+bool all_finite(const std::vector<float>& v);
 
 // x / sqrt(mean(x^2) + eps) [* w] [+ residual] per row of n (w and residual may be null);
 // accumulated in double.
