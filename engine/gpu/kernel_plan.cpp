@@ -140,12 +140,13 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     };
     // n: the matrix's rows (single-column shapes of some types depend on them).
     // ple: a PLE gate or projection (its single-column spec has the entry making its input).
+    auto matvec_of = [&](ggml::Type t, int k, int ncols, int n, PleInput ple = PleInput::None) {
+        return with_decode_prefetch(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple),
+                                    types.decode_prefetch);
+    };
     auto add_matvec = [&](ggml::Type t, int k, int n, PleInput ple = PleInput::None) {
         if (!fits(t, k)) return;
-        for (int ncols : col_counts)
-            add(with_decode_prefetch(
-                matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple),
-                types.decode_prefetch));
+        for (int ncols : col_counts) add(matvec_of(t, k, ncols, n, ple));
     };
 
     // Embedding gathers: token_embd (d wide) and the PLE table (L * P wide). A K-quant
@@ -212,11 +213,7 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
             const int l = static_cast<int>(i), ffn = cfg.layers[i].ffn_dim;
             for (int k : {cfg.q_dim(l), ffn})
                 if (k > 0 && fits(types.matmul, k))
-                    add(matvec_push_spec(
-                        with_decode_prefetch(
-                            matvec_spec(types.matmul, k, 1, layout_of(types.matmul), d),
-                            types.decode_prefetch),
-                        types.push_ranks));
+                    add(matvec_push_spec(matvec_of(types.matmul, k, 1, d), types.push_ranks));
         }
     if (cfg.has_ple()) {  // the PLE gate (d -> P) and projection (P -> d)
         widths.insert({d, cfg.ple_dim});

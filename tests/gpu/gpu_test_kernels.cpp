@@ -717,7 +717,9 @@ TEST(MatvecBench, DISABLED_E4bFfnShapes) {
     for (auto t : types)
         for (auto layout : {MatvecLayout::Ggml, MatvecLayout::Split}) {
             if (!su::has_split(t) && layout == MatvecLayout::Split) continue;
-            if (layout_only == (layout == MatvecLayout::Split ? "ggml" : "split")) continue;
+            if (!layout_only.empty() &&
+                layout_only != (layout == MatvecLayout::Split ? "split" : "ggml"))
+                continue;
             for (const auto& sh : shapes) {
                 for (const auto& c : cfgs)
                     specs.push_back(

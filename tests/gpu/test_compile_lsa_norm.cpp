@@ -26,6 +26,7 @@ namespace fs = std::filesystem;
 using gj::gemma4::Config;
 using gj::gemma4::rmsnorm_lsa_push_spec;
 using gj::gemma4::rmsnorm_lsa_spec;
+using gj::gemma4::rmsnorm_lsa_specs;
 using gj::gemma4::rmsnorm_spec;
 using gj::test::compile_and_check;
 using gj::test::entry_ptx;
@@ -68,13 +69,18 @@ void write(const fs::path& p, const std::string& text) {
     std::ofstream(p) << text;
 }
 
+// Why this machine cannot compile against NCCL's device headers (empty: it can).
+std::string missing_headers(const std::vector<std::string>& dirs) {
+    if (dirs.empty()) return "no NCCL 2.28.3/2.28.7/2.28.9 device headers (nccl_device.h) here";
+    if (gj::jit::cuda_include_dir().empty()) return "no CUDA headers (cuda_fp16.h)";
+    return "";
+}
+
 }  // namespace
 
 TEST(LsaPostNorms, CompileAgainstNcclDeviceHeaders) {
     const auto dirs = local_nccl_headers();
-    if (dirs.empty())
-        GTEST_SKIP() << "no NCCL 2.28.3/2.28.7/2.28.9 device headers (nccl_device.h) here";
-    if (gj::jit::cuda_include_dir().empty()) GTEST_SKIP() << "no CUDA headers (cuda_fp16.h)";
+    if (const std::string why = missing_headers(dirs); !why.empty()) GTEST_SKIP() << why;
     std::vector<gj::jit::KernelSpec> specs;
     // Both post-norms at every split preset's width over 2 GPUs, and the widest over 4 and 8
     // (libcu++'s headers make each compile a few seconds), against the first release's headers;
@@ -88,10 +94,8 @@ TEST(LsaPostNorms, CompileAgainstNcclDeviceHeaders) {
         if (cfg.is_moe()) continue;
         for (int peers : {2, 4, 8}) {
             if (peers > 2 && cfg.d_model != 5376) continue;
-            specs.push_back(rmsnorm_lsa_spec(
-                rmsnorm_spec(cfg.d_model, true, true, true, false, true), peers, *dir));
-            specs.push_back(rmsnorm_lsa_spec(
-                rmsnorm_spec(cfg.d_model, true, true, true, true, true), peers, *dir));
+            for (auto& s : rmsnorm_lsa_specs(cfg.d_model, peers, *dir, false).all())
+                specs.push_back(std::move(s));
         }
     }
     std::sort(specs.begin(), specs.end(),
@@ -119,18 +123,16 @@ TEST(LsaPostNorms, CompileAgainstNcclDeviceHeaders) {
 // addresses.
 TEST(LsaPostNorms, PushFormsCompileAgainstNcclDeviceHeaders) {
     const auto dirs = local_nccl_headers();
-    if (dirs.empty())
-        GTEST_SKIP() << "no NCCL 2.28.3/2.28.7/2.28.9 device headers (nccl_device.h) here";
-    if (gj::jit::cuda_include_dir().empty()) GTEST_SKIP() << "no CUDA headers (cuda_fp16.h)";
+    if (const std::string why = missing_headers(dirs); !why.empty()) GTEST_SKIP() << why;
     std::vector<gj::jit::KernelSpec> specs;
     for (const auto& v : Config::preset_names()) {
         const Config cfg = Config::preset(v);
         if (cfg.is_moe()) continue;
         for (int peers : {2, 8}) {
             if (peers > 2 && cfg.d_model != 5376) continue;
-            for (bool scale : {false, true})
-                specs.push_back(rmsnorm_lsa_push_spec(rmsnorm_lsa_spec(
-                    rmsnorm_spec(cfg.d_model, true, true, true, scale, true), peers, dirs[0])));
+            const auto s = rmsnorm_lsa_specs(cfg.d_model, peers, dirs[0], true);
+            specs.push_back(*s.push_post_prenorm);
+            specs.push_back(*s.push_post_scale_prenorm);
         }
     }
     std::sort(specs.begin(), specs.end(), [](auto& a, auto& b) { return a.name < b.name; });
