@@ -19,6 +19,9 @@
 //            once for all of them
 //   UNROLL   loop iterations whose loads are issued together (bytes in flight per thread)
 //   MULTI    1: also the <name>_multi entry (not where it would spill: batched split K-quants)
+//   MULTI_V  1 (Q4_K / Q5_K, NCOLS 1): the module holds only <name>_multi, its third matrix read
+//            as Q6_K (matvec_q6_k.cuh) in this spec's launch shape: the Q, K and V of an _M
+//            mix's layers that keep V in Q6_K, in one launch
 //   PLE_IN   1: also the _norm_in entry (matvec_f: _gelu_mul_norm_in), a PLE gate's single-column
 //            spec; NORM_TPR: the TPR of the rmsnorm spec of width K, whose sum order it repeats.
 //            2: also the _gelu_in entry, a quantized PLE projection's
@@ -95,6 +98,9 @@
 #endif
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0
+#endif
+#ifndef MULTI_V
+#define MULTI_V 0
 #endif
 #ifndef PUSH
 #define PUSH 0
@@ -429,12 +435,27 @@ GJ_DEVICE bool gj_moe_group(const int4* groups, const int* n_groups, const int* 
 // matrices of this spec (same K, layout and type) sharing one input, in one launch: the first
 // ceil(n0 / ROWS) blocks take W0, the next ceil(n1 / ROWS) W1, the rest W2 (n2 may be 0). A
 // layer's Q, K and V projections: one grid deep enough to fill the GPU, one dependent launch.
-#define GJ_MATVEC_MULTI_ENTRY(NAME, F)                                                          \
+// FV: the traits of the third matrix (F, or with MULTI_V the Q6_K of an _M mix's V), read in
+// this spec's launch shape.
+template <class A, class B>
+struct gj_same_traits {
+    static constexpr bool value = false;
+};
+template <class A>
+struct gj_same_traits<A, A> {
+    static constexpr bool value = true;
+};
+#define GJ_MATVEC_MULTI_ENTRY(NAME, F, FV)                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS)                                       \
         NAME(const void* w0, const void* w1, const void* w2, const int8* xq, const float2* xds, \
              float* y0, float* y1, float* y2, int n0, int n1, int n2) {                         \
         const int b0 = (n0 + ROWS - 1) / ROWS, b1 = (n1 + ROWS - 1) / ROWS;                     \
         int b = blockIdx.x;                                                                     \
+        if (!gj_same_traits<F, FV>::value && b >= b0 + b1) {                                    \
+            gj_matvec<FV, gj_epi_store>((const uint8*)w2, nullptr, xq, xds, nullptr, y2, n2,    \
+                                        gj_cols_dense(), b - b0 - b1);                          \
+            return;                                                                             \
+        }                                                                                       \
         const void* w = w0;                                                                     \
         float* y = y0;                                                                          \
         int n = n0;                                                                             \
@@ -629,13 +650,15 @@ static_assert(PLE_IN == 0 || NCOLS == 1, "matvec: the PLE_IN entries take one co
 
 #if PUSH
 #define GJ_MATVEC_ENTRIES(NAME, F) GJ_MATVEC_PUSH_ENTRY(NAME##_push, F)
+#elif MULTI_V
+#define GJ_MATVEC_ENTRIES(NAME, F) GJ_MATVEC_MULTI_ENTRY(NAME##_multi, F, gj_q6_k)
 #elif MOE
 #define GJ_MATVEC_ENTRIES(NAME, F)                         \
     GJ_MATVEC_MOE_ENTRY(NAME##_moe, F, gj_epi_store, int8) \
     GJ_MATVEC_MOE_ENTRY(NAME##_moe_geglu, F, gj_epi_geglu, int8)
 #else
 #if MULTI
-#define GJ_MATVEC_MULTI_IF(NAME, F) GJ_MATVEC_MULTI_ENTRY(NAME, F)
+#define GJ_MATVEC_MULTI_IF(NAME, F) GJ_MATVEC_MULTI_ENTRY(NAME, F, F)
 #else
 #define GJ_MATVEC_MULTI_IF(NAME, F)
 #endif

@@ -1,7 +1,7 @@
 // matvec_q4_k: decode matvec for Q4_K weights against Q8_1 activations, with dp4a. Constants,
 // launch and entry points: see matvec_common.cuh (K a multiple of 256, LAYOUT, THREADS, ROWS,
 // NCOLS, UNROLL). Entries: matvec_q4_k, matvec_q4_k_add, matvec_q4_k_geglu, and with LAYOUT=1
-// also repack_q4_k.
+// also repack_q4_k; with MULTI_V only matvec_q4_k_multi, whose third matrix is Q6_K.
 //
 // LAYOUT 0: the GGUF super-blocks in place (traits and unit layout: matvec_kquant_min.cuh; block
 // layout: kquant.cuh).
@@ -19,6 +19,9 @@
 // the layout branches.)
 #include "kquant.cuh"
 #include "matvec_common.cuh"
+#if MULTI_V
+#include "matvec_q6_k.cuh"  // the third matrix of the multi entry
+#endif
 
 #if LAYOUT == 0
 #include "matvec_kquant_min.cuh"

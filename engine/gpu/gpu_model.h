@@ -164,6 +164,10 @@ struct GpuLayer {
     // copies lie side by side in the layer's scratch (Q, K, then V; no V on k_eq_v layers), so
     // one product over q.rows + k.rows (+ v.rows) weight rows writes each token's Q|K|V row.
     bool qkv_one_product = false;
+    // Decode's Q, K and V in one launch where V's type differs from Q's and K's (an _M mix's
+    // Q4_K / Q5_K layer keeping V in Q6_K): the multi entry reading V in its own type
+    // (matvec_multi_v_spec); empty otherwise (one spec for all three, or three launches).
+    std::string spec_qkv_multi_v;
     int qkv_rows() const { return q.rows + k.rows + (v.present() ? v.rows : 0); }
     std::string attn_prep_spec, flash_spec;
     // Tensor-core prefill attention (GEMMAJIT_FLASH_PREFILL; not for a q8_0 KV cache); empty:

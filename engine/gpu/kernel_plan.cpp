@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -215,6 +217,15 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
                 if (k > 0 && fits(types.matmul, k))
                     add(matvec_push_spec(matvec_of(types.matmul, k, 1, d), types.push_ranks));
         }
+    // Layers whose V is stored in another type than Q and K (an _M mix's Q6_K attn_v) run their
+    // decode Q, K and V in one launch of the mixed multi spec (GpuModel plans it per layer).
+    if (types.other_v && has_multi_v(types.matmul, *types.other_v) && fits(types.matmul, d))
+        for (size_t i = 0; i < cfg.layers.size(); ++i)
+            if (cfg.layers[i].has_kv && cfg.layers[i].has_v_proj) {
+                const jit::KernelSpec q = matvec_of(types.matmul, d, 1, cfg.q_dim(int(i)));
+                if (spec_has_entry(q, q.family + "_multi"))
+                    add(matvec_multi_v_spec(q, *types.other_v));
+            }
     if (cfg.has_ple()) {  // the PLE gate (d -> P) and projection (P -> d)
         widths.insert({d, cfg.ple_dim});
         add_matvec(types.matmul, d, cfg.ple_dim, PleInput::Gate);
@@ -348,9 +359,18 @@ std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, Pl
     const std::vector<ggml::Type> types = mix_types(mix, in, cfg.n_layers);
     auto upload = [](ggml::Type t) { return has_matvec(t) ? t : ggml::Type::F16; };
     std::set<ggml::Type> matrix_types;
+    std::map<std::string, ggml::Type> layer_q;  // "blk.<l>." -> attn_q's type
+    std::map<ggml::Type, ggml::Type> other_v;   // Q's type -> a V type some layer pairs with it
     PlanTypes p = base;
     for (size_t i = 0; i < specs.size(); ++i) {
         const ggml::Type t = upload(types[i]);
+        const std::string& name = specs[i].name;
+        if (name.ends_with(".attn_q.weight"))
+            layer_q[name.substr(0, name.size() - std::strlen("attn_q.weight"))] = t;
+        if (name.ends_with(".attn_v.weight")) {
+            const auto q = layer_q.find(name.substr(0, name.size() - std::strlen("attn_v.weight")));
+            if (q != layer_q.end() && q->second != t) other_v[q->second] = t;
+        }
         if (specs[i].name == "token_embd.weight")
             p.token_embd = t;
         else if (specs[i].name == "per_layer_token_embd.weight")
@@ -364,6 +384,8 @@ std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, Pl
     std::vector<PlanTypes> out;
     for (ggml::Type t : matrix_types) {
         p.matmul = t;
+        const auto v = other_v.find(t);
+        p.other_v = v != other_v.end() ? std::optional(v->second) : std::nullopt;
         out.push_back(p);
     }
     return out;

@@ -3,6 +3,7 @@
 // engine/gpu/kernels/.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct PlanTypes {
     int push_ranks = 0;          // > 1: a rank of that many whose row-parallel decode products
                                  // (attention output, FFN down) also take their push form
                                  // (matvec_push_spec; GEMMAJIT_TP_PUSH)
+    // The type some layers keep V in while their Q and K are `matmul` (an _M mix's Q6_K attn_v
+    // tensors): where has_multi_v takes the pair, the decode multi spec that reads it
+    // (matvec_multi_v_spec).
+    std::optional<ggml::Type> other_v = std::nullopt;
 };
 // How prefill chunks multiply Q8_0/Q4_0 layer matrices (GEMMAJIT_MMQ_VARIANT).
 enum class QuantPrefill {
@@ -97,7 +102,8 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const QuantMix& mix,
                                                PlanTypes base);
 // The PlanTypes that plan builds on, one per matrix type of the mix (each with the embedding and
-// PLE types the mix gives them).
+// PLE types the mix gives them, and other_v where the mix stores some layers' V in another type
+// than their Q and K).
 std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, PlanTypes base);
 
 // The decode forms of a tensor-parallel split that compile against NCCL's device headers

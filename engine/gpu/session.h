@@ -144,6 +144,7 @@ class GpuSession {
         uint64_t moe_route_group = 0;   // MoE routings grouped by the same launch (decode)
         uint64_t attn_q8 = 0;         // attention outputs quantized by flash_combine (no quantize)
         uint64_t qkv_fused = 0;       // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
+        uint64_t qkv_multi_v = 0;     // ... of them, those whose V is read in its own type
         uint64_t qkv_merged = 0;      // Q, K and V prefill products as one cuBLAS product
         uint64_t ple_gate_fused = 0;  // PLE gates with their GeLU product (GEMMAJIT_FUSE_PLE)
         uint64_t ple_input = 0;       // PLE gates / projections making their own input (PLE_INPUT)
@@ -300,7 +301,8 @@ class GpuSession {
                const char* what, bool partials_ok = false);
     // Whether layer g's Q, K and V products over T rows run as one launch of the `_multi` matvec
     // entry (GEMMAJIT_FUSE_QKV): all three (two without V) are matvecs of one spec, in one
-    // column group; then matvec_qkv enqueues it, writing q, k_raw and v_raw.
+    // column group, or a decode step's of a layer with spec_qkv_multi_v (V in its own type);
+    // then matvec_qkv enqueues it, writing q, k_raw and v_raw.
     bool fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) const;
     void matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T);
     // Whether layer g's Q, K and V products over T rows are one cuBLAS product over their

@@ -208,9 +208,24 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
 
         auto small = load_gpu(path, 256, 4, f);
         GpuSession d(*small);
-        expect_agree(ref, decode_logits(d, tokens), V, kTolQuant,
-                     std::string(mix.name) + " decode steps vs CPU");
+        const auto decoded = decode_logits(d, tokens);
+        expect_agree(ref, decoded, V, kTolQuant, std::string(mix.name) + " decode steps vs CPU");
         EXPECT_EQ(d.graph_launches(), uint64_t(tokens.size() - 1));
+        // The _M mixes' layers that keep V in Q6_K still run Q, K and V as one decode launch.
+        uint64_t multi_v = 0;
+        for (const auto& g : small->layers()) multi_v += !g.spec_qkv_multi_v.empty();
+        if (mix.matrices == ggml::Type::Q6_K) {
+            EXPECT_EQ(multi_v, 0u) << "a pure file has no layer whose V differs";
+        } else {
+            EXPECT_GT(multi_v, 0u) << "no layer pairs Q6_K V with " << mix.name << "'s Q and K";
+            EXPECT_GE(d.path_counts().qkv_multi_v, multi_v)
+                << "a layer with a Q6_K V ran its decode Q, K and V apart";
+            auto apart = load_gpu(path, 256, 4, flags({{"GEMMAJIT_FUSE_QKV", "0"}}));
+            GpuSession three(*apart);
+            expect_agree(decoded, decode_logits(three, tokens), V, kTolQuant,
+                         std::string(mix.name) + " decode: one Q|K|V launch vs three");
+            EXPECT_EQ(three.path_counts().qkv_multi_v, 0u);
+        }
 
         const auto no_blas = flags({{"GEMMAJIT_BLAS", "0"}});
         auto batched = load_gpu(path, 256, 64, no_blas);

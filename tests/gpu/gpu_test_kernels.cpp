@@ -25,6 +25,7 @@
 #include "engine/gpu/kernels/spec_util.h"
 #include "tests/support/kernel_ref.h"
 #include "tests/support/kernel_ref_gpu.h"
+#include "tests/support/matvec_gpu.h"
 #include "tests/support/test_env.h"
 
 using namespace gj::test::kref;
@@ -34,39 +35,6 @@ using gj::jit::KernelSpec;
 namespace ggml = gj::ggml;
 
 namespace {
-
-// A matvec spec with its launch constants overridden (name extended so it stays unique), for
-// every entry: the GeGLU's own shape (GEGLU_*) goes.
-KernelSpec matvec_variant(ggml::Type t, int k, int ncols, MatvecLayout layout, int threads,
-                          int rows, int unroll) {
-    KernelSpec s = gj::gemma4::matvec_spec(t, k, ncols, layout);
-    std::erase_if(s.constants, [](const auto& c) { return c.first.starts_with("GEGLU_"); });
-    for (auto& [name, value] : s.constants) {
-        if (name == "THREADS") value = threads;
-        if (name == "ROWS") value = rows;
-        if (name == "UNROLL") value = unroll;
-    }
-    s.name += ".t" + std::to_string(threads) + ".r" + std::to_string(rows) + ".u" +
-              std::to_string(unroll);
-    return s;
-}
-
-// Uploads ggml blocks, and for the split layout repacks them on the GPU (checking the repack
-// against the CPU's) and returns the repacked buffer.
-DeviceBuffer weights_on_device(const GpuKernels& g, const KernelSpec& spec, ggml::Type t,
-                               const std::vector<uint8_t>& blocks, int n, int k,
-                               MatvecLayout layout) {
-    DeviceBuffer src = to_device(blocks);
-    if (layout == MatvecLayout::Ggml) return src;
-    const size_t bytes = gj::gemma4::matrix_bytes(t, layout, n, k);
-    DeviceBuffer dst(bytes + 16);
-    const size_t n_blocks = size_t(n) * (k / 32);  // one repack thread per 32 elements
-    const std::string entry = "repack_" + ggml::type_name(t);
-    launch(g.get(spec.name, entry), {ceil_div(n_blocks, 256)}, {256}, src.ptr(), dst.ptr(), n);
-    EXPECT_EQ(from_device<uint8_t>(dst, bytes), split_layout(t, blocks, n, k))
-        << spec.name << ": GPU repack differs from the CPU split layout";
-    return dst;
-}
 
 struct MatvecCase {
     ggml::Type type;

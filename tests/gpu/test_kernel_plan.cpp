@@ -275,6 +275,68 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     EXPECT_THROW(gj::gemma4::repack_entry(ggml::Type::F16), std::invalid_argument);
 }
 
+// An _M mix's layers that keep V in Q6_K while Q and K are Q4_K / Q5_K run their decode Q, K and V
+// in one launch: the plan of the mix holds Q's decode spec in its mixed multi form, the multi
+// entry alone in Q's launch shape; a pure file, whose V is Q and K's type, does not.
+TEST(KernelPlan, MixedLayersPlanTheirQkvMultiWithAQ6KV) {
+    using gj::gemma4::matvec_multi_v_spec;
+    using gj::gemma4::matvec_spec;
+    using gj::gemma4::spec_constant;
+    gj::gemma4::PlanTypes base{ggml::Type::Q8_0, ggml::Type::Q8_0, ggml::Type::Q8_0,
+                               ggml::Type::Q8_0};
+    struct Want {
+        const char *variant, *mix, *spec, *plain;
+    };
+    for (const Want& w :
+         {Want{"e4b", "q4_k_m", "matvec_q4_k.k2560.split.v_q6_k", "matvec_q4_k.k2560.split"},
+          Want{"12b", "q4_k_m", "matvec_q4_k.k3840.split.v_q6_k", "matvec_q4_k.k3840.split"},
+          Want{"31b", "q5_k_m", "matvec_q5_k.k5376.split.v_q6_k", "matvec_q5_k.k5376.split"},
+          Want{"e2b", "q5_k_m", "matvec_q5_k.k1536.split.v_q6_k", "matvec_q5_k.k1536.split"}}) {
+        SCOPED_TRACE(std::string(w.variant) + " " + w.mix);
+        const auto mix = *gj::gemma4::quant_mix_from_name(w.mix);
+        const auto types = gj::gemma4::mix_plan_types(Config::preset(w.variant), mix, base);
+        int with_v = 0;
+        for (const auto& t : types) {
+            const bool qk = t.matmul == ggml::Type::Q4_K || t.matmul == ggml::Type::Q5_K;
+            EXPECT_EQ(t.other_v.has_value(), qk) << ggml::type_name(t.matmul);
+            with_v += t.other_v == ggml::Type::Q6_K;
+        }
+        EXPECT_EQ(with_v, 1);
+        const auto plan = build_kernel_plan(Config::preset(w.variant), mix, base);
+        const auto multi =
+            std::find_if(plan.begin(), plan.end(), [&](const auto& s) { return s.name == w.spec; });
+        const auto plain = std::find_if(plan.begin(), plan.end(),
+                                        [&](const auto& s) { return s.name == w.plain; });
+        ASSERT_NE(multi, plan.end());
+        ASSERT_NE(plain, plan.end());
+        EXPECT_EQ(multi->entries, std::vector<std::string>{plain->family + "_multi"});
+        EXPECT_EQ(spec_constant(*multi, "MULTI_V"), 1);
+        for (const char* c : {"THREADS", "ROWS", "UNROLL", "LAYOUT", "L2_PREFETCH"})
+            EXPECT_EQ(spec_constant(*multi, c), spec_constant(*plain, c)) << c;
+        int mixed = 0;
+        for (const auto& s : plan) mixed += s.name.find(".v_") != std::string::npos;
+        EXPECT_EQ(mixed, 1);
+        // Pure files: one type for Q, K and V.
+        const std::string pure = std::string(w.mix).substr(0, 4);
+        for (const auto& s : build_kernel_plan(Config::preset(w.variant),
+                                               *gj::gemma4::quant_mix_from_name(pure), base))
+            EXPECT_EQ(s.name.find(".v_"), std::string::npos) << pure << ": " << s.name;
+    }
+    // Only a single-column Q4_K / Q5_K spec with a multi entry, only a Q6_K V.
+    const auto q4_k = matvec_spec(ggml::Type::Q4_K, 2560, 1, MatvecLayout::Split);
+    EXPECT_EQ(matvec_multi_v_spec(q4_k, ggml::Type::Q6_K).name, "matvec_q4_k.k2560.split.v_q6_k");
+    EXPECT_THROW(matvec_multi_v_spec(q4_k, ggml::Type::Q4_K), std::invalid_argument);
+    EXPECT_THROW(matvec_multi_v_spec(matvec_spec(ggml::Type::Q4_0, 2560, 1, MatvecLayout::Split),
+                                     ggml::Type::Q6_K),
+                 std::invalid_argument);
+    EXPECT_THROW(matvec_multi_v_spec(matvec_spec(ggml::Type::Q4_K, 2560, 8, MatvecLayout::Split),
+                                     ggml::Type::Q6_K),
+                 std::invalid_argument);
+    EXPECT_TRUE(gj::gemma4::has_multi_v(ggml::Type::Q5_K, ggml::Type::Q6_K));
+    EXPECT_FALSE(gj::gemma4::has_multi_v(ggml::Type::Q6_K, ggml::Type::Q6_K));
+    EXPECT_FALSE(gj::gemma4::has_multi_v(ggml::Type::Q4_0, ggml::Type::Q8_0));
+}
+
 // The 32-block fallbacks of K-quant files (Q4_1, Q5_0, Q5_1) have the split layout too, in the
 // files' own bytes, with split Q4_0's decode shapes; their experts are split (the 26B-A4B's
 // 704-wide expert down of a Q4_K_M file is Q5_0), without the grouped int8 GEMM.

@@ -208,8 +208,11 @@ TEST(ShardPlan, KernelPlanOfTheShards) {
           "matvec_q4_0.k4096.split.push2", "matvec_q4_0.k8192.split.tall.push2",
           "matvec_q4_0.k10752.split.tall.push2"})
         EXPECT_TRUE(fused_names.count(want)) << want;
-    for (const auto& s : fused)
-        if (s.name.find(".lsa2") != std::string::npos) EXPECT_EQ(s.nccl_include, "/nccl/include");
+    for (const auto& s : fused) {
+        if (s.name.find(".lsa2") != std::string::npos) {
+            EXPECT_EQ(s.nccl_include, "/nccl/include");
+        }
+    }
     EXPECT_EQ(fused_names.size(), names.size() + 7);
     const auto pulled =
         names_of(gj::gemma4::build_kernel_plan(plan_shards(cfg, 2), std::vector{types}, &pull));

@@ -358,6 +358,31 @@ jit::KernelSpec matvec_push_spec(jit::KernelSpec s, int ranks) {
     return s;
 }
 
+bool has_multi_v(ggml::Type qk, ggml::Type v) {
+    return (qk == ggml::Type::Q4_K || qk == ggml::Type::Q5_K) && v == ggml::Type::Q6_K;
+}
+
+jit::KernelSpec matvec_multi_v_spec(jit::KernelSpec s, ggml::Type v) {
+    const bool multi = std::any_of(s.constants.begin(), s.constants.end(),
+                                   [](const auto& c) { return c.first == "MULTI"; });
+    const bool kquant_family = s.family == "matvec_q4_k" || s.family == "matvec_q5_k";
+    if (!multi || !kquant_family || spec_constant(s, "NCOLS") != 1)
+        throw std::invalid_argument(fmt::format(
+            "matvec: {} has no mixed multi form (a Q4_K / Q5_K decode spec with _multi has)",
+            s.name));
+    if (v != ggml::Type::Q6_K)
+        throw std::invalid_argument(
+            fmt::format("matvec: {}: no multi entry reads a {} V", s.name, ggml::type_name(v)));
+    // The module holds the multi entry alone: the other entries' constants go.
+    std::erase_if(s.constants, [](const auto& c) {
+        return c.first == "MULTI" || c.first.starts_with("GEGLU_");
+    });
+    s.name += fmt::format(".v_{}", ggml::type_name(v));
+    s.constants.push_back({"MULTI_V", 1});
+    s.entries = {s.family + "_multi"};
+    return s;
+}
+
 MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu) {
     auto get = [&](const char* name, const char* geglu_name) {
         for (const auto& [n, v] : spec.constants)

@@ -71,6 +71,16 @@ jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths);
 // several-column spec, or ranks outside 2..8.
 jit::KernelSpec matvec_push_spec(jit::KernelSpec s, int ranks);
 
+// Whether a layer whose Q and K are `qk` and whose V is `v` (another type) runs its three
+// products in one launch through matvec_multi_v_spec: the _M mixes' Q4_K / Q5_K layers that keep
+// V in Q6_K (llama.cpp's use-more-bits attn_v tensors, engine/model/quant_mix.h).
+bool has_multi_v(ggml::Type qk, ggml::Type v);
+// The mixed multi form of Q's single-column decode spec `s` (matvec_spec of a type has_multi_v
+// takes, with its _multi entry): ".v_<v type>", constant MULTI_V, the one entry "<family>_multi",
+// whose third matrix is read as `v` (same K and layout) in `s`'s launch shape. Throws
+// std::invalid_argument for another spec or type.
+jit::KernelSpec matvec_multi_v_spec(jit::KernelSpec s, ggml::Type v);
+
 // The launch shape of a matvec spec's entry: block `threads`, grid ceil(n_rows / rows); the
 // _geglu entry may take its own (the GEGLU_* constants), the others the spec's.
 struct MatvecLaunch {

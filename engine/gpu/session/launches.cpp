@@ -180,6 +180,7 @@ int GpuSession::matvec(const GpuMatrix& m, const GpuMatrix* up, Input in, CUdevi
 
 bool GpuSession::fused_qkv(const GpuLayer& g, const LayerConfig& lc, int T) const {
     if (!fuse_qkv_ || !lc.has_kv || chunk_products(T)) return false;
+    if (T == 1 && !g.spec_qkv_multi_v.empty()) return true;
     const std::string& spec = T == 1 ? g.q.spec_decode : g.q.spec_prefill;
     for (const GpuMatrix* m : {&g.q, &g.k, lc.has_v_proj ? &g.v : nullptr}) {
         if (!m) continue;
@@ -221,7 +222,10 @@ void GpuSession::blas_qkv(const GpuLayer& g, Input in, int T) {
 void GpuSession::matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, int T) {
     const Work& w = *w_;
     in = with_q8(in, T * g.q.cols);
-    const std::string& name = T == 1 ? g.q.spec_decode : g.q.spec_prefill;
+    const bool multi_v = T == 1 && !g.spec_qkv_multi_v.empty();
+    const std::string& name = multi_v  ? g.spec_qkv_multi_v
+                              : T == 1 ? g.q.spec_decode
+                                       : g.q.spec_prefill;
     const jit::KernelSpec& spec = model_.kernels().spec(name);
     const auto [threads, rows] = matvec_launch(spec, false);
     const GpuMatrix* v = lc.has_v_proj ? &g.v : nullptr;
@@ -235,6 +239,7 @@ void GpuSession::matvec_qkv(const GpuLayer& g, const LayerConfig& lc, Input in, 
     launch(model_.kernels().get(name, spec.family + "_multi"), {blocks}, {threads}, 0, args,
            name + " multi attn_q|k|v", LaunchCost{bytes, flops, WorkKind::Gemm});
     ++paths_.qkv_fused;
+    paths_.qkv_multi_v += multi_v;
 }
 
 bool GpuSession::fused_ple_gate(const GpuMatrix& gate, int T) const {
