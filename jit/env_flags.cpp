@@ -262,7 +262,9 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::Neutral,
          .default_value = "1",
          .help = "0: launch a layer's Q, K and V decode matvecs one by one (K and V on the side "
-                 "streams) instead of as one launch over the three matrices (same results)"},
+                 "streams) instead of as one launch over the three matrices (same results; a "
+                 "Q4_K_M / Q5_K_M layer's Q6_K V is read in Q's launch shape, so its last bits "
+                 "may differ)"},
         {.name = "GEMMAJIT_MERGE_QKV",
          .family = "path",
          .type = T::Bool,
