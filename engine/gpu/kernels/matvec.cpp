@@ -151,7 +151,10 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
         if (weight_type == ggml::Type::Q5_1 && moe) unroll = std::min(unroll, 2);
     }
     int threads_used = threads, rows = 1;
-    bool geglu_shape = false;  // the _geglu entry in 128 threads over 2 rows, 2-unit batches
+    // The _geglu entry's own launch shape (threads 0: the spec's).
+    struct {
+        int threads = 0, rows = 0, unroll = 0;
+    } geglu;
     if (kq_blocks && ncols == 1) {
         // Single-column K-quant decode, from an H100 sweep at the E4B shapes (GB/s of plain /
         // GeGLU, 10240 x 2560 and 2560 x 10240): short rows run more, smaller blocks (Q4_K
@@ -233,7 +236,14 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             threads_used = narrow ? 64 : 128;
             rows = narrow ? 4 : 2;
             unroll = narrow ? 1 : 2;
-            geglu_shape = narrow;  // the GeGLU keeps 128 x 2 (below)
+            // The GeGLU keeps 128 x 2 (above), except over rows of at most 64 units (E2B's
+            // d 1536: 48), where 128 threads left 80 idle: 32 x 4, one unit per batch (H200,
+            // tg128 whole model, 2026-11-30: E2B Q4_K_M 673.7 / 672.6 -> 724.3 / 725.4, E2B
+            // Q4_0 775.6 / 783.9 -> 819.5 / 826.2; 64 x 4 x 1 715.2 / 720.5 and 814.5 / 819.1,
+            // 64 x 2 x 2 701.8 / 704.1 and 770.2 / 771.4; at E4B's 80 units 32 x 4 lost, Q4_K_M
+            // 530.0 / 530.0 -> 523.9 / 522.8).
+            if (narrow)
+                geglu = units <= 64 ? decltype(geglu){32, 4, 1} : decltype(geglu){128, 2, 2};
         } else if (units <= threads) {
             rows = moe ? 8 : 4;
         } else if (moe && is_kquant(weight_type)) {
@@ -256,9 +266,10 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
                    {"ROWS", rows},
                    {"NCOLS", ncols},
                    {"UNROLL", unroll}};
-    if (geglu_shape)
-        s.constants.insert(s.constants.end(),
-                           {{"GEGLU_THREADS", 128}, {"GEGLU_ROWS", 2}, {"GEGLU_UNROLL", 2}});
+    if (geglu.threads > 0)
+        s.constants.insert(s.constants.end(), {{"GEGLU_THREADS", geglu.threads},
+                                               {"GEGLU_ROWS", geglu.rows},
+                                               {"GEGLU_UNROLL", geglu.unroll}});
     const std::string base = fmt::format("matvec_{}", tag);
     s.entries = {base, base + "_add", base + "_geglu"};
     // The multi entry (a layer's Q, K and V in one launch) selects its matrix at run time: a few
