@@ -327,8 +327,10 @@ INSTANTIATE_TEST_SUITE_P(
         // The GeGLU shape of rows of at most 64 units (E2B's d 1536: 32 threads over 4 rows,
         // one unit per batch), ragged rows.
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
-        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
+        MatvecCase{ggml::Type::Q4_1, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
         // Split Q4_K's plain / multi shape below 8192 (64 threads over 4 rows), ragged rows.
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 3840, 1001, 64, 4, 1},
         // The 31B's FFN down rows (a Tall matrix: 2 rows per 32-thread block), ragged rows.

@@ -231,8 +231,9 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     EXPECT_EQ(spec_constant(q4_0, "THREADS"), 64);
     EXPECT_EQ(spec_constant(q4_0, "ROWS"), 4);
     // The GeGLU entry's own shape: 128 threads over 2 rows, 32 over 4 for rows of at most 64
-    // units (E2B's d 1536).
-    for (auto t : {ggml::Type::Q4_0, ggml::Type::Q8_0, ggml::Type::Q4_K}) {
+    // units (E2B's d 1536; split Q8_0's are 16-element units, 96 there: unchanged).
+    for (auto t : {ggml::Type::Q4_0, ggml::Type::Q4_1, ggml::Type::Q4_K, ggml::Type::Q5_K,
+                   ggml::Type::Q6_K}) {
         const auto e2b =
             gj::gemma4::matvec_launch(matvec_spec(t, 1536, 1, MatvecLayout::Split), true);
         EXPECT_EQ(e2b.threads, 32u);
@@ -242,6 +243,10 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
         EXPECT_EQ(e4b.threads, 128u);
         EXPECT_EQ(e4b.rows, 2u);
     }
+    EXPECT_EQ(
+        gj::gemma4::matvec_launch(matvec_spec(ggml::Type::Q8_0, 1536, 1, MatvecLayout::Split), true)
+            .threads,
+        128u);
     const auto q4_0_tall = matvec_spec(ggml::Type::Q4_0, 21504, 1, MatvecLayout::Split, 5376);
     EXPECT_EQ(q4_0_tall.name, "matvec_q4_0.k21504.split.tall");
     EXPECT_EQ(spec_constant(q4_0_tall, "ROWS"), 2);

@@ -236,14 +236,19 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             threads_used = narrow ? 64 : 128;
             rows = narrow ? 4 : 2;
             unroll = narrow ? 1 : 2;
-            // The GeGLU keeps 128 x 2 (above), except over rows of at most 64 units (E2B's
-            // d 1536: 48), where 128 threads left 80 idle: 32 x 4, one unit per batch (H200,
+            // The GeGLU of the narrow types keeps 128 x 2 (above), and Q5_K / Q6_K's the spec's
+            // 128 x 2, except over rows of at most 64 units (E2B's d 1536: 48), where 128
+            // threads left 80 idle: 32 x 4, one unit per batch, for every type here (H200,
             // tg128 whole model, 2026-11-30: E2B Q4_K_M 673.7 / 672.6 -> 724.3 / 725.4, E2B
-            // Q4_0 775.6 / 783.9 -> 819.5 / 826.2; 64 x 4 x 1 715.2 / 720.5 and 814.5 / 819.1,
-            // 64 x 2 x 2 701.8 / 704.1 and 770.2 / 771.4; at E4B's 80 units 32 x 4 lost, Q4_K_M
-            // 530.0 / 530.0 -> 523.9 / 522.8).
-            if (narrow)
-                geglu = units <= 64 ? decltype(geglu){32, 4, 1} : decltype(geglu){128, 2, 2};
+            // Q4_0 775.6 / 783.9 -> 819.5 / 826.2, 64 x 4 x 1 715.2 / 720.5 and 814.5 / 819.1,
+            // 64 x 2 x 2 701.8 / 704.1 and 770.2 / 771.4; then E2B Q5_K_M 635.1 / 635.7 ->
+            // 663.8 / 664.2 and Q6_K 589.7 / 589.1 -> 639.4 / 639.1 with Q5_K / Q6_K too. At
+            // E4B's 80 units 32 x 4 lost: Q4_K_M 530.0 / 530.0 -> 523.9 / 522.8). Split Q8_0's
+            // 16-element units make 96 at d 1536: not this rule.
+            if (units <= 64)
+                geglu = {32, 4, 1};
+            else if (narrow)
+                geglu = {128, 2, 2};
         } else if (units <= threads) {
             rows = moe ? 8 : 4;
         } else if (moe && is_kquant(weight_type)) {
