@@ -331,6 +331,11 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
+        // The split K-quants' GeGLU shape of rows of 65-96 units (E4B's d 2560: 80 units over
+        // 96 threads, two rows), ragged rows.
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1},
         // Split Q4_K's plain / multi shape below 8192 (64 threads over 4 rows), ragged rows.
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 3840, 1001, 64, 4, 1},
         // The 31B's FFN down rows (a Tall matrix: 2 rows per 32-thread block), ragged rows.

@@ -225,13 +225,14 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     EXPECT_TRUE(q5_pure.count("matvec_q5_k.k2560.split"));
     EXPECT_FALSE(q5_pure.count("embed_rows.q5_k.n2560.v262144"));
     // A split K-quant spec holds its repack entry and its sweep's shapes (matvec.cpp): below k
-    // 8192 split Q4_K takes Q4_0's (64 threads over 4 rows, the GeGLU 128 over 2), Q5_K / Q6_K
+    // 8192 split Q4_K takes Q4_0's (64 threads over 4 rows, the GeGLU its own), Q5_K / Q6_K
     // 128 threads over 2 rows; from k 8192 32 threads over 1 row, 2 rows in a Tall matrix.
     const auto q4_0 = matvec_spec(ggml::Type::Q4_0, 2560, 1, MatvecLayout::Split);
     EXPECT_EQ(spec_constant(q4_0, "THREADS"), 64);
     EXPECT_EQ(spec_constant(q4_0, "ROWS"), 4);
     // The GeGLU entry's own shape: 128 threads over 2 rows, 32 over 4 for rows of at most 64
-    // units (E2B's d 1536; split Q8_0's are 16-element units, 96 there: unchanged).
+    // units (E2B's d 1536; split Q8_0's are 16-element units, 96 there: unchanged), 96 over 2
+    // for the K-quants' rows of 65-96 units (E4B's d 2560: 80).
     for (auto t : {ggml::Type::Q4_0, ggml::Type::Q4_1, ggml::Type::Q4_K, ggml::Type::Q5_K,
                    ggml::Type::Q6_K}) {
         const auto e2b =
@@ -240,7 +241,7 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
         EXPECT_EQ(e2b.rows, 4u);
         const auto e4b =
             gj::gemma4::matvec_launch(matvec_spec(t, 2560, 1, MatvecLayout::Split), true);
-        EXPECT_EQ(e4b.threads, 128u);
+        EXPECT_EQ(e4b.threads, gj::gemma4::spec_util::is_kquant(t) ? 96u : 128u);
         EXPECT_EQ(e4b.rows, 2u);
     }
     EXPECT_EQ(
@@ -259,8 +260,8 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
         EXPECT_EQ(spec_constant(s, "THREADS"), q4_k ? 64 : 128);
         EXPECT_EQ(spec_constant(s, "ROWS"), q4_k ? 4 : 2);
         EXPECT_EQ(spec_constant(s, "UNROLL"), q4_k ? 1 : 2);
-        const auto geglu = gj::gemma4::matvec_launch(s, true);
-        EXPECT_EQ(geglu.threads, 128u);
+        const auto geglu = gj::gemma4::matvec_launch(s, true);  // 80 units: 96 x 2 (above)
+        EXPECT_EQ(geglu.threads, 96u);
         EXPECT_EQ(geglu.rows, 2u);
         const auto tall = matvec_spec(t, 21504, 1, MatvecLayout::Split, 5376);
         EXPECT_EQ(tall.name, "matvec_" + ggml::type_name(t) + ".k21504.split.tall");
