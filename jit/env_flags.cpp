@@ -236,6 +236,20 @@ const std::vector<FlagDef>& flag_table() {
                  "also keeps those loads ahead of the wait in ptxas' schedule. 0: none",
          .min = 0,
          .max = 16},
+        {.name = "GEMMAJIT_MATVEC_SHAPE",
+         .family = "tuning",
+         .type = T::String,
+         .cls = C::Neutral,
+         .default_value = "",
+         .help = "decode matvec launch shapes set by hand, comma separated: "
+                 "<type>.k<K>=<threads>x<rows>x<unroll> for every single-column matvec of that "
+                 "weight type and input width, <type>.k<K>.geglu=... for its FFN gate|up entry "
+                 "alone (block types); e.g. q4_k.k2560.geglu=96x2x1. The kernels carry the shape "
+                 "in their names (.t96x2x1, .g96x2x1); sums run in another order, so the last "
+                 "bits of the results may differ",
+         .pattern = "([a-z0-9_]+\\.k[0-9]+(\\.geglu)?=[0-9]+x[0-9]+x[0-9]+"
+                    "(,[a-z0-9_]+\\.k[0-9]+(\\.geglu)?=[0-9]+x[0-9]+x[0-9]+)*)?",
+         .pattern_help = "<type>.k<K>[.geglu]=<threads>x<rows>x<unroll>[,...]"},
         {.name = "GEMMAJIT_COPY_SMS",
          .family = "tuning",
          .type = T::Int,

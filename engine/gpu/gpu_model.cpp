@@ -162,8 +162,11 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     // Every matrix: kept in its type when a kernel reads it, else dequantized to F16.
     std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
     const int prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
+    const MatvecShapes shapes = parse_matvec_shapes(flags.get_string("GEMMAJIT_MATVEC_SHAPE"));
     auto decode_spec = [&](jit::KernelSpec s) {
-        return kernels_.add(with_decode_prefetch(std::move(s), prefetch)).name;
+        return kernels_
+            .add(with_matvec_shapes(with_decode_prefetch(std::move(s), prefetch), shapes))
+            .name;
     };
     // `prefill_gemm`: whether T-token products may take cuBLAS through a dequantized F16 copy
     // (not for the LM head, whose copy would be as large as the vocabulary).

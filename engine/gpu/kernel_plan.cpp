@@ -90,6 +90,7 @@ void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::s
     types.wgmma_producer = flags.get_bool("GEMMAJIT_WGMMA_PRODUCER");
     types.quant_blas = q == QuantPrefill::Blas || q == QuantPrefill::WgmmaBlas;
     types.decode_prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
+    types.matvec_shapes = parse_matvec_shapes(flags.get_string("GEMMAJIT_MATVEC_SHAPE"));
     types.flash_wgmma = flash_wgmma_mode(flags, arch) != FlashWgmma::Off;
 }
 
@@ -143,8 +144,10 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     // n: the matrix's rows (single-column shapes of some types depend on them).
     // ple: a PLE gate or projection (its single-column spec has the entry making its input).
     auto matvec_of = [&](ggml::Type t, int k, int ncols, int n, PleInput ple = PleInput::None) {
-        return with_decode_prefetch(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple),
-                                    types.decode_prefetch);
+        return with_matvec_shapes(
+            with_decode_prefetch(matvec_spec(t, k, ncols, layout_of(t), ncols == 1 ? n : 0, ple),
+                                 types.decode_prefetch),
+            types.matvec_shapes);
     };
     auto add_matvec = [&](ggml::Type t, int k, int n, PleInput ple = PleInput::None) {
         if (!fits(t, k)) return;
@@ -236,9 +239,11 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
     if (cfg.is_moe()) {
         add(moe_spec(cfg));
         for (int ncols : col_counts)
-            add(with_decode_prefetch(
-                matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0),
-                types.decode_prefetch));
+            add(with_matvec_shapes(
+                with_decode_prefetch(
+                    matvec_f_spec(ggml::Type::F32, d, ncols, ncols == 1 ? cfg.n_experts : 0),
+                    types.decode_prefetch),
+                types.matvec_shapes));
         // Experts in the split layout (each expert repacked on its own: moe_experts_split); the
         // grouped int8 tensor-core GEMMs of prefill (gate|up: d -> F, down: F -> d) for the types
         // and layouts they read (mmq_moe_reads). A load takes the GEMMs only for both products

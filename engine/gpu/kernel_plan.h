@@ -50,11 +50,13 @@ struct PlanTypes {
     int decode_prefetch = 2;     // GEMMAJIT_MATVEC_PREFETCH (its default): sixteenths of each
                                  // weight row a decode matvec block asks L2 for
                                  // (with_decode_prefetch)
-    int lm_head_rows = 0;        // LM head rows (0: the vocabulary; a tensor-parallel rank: its
-                                 // vocabulary slice, engine/gpu/shard_plan.h)
-    int push_ranks = 0;          // > 1: a rank of that many whose row-parallel decode products
-                                 // (attention output, FFN down) also take their push form
-                                 // (matvec_push_spec; GEMMAJIT_TP_PUSH)
+    MatvecShapes matvec_shapes = {};  // GEMMAJIT_MATVEC_SHAPE: decode matvec shapes set by hand
+                                      // (with_matvec_shapes)
+    int lm_head_rows = 0;  // LM head rows (0: the vocabulary; a tensor-parallel rank: its
+                           // vocabulary slice, engine/gpu/shard_plan.h)
+    int push_ranks = 0;    // > 1: a rank of that many whose row-parallel decode products
+                           // (attention output, FFN down) also take their push form
+                           // (matvec_push_spec; GEMMAJIT_TP_PUSH)
     // The type some layers keep V in while their Q and K are `matmul` (an _M mix's Q6_K attn_v
     // tensors): where has_multi_v takes the pair, the decode multi spec that reads it
     // (matvec_multi_v_spec).
@@ -91,7 +93,8 @@ QuantPrefill quant_prefill_choice(const jit::Flags& flags, const std::string& ar
                                   bool blas_available);
 // The prefill product choices of `flags` (GEMMAJIT_MMQ_VARIANT, GEMMAJIT_BLAS) for a plan
 // targeting `arch`, as a GPU load with cuBLAS makes them: sets mmq, wgmma, quant_blas and blas;
-// also the decode matvecs' L2 prefetch (GEMMAJIT_MATVEC_PREFETCH: decode_prefetch).
+// also the decode matvecs' L2 prefetch (GEMMAJIT_MATVEC_PREFETCH: decode_prefetch) and shapes set
+// by hand (GEMMAJIT_MATVEC_SHAPE: matvec_shapes; throws ConfigError for a bad entry).
 void apply_prefill_flags(PlanTypes& types, const jit::Flags& flags, const std::string& arch);
 std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanTypes& types);
 

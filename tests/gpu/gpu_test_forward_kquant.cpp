@@ -402,3 +402,37 @@ TEST(GpuKQuant, DecodeL2PrefetchIsBitIdenticalToNone) {
         EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4)) << "logits differ";
     }
 }
+
+// GEMMAJIT_MATVEC_SHAPE: decode matvecs in shapes set by hand (here every single-column matvec of
+// tiny-256's d 256 in the K-quant mix and in Q4_0, the GeGLU in its own) load with those shapes
+// and decode what the CPU reference computes.
+TEST(GpuKQuant, MatvecShapesSetByHandMatchTheCpuReference) {
+    GJ_REQUIRE_GPU();
+    ScratchDir dir("gpu-matvec-shape");
+    struct Case {
+        std::filesystem::path path;
+        const char* shapes;
+        const char* suffix;
+        unsigned threads, rows;  // the plain entries'
+    };
+    const Case cases[] = {
+        {synth_mix(dir, "tiny-256", "q4_k_m"),
+         "q4_k.k256=64x2x1,q4_k.k256.geglu=96x1x2,q6_k.k256=32x4x1", ".t64x2x1.g96x1x2", 64, 2},
+        {synth(dir, "tiny-256", ggml::Type::Q4_0), "q4_0.k256=32x4x1,q4_0.k256.geglu=64x2x2",
+         ".t32x4x1.g64x2x2", 32, 4}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.path.filename().string());
+        auto model = load_gpu(c.path, 256, 4, flags({{"GEMMAJIT_MATVEC_SHAPE", c.shapes}}));
+        const auto& q = model->layers()[0].q;
+        EXPECT_TRUE(q.spec_decode.ends_with(c.suffix)) << q.spec_decode;
+        const auto shape = gj::gemma4::matvec_launch(model->kernels().spec(q.spec_decode), false);
+        EXPECT_EQ(shape.threads, c.threads);
+        EXPECT_EQ(shape.rows, c.rows);
+        const auto tokens =
+            test_tokens(5 * model->config().sliding_window, model->config().vocab_size);
+        GpuSession s(*model);
+        expect_agree(cpu_logits(c.path, tokens), decode_logits(s, tokens),
+                     model->config().vocab_size, kTolQuant, "decode in shapes set by hand vs CPU");
+        EXPECT_EQ(s.graph_launches(), uint64_t(tokens.size() - 1));
+    }
+}

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -764,4 +765,81 @@ TEST(KernelPlan, DecodeMatvecsCarryTheL2Prefetch) {
     EXPECT_THROW(
         gj::gemma4::with_decode_prefetch(gj::gemma4::matvec_spec(ggml::Type::Q4_0, 2560, 1), -1),
         std::invalid_argument);
+}
+
+// GEMMAJIT_MATVEC_SHAPE (read by apply_prefill_flags as a load reads it): the single-column
+// matvecs of the named type and width take the shapes given, their names say so, the GeGLU entry
+// its own where given; batched specs, other widths and other types keep the plan's; a bad entry
+// is refused with its text and the reason.
+TEST(KernelPlan, MatvecShapesSetByHand) {
+    using gj::gemma4::spec_constant;
+    gj::gemma4::PlanTypes types{ggml::Type::Q4_0, ggml::Type::Q4_0, ggml::Type::Q4_0,
+                                ggml::Type::F32};
+    gj::gemma4::apply_prefill_flags(
+        types,
+        gj::jit::Flags::parse({{"GEMMAJIT_MATVEC_SHAPE",
+                                "q4_0.k2560=96x2x1,q4_0.k2560.geglu=32x4x1,f32.k2560=64x1x2"}}),
+        "sm_90");
+    ASSERT_EQ(types.matvec_shapes.size(), 3u);
+    std::map<std::string, gj::jit::KernelSpec> plan;
+    for (auto& s : build_kernel_plan(Config::preset("e4b"), types)) plan[s.name] = s;
+    ASSERT_TRUE(plan.count("matvec_q4_0.k2560.split.t96x2x1.g32x4x1"));
+    const auto& s = plan["matvec_q4_0.k2560.split.t96x2x1.g32x4x1"];
+    const auto mv = gj::gemma4::matvec_launch(s, false), gl = gj::gemma4::matvec_launch(s, true);
+    EXPECT_EQ(mv.threads, 96u);
+    EXPECT_EQ(mv.rows, 2u);
+    EXPECT_EQ(spec_constant(s, "UNROLL"), 1);
+    EXPECT_EQ(gl.threads, 32u);
+    EXPECT_EQ(gl.rows, 4u);
+    EXPECT_EQ(spec_constant(s, "GEGLU_UNROLL"), 1);
+    // The PLE gate's input norm plays 128 threads at d 2560: its spec keeps them (below).
+    EXPECT_TRUE(plan.count("matvec_q4_0.k2560.split.ple_gate.g32x4x1"));
+    int f32_decode = 0;  // the PLE context projection (F32 here)
+    for (const auto& [name, spec] : plan) {
+        if (!name.starts_with("matvec_f.f32.k2560") || spec_constant(spec, "NCOLS") != 1) continue;
+        ++f32_decode;
+        EXPECT_TRUE(name.ends_with(".t64x1x2")) << name;
+        EXPECT_EQ(spec_constant(spec, "THREADS"), 64) << name;
+    }
+    EXPECT_EQ(f32_decode, 1);
+    // The batched specs and the other widths keep the plan's shapes.
+    EXPECT_TRUE(plan.count("matvec_q4_0.k2560.b8.split"));
+    EXPECT_TRUE(plan.count("matvec_q4_0.k10240.split"));
+    EXPECT_EQ(
+        spec_constant(plan["matvec_q4_0.k10240.split"], "THREADS"),
+        spec_constant(gj::gemma4::matvec_spec(ggml::Type::Q4_0, 10240, 1, MatvecLayout::Split),
+                      "THREADS"));
+    for (const auto& [name, spec] : plan) {
+        if (name.find(".t96x2x1") != std::string::npos) {
+            EXPECT_NE(name.find("k2560"), std::string::npos) << name;
+        }
+    }
+
+    // A PLE gate's input norm needs its threads: fewer leave that spec as the plan made it.
+    gj::gemma4::PlanTypes few = types;
+    few.matvec_shapes = gj::gemma4::parse_matvec_shapes("q4_0.k2560=32x4x1");
+    const auto few_names = names_of(build_kernel_plan(Config::preset("e4b"), few));
+    EXPECT_TRUE(few_names.count("matvec_q4_0.k2560.split.t32x4x1"));
+    EXPECT_TRUE(few_names.count("matvec_q4_0.k2560.split.ple_gate"));
+
+    auto refused = [](const char* text, const char* why) {
+        try {
+            gj::gemma4::parse_matvec_shapes(text);
+            ADD_FAILURE() << text << " was accepted";
+        } catch (const gj::gemma4::ConfigError& e) {
+            EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+        }
+    };
+    refused("q4_k.k2560=48x2x1", "threads must be a multiple of 32");
+    refused("q4_k.k2560=2048x2x1", "threads must be a multiple of 32");
+    refused("q4_k.k2500=64x1x1", "positive multiple of 32");
+    refused("iq4_nl.k2560=64x1x1", "no matvec reads that type");
+    refused("q4_k.k2560=64x0x1", "rows must be 1 to 16");
+    refused("q4_k.k2560=64x1x9", "unroll must be 1 to 8");
+    refused("f32.k2560.geglu=64x1x1", "float matvecs");
+    refused("q4_k.k2560=64x1x1,q4_k.k2560=32x1x1", "given twice");
+    refused("q4_k.k2560=64x1", "the shape is not");
+    EXPECT_TRUE(gj::gemma4::parse_matvec_shapes("").empty());
+    EXPECT_THROW(gj::jit::Flags::parse({{"GEMMAJIT_MATVEC_SHAPE", "q4_k.k2560"}}),
+                 std::invalid_argument);
 }

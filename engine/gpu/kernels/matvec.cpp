@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -13,6 +15,7 @@
 
 namespace gj::gemma4 {
 
+using spec_util::has_matvec;
 using spec_util::is_float_type;
 using spec_util::is_kquant;
 using spec_util::next_pow2;
@@ -359,6 +362,90 @@ jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths) {
                                  [](const auto& c) { return c.first == "MOE"; });
     if (sixteenths == 0 || moe || spec_constant(s, "NCOLS") != 1) return s;
     s.constants.push_back({"L2_PREFETCH", sixteenths});
+    return s;
+}
+
+MatvecShapes parse_matvec_shapes(std::string_view text) {
+    MatvecShapes out;
+    size_t p = 0;
+    while (p < text.size()) {
+        const size_t e = std::min(text.find(',', p), text.size());
+        const std::string entry(text.substr(p, e - p));
+        p = e + 1;
+        if (entry.empty()) continue;
+        auto bad = [&](const std::string& why) {
+            return ConfigError(fmt::format(
+                "GEMMAJIT_MATVEC_SHAPE: '{}': {} (expected <type>.k<K>[.geglu]=<threads>x<rows>x"
+                "<unroll>, e.g. q4_k.k2560.geglu=96x2x1)",
+                entry, why));
+        };
+        const size_t eq = entry.find('='), dot = entry.find(".k");
+        if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+            throw bad("not of the form");
+        MatvecShapeOverride o;
+        const auto t = ggml::type_from_name(entry.substr(0, dot));
+        if (!t || !has_matvec(*t)) throw bad("no matvec reads that type");
+        o.type = *t;
+        std::string key = entry.substr(dot + 2, eq - dot - 2);
+        if (key.ends_with(".geglu")) {
+            o.geglu = true;
+            key.resize(key.size() - std::strlen(".geglu"));
+        }
+        char tail = 0;
+        if (std::sscanf(key.c_str(), "%d%c", &o.k, &tail) != 1 || o.k <= 0 || o.k % 32 != 0)
+            throw bad("the width K is not a positive multiple of 32");
+        MatvecShape& m = o.shape;
+        if (std::sscanf(entry.c_str() + eq + 1, "%dx%dx%d%c", &m.threads, &m.rows, &m.unroll,
+                        &tail) != 3)
+            throw bad("the shape is not <threads>x<rows>x<unroll>");
+        if (m.threads < 32 || m.threads > 1024 || m.threads % 32 != 0)
+            throw bad("threads must be a multiple of 32 from 32 to 1024");
+        if (m.rows < 1 || m.rows > 16) throw bad("rows must be 1 to 16");
+        if (m.unroll < 1 || m.unroll > 8) throw bad("unroll must be 1 to 8");
+        if (o.geglu && is_float_type(o.type))
+            throw bad("float matvecs run their GeGLU in the spec's own shape");
+        for (const auto& prev : out)
+            if (prev.type == o.type && prev.k == o.k && prev.geglu == o.geglu)
+                throw bad("given twice");
+        out.push_back(o);
+    }
+    return out;
+}
+
+jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes) {
+    if (shapes.empty()) return s;
+    const bool moe = std::any_of(s.constants.begin(), s.constants.end(),
+                                 [](const auto& c) { return c.first == "MOE"; });
+    if (moe || spec_constant(s, "NCOLS") != 1) return s;
+    const int k = int(spec_constant(s, "K"));
+    std::string plain_suffix, geglu_suffix;
+    for (const auto& o : shapes) {
+        if (o.k != k) continue;
+        const std::string tag = ggml::type_name(o.type);
+        const bool ours = is_float_type(o.type) ? s.name.starts_with("matvec_f." + tag + ".")
+                                                : s.family == "matvec_" + tag;
+        if (!ours) continue;
+        const MatvecShape& m = o.shape;
+        // A PLE gate's _norm_in entry plays the norm kernel's threads: it needs as many.
+        const auto tpr = std::find_if(s.constants.begin(), s.constants.end(),
+                                      [](const auto& c) { return c.first == "NORM_TPR"; });
+        if (!o.geglu && tpr != s.constants.end() && m.threads < tpr->second) continue;
+        const char* names[3] = {"THREADS", "ROWS", "UNROLL"};
+        const char* geglu_names[3] = {"GEGLU_THREADS", "GEGLU_ROWS", "GEGLU_UNROLL"};
+        const int values[3] = {m.threads, m.rows, m.unroll};
+        for (int i = 0; i < 3; ++i) {
+            const std::string name = o.geglu ? geglu_names[i] : names[i];
+            auto c = std::find_if(s.constants.begin(), s.constants.end(),
+                                  [&](const auto& kv) { return kv.first == name; });
+            if (c != s.constants.end())
+                c->second = values[i];
+            else
+                s.constants.push_back({name, values[i]});
+        }
+        (o.geglu ? geglu_suffix : plain_suffix) =
+            fmt::format(".{}{}x{}x{}", o.geglu ? 'g' : 't', m.threads, m.rows, m.unroll);
+    }
+    s.name += plain_suffix + geglu_suffix;
     return s;
 }
 

@@ -16,6 +16,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "engine/gguf/ggml_types.h"
 #include "jit/kernel_spec.h"
@@ -63,6 +65,31 @@ jit::KernelSpec matvec_spec(ggml::Type weight_type, int k, int ncols = 1,
 // bulk prefetch also keeps those loads ahead of the wait in ptxas' schedule. `s` unchanged for 0
 // and for specs of several columns or of MoE experts. Throws std::invalid_argument outside 0..16.
 jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths);
+
+// Launch shapes set by hand (GEMMAJIT_MATVEC_SHAPE): "<type>.k<K>[.geglu]=<T>x<R>x<U>", comma
+// separated. <type> a weight type with a matvec (q8_0, q4_0, ..., q6_k, f32, f16, bf16), K the
+// input width; T threads per block (a multiple of 32, up to 1024), R rows per block (1..16), U
+// loop iterations per load batch (1..8). Plain: THREADS / ROWS / UNROLL of every single-column
+// decode spec of that type and width (the GeGLU entry too, unless the spec has its own shape);
+// ".geglu" (block types only): the _geglu entry's own (GEGLU_*). A PLE gate's spec keeps its
+// threads when its input norm needs more than the override gives (NORM_TPR).
+struct MatvecShape {
+    int threads = 0, rows = 0, unroll = 0;
+};
+struct MatvecShapeOverride {
+    ggml::Type type;
+    int k = 0;
+    bool geglu = false;
+    MatvecShape shape;
+};
+using MatvecShapes = std::vector<MatvecShapeOverride>;
+// Throws ConfigError naming the entry that is malformed, out of range, of a type without a
+// matvec, or given twice. Empty text: none.
+MatvecShapes parse_matvec_shapes(std::string_view text);
+// A single-column decode spec `s` (matvec_spec / matvec_f_spec, after with_decode_prefetch) with
+// the overrides naming its type and width, its name extended by ".t<T>x<R>x<U>" (plain) and
+// ".g<T>x<R>x<U>" (GeGLU) so that `kernels` and profiles show them; any other spec unchanged.
+jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes);
 
 // The push form of a single-column decode spec `s` (a tensor-parallel rank's row-parallel
 // product: attention output, FFN down): ".push<ranks>", constant PUSH, the one entry
