@@ -242,11 +242,15 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::Neutral,
          .default_value = "",
          .help = "decode matvec launch shapes set by hand, comma separated: "
-                 "<type>.k<K>=<threads>x<rows>x<unroll> for every single-column matvec of that "
-                 "weight type and input width, <type>.k<K>.geglu=... for its FFN gate|up entry "
-                 "alone (block types); e.g. q4_k.k2560.geglu=96x2x1. The kernels carry the shape "
-                 "in their names (.t96x2x1, .g96x2x1); sums run in another order, so the last "
-                 "bits of the results may differ",
+                 "<type>.k<K>=<threads>x<rows>x<unroll> (threads a multiple of 32 up to 1024, "
+                 "rows 1-8, unroll 1-8) for every single-sequence decode matvec of that weight "
+                 "type and input width, <type>.k<K>.geglu=... for its FFN gate|up entry alone "
+                 "(block types); e.g. q4_k.k2560.geglu=96x2x1. Not the batched matvecs (prefill, "
+                 "several sequences), not a PLE gate whose input norm needs more threads, not a "
+                 "Q6_K V read in the Q|K|V launch of a Q4_K_M / Q5_K_M layer (Q's shape); a load "
+                 "names entries nothing took. The kernels carry the shape in their names "
+                 "(.t96x2x1, .g96x2x1); their sums run in another order, so the last bits differ, "
+                 "also between a sequence decoded alone and in a batch",
          .pattern = "([a-z0-9_]+\\.k[0-9]+(\\.geglu)?=[0-9]+x[0-9]+x[0-9]+"
                     "(,[a-z0-9_]+\\.k[0-9]+(\\.geglu)?=[0-9]+x[0-9]+x[0-9]+)*)?",
          .pattern_help = "<type>.k<K>[.geglu]=<threads>x<rows>x<unroll>[,...]"},

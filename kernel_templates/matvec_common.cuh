@@ -120,6 +120,9 @@ static_assert(LAYOUT == 0 || LAYOUT == 1, "matvec: LAYOUT must be 0 (ggml) or 1 
 static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024,
               "matvec: THREADS must be a multiple of 32 in [32, 1024]");
 static_assert(ROWS >= 1 && ROWS <= 8, "matvec: ROWS must be in [1, 8]");
+static_assert(GEGLU_THREADS % 32 == 0 && GEGLU_THREADS >= 32 && GEGLU_THREADS <= 1024 &&
+                  GEGLU_ROWS >= 1 && GEGLU_ROWS <= 8 && GEGLU_UNROLL >= 1 && GEGLU_UNROLL <= 16,
+              "matvec: the GeGLU shape takes THREADS', ROWS' and UNROLL's ranges");
 static_assert(NCOLS >= 1 && NCOLS <= 8, "matvec: NCOLS must be in [1, 8]");
 static_assert(UNROLL >= 1 && UNROLL <= 16, "matvec: UNROLL must be in [1, 16]");
 static_assert(L2_PREFETCH >= 0 && L2_PREFETCH <= 16, "matvec: L2_PREFETCH must be in [0, 16]");

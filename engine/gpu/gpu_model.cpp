@@ -163,9 +163,11 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     std::map<std::string, std::pair<int, uint64_t>> dequantized;  // type -> tensors, bytes
     const int prefetch = int(flags.get_int("GEMMAJIT_MATVEC_PREFETCH"));
     const MatvecShapes shapes = parse_matvec_shapes(flags.get_string("GEMMAJIT_MATVEC_SHAPE"));
+    std::vector<bool> shape_applied(shapes.size(), false);
     auto decode_spec = [&](jit::KernelSpec s) {
         return kernels_
-            .add(with_matvec_shapes(with_decode_prefetch(std::move(s), prefetch), shapes))
+            .add(with_matvec_shapes(with_decode_prefetch(std::move(s), prefetch), shapes,
+                                    &shape_applied))
             .name;
     };
     // `prefill_gemm`: whether T-token products may take cuBLAS through a dequantized F16 copy
@@ -468,6 +470,14 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
     decode_bytes_ += token_embd_.bytes / std::max(1, token_embd_.rows);
     if (c.has_ple()) decode_bytes_ += ple_table_.bytes / std::max(1, ple_table_.rows);
 
+    // A shape set by hand that no decode matvec of this model took (a width or type it does not
+    // have, or a PLE gate's spec that keeps its threads): said, not silently dropped.
+    for (size_t i = 0; i < shapes.size(); ++i)
+        if (!shape_applied[i])
+            notices_.push_back(fmt::format(
+                "GEMMAJIT_MATVEC_SHAPE: no decode matvec of this model took {}.k{}{}={}x{}x{}",
+                ggml::type_name(shapes[i].type), shapes[i].k, shapes[i].geglu ? ".geglu" : "",
+                shapes[i].shape.threads, shapes[i].shape.rows, shapes[i].shape.unroll));
     for (const auto& [type, d] : dequantized)
         notices_.push_back(fmt::format(
             "{} tensor{} stored as {} ({}): no GPU kernel reads {}, so they are dequantized to "

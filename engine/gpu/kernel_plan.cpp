@@ -365,7 +365,7 @@ std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, Pl
     auto upload = [](ggml::Type t) { return has_matvec(t) ? t : ggml::Type::F16; };
     std::set<ggml::Type> matrix_types;
     std::map<std::string, ggml::Type> layer_q;  // "blk.<l>." -> attn_q's type
-    std::map<ggml::Type, ggml::Type> other_v;   // Q's type -> a V type some layer pairs with it
+    std::map<ggml::Type, ggml::Type> other_v;   // Q's type -> the V type of a mixed multi
     PlanTypes p = base;
     for (size_t i = 0; i < specs.size(); ++i) {
         const ggml::Type t = upload(types[i]);
@@ -374,7 +374,7 @@ std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, Pl
             layer_q[name.substr(0, name.size() - std::strlen("attn_q.weight"))] = t;
         if (name.ends_with(".attn_v.weight")) {
             const auto q = layer_q.find(name.substr(0, name.size() - std::strlen("attn_v.weight")));
-            if (q != layer_q.end() && q->second != t) other_v[q->second] = t;
+            if (q != layer_q.end() && has_multi_v(q->second, t)) other_v[q->second] = t;
         }
         if (specs[i].name == "token_embd.weight")
             p.token_embd = t;

@@ -9,6 +9,7 @@
 // int8 per 32 values before every matvec, and K/V are stored as fp16: 3e-2 of max |logit|.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -417,12 +418,24 @@ TEST(GpuKQuant, MatvecShapesSetByHandMatchTheCpuReference) {
     };
     const Case cases[] = {
         {synth_mix(dir, "tiny-256", "q4_k_m"),
-         "q4_k.k256=64x2x1,q4_k.k256.geglu=96x1x2,q6_k.k256=32x4x1", ".t64x2x1.g96x1x2", 64, 2},
+         "q4_k.k256=64x2x1,q4_k.k256.geglu=96x1x2,q6_k.k256=32x4x1,q8_0.k512=64x1x1",
+         ".t64x2x1.g96x1x2", 64, 2},
         {synth(dir, "tiny-256", ggml::Type::Q4_0), "q4_0.k256=32x4x1,q4_0.k256.geglu=64x2x2",
          ".t32x4x1.g64x2x2", 32, 4}};
     for (const Case& c : cases) {
         SCOPED_TRACE(c.path.filename().string());
-        auto model = load_gpu(c.path, 256, 4, flags({{"GEMMAJIT_MATVEC_SHAPE", c.shapes}}));
+        const auto f = flags({{"GEMMAJIT_MATVEC_SHAPE", c.shapes}});
+        std::vector<std::string> lines;
+        auto model = load_noting(c.path, 256, 4, f, lines);
+        // An entry no matvec of the model takes is said at load.
+        const bool q8 = std::string(c.shapes).find("q8_0") != std::string::npos;
+        EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                                [](const std::string& l) {
+                                    return l.find(
+                                               "no decode matvec of this model took "
+                                               "q8_0.k512=64x1x1") != std::string::npos;
+                                }),
+                  q8 ? 1 : 0);
         const auto& q = model->layers()[0].q;
         EXPECT_TRUE(q.spec_decode.ends_with(c.suffix)) << q.spec_decode;
         const auto shape = gj::gemma4::matvec_launch(model->kernels().spec(q.spec_decode), false);

@@ -40,13 +40,16 @@ struct MatvecCase {
     ggml::Type type;
     MatvecLayout layout;
     int k, n, threads, rows, ncols;
+    int unroll = 0;  // 0: the plan's, at most 4
 };
 
 void check_matvec(const MatvecCase& c) {
     // Batches of 4 units, or the plan's own smaller batches of the K-quants' larger units.
     const int unroll =
-        std::min<int>(4, gj::gemma4::spec_constant(
-                             gj::gemma4::matvec_spec(c.type, c.k, c.ncols, c.layout), "UNROLL"));
+        c.unroll > 0 ? c.unroll
+                     : std::min<int>(4, gj::gemma4::spec_constant(
+                                            gj::gemma4::matvec_spec(c.type, c.k, c.ncols, c.layout),
+                                            "UNROLL"));
     const KernelSpec spec =
         matvec_variant(c.type, c.k, c.ncols, c.layout, c.threads, c.rows, unroll);
     SCOPED_TRACE(spec.name + " n=" + std::to_string(c.n));
@@ -257,9 +260,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 namespace {  // beside MatvecCase, so gtest finds PrintTo by argument-dependent lookup
 std::string case_name(const MatvecCase& c) {
-    return fmt::format("{}{}_k{}_n{}_t{}_r{}_c{}", gj::ggml::type_name(c.type),
+    return fmt::format("{}{}_k{}_n{}_t{}_r{}_c{}{}", gj::ggml::type_name(c.type),
                        c.layout == MatvecLayout::Split ? "_split" : "", c.k, c.n, c.threads, c.rows,
-                       c.ncols);
+                       c.ncols, c.unroll > 0 ? fmt::format("_u{}", c.unroll) : "");
 }
 void PrintTo(const MatvecCase& c, std::ostream* os) {
     *os << case_name(c);
@@ -326,16 +329,16 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
         // The GeGLU shape of rows of at most 64 units (E2B's d 1536: 32 threads over 4 rows,
         // one unit per batch), ragged rows.
-        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
-        MatvecCase{ggml::Type::Q4_1, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
-        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
-        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
-        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1},
+        MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
+        MatvecCase{ggml::Type::Q4_1, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
         // The split K-quants' GeGLU shape of rows of 65-96 units (E4B's d 2560: 80 units over
         // 96 threads, two rows), ragged rows.
-        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1},
-        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1},
-        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1, 1},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1, 1},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1, 1},
         // Split Q4_K's plain / multi shape below 8192 (64 threads over 4 rows), ragged rows.
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 3840, 1001, 64, 4, 1},
         // The 31B's FFN down rows (a Tall matrix: 2 rows per 32-thread block), ragged rows.

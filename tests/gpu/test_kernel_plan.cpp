@@ -834,7 +834,8 @@ TEST(KernelPlan, MatvecShapesSetByHand) {
     refused("q4_k.k2560=2048x2x1", "threads must be a multiple of 32");
     refused("q4_k.k2500=64x1x1", "positive multiple of 32");
     refused("iq4_nl.k2560=64x1x1", "no matvec reads that type");
-    refused("q4_k.k2560=64x0x1", "rows must be 1 to 16");
+    refused("q4_k.k2560=64x0x1", "rows must be 1 to 8");
+    refused("q4_k.k2560.geglu=64x9x1", "rows must be 1 to 8");
     refused("q4_k.k2560=64x1x9", "unroll must be 1 to 8");
     refused("f32.k2560.geglu=64x1x1", "float matvecs");
     refused("q4_k.k2560=64x1x1,q4_k.k2560=32x1x1", "given twice");

@@ -400,7 +400,7 @@ MatvecShapes parse_matvec_shapes(std::string_view text) {
             throw bad("the shape is not <threads>x<rows>x<unroll>");
         if (m.threads < 32 || m.threads > 1024 || m.threads % 32 != 0)
             throw bad("threads must be a multiple of 32 from 32 to 1024");
-        if (m.rows < 1 || m.rows > 16) throw bad("rows must be 1 to 16");
+        if (m.rows < 1 || m.rows > 8) throw bad("rows must be 1 to 8");
         if (m.unroll < 1 || m.unroll > 8) throw bad("unroll must be 1 to 8");
         if (o.geglu && is_float_type(o.type))
             throw bad("float matvecs run their GeGLU in the spec's own shape");
@@ -412,14 +412,16 @@ MatvecShapes parse_matvec_shapes(std::string_view text) {
     return out;
 }
 
-jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes) {
+jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes,
+                                   std::vector<bool>* applied) {
     if (shapes.empty()) return s;
     const bool moe = std::any_of(s.constants.begin(), s.constants.end(),
                                  [](const auto& c) { return c.first == "MOE"; });
     if (moe || spec_constant(s, "NCOLS") != 1) return s;
     const int k = int(spec_constant(s, "K"));
     std::string plain_suffix, geglu_suffix;
-    for (const auto& o : shapes) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        const MatvecShapeOverride& o = shapes[i];
         if (o.k != k) continue;
         const std::string tag = ggml::type_name(o.type);
         const bool ours = is_float_type(o.type) ? s.name.starts_with("matvec_f." + tag + ".")
@@ -433,17 +435,18 @@ jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes
         const char* names[3] = {"THREADS", "ROWS", "UNROLL"};
         const char* geglu_names[3] = {"GEGLU_THREADS", "GEGLU_ROWS", "GEGLU_UNROLL"};
         const int values[3] = {m.threads, m.rows, m.unroll};
-        for (int i = 0; i < 3; ++i) {
-            const std::string name = o.geglu ? geglu_names[i] : names[i];
+        for (int j = 0; j < 3; ++j) {
+            const std::string name = o.geglu ? geglu_names[j] : names[j];
             auto c = std::find_if(s.constants.begin(), s.constants.end(),
                                   [&](const auto& kv) { return kv.first == name; });
             if (c != s.constants.end())
-                c->second = values[i];
+                c->second = values[j];
             else
-                s.constants.push_back({name, values[i]});
+                s.constants.push_back({name, values[j]});
         }
         (o.geglu ? geglu_suffix : plain_suffix) =
             fmt::format(".{}{}x{}x{}", o.geglu ? 'g' : 't', m.threads, m.rows, m.unroll);
+        if (applied) applied->at(i) = true;
     }
     s.name += plain_suffix + geglu_suffix;
     return s;

@@ -68,9 +68,10 @@ jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths);
 
 // Launch shapes set by hand (GEMMAJIT_MATVEC_SHAPE): "<type>.k<K>[.geglu]=<T>x<R>x<U>", comma
 // separated. <type> a weight type with a matvec (q8_0, q4_0, ..., q6_k, f32, f16, bf16), K the
-// input width; T threads per block (a multiple of 32, up to 1024), R rows per block (1..16), U
+// input width; T threads per block (a multiple of 32, up to 1024), R rows per block (1..8), U
 // loop iterations per load batch (1..8). Plain: THREADS / ROWS / UNROLL of every single-column
-// decode spec of that type and width (the GeGLU entry too, unless the spec has its own shape);
+// decode spec of that type and width (the GeGLU entry too, unless the spec has its own shape;
+// not the batched specs, nor a Q6_K V that a mixed multi launch reads in Q's shape);
 // ".geglu" (block types only): the _geglu entry's own (GEGLU_*). A PLE gate's spec keeps its
 // threads when its input norm needs more than the override gives (NORM_TPR).
 struct MatvecShape {
@@ -89,7 +90,9 @@ MatvecShapes parse_matvec_shapes(std::string_view text);
 // A single-column decode spec `s` (matvec_spec / matvec_f_spec, after with_decode_prefetch) with
 // the overrides naming its type and width, its name extended by ".t<T>x<R>x<U>" (plain) and
 // ".g<T>x<R>x<U>" (GeGLU) so that `kernels` and profiles show them; any other spec unchanged.
-jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes);
+// `applied` (optional, one flag per override): set for each override `s` took.
+jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes,
+                                   std::vector<bool>* applied = nullptr);
 
 // The push form of a single-column decode spec `s` (a tensor-parallel rank's row-parallel
 // product: attention output, FFN down): ".push<ranks>", constant PUSH, the one entry
