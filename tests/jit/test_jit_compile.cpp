@@ -264,6 +264,7 @@ std::string other_value(const FlagDef& d, const fs::path& scratch) {
             return {};
         case FlagType::String:
             if (d.name == "GEMMAJIT_ARCH") return "sm_80";
+            if (d.name == "GEMMAJIT_MATVEC_SHAPE") return "q4_k.k2560=64x2x1";
             return "-DGJ_TEST_FLAG=1";
         case FlagType::Path:
             return (scratch / "flagdir").string();
