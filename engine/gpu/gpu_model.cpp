@@ -355,11 +355,9 @@ void GpuModel::plan_layout(const GpuModelOptions& opts) {
         }
         // An _M mix's layer that keeps V in Q6_K: its decode Q, K and V in one launch still.
         if (lc.has_kv && lc.has_v_proj && g.q.spec_decode == g.k.spec_decode &&
-            g.v.type != g.q.type && g.v.layout == g.q.layout && has_multi_v(g.q.type, g.v.type)) {
-            const jit::KernelSpec& qk = kernels_.spec(g.q.spec_decode);
-            if (spec_has_entry(qk, qk.family + "_multi"))
-                g.spec_qkv_multi_v = kernels_.add(matvec_multi_v_spec(qk, g.v.type)).name;
-        }
+            g.v.layout == g.q.layout)
+            if (auto s = qkv_multi_v_spec(kernels_.spec(g.q.spec_decode), g.q.type, g.v.type))
+                g.spec_qkv_multi_v = kernels_.add(std::move(*s)).name;
         g.o = plan_matrix(lw.attn_output, true, {}, q_rows);
         g.gate = plan_matrix(lw.ffn_gate, true, ffn);
         g.up = plan_matrix(lw.ffn_up, true, ffn);

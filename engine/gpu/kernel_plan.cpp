@@ -222,13 +222,12 @@ std::vector<jit::KernelSpec> build_kernel_plan(const Config& cfg, const PlanType
         }
     // Layers whose V is stored in another type than Q and K (an _M mix's Q6_K attn_v) run their
     // decode Q, K and V in one launch of the mixed multi spec (GpuModel plans it per layer).
-    if (types.other_v && has_multi_v(types.matmul, *types.other_v) && fits(types.matmul, d))
+    if (types.other_v && fits(types.matmul, d))
         for (size_t i = 0; i < cfg.layers.size(); ++i)
-            if (cfg.layers[i].has_kv && cfg.layers[i].has_v_proj) {
-                const jit::KernelSpec q = matvec_of(types.matmul, d, 1, cfg.q_dim(int(i)));
-                if (spec_has_entry(q, q.family + "_multi"))
-                    add(matvec_multi_v_spec(q, *types.other_v));
-            }
+            if (cfg.layers[i].has_kv && cfg.layers[i].has_v_proj)
+                if (auto s = qkv_multi_v_spec(matvec_of(types.matmul, d, 1, cfg.q_dim(int(i))),
+                                              types.matmul, *types.other_v))
+                    add(std::move(*s));
     if (cfg.has_ple()) {  // the PLE gate (d -> P) and projection (P -> d)
         widths.insert({d, cfg.ple_dim});
         add_matvec(types.matmul, d, cfg.ple_dim, PleInput::Gate);

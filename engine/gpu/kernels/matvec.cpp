@@ -358,9 +358,7 @@ jit::KernelSpec with_decode_prefetch(jit::KernelSpec s, int sixteenths) {
     if (sixteenths < 0 || sixteenths > 16)
         throw std::invalid_argument(
             fmt::format("matvec L2 prefetch: {} sixteenths of a row (0..16)", sixteenths));
-    const bool moe = std::any_of(s.constants.begin(), s.constants.end(),
-                                 [](const auto& c) { return c.first == "MOE"; });
-    if (sixteenths == 0 || moe || spec_constant(s, "NCOLS") != 1) return s;
+    if (sixteenths == 0 || spec_has_constant(s, "MOE") || spec_constant(s, "NCOLS") != 1) return s;
     s.constants.push_back({"L2_PREFETCH", sixteenths});
     return s;
 }
@@ -415,9 +413,7 @@ MatvecShapes parse_matvec_shapes(std::string_view text) {
 jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes,
                                    std::vector<bool>* applied) {
     if (shapes.empty()) return s;
-    const bool moe = std::any_of(s.constants.begin(), s.constants.end(),
-                                 [](const auto& c) { return c.first == "MOE"; });
-    if (moe || spec_constant(s, "NCOLS") != 1) return s;
+    if (spec_has_constant(s, "MOE") || spec_constant(s, "NCOLS") != 1) return s;
     const int k = int(spec_constant(s, "K"));
     std::string plain_suffix, geglu_suffix;
     for (size_t i = 0; i < shapes.size(); ++i) {
@@ -429,21 +425,13 @@ jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes
         if (!ours) continue;
         const MatvecShape& m = o.shape;
         // A PLE gate's _norm_in entry plays the norm kernel's threads: it needs as many.
-        const auto tpr = std::find_if(s.constants.begin(), s.constants.end(),
-                                      [](const auto& c) { return c.first == "NORM_TPR"; });
-        if (!o.geglu && tpr != s.constants.end() && m.threads < tpr->second) continue;
-        const char* names[3] = {"THREADS", "ROWS", "UNROLL"};
-        const char* geglu_names[3] = {"GEGLU_THREADS", "GEGLU_ROWS", "GEGLU_UNROLL"};
-        const int values[3] = {m.threads, m.rows, m.unroll};
-        for (int j = 0; j < 3; ++j) {
-            const std::string name = o.geglu ? geglu_names[j] : names[j];
-            auto c = std::find_if(s.constants.begin(), s.constants.end(),
-                                  [&](const auto& kv) { return kv.first == name; });
-            if (c != s.constants.end())
-                c->second = values[j];
-            else
-                s.constants.push_back({name, values[j]});
-        }
+        if (!o.geglu && spec_has_constant(s, "NORM_TPR") &&
+            m.threads < spec_constant(s, "NORM_TPR"))
+            continue;
+        const std::string prefix = o.geglu ? "GEGLU_" : "";
+        set_spec_constant(s, prefix + "THREADS", m.threads);
+        set_spec_constant(s, prefix + "ROWS", m.rows);
+        set_spec_constant(s, prefix + "UNROLL", m.unroll);
         (o.geglu ? geglu_suffix : plain_suffix) =
             fmt::format(".{}{}x{}x{}", o.geglu ? 'g' : 't', m.threads, m.rows, m.unroll);
         if (applied) applied->at(i) = true;
@@ -453,10 +441,8 @@ jit::KernelSpec with_matvec_shapes(jit::KernelSpec s, const MatvecShapes& shapes
 }
 
 jit::KernelSpec matvec_push_spec(jit::KernelSpec s, int ranks) {
-    const bool moe_or_ple = std::any_of(s.constants.begin(), s.constants.end(), [](const auto& c) {
-        return c.first == "MOE" || c.first == "PLE_IN";
-    });
-    if (moe_or_ple || spec_constant(s, "NCOLS") != 1)
+    if (spec_has_constant(s, "MOE") || spec_has_constant(s, "PLE_IN") ||
+        spec_constant(s, "NCOLS") != 1)
         throw std::invalid_argument(fmt::format(
             "matvec: {} has no push form (a single-column dense decode spec has)", s.name));
     if (ranks < 2 || ranks > 8)
@@ -475,10 +461,8 @@ bool has_multi_v(ggml::Type qk, ggml::Type v) {
 }
 
 jit::KernelSpec matvec_multi_v_spec(jit::KernelSpec s, ggml::Type v) {
-    const bool multi = std::any_of(s.constants.begin(), s.constants.end(),
-                                   [](const auto& c) { return c.first == "MULTI"; });
     const bool kquant_family = s.family == "matvec_q4_k" || s.family == "matvec_q5_k";
-    if (!multi || !kquant_family || spec_constant(s, "NCOLS") != 1)
+    if (!spec_has_constant(s, "MULTI") || !kquant_family || spec_constant(s, "NCOLS") != 1)
         throw std::invalid_argument(fmt::format(
             "matvec: {} has no mixed multi form (a Q4_K / Q5_K decode spec with _multi has)",
             s.name));
@@ -493,6 +477,13 @@ jit::KernelSpec matvec_multi_v_spec(jit::KernelSpec s, ggml::Type v) {
     s.constants.push_back({"MULTI_V", 1});
     s.entries = {s.family + "_multi"};
     return s;
+}
+
+std::optional<jit::KernelSpec> qkv_multi_v_spec(const jit::KernelSpec& q_spec, ggml::Type q,
+                                                ggml::Type v) {
+    if (!has_multi_v(q, v) || !spec_has_entry(q_spec, q_spec.family + "_multi"))
+        return std::nullopt;
+    return matvec_multi_v_spec(q_spec, v);
 }
 
 MatvecLaunch matvec_launch(const jit::KernelSpec& spec, bool geglu) {

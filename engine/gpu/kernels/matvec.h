@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -110,6 +111,11 @@ bool has_multi_v(ggml::Type qk, ggml::Type v);
 // whose third matrix is read as `v` (same K and layout) in `s`'s launch shape. Throws
 // std::invalid_argument for another spec or type.
 jit::KernelSpec matvec_multi_v_spec(jit::KernelSpec s, ggml::Type v);
+// The one decision for a layer whose Q (and K) decode spec `q_spec` reads type `q` and whose V is
+// `v`: its mixed multi spec where has_multi_v takes the pair and the spec has the multi entry,
+// else nullopt. GpuModel asks it per layer, the plans per weight type.
+std::optional<jit::KernelSpec> qkv_multi_v_spec(const jit::KernelSpec& q_spec, ggml::Type q,
+                                                ggml::Type v);
 
 // The launch shape of a matvec spec's entry: block `threads`, grid ceil(n_rows / rows); the
 // _geglu entry may take its own (the GEGLU_* constants), the others the spec's.

@@ -13,6 +13,20 @@ int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name) {
     throw std::out_of_range(fmt::format("kernel spec {} has no constant {}", spec.name, name));
 }
 
+bool spec_has_constant(const jit::KernelSpec& spec, std::string_view name) {
+    return std::any_of(spec.constants.begin(), spec.constants.end(),
+                       [&](const auto& c) { return c.first == name; });
+}
+
+void set_spec_constant(jit::KernelSpec& spec, std::string_view name, int64_t value) {
+    for (auto& [n, v] : spec.constants)
+        if (n == name) {
+            v = value;
+            return;
+        }
+    spec.constants.push_back({std::string(name), value});
+}
+
 bool spec_has_entry(const jit::KernelSpec& spec, std::string_view name) {
     return std::find(spec.entries.begin(), spec.entries.end(), name) != spec.entries.end();
 }

@@ -19,6 +19,9 @@ namespace gj::gemma4 {
 // Value of a spec constant; throws std::out_of_range naming the spec and constant. Launch geometry
 // is read back from the spec's constants with it (each family header states which).
 int64_t spec_constant(const jit::KernelSpec& spec, std::string_view name);
+// Whether the spec has constant `name`; sets it (adding it when missing).
+bool spec_has_constant(const jit::KernelSpec& spec, std::string_view name);
+void set_spec_constant(jit::KernelSpec& spec, std::string_view name, int64_t value);
 // Whether the spec's source defines entry `name` (the optional entries some forms have).
 bool spec_has_entry(const jit::KernelSpec& spec, std::string_view name);
 
