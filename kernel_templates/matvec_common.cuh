@@ -170,18 +170,6 @@ GJ_DEVICE void gj_load_ggml_unit(const uint8* blk, int part8, uint32& q0, uint32
     dbits = mis ? (w0 & 0xffffu) : (w2 >> 16);
 }
 
-// 8 nibble bytes of a 32-element block whose low nibbles are elements 0..15 and high nibbles
-// elements 16..31 (Q4_0, and the split Q4_K): q0, q1 = bytes 8p..8p+7 (or 4p'..4p'+7 of a 16-byte
-// unit), times the activations under their low (lo0, lo1) and high (hi0, hi1) nibbles.
-GJ_DEVICE int32 gj_q4_dot8(uint32 q0, uint32 q1, int32 lo0, int32 lo1, int32 hi0, int32 hi1,
-                           int32 acc) {
-    const uint32 m = 0x0f0f0f0fu;
-    acc = dp4a_s8((int32)(q0 & m), lo0, acc);
-    acc = dp4a_s8((int32)(q1 & m), lo1, acc);
-    acc = dp4a_s8((int32)((q0 >> 4) & m), hi0, acc);
-    return dp4a_s8((int32)((q1 >> 4) & m), hi1, acc);
-}
-
 // An activation load (the traits' load_x<kS>): through the read-only cache from global memory,
 // or (kS) a plain load from the block's own shared-memory copy that an input prologue made (the
 // _gelu_in / _norm_in entries below); ld.global.nc must never see a shared address.

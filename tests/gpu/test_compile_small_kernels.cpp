@@ -109,3 +109,19 @@ TEST(KernelTemplates, ChainProbeCompilesWithItsDeviceWideBarrier) {
                           EXPECT_EQ(entry_ptx(c.ptx, "probe_step").find("red."), std::string::npos);
                       });
 }
+
+// The stream probe (tests/gpu/gpu_test_stream_probe.cpp) at the four dense models' widths: both
+// entries stream their weights with cp.async and wait on the grid after issuing them.
+TEST(KernelTemplates, StreamProbeCompilesWithItsCopiesAheadOfTheWait) {
+    compile_and_check(all_specs_of({"stream_probe"}),
+                      [](const CompiledKernel& c, const std::string& arch) {
+                          for (const char* e : {"stream_geglu_q8", "stream_geglu_norm"}) {
+                              const std::string ptx = entry_ptx(c.ptx, e);
+                              const size_t copy = ptx.find("cp.async.cg.shared.global");
+                              ASSERT_NE(copy, std::string::npos) << e;
+                              if (arch == "sm_90") {
+                                  EXPECT_LT(copy, ptx.find("griddepcontrol.wait")) << e;
+                              }
+                          }
+                      });
+}

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include <fmt/format.h>
+
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/attn_prep.h"
 #include "engine/gpu/kernels/embed_rows.h"
@@ -52,6 +54,19 @@ jit::KernelSpec chain_probe_spec() {
     s.name = "chain_probe.t256";
     s.constants = {{"THREADS", 256}};
     s.entries = {"probe_step", "probe_persistent"};
+    return s;
+}
+
+jit::KernelSpec stream_probe_spec(int k, int threads, int stages) {
+    KernelSpec s;
+    s.family = "stream_probe";
+    s.name = fmt::format("stream_probe.k{}.t{}.s{}", k, threads, stages);
+    // The stages, h's Q8_1 form and the two reductions' partials (stream_probe.cu); the loader
+    // opts into more than 48 KiB for the entries from SMEM.
+    const int warps = threads / 32;
+    const int smem = stages * 2 * warps * (k / 2 + k / 16) + k + k / 32 * 8 + 2 * warps * 4;
+    s.constants = {{"K", k}, {"THREADS", threads}, {"STAGES", stages}, {"SMEM", smem}};
+    s.entries = {"stream_geglu_q8", "stream_geglu_norm"};
     return s;
 }
 
@@ -109,6 +124,7 @@ std::vector<KernelSpec> all_specs() {
     }
     add(ptx_selftest_spec());
     add(chain_probe_spec());
+    for (int k : {1536, 2560, 3840, 5376}) add(stream_probe_spec(k, 128, 4));
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));

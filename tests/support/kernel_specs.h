@@ -28,6 +28,9 @@ std::set<std::string> names_of(const std::vector<jit::KernelSpec>& plan);
 std::vector<jit::KernelSpec> all_specs();
 // The chain probe's one spec (kernel_templates/chain_probe.cu, tests/gpu/gpu_test_chain_probe.cpp).
 jit::KernelSpec chain_probe_spec();
+// The stream probe's spec for input width k (kernel_templates/stream_probe.cu,
+// tests/gpu/gpu_test_stream_probe.cpp); its blocks take SMEM bytes of dynamic shared memory.
+jit::KernelSpec stream_probe_spec(int k, int threads, int stages);
 // The specs of all_specs() whose family is one of `families`.
 std::vector<jit::KernelSpec> all_specs_of(const std::set<std::string>& families);
 
