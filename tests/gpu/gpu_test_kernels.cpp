@@ -328,7 +328,8 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 10240, 301, 32, 3, 2},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 5376, 130, 64, 1, 8},
         // The GeGLU shape of rows of at most 64 units (E2B's d 1536: 32 threads over 4 rows,
-        // one unit per batch), ragged rows.
+        // one unit per batch; split Q8_0's 96 16-element units there), ragged rows.
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
         MatvecCase{ggml::Type::Q4_1, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},

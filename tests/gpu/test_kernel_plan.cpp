@@ -232,10 +232,10 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
     EXPECT_EQ(spec_constant(q4_0, "THREADS"), 64);
     EXPECT_EQ(spec_constant(q4_0, "ROWS"), 4);
     // The GeGLU entry's own shape: 128 threads over 2 rows, 32 over 4 for rows of at most 64
-    // units (E2B's d 1536; split Q8_0's are 16-element units, 96 there: unchanged), 96 over 2
-    // for the K-quants' rows of 65-96 units (E4B's d 2560: 80).
+    // units (E2B's d 1536) and split Q8_0's rows of at most 96 (16-element units: d 1536 again),
+    // 96 over 2 for the K-quants' rows of 65-96 units (E4B's d 2560: 80).
     for (auto t : {ggml::Type::Q4_0, ggml::Type::Q4_1, ggml::Type::Q4_K, ggml::Type::Q5_K,
-                   ggml::Type::Q6_K}) {
+                   ggml::Type::Q6_K, ggml::Type::Q8_0}) {
         const auto e2b =
             gj::gemma4::matvec_launch(matvec_spec(t, 1536, 1, MatvecLayout::Split), true);
         EXPECT_EQ(e2b.threads, 32u);
@@ -245,10 +245,6 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
         EXPECT_EQ(e4b.threads, gj::gemma4::spec_util::is_kquant(t) ? 96u : 128u);
         EXPECT_EQ(e4b.rows, 2u);
     }
-    EXPECT_EQ(
-        gj::gemma4::matvec_launch(matvec_spec(ggml::Type::Q8_0, 1536, 1, MatvecLayout::Split), true)
-            .threads,
-        128u);
     const auto q4_0_tall = matvec_spec(ggml::Type::Q4_0, 21504, 1, MatvecLayout::Split, 5376);
     EXPECT_EQ(q4_0_tall.name, "matvec_q4_0.k21504.split.tall");
     EXPECT_EQ(spec_constant(q4_0_tall, "ROWS"), 2);

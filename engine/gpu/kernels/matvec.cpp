@@ -247,12 +247,15 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             // 64 x 2 x 2 701.8 / 704.1 and 770.2 / 771.4; then E2B Q5_K_M 635.1 / 635.7 ->
             // 663.8 / 664.2 and Q6_K 589.7 / 589.1 -> 639.4 / 639.1 with Q5_K / Q6_K too. At
             // E4B's 80 units 32 x 4 lost: Q4_K_M 530.0 / 530.0 -> 523.9 / 522.8). Split Q8_0's
-            // 16-element units make 96 at d 1536: not this rule. The K-quants' rows of 65-96
-            // units (E4B's 80; the 26B-A4B's dense MLP, 88, not measured) take 96 threads over
-            // 2 rows, one batch, instead of 128 with 48 idle (E4B Q4_K_M 529.8 / 528.0 ->
-            // 550.7 / 547.3, 96 x 4 542.1 / 535.7, 96 x 1 489.6 / 488.8; E4B Q4_0 622.7 / 616.8
-            // -> 624.5 / 623.5 at 96 x 2: not taken).
-            if (units <= 64)
+            // 16-element units make 96 at d 1536, which take 32 x 4 x 1 as well (three passes;
+            // H200, 2026-11-30, E2B Q8_0 697.5 / 697.5 / 702.9 -> 712.1 / 707.3 / 710.2, 96 x 2
+            // x 1 lost: 692.4 / 690.9; E4B Q8_0's 160 units at 160 x 2 x 1 lost too: 483.5 /
+            // 482.1 -> 481.6 / 479.5). The K-quants' rows of 65-96 units (E4B's 80, the
+            // 26B-A4B's dense MLP 88) take 96 threads over 2 rows, one batch, instead of 128
+            // with 48 idle (E4B Q4_K_M 529.8 / 528.0 -> 550.7 / 547.3, 96 x 4 542.1 / 535.7, 96
+            // x 1 489.6 / 488.8; 26B-A4B Q4_K_M 541.0 / 540.0 / 540.4 -> 543.3 / 544.1 /
+            // 543.3; E4B Q4_0 622.7 / 616.8 -> 624.5 / 623.5 at 96 x 2: not taken).
+            if (units <= 64 || (weight_type == ggml::Type::Q8_0 && units <= 96))
                 geglu = {32, 4, 1};
             else if (units <= 96 && is_kquant(weight_type))
                 geglu = {96, 2, 1};
