@@ -89,12 +89,13 @@ void check_multi_v(const MultiVCase& c) {
 
 }  // namespace
 
-// E4B (k 2560, 2048 Q rows, 512 KV rows), 12B (k 3840) and 31B (k 5376) widths; row counts that
-// leave the last block of each matrix short.
+// E2B (k 1536: split Q4_K over 32 threads), E4B (k 2560, 2048 Q rows, 512 KV rows), 12B (k 3840)
+// and 31B (k 5376) widths; row counts that leave the last block of each matrix short.
 TEST(MatvecMultiV, QAndKAsTheirSpecVAsQ6K) {
     GJ_REQUIRE_GPU();
     for (ggml::Type qk : {ggml::Type::Q4_K, ggml::Type::Q5_K})
         for (MatvecLayout layout : {MatvecLayout::Split, MatvecLayout::Ggml}) {
+            check_multi_v({qk, layout, 1536, 2047, 255});
             check_multi_v({qk, layout, 2560, 2048, 512});
             check_multi_v({qk, layout, 3840, 4094, 2047});
             check_multi_v({qk, layout, 5376, 1023, 258});
