@@ -89,7 +89,7 @@ void check_multi_v(const MultiVCase& c) {
 
 }  // namespace
 
-// E2B (k 1536: split Q4_K over 32 threads), E4B (k 2560, 2048 Q rows, 512 KV rows), 12B (k 3840)
+// E2B (k 1536), E4B (k 2560, 2048 Q rows, 512 KV rows), 12B (k 3840)
 // and 31B (k 5376) widths; row counts that leave the last block of each matrix short.
 TEST(MatvecMultiV, QAndKAsTheirSpecVAsQ6K) {
     GJ_REQUIRE_GPU();

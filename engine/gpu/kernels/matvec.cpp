@@ -239,11 +239,6 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             threads_used = narrow ? 64 : 128;
             rows = narrow ? 4 : 2;
             unroll = narrow ? 1 : 2;
-            // Rows of at most 64 units (E2B's d 1536: 48) over 32 threads instead of 64 with 16
-            // idle (H200, 2026-11-30, E2B Q4_0 tg128 816.6 / 821.1 -> 826.7 / 828.1; 64 x 2 x 1
-            // 755.5 / 757.7). Split Q8_0's 96 units there keep 64 (32: 705.7 / 701.9 against
-            // 703.1 / 703.2).
-            if (narrow && units <= 64) threads_used = 32;
             // The GeGLU of the narrow types keeps 128 x 2 (above), and Q5_K / Q6_K's the spec's
             // 128 x 2, except over rows of at most 64 units (E2B's d 1536: 48), where 128
             // threads left 80 idle: 32 x 4, one unit per batch, for every type here (H200,
