@@ -19,9 +19,18 @@
 //                      memory; block 0 stores x' (to x_out: the other blocks still read x).
 // Constants: K (a multiple of 256), THREADS (a multiple of 32; one warp per gate|up row pair of a
 // row group, so a group is THREADS / 32 rows), STAGES (row groups in flight per block, >= 2).
-// Launch: any grid (a few blocks per SM), block THREADS, dynamic shared memory stream_smem_bytes
-// (the host's formula: STAGES * STAGE_BYTES + K + K / 32 * 8 + 2 * WARPS * 4); n_rows a multiple
-// of the group.
+// Launch: any grid (a few blocks per SM), block THREADS, dynamic shared memory SMEM (the spec's:
+// STAGES * STAGE_BYTES + K + K / 32 * 8 + 2 * WARPS * 4); n_rows a multiple of the group.
+//
+// A second question, the launch after the GeGLU: the down projection reads the GeGLU product's
+// Q8_1 form, made by a quantize_q8_1 launch, because a block of the engine's GeGLU holds 2-4
+// rows and a Q8_1 block is 32 (the tickets that let one block of 32 rows quantize them measured
+// slower, 2026-11-29). A block that computes 32 whole rows quantizes them itself:
+//   geglu_rows32_q8   block 256 threads, grid n_rows / 32; warp w computes rows 4w .. 4w + 3 of
+//                     the block's 32 (its lanes over the row's units, one row's weights in
+//                     flight while the row before is summed), then warp 0 quantizes the 32
+//                     products (yq: 8 words, yds: one {d, d * sum} per block), as quantize_q8_1
+//                     does, bit for bit.
 #include "gj_ptx.cuh"
 
 #define WARPS (THREADS / 32)
@@ -201,4 +210,77 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                       const float* x, const float* w1, const float* w2, float* x_out, float eps,
                       float* y) {
     stream_geglu<true>(gate, up, n_rows, nullptr, nullptr, u, x, w1, w2, x_out, eps, y);
+}
+
+// 32 rows per block, their Q8_1 form out (above). Each lane holds its units of one row's gate and
+// up weights, the next row's loaded before this one is summed.
+#define R32_PER ((UNITS + 31) / 32)  // units per lane
+
+struct gj_r32_row {
+    uint4 g[R32_PER], u[R32_PER];
+    uint16 dg[R32_PER], du[R32_PER];
+};
+
+GJ_DEVICE void r32_load(gj_r32_row& w, const uint8* gate, const uint8* up, int n_rows, int row,
+                        int lane) {
+#pragma unroll
+    for (int i = 0; i < R32_PER; ++i) {
+        const int u = min(lane + 32 * i, UNITS - 1);  // a lane past the row end repeats a unit
+        w.g[i] = ld_stream_u32x4(gate + (size_t)row * QBYTES + 16 * u);
+        w.u[i] = ld_stream_u32x4(up + (size_t)row * QBYTES + 16 * u);
+        w.dg[i] = ld_nc_u16(gate + (size_t)n_rows * QBYTES + ((size_t)row * UNITS + u) * 2);
+        w.du[i] = ld_nc_u16(up + (size_t)n_rows * QBYTES + ((size_t)row * UNITS + u) * 2);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    geglu_rows32_q8(const uint8* __restrict__ gate, const uint8* __restrict__ up, int n_rows,
+                    const uint32* __restrict__ xq, const float2* __restrict__ xds,
+                    float* __restrict__ y, uint32* __restrict__ yq, float2* __restrict__ yds) {
+    __shared__ float4 out4[8];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = blockIdx.x * 32 + warp * 4;
+    gj_r32_row w[2];
+    r32_load(w[0], gate, up, n_rows, r0, lane);  // weights first: no kernel writes them
+    gj_grid_sync();
+    int4 lo[R32_PER], hi[R32_PER];
+    float2 ds[R32_PER];
+#pragma unroll
+    for (int i = 0; i < R32_PER; ++i) {
+        const int u = min(lane + 32 * i, UNITS - 1);
+        lo[i] = __ldg((const int4*)xq + 2 * u);
+        hi[i] = __ldg((const int4*)xq + 2 * u + 1);
+        ds[i] = __ldg(xds + u);
+    }
+    float* out = (float*)out4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (j + 1 < 4) r32_load(w[(j + 1) % 2], gate, up, n_rows, r0 + j + 1, lane);
+        const gj_r32_row& c = w[j % 2];
+        float sg = 0.0f, su = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R32_PER; ++i) {
+            if (lane + 32 * i >= UNITS) continue;
+            int32 s = gj_q4_dot8(c.g[i].x, c.g[i].y, lo[i].x, lo[i].y, hi[i].x, hi[i].y, 0);
+            s = gj_q4_dot8(c.g[i].z, c.g[i].w, lo[i].z, lo[i].w, hi[i].z, hi[i].w, s);
+            sg += f16_to_f32(c.dg[i]) * (ds[i].x * (float)s - 8.0f * ds[i].y);
+            s = gj_q4_dot8(c.u[i].x, c.u[i].y, lo[i].x, lo[i].y, hi[i].x, hi[i].y, 0);
+            s = gj_q4_dot8(c.u[i].z, c.u[i].w, lo[i].z, lo[i].w, hi[i].z, hi[i].w, s);
+            su += f16_to_f32(c.du[i]) * (ds[i].x * (float)s - 8.0f * ds[i].y);
+        }
+        sg = warp_sum(sg);
+        su = warp_sum(su);
+        if (lane == 0) out[warp * 4 + j] = gelu_tanh(sg) * su;
+    }
+    __syncthreads();
+    if (warp == 0) {  // lanes 8..31 repeat lanes 0..7's groups; their shuffles stay in-group
+        const float4 v = out4[lane % 8];
+        float2 d;
+        const uint32 packed = quantize_q8_1_group8(v, &d);
+        if (lane < 8) {
+            yq[blockIdx.x * 8 + lane] = packed;
+            if (y) ((float4*)y)[blockIdx.x * 8 + lane] = v;
+            if (lane == 0) yds[blockIdx.x] = d;
+        }
+    }
 }

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "engine/gpu/kernels/matvec.h"
+#include "engine/gpu/kernels/quantize_q8_1.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
 #include "jit/device.h"
@@ -36,7 +38,7 @@ constexpr float kEps = 1e-6f;
 struct Probe {
     int k, threads, stages, smem;
     gj::jit::KernelSpec spec;
-    const gj::jit::Kernel *q8, *norm;
+    const gj::jit::Kernel *q8, *norm, *rows32;
     Probe(int k_, int threads_, int stages_)
         : k(k_),
           threads(threads_),
@@ -46,6 +48,7 @@ struct Probe {
         const auto& g = kernels_for(spec);
         q8 = &g.get(spec.name, "stream_geglu_q8");
         norm = &g.get(spec.name, "stream_geglu_norm");
+        rows32 = &g.get(spec.name, "geglu_rows32_q8");
     }
     int group() const { return threads / 32; }
     // The most blocks of this probe one SM holds (shared memory and threads).
@@ -165,13 +168,31 @@ TEST(StreamProbe, GegluEntriesMatchTheCpu) {
             for (int i = 0; i < k; ++i)
                 ASSERT_NEAR(xo_h[i], xn[i], 1e-5 * (1 + std::abs(xn[i]))) << "x' " << i;
         }
+
+        // 32 rows a block, their Q8_1 form made by the block: the products as the q8 entry's
+        // (same sums, same order), and their Q8_1 form the CPU's of those products, bit for bit.
+        DeviceBuffer y32(size_t(n) * 4), yq(size_t(n) + 16), yds(size_t(n) / 32 * 8);
+        CUdeviceptr g = dg.ptr(), up = du.ptr(), xq = dxq.ptr(), xds = dxds.ptr(), yp = y32.ptr(),
+                    yqp = yq.ptr(), ydsp = yds.ptr();
+        int rows = n;
+        void* a32[] = {&g, &up, &rows, &xq, &xds, &yp, &yqp, &ydsp};
+        p.rows32->launch({unsigned(n / 32)}, {256}, 0, dev.stream(), a32);
+        dev.synchronize();
+        const auto y32h = from_device<float>(y32, n);
+        for (int r = 0; r < n; ++r)
+            ASSERT_NEAR(y32h[r], want_q8[r], tol[r]) << "rows32 entry, row " << r;
+        const Q81 want = quantize_q8_1(y32h.data(), n);
+        EXPECT_EQ(from_device<int8_t>(yq, n), want.q);
+        EXPECT_EQ(from_device<float>(yds, n / 32 * 2), interleave(want));
     }
 }
 
 // us per layer of a chain of `layers` post-attention steps at a model's FFN shape (split Q4_0),
 // captured in one CUDA graph with every launch a programmatic dependent of the one before, the
 // weights cycling through more than L2 holds: the engine's norm launch + GeGLU launch, the
-// GeGLU alone, and the probe's entries over grids of 1..4 blocks per SM. Median of 5 replays.
+// GeGLU alone, the GeGLU + the quantize launch of its product, the 32-row GeGLU making that Q8_1
+// form itself, and the streaming entries over grids of 1..4 blocks per SM (not with
+// GJ_PROBE_ROWS32_ONLY set). Median of 5 replays.
 TEST(StreamProbe, DISABLED_NormAndGegluCost) {
     GJ_REQUIRE_GPU();
     auto& dev = gj::jit::Device::get();
@@ -212,8 +233,16 @@ TEST(StreamProbe, DISABLED_NormAndGegluCost) {
         const auto ns = gj::gemma4::rmsnorm_spec(k, true, true, true, false, true);
         const auto& norm = kernels_for(ns).get(ns.name, "rmsnorm_ext");
         const unsigned tpr = unsigned(gj::gemma4::spec_constant(ns, "TPR"));
+        const auto qs = gj::gemma4::quantize_spec();
+        const auto& quantize = kernels_for(qs).get(qs.name, "quantize_q8_1");
+        const unsigned q_threads = unsigned(gj::gemma4::spec_constant(qs, "THREADS"));
+        DeviceBuffer yq(size_t(n) + 16), yds(size_t(n) / 32 * 8);
+        CUdeviceptr yqp = yq.ptr(), ydsp = yds.ptr();
+        int y_blocks = n / 32;
 
-        auto enqueue_engine = [&](bool with_norm) {
+        // with_norm: the norm launch before each GeGLU; with_quantize: the quantize launch of its
+        // product after it.
+        auto enqueue_engine = [&](bool with_norm, bool with_quantize) {
             for (int l = 0; l < layers; ++l) {
                 if (with_norm) {
                     void* a[] = {&u, &w1, &x, &xo, &none, &w2, &none, &xq, &xds, &one, &eps};
@@ -222,6 +251,18 @@ TEST(StreamProbe, DISABLED_NormAndGegluCost) {
                 CUdeviceptr g = w[2 * (l % copies)].ptr(), up = w[2 * (l % copies) + 1].ptr();
                 void* a[] = {&g, &up, &xq, &xds, &none, &yp, &rows};
                 geglu.launch({ceil_div(n, shape.rows)}, {shape.threads}, 0, stream, a, true);
+                if (with_quantize) {
+                    void* b[] = {&yp, &yqp, &ydsp, &y_blocks};
+                    quantize.launch({ceil_div(size_t(y_blocks) * 8, q_threads)}, {q_threads}, 0,
+                                    stream, b, true);
+                }
+            }
+        };
+        auto enqueue_rows32 = [&](const Probe& p) {
+            for (int l = 0; l < layers; ++l) {
+                CUdeviceptr g = w[2 * (l % copies)].ptr(), up = w[2 * (l % copies) + 1].ptr();
+                void* a[] = {&g, &up, &rows, &xq, &xds, &none, &yqp, &ydsp};
+                p.rows32->launch({unsigned(n / 32)}, {256}, 0, stream, a, true);
             }
         };
         auto enqueue_probe = [&](const Probe& p, unsigned grid, bool with_norm) {
@@ -243,8 +284,12 @@ TEST(StreamProbe, DISABLED_NormAndGegluCost) {
         dev.synchronize();
         time("engine: norm launch + GeGLU " + std::to_string(shape.threads) + "x" +
                  std::to_string(shape.rows),
-             [&] { enqueue_engine(true); });
-        time("engine: GeGLU alone", [&] { enqueue_engine(false); });
+             [&] { enqueue_engine(true, false); });
+        time("engine: GeGLU alone", [&] { enqueue_engine(false, false); });
+        time("engine: GeGLU + quantize launch", [&] { enqueue_engine(false, true); });
+        const Probe p32(k, 256, 3);
+        time("rows32: GeGLU making its Q8_1 form", [&] { enqueue_rows32(p32); });
+        if (std::getenv("GJ_PROBE_ROWS32_ONLY")) continue;
         for (const auto& [threads, stages] :
              {std::pair{128, 4}, std::pair{128, 6}, std::pair{256, 3}, std::pair{64, 8}}) {
             Probe p(k, threads, stages);

@@ -66,7 +66,7 @@ jit::KernelSpec stream_probe_spec(int k, int threads, int stages) {
     const int warps = threads / 32;
     const int smem = stages * 2 * warps * (k / 2 + k / 16) + k + k / 32 * 8 + 2 * warps * 4;
     s.constants = {{"K", k}, {"THREADS", threads}, {"STAGES", stages}, {"SMEM", smem}};
-    s.entries = {"stream_geglu_q8", "stream_geglu_norm"};
+    s.entries = {"stream_geglu_q8", "stream_geglu_norm", "geglu_rows32_q8"};
     return s;
 }
 
