@@ -125,3 +125,19 @@ TEST(KernelTemplates, StreamProbeCompilesWithItsCopiesAheadOfTheWait) {
                           }
                       });
 }
+
+// The PLE cluster probe (tests/gpu/gpu_test_ple_cluster_probe.cpp) at E2B's and E4B's widths: on
+// sm_90 its sums meet at cluster barriers through distributed shared memory; on sm_80 it traps.
+TEST(KernelTemplates, PleClusterProbeCompilesWithItsClusterBarrier) {
+    compile_and_check(
+        all_specs_of({"ple_cluster_probe"}), [](const CompiledKernel& c, const std::string& arch) {
+            const std::string ptx = entry_ptx(c.ptx, "ple_proj_norm");
+            if (arch == "sm_90") {
+                EXPECT_NE(ptx.find("barrier.cluster.arrive.release"), std::string::npos);
+                EXPECT_NE(ptx.find("st.shared::cluster"), std::string::npos);
+                EXPECT_NE(ptx.find(".reqnctapercluster 8"), std::string::npos);
+            } else {
+                EXPECT_NE(ptx.find("trap"), std::string::npos);
+            }
+        });
+}

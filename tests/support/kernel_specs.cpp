@@ -70,6 +70,21 @@ jit::KernelSpec stream_probe_spec(int k, int threads, int stages) {
     return s;
 }
 
+jit::KernelSpec ple_cluster_probe_spec(int d, int cluster) {
+    KernelSpec s;
+    s.family = "ple_cluster_probe";
+    s.name = fmt::format("ple_cluster_probe.d{}.c{}", d, cluster);
+    constexpr int p = 256;
+    // A block's rows of the split Q4_0 projection in shared memory.
+    s.constants = {{"D", d},
+                   {"P", p},
+                   {"CLUSTER", cluster},
+                   {"THREADS", 256},
+                   {"SMEM", d / cluster * (p / 2 + p / 16)}};
+    s.entries = {"ple_proj_norm"};
+    return s;
+}
+
 namespace {
 
 // The mmq (int8 tensor-core GEMM) specs of a model's dense matrices: (k, n_rows) of the Q, K, V,
@@ -125,6 +140,7 @@ std::vector<KernelSpec> all_specs() {
     add(ptx_selftest_spec());
     add(chain_probe_spec());
     for (int k : {1536, 2560, 3840, 5376}) add(stream_probe_spec(k, 128, 4));
+    for (int d : {1536, 2560}) add(ple_cluster_probe_spec(d, 8));
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));

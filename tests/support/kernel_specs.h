@@ -31,6 +31,10 @@ jit::KernelSpec chain_probe_spec();
 // The stream probe's spec for input width k (kernel_templates/stream_probe.cu,
 // tests/gpu/gpu_test_stream_probe.cpp); its blocks take SMEM bytes of dynamic shared memory.
 jit::KernelSpec stream_probe_spec(int k, int threads, int stages);
+// The PLE cluster probe's spec for model width d and `cluster` blocks
+// (kernel_templates/ple_cluster_probe.cu, tests/gpu/gpu_test_ple_cluster_probe.cpp): a PLE
+// projection of 256 inputs and its post-norm.
+jit::KernelSpec ple_cluster_probe_spec(int d, int cluster);
 // The specs of all_specs() whose family is one of `families`.
 std::vector<jit::KernelSpec> all_specs_of(const std::set<std::string>& families);
 
