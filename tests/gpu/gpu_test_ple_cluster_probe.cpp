@@ -205,6 +205,22 @@ TEST(PleClusterProbe, DISABLED_ProjectionAndNormCost) {
         for (size_t i = 0; i < cs.size(); ++i)
             time("cluster: both, " + cs[i].name, [&] { fused(i); });
         time("engine: projection + post-norm launches", [&] { engine(true, true); });
+        // The post-norm over more threads than the plan's (about 4 float4 each): 2 and 1.
+        for (const unsigned t : {2 * tpr, 4 * tpr}) {
+            if (t > 1024) continue;
+            auto wide = ns;
+            gj::gemma4::set_spec_constant(wide, "TPR", t);
+            wide.name += ".tpr" + std::to_string(t);
+            const auto& kw = kernels_for(wide).get(wide.name, "rmsnorm_ext");
+            time("post-norm alone, " + std::to_string(t) +
+                     " threads (plan: " + std::to_string(tpr) + ")",
+                 [&] {
+                     for (int l = 0; l < layers; ++l) {
+                         void* a[] = {&pp, &wp, &x, &xo, &sc, &wn, &none, &q, &qd, &one, &eps};
+                         kw.launch({1}, {t}, 0, stream, a, true);
+                     }
+                 });
+        }
     }
     dev.synchronize();
 }
