@@ -48,10 +48,8 @@ struct PleLayer {
         gate = random_normal(kP, 1.0f, rng);
         other = random_normal(kP, 1.0f, rng);
         x = random_normal(d, 1.0f, rng);
-        w_post = random_normal(d, 0.3f, rng);
-        w_next = random_normal(d, 0.3f, rng);
-        for (auto* v : {&w_post, &w_next})
-            for (auto& e : *v) e += 1.0f;
+        w_post = random_norm_weights(d, 0.3f, rng);
+        w_next = random_norm_weights(d, 0.3f, rng);
         dgate = to_device(gate);
         dother = to_device(other);
         dx = to_device(x);

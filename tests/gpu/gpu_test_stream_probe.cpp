@@ -66,10 +66,8 @@ struct NormInputs {
     NormInputs(int k, std::mt19937& rng) {
         u = random_normal(k, 3.0f, rng);
         x = random_normal(k, 1.0f, rng);
-        w1 = random_normal(k, 0.5f, rng);
-        w2 = random_normal(k, 0.5f, rng);
-        for (auto* v : {&w1, &w2})
-            for (auto& e : *v) e += 1.0f;
+        w1 = random_norm_weights(k, 0.5f, rng);
+        w2 = random_norm_weights(k, 0.5f, rng);
         du = to_device(u);
         dx = to_device(x);
         dw1 = to_device(w1);

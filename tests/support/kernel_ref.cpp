@@ -58,6 +58,12 @@ std::vector<float> random_normal(size_t n, float sigma, std::mt19937& rng) {
     return v;
 }
 
+std::vector<float> random_norm_weights(size_t n, float sigma, std::mt19937& rng) {
+    std::vector<float> w = random_normal(n, sigma, rng);
+    for (float& v : w) v += 1.0f;
+    return w;
+}
+
 std::vector<uint8_t> random_weights(ggml::Type type, int rows, int k, std::mt19937& rng,
                                     std::vector<float>& dequant) {
     const auto row_bytes = *ggml::row_bytes(type, k);

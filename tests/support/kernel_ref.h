@@ -37,6 +37,8 @@ std::vector<uint8_t> random_weights(ggml::Type type, int rows, int k, std::mt199
 
 // Normal(0, sigma) values.
 std::vector<float> random_normal(size_t n, float sigma, std::mt19937& rng);
+// Norm weights around 1: 1 + Normal(0, sigma) (Gemma 4 stores them without the +1 offset).
+std::vector<float> random_norm_weights(size_t n, float sigma, std::mt19937& rng);
 
 // ggml blocks [rows][k / 32] -> the split layout of matvec_common.cuh (payload plane, then fp16
 // scale plane); Q4_K / Q5_K / Q6_K super-blocks -> their split planes
