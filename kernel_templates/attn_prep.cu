@@ -189,8 +189,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
         const bool in_row = HALF_VEC % 32 == 0 || i < HALF_VEC;
         lo[k] = in_row ? src4[i] : make_float4(0.f, 0.f, 0.f, 0.f);
         hi[k] = in_row ? src4[HALF_VEC + i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        ss += lo[k].x * lo[k].x + lo[k].y * lo[k].y + lo[k].z * lo[k].z + lo[k].w * lo[k].w;
-        ss += hi[k].x * hi[k].x + hi[k].y * hi[k].y + hi[k].z * hi[k].z + hi[k].w * hi[k].w;
+        ss += f4_sum_sq(lo[k]);
+        ss += f4_sum_sq(hi[k]);
     }
     ss = warp_sum(ss);
     const float scale = 1.0f / sqrtf(ss * (1.0f / HEAD_DIM) + eps);

@@ -279,6 +279,16 @@ GJ_DEVICE void gj_grid_sync() {
 }
 
 // ------------------------------------------------------------------------------------------------
+// x² + y² + z² + w² of a float4 in one fixed order. Written as plain arithmetic, the compiler may
+// contract it into FMAs starting from either product, and it has chosen differently for the same
+// line in two specializations (rmsnorm width 2560 with and without PARTS, one float4 per thread):
+// kernels that must give each other's sums bit for bit (a norm and the matvec prologue repeating
+// it, PARTS and its reduced form) need the order pinned.
+GJ_DEVICE float f4_sum_sq(float4 v) {
+    return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, __fmul_rn(v.x, v.x))));
+}
+
+// ------------------------------------------------------------------------------------------------
 // Warp reductions over groups of kWidth consecutive lanes (kWidth a power of two <= 32). Every lane
 // of the group ends with the group's result. All lanes of the warp must call them.
 template <int kWidth = 32>

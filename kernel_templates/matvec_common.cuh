@@ -569,8 +569,7 @@ struct gj_pro_norm_add {
         if (on) {
             float ss = 0.0f;
 #pragma unroll
-            for (int k = 0; k < kVpt; ++k)
-                ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+            for (int k = 0; k < kVpt; ++k) ss += f4_sum_sq(v[k]);
             ss = warp_sum<kWidth>(ss);
             if (t % 32 == 0 && t < kTpr) partial[t / 32] = ss;
         }

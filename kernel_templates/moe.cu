@@ -269,8 +269,8 @@ extern "C" __global__ void __launch_bounds__(256)
                 b[j].w = fmaf(wk[k], v.w, b[j].w);
             }
         }
-        sa += a[j].x * a[j].x + a[j].y * a[j].y + a[j].z * a[j].z + a[j].w * a[j].w;
-        sb += b[j].x * b[j].x + b[j].y * b[j].y + b[j].z * b[j].z + b[j].w * b[j].w;
+        sa += f4_sum_sq(a[j]);
+        sb += f4_sum_sq(b[j]);
     }
     sa = warp_sum(sa);
     sb = warp_sum(sb);

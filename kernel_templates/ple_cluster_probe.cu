@@ -78,9 +78,6 @@ GJ_DEVICE float4 f4_scale(float4 a, float s) {
 GJ_DEVICE float4 f4_mul(float4 a, float4 b) {
     return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
 }
-GJ_DEVICE float f4_dot(float4 a, float4 b) {
-    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-}
 
 extern "C" __global__ void
 #if __CUDA_ARCH__ >= 900
@@ -151,11 +148,11 @@ __cluster_dims__(CLUSTER, 1, 1)
 
     // x = (x + rmsnorm(p) w_post) * scale, h = rmsnorm(x) w_next.
     const float4 p4 = row_live ? ((const float4*)pout)[t] : zero;
-    const float s1 = rsqrt_refined(gj_cluster_sum(f4_dot(p4, p4), wred[0], cred[0]) / D + eps);
+    const float s1 = rsqrt_refined(gj_cluster_sum(f4_sum_sq(p4), wred[0], cred[0]) / D + eps);
     const float4 pw = f4_mul(f4_scale(p4, s1), wp4);
     const float4 xn =
         make_float4((x4.x + pw.x) * sc, (x4.y + pw.y) * sc, (x4.z + pw.z) * sc, (x4.w + pw.w) * sc);
-    const float s2 = rsqrt_refined(gj_cluster_sum(f4_dot(xn, xn), wred[1], cred[1]) / D + eps);
+    const float s2 = rsqrt_refined(gj_cluster_sum(f4_sum_sq(xn), wred[1], cred[1]) / D + eps);
     if ((t & ~31) < RPB / 4) {  // warps with rows (RPB / 4 groups of 8 lanes are whole)
         float2 ds;
         const uint32 packed = quantize_q8_1_group8(f4_mul(f4_scale(xn, s2), wn4), &ds);

@@ -311,7 +311,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
                 v[k].z += p.z;
                 v[k].w += p.w;
             }
-        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        ss += f4_sum_sq(v[k]);
     }
     ss = gj_row_sum(ss, partial[0]);
     // About 1 ulp (rsqrt_refined), like the CPU's double computation rounded to float.
@@ -339,7 +339,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
 #endif
         if (in_row && live && y != nullptr) ((float4*)(y + (size_t)r * N))[i] = o;
 #if NORM2
-        ss2 += o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w;
+        ss2 += f4_sum_sq(o);
 #elif QUANT
         gj_quantize_store(o, in_row && live, r, i, yq, yds);
 #endif

@@ -80,9 +80,6 @@ GJ_DEVICE float4 f4_fma(float4 a, float s, float4 b, float4 c) {  // a + s * b *
     return make_float4(a.x + s * b.x * c.x, a.y + s * b.y * c.y, a.z + s * b.z * c.z,
                        a.w + s * b.w * c.w);
 }
-GJ_DEVICE float f4_sq(float4 a) {
-    return a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-}
 
 template <bool kNorm>
 GJ_DEVICE void stream_geglu(const uint8* __restrict__ gate, const uint8* __restrict__ up,
@@ -132,7 +129,7 @@ GJ_DEVICE void stream_geglu(const uint8* __restrict__ gate, const uint8* __restr
             const int f = threadIdx.x + j * THREADS;
             if (f < VEC) {
                 uv[j] = ((const float4*)u_in)[f];
-                ss += f4_sq(uv[j]);
+                ss += f4_sum_sq(uv[j]);
             }
         }
         const float s1 = rsqrtf(stream_block_sum(ss, red) / K + eps);
@@ -142,7 +139,7 @@ GJ_DEVICE void stream_geglu(const uint8* __restrict__ gate, const uint8* __restr
             const int f = threadIdx.x + j * THREADS;
             if (f < VEC) {
                 xv[j] = f4_fma(xv[j], s1, uv[j], w1v[j]);
-                ss2 += f4_sq(xv[j]);
+                ss2 += f4_sum_sq(xv[j]);
                 if (blockIdx.x == 0) ((float4*)x_out)[f] = xv[j];
             }
         }
