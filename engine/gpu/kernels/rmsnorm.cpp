@@ -14,13 +14,20 @@ using spec_util::next_pow2;
 using spec_util::round_up;
 
 int rmsnorm_threads_per_row(int n) {
-    // Narrow rows (head dims) share a warp between several rows (a block holds 128 / TPR of them),
-    // about 4 float4 per thread. Wide rows (d_model) get a block each and one float4 per thread:
-    // a decode step's norm is a link in a dependent chain, where its latency is what counts
-    // (H200, a 64-layer chain of post-norms: d1536 2.32 us at 4 float4 per thread, 1.44 at 1;
-    // d2560 2.53, 1.79).
-    return n <= 512 ? std::clamp(next_pow2((n + 15) / 16), 8, 32)
-                    : std::min(1024, round_up((n + 3) / 4, 32));
+    // Narrow rows (head dims) share a warp between several rows (a block holds 128 / TPR of
+    // them), about 4 float4 per thread.
+    if (n <= 512) return std::clamp(next_pow2((n + 15) / 16), 8, 32);
+    // Wide rows (d_model) get a block each. A decode step's norm is a link in a dependent chain,
+    // where its latency is what counts, and fewer float4 per thread shorten it until the
+    // block-wide reduction over more warps costs more than it saves. Whole model, H200 tg128
+    // (docs/PERFORMANCE.md, 2026-11-30), against the 4 float4 per thread of before:
+    //   d 1536 (E2B) 1 float4 per thread (384 threads) +3.5%; d 2560 (E4B) 1 (640) +2..4%;
+    //   d 2816 (26B-A4B) 2 (352) +6.3%; d 3840 (12B) 2 (480) -0.7%, 1 (960) -0.6%;
+    //   d 5376 (31B) 1 (1024) +-0.
+    const int vec = (n + 3) / 4;
+    if (vec <= 640) return round_up(vec, 32);
+    if (vec <= 768) return round_up((vec + 1) / 2, 32);
+    return std::min(1024, round_up((n + 15) / 16, 32));
 }
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
