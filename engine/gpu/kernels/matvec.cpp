@@ -20,7 +20,6 @@ using spec_util::is_float_type;
 using spec_util::is_kquant;
 using spec_util::next_pow2;
 using spec_util::quant_type_tag;
-using spec_util::round_up;
 using spec_util::supported_types;
 
 namespace {
@@ -86,7 +85,7 @@ jit::KernelSpec with_ple_input(jit::KernelSpec s, int k, PleInput ple) {
         // prologue, which is on the step's critical path (H200, E4B Q4_K_M tg128: 128 threads,
         // two trips, 455 tokens/s; 256 threads 465.7; 64 threads 415).
         for (auto& [name, value] : s.constants)
-            if (name == "THREADS") value = std::max<int64_t>(value, round_up(norm_threads, 32));
+            if (name == "THREADS") value = std::max<int64_t>(value, norm_threads);
     } else {
         // One float4 of the GeLU product per thread, for the same reason (E4B Q4_K_M, k 256:
         // 32 threads, two trips, 461.5 tokens/s; 64 threads 465.4; 128 threads 466.0).

@@ -24,10 +24,8 @@ int rmsnorm_threads_per_row(int n) {
     //   d 1536 (E2B) 1 float4 per thread (384 threads) +3.5%; d 2560 (E4B) 1 (640) +2..4%;
     //   d 2816 (26B-A4B) 2 (352) +6.3%; d 3840 (12B) 2 (480) -0.7%, 1 (960) -0.6%;
     //   d 5376 (31B) 1 (1024) +-0.
-    const int vec = (n + 3) / 4;
-    if (vec <= 640) return round_up(vec, 32);
-    if (vec <= 768) return round_up((vec + 1) / 2, 32);
-    return std::min(1024, round_up((n + 15) / 16, 32));
+    const int vec = (n + 3) / 4, per_thread = vec <= 640 ? 1 : vec <= 768 ? 2 : 4;
+    return std::min(1024, round_up((vec + per_thread - 1) / per_thread, 32));
 }
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
