@@ -700,3 +700,27 @@ TEST(KernelPlan, DecodeMatvecsCarryTheL2Prefetch) {
         gj::gemma4::with_decode_prefetch(gj::gemma4::matvec_spec(ggml::Type::Q4_0, 2560, 1), -1),
         std::invalid_argument);
 }
+
+// A wide row's norm takes the threads whole-model runs chose for its width (rmsnorm.cpp), and a
+// PLE gate's block plays every one of them in one trip, for the real E2B and E4B plans.
+TEST(KernelPlan, WideNormsTakeTheirMeasuredThreads) {
+    using gj::gemma4::rmsnorm_threads_per_row;
+    EXPECT_EQ(rmsnorm_threads_per_row(1536), 384);  // E2B: 1 float4 per thread
+    EXPECT_EQ(rmsnorm_threads_per_row(2560), 640);  // E4B: 1
+    EXPECT_EQ(rmsnorm_threads_per_row(2816), 352);  // 26B-A4B: 2
+    EXPECT_EQ(rmsnorm_threads_per_row(3840), 256);  // 12B: 4
+    EXPECT_EQ(rmsnorm_threads_per_row(5376), 352);  // 31B: 4
+    EXPECT_EQ(rmsnorm_threads_per_row(256), 16);    // a narrow row shares a warp
+    for (const char* v : {"e2b", "e4b"}) {
+        const Config cfg = Config::preset(v);
+        int gates = 0;
+        for (const auto& s : build_kernel_plan(cfg, ggml::Type::Q4_0))
+            if (s.name.ends_with(".ple_gate")) {
+                ++gates;
+                const auto tpr = gj::gemma4::spec_constant(s, "NORM_TPR");
+                EXPECT_EQ(tpr, rmsnorm_threads_per_row(cfg.d_model)) << s.name;
+                EXPECT_GE(gj::gemma4::spec_constant(s, "THREADS"), tpr) << s.name;
+            }
+        EXPECT_GT(gates, 0) << v;
+    }
+}
