@@ -261,8 +261,7 @@ const std::vector<FlagDef>& flag_table() {
          .default_value = "-1",
          .help = "SMs a prefill chunk's cuBLAS products leave to the F16 copies of the next "
                  "layer's quantized weights made beside them (cuBLAS's SM-count target); -1: "
-                 "1/11 of the GPU's SMs for chunks under 1024 rows and none for longer ones or "
-                 "under tensor parallelism, "
+                 "1/11 of the GPU's SMs for chunks under 1024 rows and none for longer ones, "
                  "0: none (the copies run only in the products' gaps)",
          .min = -1,
          .max = 1024},

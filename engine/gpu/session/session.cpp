@@ -108,11 +108,10 @@ int GpuSession::blas_sm_target(int T) const {
     // are a third of a 31B chunk's time and hardly overlap. With 12 of 132 SMs left to them the
     // two overlap (31B Q4_0 pp512 +4%, E4B Q8_0 +2.4% on the H100); from 2048 rows the copies
     // are a small share and the products lose more than the overlap gains. A tensor-parallel
-    // rank (NCCL's kernels beside as well) measured no gain either: 2x H100 31B pp512 10703 with
-    // the target, 10814 without (docs/PERFORMANCE.md).
+    // rank gains as well since its all-reduces run on NCCL's symmetric kernels (2x H200, 31B
+    // Q4_0 pp512 TP=2 +4.8%, 12B +0.3%; 8 or 16 SMs no better; docs/PERFORMANCE.md).
     const int sms = jit::Device::get().sm_count();
-    const bool tp = model_.tensor_parallel().active();
-    const int reserve = copy_sms_ >= 0 ? copy_sms_ : T < 1024 && !tp ? sms / 11 : 0;
+    const int reserve = copy_sms_ >= 0 ? copy_sms_ : T < 1024 ? sms / 11 : 0;
     return reserve > 0 ? sms - reserve : 0;
 }
 
