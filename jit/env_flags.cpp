@@ -177,6 +177,30 @@ const std::vector<FlagDef>& flag_table() {
                  "rank's symmetric window themselves (one slot per rank), so the post-norm after "
                  "the barrier reads local memory only; 0: the post-norm reads the peers' windows "
                  "(docs/TENSOR_PARALLEL.md)"},
+        {.name = "GEMMAJIT_TP_PREFILL_PUSH",
+         .family = "device",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "2",
+         .help = "tensor parallelism, with GEMMAJIT_TP_FUSED_NORM, on splits of up to this many "
+                 "GPUs: a prefill chunk's bf16 partial products (GEMMAJIT_TP_BF16_ROWS) are "
+                 "stored by one kernel into every rank's symmetric window, which then meets the "
+                 "other ranks at an LSA barrier, and the post-norm sums the ranks' products in "
+                 "fp32 (a rank sends its whole product to each other rank: from 4 GPUs on more "
+                 "bytes than NCCL's all-reduce); 0: a conversion to bf16 and NCCL's bf16 "
+                 "all-reduce always (docs/TENSOR_PARALLEL.md)",
+         .min = 0,
+         .max = 8},
+        {.name = "GEMMAJIT_TP_PUSH_BLOCKS",
+         .family = "device",
+         .type = T::Int,
+         .cls = C::Neutral,
+         .default_value = "0",
+         .help = "tensor parallelism: the blocks of a prefill chunk's push of its products "
+                 "(GEMMAJIT_TP_PREFILL_PUSH); 0: one per SM (on 2x H200 the 31B's pp512 measured "
+                 "best there: 16 blocks -3%, 32 -1.5%, 264 and 528 -0.5%)",
+         .min = 0,
+         .max = 1024},
         {.name = "GEMMAJIT_NCCL_INCLUDE",
          .family = "device",
          .type = T::Path,
@@ -290,6 +314,15 @@ const std::vector<FlagDef>& flag_table() {
          .help = "0: a prefill chunk's Q, K and V products on F16 weight copies as three cuBLAS "
                  "products (K and V on the side streams) instead of one product over the three "
                  "copies, which lie side by side (same math; cuBLAS may pick other kernels)"},
+        {.name = "GEMMAJIT_MERGE_GATE_UP",
+         .family = "path",
+         .type = T::Bool,
+         .cls = C::Neutral,
+         .default_value = "1",
+         .help = "0: a prefill chunk's FFN gate and up products on F16 weight copies as two "
+                 "cuBLAS products instead of one product over the two copies, which lie side by "
+                 "side, where that product is at most 24576 rows (same math; cuBLAS may pick "
+                 "other kernels)"},
         {.name = "GEMMAJIT_FUSE_PLE",
          .family = "path",
          .type = T::Bool,

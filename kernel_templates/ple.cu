@@ -28,6 +28,9 @@
 //   gelu_mul_f16(gate, up, out, T): out = f16(gelu_tanh(gate) * up) over [T][P], 4 values per
 //     thread (grid ceil(T * P / 512)): that GeGLU written straight as the F16 input of the down
 //     projection's cuBLAS product, the value gelu_mul_inplace and f32_to_f16 would give
+//   gelu_mul_pair(gu, y, T), gelu_mul_f16_pair(gu, out, T): the same two from one cuBLAS product
+//     of the gate and up copies side by side, gu [T][2P] (each token's gate row, then its up
+//     row), into y [T][P] fp32 / out [T][P] f16; 4 values per thread (grid ceil(T * P / 512))
 #include "gj_ptx.cuh"
 
 static_assert(P % 32 == 0 && P > 0, "ple: P must be a positive multiple of 32");
@@ -102,6 +105,32 @@ extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
     const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;
     if (i >= T * P) return;
     y[i] = gelu_tanh(gate[i]) * y[i];
+}
+
+// Group i of 4 values of a [T][P] GeGLU, gelu_tanh(gate) * up, from gu [T][2P] (each token's
+// gate half, then its up half).
+GJ_DEVICE float4 gj_geglu_pair4(const float4* __restrict__ gu, int i) {
+    const int t = i / (P / 4), c = i - t * (P / 4);
+    const float4 g = __ldg(gu + (size_t)t * (P / 2) + c);
+    const float4 u = __ldg(gu + (size_t)t * (P / 2) + P / 4 + c);
+    return make_float4(gelu_tanh(g.x) * u.x, gelu_tanh(g.y) * u.y, gelu_tanh(g.z) * u.z,
+                       gelu_tanh(g.w) * u.w);
+}
+
+extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
+    gelu_mul_pair(const float4* __restrict__ gu, float4* __restrict__ y, int T) {
+    gj_grid_sync();
+    const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;  // group of 4 values
+    if (i < T * (P / 4)) y[i] = gj_geglu_pair4(gu, i);
+}
+
+extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)
+    gelu_mul_f16_pair(const float4* __restrict__ gu, uint2* __restrict__ out, int T) {
+    gj_grid_sync();
+    const int i = blockIdx.x * GJ_PLE_THREADS + threadIdx.x;  // group of 4 values
+    if (i >= T * (P / 4)) return;
+    const float4 v = gj_geglu_pair4(gu, i);
+    out[i] = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
 }
 
 extern "C" __global__ void __launch_bounds__(GJ_PLE_THREADS)

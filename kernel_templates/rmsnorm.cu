@@ -32,7 +32,10 @@
 //           attention residual take one launch (needs NORM2 and QUANT)
 //   X_BF16  1: x holds [rows][N] bf16 values instead of floats (read exactly as floats): a
 //           tensor-parallel prefill chunk's all-reduced product, summed by NCCL in bf16, read
-//           here without a conversion pass back to fp32 (PARTS 1)
+//           here without a conversion pass back to fp32 (PARTS 1). P > 1: x holds P bf16 rows
+//           per row ([rows][P][N]), the P ranks' partial products that tp_push.cu stored into
+//           this rank's window, summed here in fp32 in rank order 0, 1, ... (the same sum, bit
+//           for bit, on every rank)
 //   LSA_PEERS  P > 0: x is the sum of the P tensor-parallel ranks' partial products, each in its
 //           rank's NCCL symmetric window at the same offset, summed here in rank order 0..P-1
 //           (the same order on every rank, so every rank's residual stream stays bitwise alike).
@@ -68,18 +71,7 @@
 #define LSA_PEERS 0
 #endif
 #if LSA_PEERS
-// The patched utility.h first (jit/nccl_device.h), so that its include guard skips NCCL's own.
-#include <gj_nccl_utility.h>
-
-#include <nccl_device/impl/core__funcs.h>
-#include <nccl_device/impl/ptr__funcs.h>
-
-// The same LSA barrier API in both: renamed from mem_barrier to lsa_barrier in 2.28.7.
-#if NCCL_VERSION_CODE >= 22807
-#include <nccl_device/impl/lsa_barrier__funcs.h>
-#else
-#include <nccl_device/impl/mem_barrier__funcs.h>
-#endif
+#include "gj_nccl_lsa.cuh"
 #ifndef LSA_PUSH
 #define LSA_PUSH 0
 #endif
@@ -131,7 +123,8 @@ static_assert(RPB == 1 || TPR <= 32, "rmsnorm: several rows per block need TPR <
 static_assert(TPR * RPB <= 1024, "rmsnorm: block too large");
 static_assert(PARTS >= 1 && PARTS <= 8 && (PARTS == 1 || ADD),
               "rmsnorm: PARTS must be 1..8, and more than 1 only for a residual update (ADD)");
-static_assert(!X_BF16 || PARTS == 1, "rmsnorm: a bf16 input is one plane");
+static_assert(X_BF16 >= 0 && X_BF16 <= 8 && (!X_BF16 || PARTS == 1),
+              "rmsnorm: a bf16 input is one plane, or the sum of 2..8 ranks' products");
 static_assert(
     !LSA_PEERS || (PARTS == 1 && !X_BF16 && !MOE_NORMS && (NORM2 || SCALE)),
     "rmsnorm: the ranks' sum is one fp32 plane per rank, read by a post-norm (rmsnorm_ext)");
@@ -198,7 +191,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     const int r = live ? row : 0;
     const float4* xr = (const float4*)(x + (size_t)r * N);
 #if X_BF16
-    const uint2* xr_bf16 = (const uint2*)((const bf16_bits*)x + (size_t)r * N);
+    const uint2* xr_bf16 = (const uint2*)((const bf16_bits*)x + (size_t)r * N * X_BF16);
 #endif
 
     // Everything this thread reads is requested before the first reduction, so the launch pays
@@ -279,7 +272,7 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
     // width 2560; docs/PERFORMANCE.md, 2026-11-28).
     if (tr == 0)
 #if X_BF16
-        prefetch_l2_range(xr_bf16, N * 2);
+        prefetch_l2_range(xr_bf16, N * 2 * X_BF16);
 #else
         prefetch_l2_range(xr, N * 4);
 #endif
@@ -290,9 +283,17 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
         const int i = k * TPR + tr;
         const bool in_row = VEC % TPR == 0 || i < VEC;
 #if X_BF16
-        const uint2 b = in_row ? xr_bf16[i] : make_uint2(0u, 0u);
-        v[k] = make_float4(bf16_to_f32((bf16_bits)b.x), bf16_to_f32((bf16_bits)(b.x >> 16)),
-                           bf16_to_f32((bf16_bits)b.y), bf16_to_f32((bf16_bits)(b.y >> 16)));
+#pragma unroll
+        for (int p = 0; p < X_BF16; ++p) {
+            const uint2 b = in_row ? xr_bf16[p * VEC + i] : make_uint2(0u, 0u);
+            const float4 a =
+                make_float4(bf16_to_f32((bf16_bits)b.x), bf16_to_f32((bf16_bits)(b.x >> 16)),
+                            bf16_to_f32((bf16_bits)b.y), bf16_to_f32((bf16_bits)(b.y >> 16)));
+            if (p == 0)
+                v[k] = a;
+            else
+                v[k].x += a.x, v[k].y += a.y, v[k].z += a.z, v[k].w += a.w;
+        }
 #else
         v[k] = in_row ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
 #endif
@@ -414,8 +415,7 @@ extern "C" __global__ void rmsnorm_ext_lsa_push(const float* x, size_t slot,
 }
 extern "C" __global__ void lsa_window_pointers(ncclWindow_t win, size_t offset, void** out) {
     gj_grid_sync();  // (as every model kernel, though nothing it reads is written by a kernel)
-    if (threadIdx.x < LSA_PEERS && blockIdx.x == 0)
-        out[threadIdx.x] = ncclGetLsaPointer(win, offset, threadIdx.x);
+    gj_lsa_window_pointers(win, offset, out, LSA_PEERS);
 }
 #elif LSA_PEERS
 extern "C" __global__ void rmsnorm_ext_lsa(size_t x_offset, ncclWindow_t win,

@@ -86,18 +86,22 @@ struct GpuMatrix {
     int row0 = 0, col0 = 0;
     CUdeviceptr ptr = 0;
     uint64_t bytes = 0;
-    std::string spec_decode;      // one activation column
-    std::string spec_prefill;     // kPrefillCols columns
-    std::string spec_gemm;        // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
-                                  // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
-    bool gemm_bf16 = false;       // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
-    bool blas = false;            // prefill products through cuBLAS (GEMMAJIT_BLAS): float weights,
-                                  // and quantized ones (not the LM head) from a dequantized F16
-                                  // copy (K-quants and fallbacks; Q8_0/Q4_0 by the MMQ variant)
-    std::string spec_push;        // a tensor-parallel row-parallel matrix (attention output, FFN
-                                  // down): spec_decode storing into every rank's window
-                                  // (matvec_push_spec; GEMMAJIT_TP_PUSH); else empty
-    std::string spec_geglu;       // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
+    std::string spec_decode;   // one activation column
+    std::string spec_prefill;  // kPrefillCols columns
+    std::string spec_gemm;     // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
+                               // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
+    bool gemm_bf16 = false;    // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
+    bool blas = false;         // prefill products through cuBLAS (GEMMAJIT_BLAS): float weights,
+                               // and quantized ones (not the LM head) from a dequantized F16
+                               // copy (K-quants and fallbacks; Q8_0/Q4_0 by the MMQ variant)
+    std::string spec_push;     // a tensor-parallel row-parallel matrix (attention output, FFN
+                               // down): spec_decode storing into every rank's window
+                               // (matvec_push_spec; GEMMAJIT_TP_PUSH); else empty
+    std::string spec_geglu;    // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
+    // An FFN gate whose up copy follows its own (copy_follows): prefill's gate and up products
+    // as one cuBLAS product, each token's gate|up row, which the GeGLU reads as its two halves
+    // (GEMMAJIT_MERGE_GATE_UP; where that product is at most 24576 rows, as measured).
+    bool up_follows = false;
     std::string spec_dequant;     // quantized with blas: dequant_f16.<type>.k<cols>, whose copy
     uint64_t scratch_offset = 0;  // goes to this byte offset of its layer's scratch slot (each
                                   // matrix of a layer has its own range)
@@ -247,17 +251,17 @@ class GpuModel {
         return f16 ? spec_h16_[0] : spec_prenorm_;
     }
     // parts > 1: the form that reads the split-K partial planes of the product before it.
-    // bf16_in: the form that reads a tensor-parallel prefill chunk's bf16 all-reduced product
-    // (one plane: a rank sums its split-K planes before the all-reduce). Empty unless the model
-    // is split (a session asking for it then fails to find the kernel).
-    const std::string& spec_post_prenorm(int parts = 1, bool f16 = false,
-                                         bool bf16_in = false) const {
-        if (bf16_in) return spec_xb16_.post_prenorm[f16 ? 1 : 0];
+    // bf16_in 1: the form that reads a tensor-parallel prefill chunk's bf16 all-reduced product
+    // (one plane: a rank sums its split-K planes before the all-reduce); more: the form that
+    // sums that many ranks' bf16 products pushed into this rank's window (tp_prefill_push).
+    // Empty unless the model is split (a session asking for it then fails to find the kernel).
+    const std::string& spec_post_prenorm(int parts = 1, bool f16 = false, int bf16_in = 0) const {
+        if (bf16_in) return spec_xb16_[bf16_in > 1].post_prenorm[f16 ? 1 : 0];
         return parts > 1 ? spec_parts_[0] : f16 ? spec_h16_[1] : spec_post_prenorm_;
     }
     const std::string& spec_post_scale_prenorm(int parts = 1, bool f16 = false,
-                                               bool bf16_in = false) const {
-        if (bf16_in) return spec_xb16_.post_scale_prenorm[f16 ? 1 : 0];
+                                               int bf16_in = 0) const {
+        if (bf16_in) return spec_xb16_[bf16_in > 1].post_scale_prenorm[f16 ? 1 : 0];
         return parts > 1 ? spec_parts_[1] : f16 ? spec_h16_[2] : spec_post_scale_prenorm_;
     }
     // The decode post-norms that sum the tensor-parallel ranks' products themselves, through
@@ -273,9 +277,14 @@ class GpuModel {
         return spec_lsa_.push_post_scale_prenorm;
     }
     bool tp_push() const { return !spec_lsa_.push_post_prenorm.empty(); }
+    // A prefill chunk's bf16 products pushed into every rank's window and summed by the
+    // post-norms (kernel_templates/tp_push.cu; GEMMAJIT_TP_PREFILL_PUSH): the push's spec, empty
+    // where off.
+    const std::string& spec_tp_push() const { return spec_lsa_.prefill_push; }
+    bool tp_prefill_push() const { return !spec_lsa_.prefill_push.empty(); }
     const std::string& tp_fused_norm_note() const { return spec_lsa_.note; }
-    const std::string& spec_post_quant(int parts = 1, bool bf16_in = false) const {  // PLE models
-        if (bf16_in) return spec_xb16_.post_quant;
+    const std::string& spec_post_quant(int parts = 1, int bf16_in = 0) const {  // PLE models
+        if (bf16_in) return spec_xb16_[bf16_in > 1].post_quant;
         return parts > 1 ? spec_parts_[2] : spec_post_quant_;
     }
     const std::string& spec_quantize() const { return spec_quantize_; }
@@ -332,6 +341,8 @@ class GpuModel {
     // The residual stream's norm specializations (residual_norms.cpp); after the layers' plans.
     void plan_residual_norms();
     void plan_fused_all_reduce_norms();
+    // The post-norms reading bf16 products (rmsnorm_bf16_input_specs) into spec_xb16_[which].
+    void add_bf16_input_norms(int which, int planes);
     // Tensor parallelism: every rank takes the smallest context and prefill chunk any rank's
     // memory plan chose (each plans against its own GPU's free memory), so that all ranks run
     // the same chunks and stop at the same position: their collectives must match.
@@ -363,13 +374,15 @@ class GpuModel {
         spec_moe_norms_[2];
     std::string spec_parts_[3];  // the post-norms above reading kMmqSplits partial planes
     std::string spec_h16_[3];    // the pre-norm and the two chained post-norms writing f16
-    struct {  // the post-norms reading a bf16 all-reduce sum (rmsnorm_bf16_input_specs)
+    struct {  // the post-norms reading a bf16 all-reduce sum (rmsnorm_bf16_input_specs), [1]
+              // the ranks' pushed products (planes = ranks)
         std::string post_prenorm[2], post_scale_prenorm[2], post_quant;
-    } spec_xb16_;
+    } spec_xb16_[2];
     struct {  // the decode post-norms summing the ranks' products (spec_lsa_post_prenorm)
         std::string post_prenorm, post_scale_prenorm;
         std::string push_post_prenorm, push_post_scale_prenorm;
-        std::string note;  // why they are not planned, on a split model
+        std::string prefill_push;  // tp_push_spec (GEMMAJIT_TP_PREFILL_PUSH)
+        std::string note;          // why they are not planned, on a split model
     } spec_lsa_;
     jit::Blas* blas_ = nullptr;
     bool wants_blas_ = false, blas_ffn_ = false;

@@ -25,6 +25,7 @@
 #include "engine/gpu/kernels/quantize_q8_1.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
+#include "engine/gpu/kernels/tp_push.h"
 #include "engine/model/gemma4_tensors.h"
 
 namespace gj::gemma4 {
@@ -431,6 +432,12 @@ std::vector<jit::KernelSpec> build_kernel_plan(const ShardPlan& shards,
         // The decode post-norms that sum the ranks' products (GpuModel's
         // plan_fused_all_reduce_norms plans the same from a load).
         if (fused) all.add(rmsnorm_lsa_specs(d, ranks, fused->headers, fused->push).all());
+        // A prefill chunk's products pushed into every rank's window and the post-norms that sum
+        // them (plan_fused_all_reduce_norms, GEMMAJIT_TP_PREFILL_PUSH).
+        if (fused && fused->prefill_push(ranks)) {
+            all.add({tp_push_spec(d, ranks, fused->headers)});
+            all.add(rmsnorm_bf16_input_specs(d, rank0.has_ple(), ranks).all());
+        }
     }
     for (const RankShard& rank : shards.shards)
         for (PlanTypes p : types) {

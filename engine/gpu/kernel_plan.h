@@ -117,7 +117,12 @@ std::vector<PlanTypes> mix_plan_types(const Config& cfg, const QuantMix& mix, Pl
 // which headers.
 struct FusedNormPlan {
     std::string headers;  // the folder of nccl.h and nccl_device/ of the library that runs them
-    bool push = false;
+    bool push = false;    // GEMMAJIT_TP_PUSH: the decode products pushed into every window
+    // GEMMAJIT_TP_PREFILL_PUSH: a prefill chunk's bf16 products too, on splits of up to this
+    // many ranks (a rank stores its whole product into each of the others' windows, so from 4
+    // ranks on it sends more over NVLink than NCCL's all-reduce does).
+    int prefill_push_ranks = 0;
+    bool prefill_push(int ranks) const { return ranks >= 2 && ranks <= prefill_push_ranks; }
 };
 
 // The union of the plans of every rank of a tensor-parallel split (engine/gpu/shard_plan.h): each

@@ -8,6 +8,7 @@
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/gpu/kernels/rmsnorm.h"
 #include "engine/gpu/kernels/spec_util.h"
+#include "engine/gpu/kernels/tp_push.h"
 
 namespace gj::gemma4 {
 
@@ -62,14 +63,18 @@ void GpuModel::plan_residual_norms() {
     // Tensor parallelism: the post-norm after each of a prefill chunk's bf16 all-reduces reads
     // that bf16 sum (no conversion pass back to fp32).
     if (tp_.active()) {
-        const RmsnormBf16InputSpecs s = rmsnorm_bf16_input_specs(d, c.has_ple());
-        for (int half = 0; half < 2; ++half) {
-            spec_xb16_.post_prenorm[half] = kernels_.add(s.post_prenorm[half]).name;
-            spec_xb16_.post_scale_prenorm[half] = kernels_.add(s.post_scale_prenorm[half]).name;
-        }
-        if (s.post_quant) spec_xb16_.post_quant = kernels_.add(*s.post_quant).name;
+        add_bf16_input_norms(0, 1);
         plan_fused_all_reduce_norms();
     }
+}
+
+void GpuModel::add_bf16_input_norms(int which, int planes) {
+    const RmsnormBf16InputSpecs s = rmsnorm_bf16_input_specs(cfg_.d_model, cfg_.has_ple(), planes);
+    for (int half = 0; half < 2; ++half) {
+        spec_xb16_[which].post_prenorm[half] = kernels_.add(s.post_prenorm[half]).name;
+        spec_xb16_[which].post_scale_prenorm[half] = kernels_.add(s.post_scale_prenorm[half]).name;
+    }
+    if (s.post_quant) spec_xb16_[which].post_quant = kernels_.add(*s.post_quant).name;
 }
 
 void GpuModel::plan_fused_all_reduce_norms() {
@@ -87,6 +92,14 @@ void GpuModel::plan_fused_all_reduce_norms() {
     const RmsnormLsaSpecs s = rmsnorm_lsa_specs(cfg_.d_model, ranks, fused->headers, fused->push);
     spec_lsa_.post_prenorm = kernels_.add(s.post_prenorm).name;
     spec_lsa_.post_scale_prenorm = kernels_.add(s.post_scale_prenorm).name;
+    // A prefill chunk's bf16 products: pushed into every rank's window by one kernel that meets
+    // the other ranks at its end, then summed by post-norms of their own
+    // (GEMMAJIT_TP_PREFILL_PUSH).
+    if (fused->prefill_push(ranks)) {
+        spec_lsa_.prefill_push =
+            kernels_.add(tp_push_spec(cfg_.d_model, ranks, fused->headers)).name;
+        add_bf16_input_norms(1, ranks);
+    }
     // The push form: the row-parallel decode matvecs store into every rank's window, so the
     // post-norms' sum after the barrier reads local memory (GEMMAJIT_TP_PUSH).
     if (!fused->push) return;

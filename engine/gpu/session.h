@@ -146,6 +146,7 @@ class GpuSession {
         uint64_t qkv_fused = 0;       // Q, K and V decode matvecs as one launch (GEMMAJIT_FUSE_QKV)
         uint64_t qkv_multi_v = 0;     // ... of them, those whose V is read in its own type
         uint64_t qkv_merged = 0;      // Q, K and V prefill products as one cuBLAS product
+        uint64_t gate_up_merged = 0;  // FFN gate and up prefill products as one (MERGE_GATE_UP)
         uint64_t ple_gate_fused = 0;  // PLE gates with their GeLU product (GEMMAJIT_FUSE_PLE)
         uint64_t ple_input = 0;       // PLE gates / projections making their own input (PLE_INPUT)
         uint64_t dependent = 0;       // launches as programmatic dependents (GEMMAJIT_PDL, sm_90+)
@@ -160,7 +161,10 @@ class GpuSession {
                                     // place of an all-reduce (GEMMAJIT_TP_FUSED_NORM)
         uint64_t push = 0;          // ... of them reading products the ranks' matvecs pushed
                                     // into this rank's window (GEMMAJIT_TP_PUSH)
-        uint64_t launches = 0;      // every kernel launch of the engine's own kernels
+        uint64_t prefill_push = 0;  // prefill chunks' bf16 products pushed into every rank's
+                                    // window, in place of an all-reduce (GEMMAJIT_TP_PREFILL_PUSH)
+        uint64_t norm_bf16_planes = 0;  // post-norms summing the ranks' pushed bf16 products
+        uint64_t launches = 0;          // every kernel launch of the engine's own kernels
     };
     const PathCounts& path_counts() const { return paths_; }
     // Whether a decode step's post-norms sum the ranks' products themselves: the model planned
@@ -169,6 +173,10 @@ class GpuSession {
     // ... and the row-parallel decode matvecs push their products to every rank's window
     // (GpuModel::tp_push, GEMMAJIT_TP_PUSH): a single-sequence step's.
     bool tp_push() const;
+    // ... and a prefill chunk's bf16 products are pushed into every rank's window by tp_push.cu
+    // and summed by the post-norms (GpuModel::tp_prefill_push, this session's device
+    // communicator and symmetric bf16 window).
+    bool tp_prefill_push() const;
 
     // Decode graphs: whether they are used (GEMMAJIT_GRAPHS), how many were captured (one per
     // batch size and count of rows of each readout kind) and how many times one was launched.
@@ -288,8 +296,14 @@ class GpuSession {
     void push_product(const GpuMatrix& m, Input in, int which, const char* what);
     void post_norm_push(const std::string& spec, int which, CUdeviceptr w, CUdeviceptr scale,
                         CUdeviceptr w2, const char* what);
-    // Once per session: the addresses of this rank's push slots in every rank's window.
+    // Once per session: the addresses of this rank's push slots in every rank's window (a decode
+    // step's, GEMMAJIT_TP_PUSH), and of each half's slots in every rank's bf16 window (a prefill
+    // chunk's, GEMMAJIT_TP_PREFILL_PUSH).
     void find_push_targets();
+    // out[p]: the address of byte `offset` of `window` on rank p, p < ranks, through the
+    // lsa_window_pointers entry of `spec` (this rank's own: its ordinary address).
+    void window_pointers(const std::string& spec, const SymmetricBuffer& window, uint64_t offset,
+                         CUdeviceptr out[8]);
     // Whether every product of layer l's attention input (Q, K, V) / of a layer's FFN input
     // (gate, up) over T rows is an F16 cuBLAS product: the norm before them then writes f16.
     bool attention_input_f16(int l, int T) const;
@@ -390,19 +404,26 @@ class GpuSession {
     // Tensor parallelism (engine/gpu/session/collectives.cpp; nothing when the model is whole):
     // the sum over the ranks of a row-parallel product's partial output (`floats` values at
     // buf), and the all-gather of every rank's readout results (and, with `logits`, its logits
-    // rows) after the readout of n_rows rows. The sum is made in place, or, where a prefill
-    // chunk's all-reduce moves bf16 and `bf16_ok`, left as bf16 in w_->tp_bf16_ptr() for the
-    // post-norm to read: the returned pointer, with `bf16` set. Or, in a decode step whose
-    // post-norm has the form that sums the ranks' products itself (`lsa_ok`, and the model and
-    // session have it: GpuModel::tp_fused_norm), nothing is launched and `lsa` is set: that norm
-    // (post_norm_lsa) must read buf next.
+    // rows) after the readout of n_rows rows. `which`: 0 the attention output's product, 1 FFN
+    // down's. The sum is made in place, or, where a prefill chunk's all-reduce moves bf16 and
+    // `bf16_ok`, left as bf16 in w_->tp_bf16_ptr() for the post-norm to read: the returned
+    // pointer, with `bf16` set (and `planes` 1). Or, where such a chunk's products are pushed
+    // (tp_prefill_push), every rank's bf16 product is left in this rank's window for the
+    // post-norm to sum: the returned pointer, w_->tp_bf16_slots(which), with `bf16` set and
+    // `planes` the ranks. Or, in a decode step whose post-norm has the form that sums the ranks'
+    // products itself (`lsa_ok`, and the model and session have it: GpuModel::tp_fused_norm),
+    // nothing is launched and `lsa` is set: that norm (post_norm_lsa) must read buf next.
     struct Reduced {
         CUdeviceptr ptr = 0;
         bool bf16 = false;
         bool lsa = false;
+        int planes = 1;
+        int bf16_in() const { return bf16 ? planes : 0; }  // the post-norm's rmsnorm_spec bf16_in
     };
-    Reduced all_reduce(CUdeviceptr buf, uint64_t floats, const char* what, bool bf16_ok,
+    Reduced all_reduce(CUdeviceptr buf, uint64_t floats, const char* what, int which, bool bf16_ok,
                        bool lsa_ok = false);
+    // Whether a T-row chunk's bf16 products are pushed (tp_prefill_push and bf16_all_reduce).
+    bool prefill_pushes(int T, bool bf16_ok) const;
     // Whether the all-reduce of a T-row product moves bf16 (a prefill chunk of at least
     // GEMMAJIT_TP_BF16_ROWS rows under tensor parallelism, and `bf16_ok`).
     bool bf16_all_reduce(int T, bool bf16_ok) const;

@@ -335,7 +335,8 @@ std::optional<FusedNormPlan> fused_norm_plan(const jit::Flags& flags, const jit:
     } catch (const std::exception& e) {
         return off(e.what());
     }
-    return FusedNormPlan{*headers, flags.get_bool("GEMMAJIT_TP_PUSH")};
+    return FusedNormPlan{*headers, flags.get_bool("GEMMAJIT_TP_PUSH"),
+                         int(flags.get_int("GEMMAJIT_TP_PREFILL_PUSH"))};
 }
 
 }  // namespace gj::gemma4

@@ -40,9 +40,10 @@ struct TensorParallel {
 // (FusedNormPlan, engine/gpu/kernel_plan.h), as a load decides it: GEMMAJIT_TP_FUSED_NORM and
 // GEMMAJIT_TP_SYMMETRIC on, an NCCL whose device API the engine knows, that release's device
 // headers (GEMMAJIT_NCCL_INCLUDE, or found beside the library) and the CUDA headers to compile
-// against; `push` is GEMMAJIT_TP_PUSH. `nccl` is the library a load runs on; null when only
-// planning (`kernels` / `precompile --tp`), where the library a load would find is loaded here
-// for its version. nullopt, with `why` saying what is off or missing, when they do not.
+// against; `push` is GEMMAJIT_TP_PUSH, `prefill_push` GEMMAJIT_TP_PREFILL_PUSH. `nccl` is the
+// library a load runs on; null when only planning (`kernels` / `precompile --tp`), where the
+// library a load would find is loaded here for its version. nullopt, with `why` saying what is off
+// or missing, when they do not.
 std::optional<FusedNormPlan> fused_norm_plan(const jit::Flags& flags, const jit::Nccl* nccl,
                                              std::string* why);
 

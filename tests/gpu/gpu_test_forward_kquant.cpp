@@ -154,15 +154,22 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
         expect_agree(ref, ahead, V, kTolQuant, std::string(mix.name) + " one-chunk prefill vs CPU");
         EXPECT_GT(s.path_counts().dequant, 0u) << "no K-quant matrix was dequantized for cuBLAS";
         // A layer with K and V multiplies its Q, K (and V) copies in one product.
-        uint64_t merged = 0, merged_copies = 0;
+        // Every layer multiplies its FFN gate and up copies in one product, too.
+        uint64_t merged = 0, merged_copies = 0, gate_up = 0;
         for (const auto& g : model->layers()) {
             merged += g.qkv_one_product;
             merged_copies += g.qkv_one_product ? (g.v.present() ? 3 : 2) : 0;
+            gate_up += g.gate.up_follows;
         }
         EXPECT_GT(merged, 0u) << "no layer's Q, K and V copies lie side by side";
         EXPECT_EQ(s.path_counts().qkv_merged, merged)
             << "not every such layer ran its Q, K and V as one cuBLAS product";
-        EXPECT_EQ(s.path_counts().dequant + merged, s.path_counts().blas - 1 + merged_copies)
+        EXPECT_EQ(gate_up, uint64_t(model->config().n_layers))
+            << "a layer's FFN gate and up copies do not lie side by side";
+        EXPECT_EQ(s.path_counts().gate_up_merged, gate_up)
+            << "not every such layer ran its gate and up as one cuBLAS product";
+        EXPECT_EQ(s.path_counts().dequant + merged + gate_up,
+                  s.path_counts().blas - 1 + merged_copies + 2 * gate_up)
             << "every cuBLAS product but the F32 PLE projection reads dequantized copies";
         EXPECT_EQ(s.path_counts().dequant_ahead, uint64_t(model->config().n_layers))
             << "the layers' copies were not made ahead on the dequantization stream";
@@ -196,6 +203,14 @@ TEST(GpuKQuant, MixesMatchTheCpuReference) {
                      std::string(mix.name) + " one Q|K|V product vs three");
         EXPECT_EQ(three.path_counts().qkv_merged, 0u);
         EXPECT_EQ(three.path_counts().dequant, s.path_counts().dequant);
+        // Gate and up as two products instead, the GeGLU reading two buffers.
+        auto two = load_gpu(path, 256, 64, flags({{"GEMMAJIT_MERGE_GATE_UP", "0"}}));
+        GpuSession gate_apart(*two);
+        expect_agree(ahead, gate_apart.prefill_logits(tokens), V, kTolQuant,
+                     std::string(mix.name) + " one gate|up product vs two");
+        EXPECT_EQ(gate_apart.path_counts().gate_up_merged, 0u);
+        EXPECT_EQ(gate_apart.path_counts().geglu_f16, uint64_t(model->config().n_layers));
+        EXPECT_EQ(gate_apart.path_counts().dequant, s.path_counts().dequant);
         auto serial = load_gpu(path, 256, 64, flags({{"GEMMAJIT_STREAMS", "0"}}));
         GpuSession in_order(*serial);
         EXPECT_TRUE(in_order.prefill_logits(tokens) == ahead_whole)

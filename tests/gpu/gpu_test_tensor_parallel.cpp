@@ -170,11 +170,17 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
               float(pushed.push), float(pushed.norm_lsa), float(unfused.push)});
     }
     // Chunks of 32: the tensor-core GEMMs / cuBLAS with their all-reduces over whole chunks; then
-    // the same with bf16 all-reduces (GEMMAJIT_TP_BF16_ROWS; by default only chunks of 64 rows
-    // and more take them).
-    const gj::jit::Flags bf16 = flags({{"GEMMAJIT_TP_BF16_ROWS", "1"}});
+    // the same with bf16 products (GEMMAJIT_TP_BF16_ROWS; by default only chunks of 64 rows and
+    // more take them), all-reduced by NCCL, then pushed into every rank's window and summed by
+    // the post-norms (GEMMAJIT_TP_PREFILL_PUSH: by default on 2 GPUs where the fused norms are
+    // planned; here on 4 too).
+    const gj::jit::Flags bf16 =
+        flags({{"GEMMAJIT_TP_BF16_ROWS", "1"}, {"GEMMAJIT_TP_PREFILL_PUSH", "0"}});
+    const gj::jit::Flags bf16_push =
+        flags({{"GEMMAJIT_TP_BF16_ROWS", "1"}, {"GEMMAJIT_TP_PREFILL_PUSH", "8"}});
     for (const auto& [f, name] :
-         {std::pair{&graphs, "prefill32"}, std::pair{&bf16, "prefill32_bf16"}}) {
+         {std::pair{&graphs, "prefill32"}, std::pair{&bf16, "prefill32_bf16"},
+          std::pair{&bf16_push, "prefill32_push"}}) {
         GpuModelOptions ol = o;
         ol.flags = f;
         ol.prefill_chunk = 32;
@@ -190,11 +196,16 @@ void forward_runs(const std::filesystem::path& model, int ranks, int tokens_n,
                 split_k = split_k || (!mat->spec_gemm.empty() &&
                                       gj::gemma4::spec_constant(ml->kernels().spec(mat->spec_gemm),
                                                                 "SPLITS") > 1);
+        const auto& pc = s.path_counts();
         if (group.leader() && f == &bf16)
             save(out / "bf16_count",
-                 {float(s.path_counts().all_reduce_bf16),
-                  float(s.path_counts().all_reduce_symmetric), float(s.path_counts().norm_bf16_in),
-                  float(s.path_counts().product_bf16), float(split_k)});
+                 {float(pc.all_reduce_bf16), float(pc.all_reduce_symmetric), float(pc.norm_bf16_in),
+                  float(pc.product_bf16), float(split_k), float(pc.prefill_push)});
+        if (group.leader() && f == &bf16_push)
+            save(out / "push_count",
+                 {float(pc.prefill_push), float(pc.norm_bf16_planes), float(pc.all_reduce_bf16),
+                  float(pc.norm_bf16_in), float(pc.product_bf16), float(ml->tp_prefill_push()),
+                  float(s.tp_prefill_push())});
     }
     group.finish();
 }
@@ -278,9 +289,30 @@ TEST_P(TensorParallelGpus, SplitRunsAgreeWithOne) {
         EXPECT_EQ(load(split / "bf16_count").at(3) > 0, load(split / "bf16_count").at(4) > 0)
             << "bf16 all-reduce inputs rounded by the split-K sums";
         EXPECT_LE(load(split / "bf16_count").at(3), load(split / "bf16_count").at(0));
+        EXPECT_EQ(load(split / "bf16_count").at(5), 0) << "GEMMAJIT_TP_PREFILL_PUSH=0 still pushed";
         expect_agree(load(one / "prefill32"), load(split / "prefill32_bf16"), V,
                      std::max(kTolSplit, kTolBf16),
                      tp + "prefill in chunks of 32, bf16 all-reduces");
+        // The bf16 products pushed into every rank's window (tp_push.cu), where the model planned
+        // it (the fused norms' NCCL headers) and the session has the windows: every all-reduce of
+        // the chunk replaced, each push read by one post-norm summing the ranks' products in fp32
+        // (no split-K sum rounds them first). No worse than NCCL's bf16 sum: the same tolerance.
+        const auto pc = load(split / "push_count");
+        ASSERT_EQ(pc.size(), 7u);
+        if (load(split / "fused_counts").at(1) > 0) {
+            EXPECT_GT(pc[5], 0) << "the fused norms planned, the prefill push not";
+            EXPECT_GT(pc[6], 0) << "the model planned the push, the session made no windows";
+        }
+        if (pc[6] > 0) {
+            EXPECT_GT(pc[0], 0) << "no prefill product was pushed";
+            EXPECT_EQ(pc[1], pc[0]) << "post-norms summing the pushed products";
+            EXPECT_EQ(pc[2], 0) << "bf16 all-reduces beside the push";
+            EXPECT_EQ(pc[3], 0) << "post-norms reading a bf16 all-reduce sum";
+            EXPECT_EQ(pc[4], 0) << "split-K sums rounded to bf16 before the push";
+            expect_agree(load(one / "prefill32"), load(split / "prefill32_push"), V,
+                         std::max(kTolSplit, kTolBf16),
+                         tp + "prefill in chunks of 32, bf16 products pushed");
+        }
         // Graph replay with NCCL inside vs the same launches eagerly: identical.
         const auto graph = load(split / "decode"), eager = load(split / "decode_eager");
         ASSERT_EQ(graph.size(), eager.size());

@@ -18,16 +18,19 @@
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/rmsnorm.h"
+#include "engine/gpu/kernels/tp_push.h"
 #include "jit/env_flags.h"
 #include "jit/nccl_device.h"
 #include "tests/support/kernel_specs.h"
 
 namespace fs = std::filesystem;
 using gj::gemma4::Config;
+using gj::gemma4::rmsnorm_bf16_input_specs;
 using gj::gemma4::rmsnorm_lsa_push_spec;
 using gj::gemma4::rmsnorm_lsa_spec;
 using gj::gemma4::rmsnorm_lsa_specs;
 using gj::gemma4::rmsnorm_spec;
+using gj::gemma4::tp_push_spec;
 using gj::test::compile_and_check;
 using gj::test::entry_ptx;
 using gj::test::occurrences;
@@ -148,6 +151,74 @@ TEST(LsaPostNorms, PushFormsCompileAgainstNcclDeviceHeaders) {
         EXPECT_FALSE(entry_ptx(c.ptx, "lsa_window_pointers").empty());
         for (const auto& r : c.resources_per_entry) EXPECT_EQ(r.stack_bytes, 0);
     });
+}
+
+// A prefill chunk's push (GEMMAJIT_TP_PREFILL_PUSH, kernel_templates/tp_push.cu) at every split
+// preset's width over 2 GPUs and the 31B's over 4 and 8, against the first release's headers:
+// bf16 stores to each rank's window, then the barrier; with the post-norms that sum the pushed
+// products (rmsnorm X_BF16 = ranks).
+TEST(PrefillPush, CompilesAgainstNcclDeviceHeaders) {
+    const auto dirs = local_nccl_headers();
+    if (const std::string why = missing_headers(dirs); !why.empty()) GTEST_SKIP() << why;
+    std::vector<gj::jit::KernelSpec> specs;
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        if (cfg.is_moe()) continue;
+        for (int peers : {2, 4, 8}) {
+            if (peers > 2 && cfg.d_model != 5376) continue;
+            specs.push_back(tp_push_spec(cfg.d_model, peers, dirs[0]));
+        }
+    }
+    std::sort(specs.begin(), specs.end(), [](auto& a, auto& b) { return a.name < b.name; });
+    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+    compile_and_check(specs, [](const gj::jit::CompiledKernel& c, const std::string& arch) {
+        const std::string body = entry_ptx(c.ptx, "bf16_push_lsa");
+        ASSERT_FALSE(body.empty());
+        EXPECT_NE(body.find("st.release.sys"), std::string::npos);
+        EXPECT_NE(body.find("ld.acquire.sys"), std::string::npos);
+        // Only the grid wait: the post-norm after it starts when the push has ended, so its
+        // waiting blocks take no SMs from the weight copies meanwhile.
+        if (arch != "sm_80") EXPECT_NE(body.find("griddepcontrol.wait"), std::string::npos);
+        EXPECT_EQ(body.find("griddepcontrol.launch_dependents"), std::string::npos);
+        // 4 bf16 per 8-byte store, to each rank's window.
+        EXPECT_TRUE(std::regex_search(body, std::regex(R"(st\.global\.v2\.u32)")));
+        EXPECT_FALSE(entry_ptx(c.ptx, "lsa_window_pointers").empty());
+        for (const auto& r : c.resources_per_entry) EXPECT_EQ(r.stack_bytes, 0);
+    });
+    // The post-norms summing 2 ranks' pushed products, every width (no NCCL headers needed).
+    std::vector<gj::jit::KernelSpec> norms;
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        if (cfg.is_moe()) continue;
+        for (auto& s : rmsnorm_bf16_input_specs(cfg.d_model, cfg.has_ple(), 2).all())
+            norms.push_back(std::move(s));
+    }
+    std::sort(norms.begin(), norms.end(), [](auto& a, auto& b) { return a.name < b.name; });
+    norms.erase(std::unique(norms.begin(), norms.end()), norms.end());
+    compile_and_check(norms, [](const gj::jit::CompiledKernel& c, const std::string&) {
+        EXPECT_NE(c.source.find("#define X_BF16 2"), std::string::npos);
+        for (const auto& r : c.resources_per_entry) EXPECT_EQ(r.stack_bytes, 0);
+    });
+}
+
+TEST(PrefillPush, SpecNamesAndRefusals) {
+    const auto s = tp_push_spec(5376, 2, "/x");
+    EXPECT_EQ(s.name, "tp_push.n5376.r2");
+    EXPECT_EQ(s.entries, (std::vector<std::string>{"bf16_push_lsa", "lsa_window_pointers"}));
+    EXPECT_EQ(s.nccl_include, "/x");
+    EXPECT_THROW(tp_push_spec(5376, 1, "/x"), std::invalid_argument);
+    EXPECT_THROW(tp_push_spec(5376, 9, "/x"), std::invalid_argument);
+    EXPECT_THROW(tp_push_spec(5378, 2, "/x"), std::invalid_argument);
+    EXPECT_THROW(tp_push_spec(5376, 2, ""), std::invalid_argument);
+    // The norms' forms: one bf16 sum, or the ranks' products.
+    EXPECT_EQ(rmsnorm_bf16_input_specs(5376, false, 2).post_prenorm[0].name,
+              "rmsnorm.n5376.w1.add.n2.q8.xb16x2");
+    EXPECT_EQ(rmsnorm_bf16_input_specs(5376, false).post_scale_prenorm[1].name,
+              "rmsnorm.n5376.w1.add.scale.n2.h16.xb16");
+    EXPECT_THROW(rmsnorm_spec(5376, true, true, true, false, true, 1, false, false, 9),
+                 std::invalid_argument);
+    EXPECT_THROW(rmsnorm_spec(5376, true, true, true, false, true, 2, false, false, 2),
+                 std::invalid_argument);
 }
 
 TEST(LsaPostNorms, OnlyForTheDecodePostNormsOfTwoOrMoreRanks) {

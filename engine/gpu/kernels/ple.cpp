@@ -28,7 +28,8 @@ jit::KernelSpec gelu_mul_spec(int ple_dim) {
     s.family = "ple";
     s.name = fmt::format("gelu_mul.p{}", ple_dim);
     s.constants = {{"P", ple_dim}};
-    s.entries = {"gelu_mul", "gelu_mul_q8", "gelu_mul_inplace", "gelu_mul_f16"};
+    s.entries = {"gelu_mul",     "gelu_mul_q8",   "gelu_mul_inplace",
+                 "gelu_mul_f16", "gelu_mul_pair", "gelu_mul_f16_pair"};
     s.priority = 0;
     return s;
 }

@@ -29,7 +29,7 @@ int rmsnorm_threads_per_row(int n) {
 }
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scale, bool norm2,
-                             int parts, bool moe_norms, bool half, bool bf16_in) {
+                             int parts, bool moe_norms, bool half, int bf16_in) {
     if (half && (!quant || moe_norms))
         throw std::invalid_argument(
             "rmsnorm: the f16 output replaces the Q8_1 one (quant, and not with the MoE norms)");
@@ -37,9 +37,11 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
         throw std::invalid_argument(
             "rmsnorm: the MoE norms extend the chained, quantized second norm (norm2, quant, no "
             "scale)");
-    if (bf16_in && (parts != 1 || !add))
-        throw std::invalid_argument(
-            "rmsnorm: a bf16 input is one all-reduced product of a residual update (add, 1 plane)");
+    if (bf16_in < 0 || bf16_in > 8 || (bf16_in && (parts != 1 || !add)))
+        throw std::invalid_argument(fmt::format(
+            "rmsnorm: a bf16 input is one all-reduced product of a residual update, or 2..8 "
+            "ranks' products (add, 1 plane; got {} bf16 rows per row)",
+            bf16_in));
     if (parts < 1 || parts > 8 || (parts > 1 && !add))
         throw std::invalid_argument(fmt::format(
             "rmsnorm: {} input planes (1..8, more than 1 only with the residual add)", parts));
@@ -59,13 +61,16 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
     const int tpr = rmsnorm_threads_per_row(n), rpb = n <= 512 ? 128 / tpr : 1;
     jit::KernelSpec s;
     s.family = "rmsnorm";
-    s.name = fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
-                         scale ? ".scale" : "", norm2 ? ".n2" : "",
-                         half    ? ".h16"
-                         : quant ? ".q8"
-                                 : "",
-                         parts > 1 ? fmt::format(".p{}", parts) : std::string(),
-                         moe_norms ? ".moe" : "", bf16_in ? ".xb16" : "");
+    s.name =
+        fmt::format("rmsnorm.n{}.w{}{}{}{}{}{}{}{}", n, weight ? 1 : 0, add ? ".add" : "",
+                    scale ? ".scale" : "", norm2 ? ".n2" : "",
+                    half    ? ".h16"
+                    : quant ? ".q8"
+                            : "",
+                    parts > 1 ? fmt::format(".p{}", parts) : std::string(), moe_norms ? ".moe" : "",
+                    bf16_in > 1   ? fmt::format(".xb16x{}", bf16_in)
+                    : bf16_in > 0 ? std::string(".xb16")
+                                  : std::string());
     s.constants = {{"N", n},
                    {"TPR", tpr},
                    {"RPB", rpb},
@@ -78,21 +83,22 @@ jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant, bool add, bool scal
                    {"NORM2", norm2 ? 1 : 0},
                    {"PARTS", parts},
                    {"MOE_NORMS", moe_norms ? 1 : 0},
-                   {"X_BF16", bf16_in ? 1 : 0}};
+                   {"X_BF16", bf16_in}};
     s.entries = {moe_norms ? "rmsnorm_moe" : scale || norm2 ? "rmsnorm_ext" : "rmsnorm"};
     s.priority = 0;
     return s;
 }
 
-RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple) {
+RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple, int planes) {
     RmsnormBf16InputSpecs s;
     for (int half = 0; half < 2; ++half) {
         s.post_prenorm[half] =
-            rmsnorm_spec(n, true, true, true, false, true, 1, false, half == 1, true);
+            rmsnorm_spec(n, true, true, true, false, true, 1, false, half == 1, planes);
         s.post_scale_prenorm[half] =
-            rmsnorm_spec(n, true, true, true, true, true, 1, false, half == 1, true);
+            rmsnorm_spec(n, true, true, true, true, true, 1, false, half == 1, planes);
     }
-    if (ple) s.post_quant = rmsnorm_spec(n, true, true, true, false, false, 1, false, false, true);
+    if (ple)
+        s.post_quant = rmsnorm_spec(n, true, true, true, false, false, 1, false, false, planes);
     return s;
 }
 

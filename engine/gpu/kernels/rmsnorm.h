@@ -1,7 +1,7 @@
 // rmsnorm family: the spec of kernel_templates/rmsnorm.cu (norms over rows of n floats, with the
 // residual add, layer output scale, chained second norm and Q8_1 output fused in).
 //
-// Spec name: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8|.h16][.p<parts>][.moe][.xb16]".
+// Spec name: "rmsnorm.n<n>.w<0|1>[.add][.scale][.n2][.q8|.h16][.p<parts>][.moe][.xb16[x<P>]]".
 // Launch (from the spec constants): block TPR * RPB, grid ceil(rows / RPB).
 #pragma once
 
@@ -24,8 +24,10 @@ namespace gj::gemma4 {
 //           needs add)
 //   moe_norms: also y3 = norm(y) * w3 and y4 = norm(y) * w4 with its Q8_1 form (a MoE layer's
 //           router input and experts' pre-norm; needs norm2 and quant, not scale): ".moe"
-//   bf16_in: x is [rows][n] bf16 (a tensor-parallel prefill chunk's product, all-reduced in
-//           bf16, read without a conversion back; needs add, parts 1): ".xb16"
+//   bf16_in: 1: x is [rows][n] bf16 (a tensor-parallel prefill chunk's product, all-reduced in
+//           bf16, read without a conversion back; needs add, parts 1): ".xb16"; P in 2..8: x is
+//           [rows][P][n] bf16, the P ranks' products (kernel_templates/tp_push.cu), summed here
+//           in rank order: ".xb16x<P>"
 // Entry "rmsnorm" without scale and norm2, "rmsnorm_moe" with moe_norms, else "rmsnorm_ext" (see
 // kernel_templates/rmsnorm.cu). Throws std::invalid_argument for an impossible combination.
 // The threads that sum one row of n floats (TPR): the order of its sum of squares, which the
@@ -34,10 +36,12 @@ int rmsnorm_threads_per_row(int n);
 
 jit::KernelSpec rmsnorm_spec(int n, bool weight, bool quant = false, bool add = false,
                              bool scale = false, bool norm2 = false, int parts = 1,
-                             bool moe_norms = false, bool half = false, bool bf16_in = false);
+                             bool moe_norms = false, bool half = false, int bf16_in = 0);
 
-// The post-norms reading a tensor-parallel prefill chunk's bf16 all-reduced product (bf16_in),
-// n wide, each the bf16-input form of a post-norm the forward pass launches after an all-reduce.
+// The post-norms reading a tensor-parallel prefill chunk's bf16 all-reduced product (planes 1),
+// or the ranks' bf16 products pushed into this rank's window (planes = ranks), n wide: each the
+// bf16-input form (rmsnorm_spec's bf16_in) of a post-norm the forward pass launches after an
+// all-reduce.
 struct RmsnormBf16InputSpecs {
     // post_attention_norm + ffn_norm; [0] writes Q8_1, [1] f16 (the F16 cuBLAS products' input).
     jit::KernelSpec post_prenorm[2];
@@ -47,7 +51,7 @@ struct RmsnormBf16InputSpecs {
     std::optional<jit::KernelSpec> post_quant;
     std::vector<jit::KernelSpec> all() const;
 };
-RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple);
+RmsnormBf16InputSpecs rmsnorm_bf16_input_specs(int n, bool ple, int planes = 1);
 
 // The form of a decode post-norm (`fp32_form`: add, norm2 or scale, one fp32 plane; entry
 // "rmsnorm_ext") that sums the `peers` tensor-parallel ranks' products itself, through NCCL's

@@ -27,7 +27,7 @@ void join_vocab_row(const float* gathered, uint64_t per_rank, int t, int V, int 
 }  // namespace
 
 GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, const char* what,
-                                           bool bf16_ok, bool lsa_ok) {
+                                           int which, bool bf16_ok, bool lsa_ok) {
     const TensorParallel& tp = model_.tensor_parallel();
     if (!tp.active()) return {buf, false};
     // The post-norm after it sums the ranks' products itself: a decode step's products are in
@@ -35,6 +35,24 @@ GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, con
     if (lsa_ok && decoding_ && w_->tp_dev_comm.made() && w_->tp_sym.holds(buf)) {
         ++paths_.norm_lsa;
         return {buf, false, true};
+    }
+    // A prefill chunk's bf16 products: converted and stored into this rank's slot of every
+    // rank's window by one kernel on few blocks, which ends once every rank's same block has
+    // stored its part (an LSA barrier per block); the post-norm then sums the slots.
+    const int T = int(floats / uint64_t(cfg_.d_model));
+    if (prefill_pushes(T, bf16_ok)) {
+        const std::string& name = model_.spec_tp_push();
+        const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
+        struct {
+            CUdeviceptr y[8];
+        } to;
+        std::copy_n(w_->prefill_push_to[which], 8, to.y);
+        int rows = T;
+        void* args[] = {&buf, &rows, &to, w_->tp_dev_comm.bytes()};
+        launch(model_.kernels().get(name, "bf16_push_lsa"), {unsigned(w_->layout.push_blocks)},
+               {threads}, 0, args, fmt::format("{} {}", name, what));
+        ++paths_.prefill_push;
+        return {w_->tp_bf16_slots(which), true, false, w_->layout.ranks};
     }
     ++paths_.all_reduce;
     // On sm_90+ NCCL's symmetric kernel may start as soon as the kernel before lets dependents
@@ -56,7 +74,7 @@ GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, con
     // bf16 (half the bytes; converted on the GPU, the sum read as bf16 by the post-norm after
     // it). A decode step's is bound by latency (bf16 gains nothing there) and keeps fp32.
     // (Or the product's split-K sum wrote it there as bf16 already: row_parallel_product.)
-    if (bf16_all_reduce(int(floats / uint64_t(cfg_.d_model)), bf16_ok)) {
+    if (bf16_all_reduce(T, bf16_ok)) {
         const CUdeviceptr half = w_->tp_bf16_ptr();
         if (buf != half) convert(buf, int(floats), "f32_to_bf16", half, what);
         if (w_->tp_bf16_sym.ptr()) symmetric(w_->tp_bf16_sym);
@@ -83,6 +101,14 @@ bool GpuSession::tp_fused_norm() const {
     return w_->tp_dev_comm.made();
 }
 
+bool GpuSession::tp_prefill_push() const {
+    return w_->prefill_push_to[0][0] != 0;
+}
+
+bool GpuSession::prefill_pushes(int T, bool bf16_ok) const {
+    return tp_prefill_push() && bf16_all_reduce(T, bf16_ok);
+}
+
 bool GpuSession::tp_push() const {
     return w_->push_to[0][0] != 0;
 }
@@ -93,34 +119,42 @@ bool GpuSession::pushes(int T) const {
 
 void GpuSession::find_push_targets() {
     Work& w = *w_;
-    if (!model_.tp_push() || !w.tp_dev_comm.made()) return;
-    const int ranks = w.layout.ranks, self = model_.tensor_parallel().rank;
-    const jit::DriverApi& api = jit::driver();
+    if (!w.tp_dev_comm.made()) return;
+    const int self = model_.tensor_parallel().rank;
+    // A prefill chunk's: the base of each half's slots in every rank's bf16 window.
+    if (model_.tp_prefill_push() && w.tp_bf16_sym.ptr())
+        for (int half = 0; half < 2; ++half)
+            window_pointers(model_.spec_tp_push(), w.tp_bf16_sym,
+                            uint64_t(half) * w.tp_bf16_half_bytes(), w.prefill_push_to[half]);
+    // A decode step's: this rank's slot of each half in every rank's window.
+    if (model_.tp_push())
+        for (int half = 0; half < 2; ++half)
+            window_pointers(model_.spec_push_post_prenorm(), w.tp_sym,
+                            w.push_slot(half, self) - w.tp_sym.ptr(), w.push_to[half]);
+}
+
+void GpuSession::window_pointers(const std::string& spec, const SymmetricBuffer& window,
+                                 uint64_t offset, CUdeviceptr out[8]) {
     // NCCL's own pointer arithmetic (ncclGetLsaPointer, of the headers of the library loaded) on
     // the GPU, once: the window's peer mappings never move.
-    const std::string& name = model_.spec_push_post_prenorm();
-    jit::DeviceBuffer out(sizeof w.push_to);
-    jit::Nccl::Window win = w.tp_sym.window();
-    for (int half = 0; half < 2; ++half) {
-        uint64_t offset = w.push_slot(half, self) - w.tp_sym.ptr();
-        CUdeviceptr dst = out.ptr() + uint64_t(half) * sizeof w.push_to[0];
-        void* args[] = {&win, &offset, &dst};
-        model_.kernels().get(name, "lsa_window_pointers").launch({1}, {32}, 0, stream_, args);
-    }
-    CUdeviceptr host[2][8] = {};
-    jit::check_driver(api.cuMemcpyDtoHAsync(host, out.ptr(), sizeof host, stream_),
-                      "cuMemcpyDtoHAsync (push targets)");
-    jit::check_driver(api.cuStreamSynchronize(stream_), "cuStreamSynchronize");
+    const int ranks = w_->layout.ranks, self = model_.tensor_parallel().rank;
+    jit::DeviceBuffer dev(8 * sizeof(CUdeviceptr));
+    jit::Nccl::Window win = window.window();
+    CUdeviceptr dst = dev.ptr();
+    void* args[] = {&win, &offset, &dst};
+    model_.kernels().get(spec, "lsa_window_pointers").launch({1}, {32}, 0, stream_, args);
+    CUdeviceptr host[8] = {};
+    jit::check_driver(jit::driver().cuMemcpyDtoHAsync(host, dev.ptr(), sizeof host, stream_),
+                      "cuMemcpyDtoHAsync (window pointers)");
+    jit::check_driver(jit::driver().cuStreamSynchronize(stream_), "cuStreamSynchronize");
     // This rank's own through its ordinary address (NCCL's flat LSA mapping is an alias of the
     // same memory); every peer's must have been given.
-    for (int half = 0; half < 2; ++half) {
-        host[half][self] = w.push_slot(half, self);
-        for (int p = 0; p < ranks; ++p)
-            if (!host[half][p])
-                throw jit::DeviceError(
-                    fmt::format("tensor parallelism: NCCL gave no address in rank {}'s window", p));
-    }
-    std::copy(&host[0][0], &host[0][0] + 16, &w.push_to[0][0]);
+    host[self] = window.ptr() + offset;
+    for (int p = 0; p < ranks; ++p)
+        if (!host[p])
+            throw jit::DeviceError(
+                fmt::format("tensor parallelism: NCCL gave no address in rank {}'s window", p));
+    std::copy_n(host, 8, out);
 }
 
 void GpuSession::gather_readouts(int n_rows, bool logits) {

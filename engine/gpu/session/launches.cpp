@@ -65,7 +65,9 @@ void GpuSession::post_norm(const std::string& name, CUdeviceptr u, CUdeviceptr w
     float eps = cfg_.rms_eps;
     normed_f16_ = f16;
     paths_.norm_f16 += f16;
-    paths_.norm_bf16_in += constant(spec, "X_BF16");
+    const unsigned bf16_planes = constant(spec, "X_BF16");
+    paths_.norm_bf16_in += bf16_planes == 1;
+    paths_.norm_bf16_planes += bf16_planes > 1;
     if (spec.entries.at(0) == "rmsnorm") {  // x += norm(u) * w, quantized
         void* args[] = {&u, &w, &residual, &x, &yq, &yds, &T, &eps};
         launch(model_.kernels().get(name, "rmsnorm"), {ceil_div(T, rpb)}, {tpr * rpb}, 0, args,
@@ -391,8 +393,9 @@ GpuSession::Product GpuSession::row_parallel_product(const GpuMatrix& m, Input i
     // One GPU's post-norm sums split-K planes itself (rmsnorm PARTS); a tensor-parallel rank
     // sums them before its all-reduce, which then moves T x d values whatever each rank's split.
     const bool tp = model_.tensor_parallel().active();
-    const bool round =
-        bf16_all_reduce(T, bf16_ok) && chunk_products(T) && !blas_for(m, T) && splits_k(m);
+    // (Not where the chunk's products are pushed: the push converts an fp32 product.)
+    const bool round = bf16_all_reduce(T, bf16_ok) && !prefill_pushes(T, bf16_ok) &&
+                       chunk_products(T) && !blas_for(m, T) && splits_k(m);
     const CUdeviceptr y = row_parallel_out(T, which);
     const int parts = matvec(m, nullptr, in, y, T, what, !tp || round);
     if (!round || parts == 1) return {parts > 1 ? product(parts) : y, parts};
@@ -492,11 +495,35 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in,
         product(m, y, what);
         return;
     }
+    const std::string& name = m.spec_geglu;
+    // One product over the gate and up copies side by side (made together, ahead of the layer),
+    // each token's gate|up row into the gate buffer; the GeGLU reads its two halves.
+    if (m.up_follows && kquant && deq_layer_ >= 0 && blas_for(*up, T)) {
+        CUdeviceptr gu = w_->fgate.ptr();
+        const int rows = m.rows + up->rows;
+        const CUdeviceptr weights = copy_ahead(m);
+        profiled(fmt::format("cublas.f16.k{}.n{} ffn_gate|up", m.cols, rows),
+                 LaunchCost{uint64_t(rows) * m.cols * 2, 2 * flops, WorkKind::Gemm}, [&] {
+                     blas.gemm(stream_, jit::BlasType::F16, rows, T, m.cols, weights, x, gu,
+                               sm_target);
+                 });
+        ++paths_.blas;
+        paths_.blas_beside_copies += sm_target > 0;
+        ++paths_.gate_up_merged;
+        if (y_f16 == w_->xhalf.ptr()) normed_f16_ = false;
+        const bool f16 = y_f16 != 0;
+        CUdeviceptr out = f16 ? y_f16 : y;
+        void* args[] = {&gu, &out, &T};
+        launch(model_.kernels().get(name, f16 ? "gelu_mul_f16_pair" : "gelu_mul_pair"),
+               {ceil_div(uint64_t(T) * m.rows, 512)}, {128}, 0, args,
+               name + (f16 ? " f16 pair ffn" : " pair ffn"));
+        paths_.geglu_f16 += f16;
+        return;
+    }
     // GeGLU from two products: gate into its own buffer, up into y, then y = gelu(gate) * y.
     CUdeviceptr gate = w_->fgate.ptr();
     product(m, gate, "ffn_gate");
     product(*up, y, "ffn_up");
-    const std::string& name = m.spec_geglu;
     if (y_f16) {
         if (y_f16 == w_->xhalf.ptr()) normed_f16_ = false;
         void* args[] = {&gate, &y, &y_f16, &T};

@@ -201,7 +201,7 @@ void GpuSession::record_layer(int l, int T) {
     const bool attn_f16 = !g.moe && parts == 1 && ffn_input_f16(g, T);
     const Reduced attn = attn_push ? Reduced{}
                                    : all_reduce(attn_sum, uint64_t(T) * cfg_.d_model, "attn_output",
-                                                !g.moe, !g.moe && !attn_f16);
+                                                0, !g.moe, !g.moe && !attn_f16);
     if (g.moe)  // also the router's input and the experts' pre-norm
         moe_post_attention_norms(l, attn_sum, parts, T);
     else if (attn_push)
@@ -211,7 +211,7 @@ void GpuSession::record_layer(int l, int T) {
         post_norm_lsa(model_.spec_lsa_post_prenorm(), attn.ptr, g.post_attention_norm, 0,
                       g.ffn_norm, T, "post_attention_norm+ffn_norm");
     else
-        post_norm(model_.spec_post_prenorm(parts, attn_f16, attn.bf16), attn.ptr,
+        post_norm(model_.spec_post_prenorm(parts, attn_f16, attn.bf16_in()), attn.ptr,
                   g.post_attention_norm, 0, g.ffn_norm, T, "post_attention_norm+ffn_norm",
                   attn_f16);
 
@@ -221,8 +221,8 @@ void GpuSession::record_layer(int l, int T) {
     // norm: the LM head's products are int8 or float).
     const bool next_f16 = l + 1 < cfg_.n_layers && attention_input_f16(l + 1, T);
     CUdeviceptr ffn_out = w.moe_y1.ptr();
-    bool ffn_bf16 = false;  // ffn_out holds a bf16 all-reduce sum
-    bool ffn_lsa = false;   // ... the ranks' products, for the post-norm to sum
+    int ffn_bf16 = 0;      // ffn_out holds a bf16 all-reduce sum (1) or the ranks' bf16 products
+    bool ffn_lsa = false;  // ... the ranks' products, for the post-norm to sum
     // (The push form as the attention's: not where the PLE gate or an f16 pre-norm follows.)
     const bool ffn_push = pushes(T) && !g.moe && !cfg_.has_ple() && !next_f16;
     if (g.moe) {
@@ -238,9 +238,9 @@ void GpuSession::record_layer(int l, int T) {
         // (A PLE model's FFN sum goes to the PLE gate's input, which has no such form.)
         const bool lsa_ok = !cfg_.has_ple() && !(parts == 1 && next_f16);
         const Reduced sum =
-            all_reduce(down.ptr, uint64_t(T) * cfg_.d_model, "ffn_down", true, lsa_ok);
+            all_reduce(down.ptr, uint64_t(T) * cfg_.d_model, "ffn_down", 1, true, lsa_ok);
         ffn_out = sum.ptr;
-        ffn_bf16 = sum.bf16;
+        ffn_bf16 = sum.bf16_in();
         ffn_lsa = sum.lsa;
     }
     if (!cfg_.has_ple()) {
@@ -274,7 +274,7 @@ void GpuSession::record_layer(int l, int T) {
     // other blocks still read x), where the PLE post-norm reads it.
     const char* gate_entry = gelu_epilogue ? "_gelu_mul_norm_in" : "_norm_in";
     // (Not from a bf16 sum: the gate's norm prologue reads fp32.)
-    const bool gate_in = parts == 1 && !ffn_bf16 && ple_input(g.inp_gate, gate_entry, T);
+    const bool gate_in = parts == 1 && ffn_bf16 == 0 && ple_input(g.inp_gate, gate_entry, T);
     const CUdeviceptr stream = gate_in ? w.h.ptr() : w.x.ptr();
     if (gate_in)
         matvec_ple_input(g.inp_gate, gate_entry, ffn_out, g.post_ffw_norm, w.x.ptr(), stream, other,

@@ -29,6 +29,12 @@ WorkLayout::WorkLayout(const GpuModel& m) {
     ple_all = c.n_layers * c.ple_dim;
     const TensorParallel& tp = m.tensor_parallel();
     ranks = tp.ranks;
+    tp_bf16_planes = m.tp_prefill_push() ? 2 * tp.ranks : 1;
+    if (m.tp_prefill_push()) {
+        const int64_t blocks = m.flags().get_int("GEMMAJIT_TP_PUSH_BLOCKS");
+        push_blocks = blocks > 0 ? int(blocks) : sms;
+    }
+    lsa_barriers = std::max(sequences, push_blocks);
     vocab = tp.active() ? (c.vocab_size + tp.ranks - 1) / tp.ranks : c.vocab_size;
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerConfig& lc = c.layers[l];
@@ -61,6 +67,9 @@ WorkLayout::WorkLayout(const GpuModel& m) {
     for (const GpuLayer& l : m.layers())
         if (l.qkv_one_product && (l.q.spec_gemm.empty() || m.gemm_copies_made()))
             qkv_width = std::max(qkv_width, l.qkv_rows());
+    for (const GpuLayer& l : m.layers())
+        gate_up_pair = gate_up_pair ||
+                       (l.gate.up_follows && (l.gate.spec_gemm.empty() || m.gemm_copies_made()));
     if (c.is_moe()) {
         moe_e = c.n_experts;
         moe_k = c.n_experts_used;
@@ -83,7 +92,8 @@ uint64_t WorkLayout::bytes() const {
                             + 3 * R * ple_all + 2 * R * ple  // PLE inputs; gate, product
                             + uint64_t(logit_rows) * vocab   // logits of a decode batch
                             + (ranks > 1 ? uint64_t(ranks) * logit_rows * vocab : 0)  // gathered
-                            + part_o_floats + 2 * part_ml_pairs + (float_gate ? R * ffn_max : 0) +
+                            + part_o_floats + 2 * part_ml_pairs +
+                            (float_gate ? (gate_up_pair ? 2 : 1) * R * ffn_max : 0) +
                             gemm_split_floats + R * qkv_width;
     const uint64_t RK = R * uint64_t(moe_k);
     const uint64_t moe = moe_e == 0 ? 0
@@ -94,7 +104,7 @@ uint64_t WorkLayout::bytes() const {
            + (half_acts ? R * in_max * 2 : 0) + (bf16_acts ? R * in_max * 2 : 0) +
            (gemm_q8_ffn ? R * ffn_max + R * (ffn_max / 32) * 8 : 0) +
            (gemm_bf16_ffn ? R * ffn_max * 2 : 0) + dequant_bytes + state_bytes() + readout_bytes() +
-           (ranks > 1 ? uint64_t(ranks) * result_bytes() + R * d * 2 : 0);
+           (ranks > 1 ? uint64_t(ranks) * result_bytes() + tp_bf16_planes * R * d * 2 : 0);
 }
 
 uint64_t session_work_bytes(const GpuModel& model) {
@@ -132,7 +142,7 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
     readout = zeroed(L.readout_bytes());  // the logits workspace must start zeroed
     if (L.half_acts) xhalf = jit::DeviceBuffer(R * L.in_max * 2);
     if (L.bf16_acts) xbf = jit::DeviceBuffer(R * L.in_max * 2);
-    if (L.float_gate) fgate = jit::DeviceBuffer(R * L.ffn_max * 4);
+    if (L.float_gate) fgate = jit::DeviceBuffer((L.gate_up_pair ? 2 : 1) * R * L.ffn_max * 4);
     if (L.gemm_split_floats) gemm_split = jit::DeviceBuffer(L.gemm_split_floats * 4);
     if (L.gemm_q8_ffn) {
         gq = jit::DeviceBuffer(R * L.ffn_max);
@@ -166,19 +176,19 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
             // (Push slots past the two halves: a slot of d floats per rank and half.)
             const uint64_t push = m.tp_push() ? 2 * uint64_t(L.ranks) * L.d * 4 : 0;
             tp_sym = SymmetricBuffer(m.tensor_parallel(), 2 * L.sym_rows() * L.d * 4 + push);
-            tp_bf16_sym = SymmetricBuffer(m.tensor_parallel(), R * L.d * 2);
-            // One LSA barrier per post-norm block of a decode step (a row each, or fewer).
-            // NCCL refuses it (on every rank alike, before any exchange) where the communicator
-            // has no symmetric support (its window registration then returned a local one); the
-            // all-reduces stay then.
+            tp_bf16_sym = SymmetricBuffer(m.tensor_parallel(), L.tp_bf16_planes * R * L.d * 2);
+            // One LSA barrier per post-norm block of a decode step (a row each, or fewer), and
+            // per block of a prefill chunk's push. NCCL refuses it (on every rank alike, before
+            // any exchange) where the communicator has no symmetric support (its window
+            // registration then returned a local one); the all-reduces stay then.
             if (tp_sym.ptr() && m.tp_fused_norm()) {
                 try {
-                    tp_dev_comm = DeviceComm(m.tensor_parallel(), L.sequences);
+                    tp_dev_comm = DeviceComm(m.tensor_parallel(), L.lsa_barriers);
                 } catch (const jit::DeviceError&) {
                 }
             }
         }
-        if (!tp_bf16_sym.ptr()) tp_bf16 = jit::DeviceBuffer(R * L.d * 2);
+        if (!tp_bf16_sym.ptr()) tp_bf16 = jit::DeviceBuffer(L.tp_bf16_planes * R * L.d * 2);
     }
     state_host = PinnedHost(L.state_bytes());
     result_host = PinnedHost(uint64_t(L.ranks) * L.result_bytes());

@@ -28,12 +28,24 @@ struct WorkLayout {
     // slice; padded to the largest rank's, the unit of the logits all-gather).
     int d = 0, q_max = 0, kv_max = 0, ffn_max = 0, in_max = 0, ple = 0, ple_all = 0, vocab = 0;
     int ranks = 1;  // tensor-parallel ranks: the gathered readouts hold one block per rank
+    // A prefill chunk's bf16 products: one [rows][d] buffer for NCCL's all-reduce, or, where they
+    // are pushed into every rank's window (GpuModel::tp_prefill_push), [2][rows][ranks][d]: a
+    // half for each product of a layer (attention output, FFN down), each row's ranks side by
+    // side. Two halves, because a rank pushes the next layer's attention product into its
+    // peers' windows only after the FFN push's barrier, which its peers reach only once done
+    // reading the last attention product (and the other way around).
+    int tp_bf16_planes = 1;
+    // The LSA barriers of the device communicator: one per decode post-norm block (a row each)
+    // and one per block of a prefill chunk's push (GEMMAJIT_TP_PUSH_BLOCKS).
+    int lsa_barriers = 1, push_blocks = 0;
     uint64_t part_o_floats = 0, part_ml_pairs = 0;  // attention partials
     uint64_t logits_work = 0;                       // workspace of the logits kernels
-    bool half_acts = false;      // cuBLAS products of f16/bf16 weights: converted activations
-    bool bf16_acts = false;      // wgmma GEMMs: bf16 activations (their own buffer: a model may
-                                 // mix them with cuBLAS products of f16 weights)
-    bool float_gate = false;     // cuBLAS GeGLU: the gate product's own fp32 buffer
+    bool half_acts = false;   // cuBLAS products of f16/bf16 weights: converted activations
+    bool bf16_acts = false;   // wgmma GEMMs: bf16 activations (their own buffer: a model may
+                              // mix them with cuBLAS products of f16 weights)
+    bool float_gate = false;  // cuBLAS GeGLU: the gate product's own fp32 buffer, twice as
+                              // wide where one product makes gate|up (GpuMatrix::up_follows)
+    bool gate_up_pair = false;
     bool gemm_q8_ffn = false;    // int8 GEMM GeGLU: its Q8_1 output, the down projection's input
     bool gemm_bf16_ffn = false;  // wgmma GEMM GeGLU: its bf16 output, the same role
     uint64_t gemm_split_floats = 0;  // split-K GEMM partial planes
@@ -71,6 +83,16 @@ struct GpuSession::Work {
     CUdeviceptr tp_bf16_ptr() const {
         return tp_bf16_sym.ptr() ? tp_bf16_sym.ptr() : tp_bf16.ptr();
     }
+    // The pushed form (layout.tp_bf16_planes): half `which`'s [rows][ranks][d] bf16 in this rank's
+    // window, and prefill_push_to[which][p], the same in rank p's (tp_push.cu's destinations;
+    // GpuSession::find_push_targets; 0: no push).
+    uint64_t tp_bf16_half_bytes() const {
+        return uint64_t(layout.rows) * layout.ranks * layout.d * 2;
+    }
+    CUdeviceptr tp_bf16_slots(int which) const {
+        return tp_bf16_ptr() + uint64_t(which) * tp_bf16_half_bytes();
+    }
+    CUdeviceptr prefill_push_to[2][8] = {};
     // A decode step's partial products, the attention's then the FFN's (layout.sym_rows() rows of
     // d floats each), in NCCL symmetric memory (GEMMAJIT_TP_SYMMETRIC; ptr() 0 where unavailable).
     SymmetricBuffer tp_sym;
