@@ -197,8 +197,10 @@ const std::vector<FlagDef>& flag_table() {
          .cls = C::Neutral,
          .default_value = "0",
          .help = "tensor parallelism: the blocks of a prefill chunk's push of its products "
-                 "(GEMMAJIT_TP_PREFILL_PUSH); 0: one per SM (on 2x H200 the 31B's pp512 measured "
-                 "best there: 16 blocks -3%, 32 -1.5%, 264 and 528 -0.5%)",
+                 "(GEMMAJIT_TP_PREFILL_PUSH), at most the SMs of the GPU with the fewest (each "
+                 "block waits for the other ranks' same block, so all must run at once); 0: one "
+                 "per SM (on 2x H200 the 31B's pp512 measured best there: 16 blocks -3%, 32 "
+                 "-1.5%, 264 and 528 -0.5%)",
          .min = 0,
          .max = 1024},
         {.name = "GEMMAJIT_NCCL_INCLUDE",

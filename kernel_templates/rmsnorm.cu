@@ -215,9 +215,11 @@ GJ_DEVICE void gj_rmsnorm(const float* x, const float* __restrict__ w, const flo
 #endif
 #if LSA_PEERS
     // Before the wait, as the loads above: every rank's row in the window (the window's fields
-    // never change) and this block's barrier epoch (last stored by the post-norm two or more
-    // kernels back, which has finished once this one runs). No prefetch of x: the SASS order
-    // check (gpu_test_sass_order) does not cover this form.
+    // never change) and this block's barrier epoch (last stored by the kernel that used this
+    // barrier last: a decode post-norm two or more kernels back, or a prefill chunk's push
+    // (tp_push.cu) further back still, which never directly precedes a decode post-norm; either
+    // has finished once this one runs). No prefetch of x: the SASS order check
+    // (gpu_test_sass_order) does not cover this form.
     if (lsa_comm.lsaSize != LSA_PEERS) __trap();  // the engine's ranks: one host's GPUs
     const int self = lsa_comm.lsaRank;
     const float4* xp[LSA_PEERS];  // (indexed by constants only: registers, not a stack array)

@@ -282,6 +282,10 @@ class GpuModel {
     // where off.
     const std::string& spec_tp_push() const { return spec_lsa_.prefill_push; }
     bool tp_prefill_push() const { return !spec_lsa_.prefill_push.empty(); }
+    // The push's grid, the same on every rank: GEMMAJIT_TP_PUSH_BLOCKS, at most (and by default)
+    // the fewest SMs of any rank's GPU, so that every rank's blocks run at once (each waits for
+    // the other ranks' same block). Before the ranks have agreed, this GPU's SMs. 0 where off.
+    int tp_push_blocks() const;
     const std::string& tp_fused_norm_note() const { return spec_lsa_.note; }
     const std::string& spec_post_quant(int parts = 1, int bf16_in = 0) const {  // PLE models
         if (bf16_in) return spec_xb16_[bf16_in > 1].post_quant;
@@ -361,6 +365,7 @@ class GpuModel {
     GpuKernels kernels_;
     KvGeometry kv_geo_;
     bool chunk_default_ = false;  // the chunk is GEMMAJIT_PREFILL_CHUNK's default (may shrink)
+    int tp_min_sms_ = 0;  // the fewest SMs of any rank's GPU (agree_across_ranks; 0: not yet)
     int copy_min_rows_ = kPrefillCols + 1;
     MemoryPlan mem_;
 

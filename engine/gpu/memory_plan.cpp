@@ -106,13 +106,16 @@ void GpuModel::plan_memory(const GpuModelOptions& opts) {
 void GpuModel::agree_across_ranks(const GpuModelOptions& opts) {
     if (!tp_.active() || !tp_.nccl) return;
     jit::Device& dev = jit::Device::get();
-    int32_t mine[2] = {kv_geo_.context, kv_geo_.max_chunk}, all[2] = {0, 0};
+    // (And the fewest SMs of any rank's GPU: the grid of a prefill chunk's push, whose blocks
+    // meet the other ranks' same blocks, must be the same on every rank and fit each GPU.)
+    int32_t mine[3] = {kv_geo_.context, kv_geo_.max_chunk, dev.sm_count()}, all[3] = {0, 0, 0};
     jit::DeviceBuffer buf(sizeof mine);
     buf.upload(mine, sizeof mine);
-    tp_.nccl->all_reduce(tp_.comm, buf.ptr(), 2, jit::NcclType::I32, jit::NcclOp::Min,
+    tp_.nccl->all_reduce(tp_.comm, buf.ptr(), 3, jit::NcclType::I32, jit::NcclOp::Min,
                          dev.stream());
     dev.synchronize();
     buf.download(all, sizeof all);
+    tp_min_sms_ = all[2];
     if (all[0] == mine[0] && all[1] == mine[1]) return;
     // Smaller than this rank's own choice, so it fits here too.
     GpuModelOptions o = opts;

@@ -3,6 +3,8 @@
 // rmsnorm.cu), by the products that consume their output and the all-reduces before them.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "engine/gpu/gpu_model.h"
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
@@ -75,6 +77,13 @@ void GpuModel::add_bf16_input_norms(int which, int planes) {
         spec_xb16_[which].post_scale_prenorm[half] = kernels_.add(s.post_scale_prenorm[half]).name;
     }
     if (s.post_quant) spec_xb16_[which].post_quant = kernels_.add(*s.post_quant).name;
+}
+
+int GpuModel::tp_push_blocks() const {
+    if (!tp_prefill_push()) return 0;
+    const int sms = tp_min_sms_ > 0 ? tp_min_sms_ : jit::Device::get().sm_count();
+    const int64_t blocks = flags_.get_int("GEMMAJIT_TP_PUSH_BLOCKS");
+    return blocks > 0 ? int(std::min<int64_t>(blocks, sms)) : sms;
 }
 
 void GpuModel::plan_fused_all_reduce_norms() {

@@ -30,10 +30,7 @@ WorkLayout::WorkLayout(const GpuModel& m) {
     const TensorParallel& tp = m.tensor_parallel();
     ranks = tp.ranks;
     tp_bf16_planes = m.tp_prefill_push() ? 2 * tp.ranks : 1;
-    if (m.tp_prefill_push()) {
-        const int64_t blocks = m.flags().get_int("GEMMAJIT_TP_PUSH_BLOCKS");
-        push_blocks = blocks > 0 ? int(blocks) : sms;
-    }
+    push_blocks = m.tp_push_blocks();
     lsa_barriers = std::max(sequences, push_blocks);
     vocab = tp.active() ? (c.vocab_size + tp.ranks - 1) / tp.ranks : c.vocab_size;
     for (int l = 0; l < c.n_layers; ++l) {
@@ -188,7 +185,8 @@ GpuSession::Work::Work(const GpuModel& m) : layout(m) {
                 }
             }
         }
-        if (!tp_bf16_sym.ptr()) tp_bf16 = jit::DeviceBuffer(L.tp_bf16_planes * R * L.d * 2);
+        // (Without the window no chunk pushes: one plane, NCCL's all-reduce buffer.)
+        if (!tp_bf16_sym.ptr()) tp_bf16 = jit::DeviceBuffer(R * L.d * 2);
     }
     state_host = PinnedHost(L.state_bytes());
     result_host = PinnedHost(uint64_t(L.ranks) * L.result_bytes());
