@@ -10,11 +10,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/gpu/kernel_plan.h"
 #include "engine/gpu/kernels/rmsnorm.h"
@@ -79,6 +82,27 @@ std::string missing_headers(const std::vector<std::string>& dirs) {
     return "";
 }
 
+// {d_model, ranks} of every dense preset over 2 GPUs, and of the 31B's width (5376) over each of
+// `more` (libcu++'s headers make each compile a few seconds).
+std::vector<std::pair<int, int>> split_widths(std::initializer_list<int> more) {
+    std::vector<std::pair<int, int>> out;
+    for (const auto& v : Config::preset_names()) {
+        const Config cfg = Config::preset(v);
+        if (cfg.is_moe()) continue;  // (a MoE model is never split)
+        out.emplace_back(cfg.d_model, 2);
+        if (cfg.d_model == 5376)
+            for (int peers : more) out.emplace_back(cfg.d_model, peers);
+    }
+    return out;
+}
+
+// Sorted by name (and headers), each once.
+void sort_unique(std::vector<gj::jit::KernelSpec>& specs) {
+    std::sort(specs.begin(), specs.end(),
+              [](auto& a, auto& b) { return a.name + a.nccl_include < b.name + b.nccl_include; });
+    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+}
+
 }  // namespace
 
 TEST(LsaPostNorms, CompileAgainstNcclDeviceHeaders) {
@@ -91,19 +115,10 @@ TEST(LsaPostNorms, CompileAgainstNcclDeviceHeaders) {
     for (size_t h = 1; h < dirs.size(); ++h)
         specs.push_back(
             rmsnorm_lsa_spec(rmsnorm_spec(5376, true, true, true, true, true), 2, dirs[h]));
-    const std::string* dir = &dirs[0];
-    for (const auto& v : Config::preset_names()) {
-        const Config cfg = Config::preset(v);
-        if (cfg.is_moe()) continue;
-        for (int peers : {2, 4, 8}) {
-            if (peers > 2 && cfg.d_model != 5376) continue;
-            for (auto& s : rmsnorm_lsa_specs(cfg.d_model, peers, *dir, false).all())
-                specs.push_back(std::move(s));
-        }
-    }
-    std::sort(specs.begin(), specs.end(),
-              [](auto& a, auto& b) { return a.name + a.nccl_include < b.name + b.nccl_include; });
-    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+    for (const auto& [d, peers] : split_widths({4, 8}))
+        for (auto& s : rmsnorm_lsa_specs(d, peers, dirs[0], false).all())
+            specs.push_back(std::move(s));
+    sort_unique(specs);
     compile_and_check(specs, [](const gj::jit::CompiledKernel& c, const std::string&) {
         const std::string body = entry_ptx(c.ptx, "rmsnorm_ext_lsa");
         ASSERT_FALSE(body.empty());
@@ -128,18 +143,12 @@ TEST(LsaPostNorms, PushFormsCompileAgainstNcclDeviceHeaders) {
     const auto dirs = local_nccl_headers();
     if (const std::string why = missing_headers(dirs); !why.empty()) GTEST_SKIP() << why;
     std::vector<gj::jit::KernelSpec> specs;
-    for (const auto& v : Config::preset_names()) {
-        const Config cfg = Config::preset(v);
-        if (cfg.is_moe()) continue;
-        for (int peers : {2, 8}) {
-            if (peers > 2 && cfg.d_model != 5376) continue;
-            const auto s = rmsnorm_lsa_specs(cfg.d_model, peers, dirs[0], true);
-            specs.push_back(*s.push_post_prenorm);
-            specs.push_back(*s.push_post_scale_prenorm);
-        }
+    for (const auto& [d, peers] : split_widths({8})) {
+        const auto s = rmsnorm_lsa_specs(d, peers, dirs[0], true);
+        specs.push_back(*s.push_post_prenorm);
+        specs.push_back(*s.push_post_scale_prenorm);
     }
-    std::sort(specs.begin(), specs.end(), [](auto& a, auto& b) { return a.name < b.name; });
-    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+    sort_unique(specs);
     compile_and_check(specs, [](const gj::jit::CompiledKernel& c, const std::string&) {
         const std::string body = entry_ptx(c.ptx, "rmsnorm_ext_lsa_push");
         ASSERT_FALSE(body.empty());
@@ -161,16 +170,9 @@ TEST(PrefillPush, CompilesAgainstNcclDeviceHeaders) {
     const auto dirs = local_nccl_headers();
     if (const std::string why = missing_headers(dirs); !why.empty()) GTEST_SKIP() << why;
     std::vector<gj::jit::KernelSpec> specs;
-    for (const auto& v : Config::preset_names()) {
-        const Config cfg = Config::preset(v);
-        if (cfg.is_moe()) continue;
-        for (int peers : {2, 4, 8}) {
-            if (peers > 2 && cfg.d_model != 5376) continue;
-            specs.push_back(tp_push_spec(cfg.d_model, peers, dirs[0]));
-        }
-    }
-    std::sort(specs.begin(), specs.end(), [](auto& a, auto& b) { return a.name < b.name; });
-    specs.erase(std::unique(specs.begin(), specs.end()), specs.end());
+    for (const auto& [d, peers] : split_widths({4, 8}))
+        specs.push_back(tp_push_spec(d, peers, dirs[0]));
+    sort_unique(specs);
     compile_and_check(specs, [](const gj::jit::CompiledKernel& c, const std::string& arch) {
         const std::string body = entry_ptx(c.ptx, "bf16_push_lsa");
         ASSERT_FALSE(body.empty());
@@ -178,7 +180,9 @@ TEST(PrefillPush, CompilesAgainstNcclDeviceHeaders) {
         EXPECT_NE(body.find("ld.acquire.sys"), std::string::npos);
         // Only the grid wait: the post-norm after it starts when the push has ended, so its
         // waiting blocks take no SMs from the weight copies meanwhile.
-        if (arch != "sm_80") EXPECT_NE(body.find("griddepcontrol.wait"), std::string::npos);
+        if (arch != "sm_80") {
+            EXPECT_NE(body.find("griddepcontrol.wait"), std::string::npos);
+        }
         EXPECT_EQ(body.find("griddepcontrol.launch_dependents"), std::string::npos);
         // 4 bf16 per 8-byte store, to each rank's window.
         EXPECT_TRUE(std::regex_search(body, std::regex(R"(st\.global\.v2\.u32)")));
@@ -193,8 +197,7 @@ TEST(PrefillPush, CompilesAgainstNcclDeviceHeaders) {
         for (auto& s : rmsnorm_bf16_input_specs(cfg.d_model, cfg.has_ple(), 2).all())
             norms.push_back(std::move(s));
     }
-    std::sort(norms.begin(), norms.end(), [](auto& a, auto& b) { return a.name < b.name; });
-    norms.erase(std::unique(norms.begin(), norms.end()), norms.end());
+    sort_unique(norms);
     compile_and_check(norms, [](const gj::jit::CompiledKernel& c, const std::string&) {
         EXPECT_NE(c.source.find("#define X_BF16 2"), std::string::npos);
         for (const auto& r : c.resources_per_entry) EXPECT_EQ(r.stack_bytes, 0);
