@@ -63,14 +63,20 @@ struct Plan {
 };
 
 // A split's plan line about the forms compiled against NCCL's device headers (FusedNormPlan), as
-// fused_norm_plan decides them for a load on this machine; returns that decision.
-std::optional<gemma4::FusedNormPlan> plan_fused_norms(const jit::Flags& flags, Plan& plan) {
+// fused_norm_plan decides them for a load of `ranks` ranks on this machine; returns that
+// decision.
+std::optional<gemma4::FusedNormPlan> plan_fused_norms(const jit::Flags& flags, int ranks,
+                                                      Plan& plan) {
     std::string why;
     auto fused = gemma4::fused_norm_plan(flags, nullptr, &why);
     plan.fused = fused ? fmt::format(
-                             "decode post-norms sum the ranks' products themselves{} "
+                             "decode post-norms sum the ranks' products themselves{}{} "
                              "(NCCL device headers in {})\n",
-                             fused->push ? ", products pushed" : "", fused->headers)
+                             fused->push ? ", products pushed" : "",
+                             fused->prefill_push(ranks)
+                                 ? "; prefill chunks' products pushed into every rank's window"
+                                 : "",
+                             fused->headers)
                        : "fused all-reduce norms off: " + why + "\n";
     return fused;
 }
@@ -101,7 +107,7 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
         // Every rank's load, planned (no GPU; NCCL loaded for its device headers' release): the
         // union of their kernels.
         plan.label += fmt::format(", tensor parallel over {} GPUs", src.tp);
-        plan_fused_norms(flags, plan);
+        plan_fused_norms(flags, src.tp, plan);
         std::set<std::string> seen;
         for (int r = 0; r < src.tp; ++r) {
             opts.tp.rank = r;
@@ -140,7 +146,7 @@ Plan load_plan(const PlanSource& src, const std::string& arch) {
         const gemma4::ShardPlan shards = gemma4::plan_shards(cfg, src.tp, block);
         plan.label += fmt::format(", tensor parallel over {} GPUs", src.tp);
         plan.shards = shards.describe();
-        const auto fused = plan_fused_norms(flags, plan);
+        const auto fused = plan_fused_norms(flags, src.tp, plan);
         plan.specs = gemma4::build_kernel_plan(shards, type_sets, fused ? &*fused : nullptr);
         return plan;
     }

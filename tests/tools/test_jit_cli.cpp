@@ -198,10 +198,20 @@ TEST(JitCli, KernelsOfASplitHoldTheNcclDeviceForms) {
     EXPECT_NE(r.out.find("decode post-norms sum the ranks' products themselves, products pushed"),
               std::string::npos)
         << r.out;
+    // With a prefill chunk's push (GEMMAJIT_TP_PREFILL_PUSH, by default on 2 GPUs) and the
+    // post-norms summing the pushed products.
+    EXPECT_NE(r.out.find("; prefill chunks' products pushed into every rank's window"),
+              std::string::npos)
+        << r.out;
     for (const char* want :
          {"rmsnorm.n5376.w1.add.n2.q8.lsa2.push ", "rmsnorm.n5376.w1.add.scale.n2.q8.lsa2 ",
-          "matvec_q4_0.k10752.split.tall.push2 ", "matvec_q4_0.k4096.split.push2 "})
+          "matvec_q4_0.k10752.split.tall.push2 ", "matvec_q4_0.k4096.split.push2 ",
+          "tp_push.n5376.r2 ", "rmsnorm.n5376.w1.add.n2.h16.xb16x2 "})
         EXPECT_NE(r.out.find(want), std::string::npos) << want << "\n" << r.out;
+    r = run_command("GEMMAJIT_TP_PREFILL_PUSH=0 " + cli(tmp.path(), plan));
+    EXPECT_EQ(r.out.find("tp_push."), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(".xb16x2"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("prefill chunks' products pushed"), std::string::npos) << r.out;
     r = run_command("GEMMAJIT_TP_PUSH=0 " + cli(tmp.path(), plan));
     EXPECT_NE(r.out.find("rmsnorm.n5376.w1.add.n2.q8.lsa2 "), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find(".push"), std::string::npos) << r.out;
