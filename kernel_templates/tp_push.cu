@@ -6,16 +6,17 @@
 // on a rank, every rank's product is in that rank's own window, and the post-norm after it sums
 // the slots in rank order (rmsnorm X_BF16 = PEERS), reading local memory only.
 //
-// Why a kernel of its own, on few blocks: the exchange is bound by NVLink, not by SMs, and the
-// SMs it leaves free run the next layer's F16 weight copies meanwhile (an exchange whose barrier
-// sat in the norm's 512 blocks held every SM and measured slower: docs/TENSOR_PARALLEL.md).
+// Why a kernel of its own: the ranks wait for each other in a kernel that only moves data, one
+// block per SM (fewer measured slower, more no faster), while the next layer's F16 weight copies
+// keep running; an exchange whose barrier sat in the norm's 512 blocks measured slower
+// (docs/TENSOR_PARALLEL.md).
 // It replaces three steps: the conversion to bf16, NCCL's bf16 all-reduce and the sum's rounding
 // to bf16 (the norm sums the bf16 products in fp32).
 //
 // Constants: N (values per row: d_model, a multiple of 4), PEERS (ranks, 2..8), THREADS.
-// Launch: block THREADS, any grid (the engine's GEMMAJIT_TP_PUSH_BLOCKS); barrier b is block b's,
-// so the device communicator holds at least gridDim.x LSA barriers and every rank launches the
-// same grid.
+// Launch: block THREADS, a grid whose blocks all run at once (GpuModel::tp_push_blocks); barrier b
+// is block b's, so the device communicator holds at least gridDim.x LSA barriers and every rank
+// launches the same grid.
 // Entries:
 //   bf16_push_lsa(x, rows, to, comm): x [rows][N] fp32, this rank's partial product; to.y[p]:
 //     the base of the slots in rank p's window ([rows][PEERS][N] bf16, this rank's at

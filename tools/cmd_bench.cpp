@@ -217,15 +217,13 @@ void run_bench(const BenchArgs& a) {
                 ? "summed by the post-norms (NCCL device API, GEMMAJIT_TP_FUSED_NORM)"
             : model->tp_fused_norm() ? "NCCL all-reduce (NCCL made no device communicator)"
                                      : "NCCL all-reduce (" + model->tp_fused_norm_note() + ")");
-    const int64_t push_blocks = model->flags().get_int("GEMMAJIT_TP_PUSH_BLOCKS");
     if (ranks > 1)
         fmt::print("prefill all-reduces (bf16 from {} rows): {}\n",
                    model->flags().get_int("GEMMAJIT_TP_BF16_ROWS"),
                    session.tp_prefill_push()
-                       ? fmt::format("pushed into every rank's window ({}), summed by the "
-                                     "post-norms (NCCL device API, GEMMAJIT_TP_PREFILL_PUSH)",
-                                     push_blocks > 0 ? fmt::format("{} blocks", push_blocks)
-                                                     : std::string("a block per SM"))
+                       ? fmt::format("pushed into every rank's window ({} blocks), summed by "
+                                     "the post-norms (NCCL device API, GEMMAJIT_TP_PREFILL_PUSH)",
+                                     model->tp_push_blocks())
                        : std::string("NCCL all-reduce"));
     fmt::print("graphs: {}, prefill chunk {}, context {}\n\n",
                session.graphs_enabled() ? "on" : "off (GEMMAJIT_GRAPHS=0)", model->prefill_chunk(),

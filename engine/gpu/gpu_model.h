@@ -86,25 +86,25 @@ struct GpuMatrix {
     int row0 = 0, col0 = 0;
     CUdeviceptr ptr = 0;
     uint64_t bytes = 0;
-    std::string spec_decode;   // one activation column
-    std::string spec_prefill;  // kPrefillCols columns
-    std::string spec_gemm;     // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
-                               // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
-    bool gemm_bf16 = false;    // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
-    bool blas = false;         // prefill products through cuBLAS (GEMMAJIT_BLAS): float weights,
-                               // and quantized ones (not the LM head) from a dequantized F16
-                               // copy (K-quants and fallbacks; Q8_0/Q4_0 by the MMQ variant)
-    std::string spec_push;     // a tensor-parallel row-parallel matrix (attention output, FFN
-                               // down): spec_decode storing into every rank's window
-                               // (matvec_push_spec; GEMMAJIT_TP_PUSH); else empty
-    std::string spec_geglu;    // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
+    std::string spec_decode;      // one activation column
+    std::string spec_prefill;     // kPrefillCols columns
+    std::string spec_gemm;        // Q8_0/Q4_0 split layout: the tensor-core GEMM of prefill chunks
+                                  // (GEMMAJIT_MMQ_VARIANT); empty: the batched matvecs
+    bool gemm_bf16 = false;       // spec_gemm is gemm_wgmma (bf16 activations), else mmq (Q8_1)
+    bool blas = false;            // prefill products through cuBLAS (GEMMAJIT_BLAS): float weights,
+                                  // and quantized ones (not the LM head) from a dequantized F16
+                                  // copy (K-quants and fallbacks; Q8_0/Q4_0 by the MMQ variant)
+    std::string spec_push;        // a tensor-parallel row-parallel matrix (attention output, FFN
+                                  // down): spec_decode storing into every rank's window
+                                  // (matvec_push_spec; GEMMAJIT_TP_PUSH); else empty
+    std::string spec_geglu;       // an FFN gate with blas: the gelu_mul.p<rows> joining gate and up
+    std::string spec_dequant;     // quantized with blas: dequant_f16.<type>.k<cols>, whose copy
+    uint64_t scratch_offset = 0;  // goes to this byte offset of its layer's scratch slot (each
+                                  // matrix of a layer has its own range)
     // An FFN gate whose up copy follows its own (copy_follows): prefill's gate and up products
     // as one cuBLAS product, each token's gate|up row, which the GeGLU reads as its two halves
     // (GEMMAJIT_MERGE_GATE_UP; where that product is at most 24576 rows, as measured).
     bool up_follows = false;
-    std::string spec_dequant;     // quantized with blas: dequant_f16.<type>.k<cols>, whose copy
-    uint64_t scratch_offset = 0;  // goes to this byte offset of its layer's scratch slot (each
-                                  // matrix of a layer has its own range)
     bool present() const { return rows > 0; }
     // Q8_0/Q4_0 and the K-quants: the input arrives as Q8_1 activations; float types read fp32
     // activations.

@@ -4,8 +4,9 @@
 // (rmsnorm_bf16_input_specs with planes = ranks).
 //
 // Spec name: "tp_push.n<d>.r<ranks>"; entries bf16_push_lsa, lsa_window_pointers.
-// Launch: block THREADS (a spec constant), any grid of at most the device communicator's LSA
-// barriers (GEMMAJIT_TP_PUSH_BLOCKS), the same on every rank.
+// Launch: block THREADS (a spec constant), the same grid on every rank, no more blocks than the
+// device communicator has LSA barriers nor than run at once on the GPU
+// (GpuModel::tp_push_blocks: one per SM by default).
 #pragma once
 
 #include <string>

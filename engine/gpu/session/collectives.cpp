@@ -37,18 +37,15 @@ GpuSession::Reduced GpuSession::all_reduce(CUdeviceptr buf, uint64_t floats, con
         return {buf, false, true};
     }
     // A prefill chunk's bf16 products: converted and stored into this rank's slot of every
-    // rank's window by one kernel on few blocks, which ends once every rank's same block has
-    // stored its part (an LSA barrier per block); the post-norm then sums the slots.
+    // rank's window by one kernel (a block per SM at most), which ends once every rank's same
+    // block has stored its part (an LSA barrier per block); the post-norm then sums the slots.
     const int T = int(floats / uint64_t(cfg_.d_model));
     if (prefill_pushes(T, bf16_ok)) {
         const std::string& name = model_.spec_tp_push();
         const unsigned threads = constant(model_.kernels().spec(name), "THREADS");
-        struct {
-            CUdeviceptr y[8];
-        } to;
-        std::copy_n(w_->prefill_push_to[which], 8, to.y);
+        CUdeviceptr* to = w_->prefill_push_to[which];  // the kernel takes 8 of them, by value
         int rows = T;
-        void* args[] = {&buf, &rows, &to, w_->tp_dev_comm.bytes()};
+        void* args[] = {&buf, &rows, to, w_->tp_dev_comm.bytes()};
         launch(model_.kernels().get(name, "bf16_push_lsa"), {unsigned(w_->layout.push_blocks)},
                {threads}, 0, args, fmt::format("{} {}", name, what));
         ++paths_.prefill_push;

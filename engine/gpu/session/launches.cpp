@@ -476,20 +476,23 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in,
     else if (type != jit::BlasType::F32)
         x = convert(x, T * m.cols, type == jit::BlasType::F16 ? "f32_to_f16" : "f32_to_bf16",
                     w_->xhalf.ptr(), what);
-    const double flops = 2.0 * double(m.rows) * m.cols * T;
     const int sm_target = blas_sm_target(T);
+    // `rows` rows of weights (each m.cols wide, `bytes` in all) times the T input rows.
+    auto gemm_rows = [&](CUdeviceptr weights, int rows, uint64_t bytes, ggml::Type wtype,
+                         CUdeviceptr out, const char* label) {
+        profiled(fmt::format("cublas.{}.k{}.n{} {}", ggml::type_name(wtype), m.cols, rows, label),
+                 LaunchCost{bytes, 2.0 * double(rows) * m.cols * T, WorkKind::Gemm},
+                 [&] { blas.gemm(stream_, type, rows, T, m.cols, weights, x, out, sm_target); });
+        ++paths_.blas;
+        paths_.blas_beside_copies += sm_target > 0;
+    };
     auto product = [&](const GpuMatrix& w, CUdeviceptr out, const char* label) {
         // A layer's copies were made ahead (dequantize_layer); others (the PLE projection) now.
         const CUdeviceptr weights = !kquant           ? w.ptr
                                     : deq_layer_ >= 0 ? copy_ahead(w)
                                                       : dequantized(w);
-        const std::string type_name = ggml::type_name(kquant ? ggml::Type::F16 : w.type);
-        profiled(
-            fmt::format("cublas.{}.k{}.n{} {}", type_name, w.cols, w.rows, label),
-            LaunchCost{kquant ? uint64_t(w.rows) * w.cols * 2 : w.bytes, flops, WorkKind::Gemm},
-            [&] { blas.gemm(stream_, type, w.rows, T, w.cols, weights, x, out, sm_target); });
-        ++paths_.blas;
-        paths_.blas_beside_copies += sm_target > 0;
+        gemm_rows(weights, w.rows, kquant ? uint64_t(w.rows) * w.cols * 2 : w.bytes,
+                  kquant ? ggml::Type::F16 : w.type, out, label);
     };
     if (!up) {
         product(m, y, what);
@@ -498,17 +501,11 @@ void GpuSession::blas_product(const GpuMatrix& m, const GpuMatrix* up, Input in,
     const std::string& name = m.spec_geglu;
     // One product over the gate and up copies side by side (made together, ahead of the layer),
     // each token's gate|up row into the gate buffer; the GeGLU reads its two halves.
-    if (m.up_follows && kquant && deq_layer_ >= 0 && blas_for(*up, T)) {
+    if (m.up_follows && deq_layer_ >= 0 && blas_for(*up, T)) {
         CUdeviceptr gu = w_->fgate.ptr();
         const int rows = m.rows + up->rows;
-        const CUdeviceptr weights = copy_ahead(m);
-        profiled(fmt::format("cublas.f16.k{}.n{} ffn_gate|up", m.cols, rows),
-                 LaunchCost{uint64_t(rows) * m.cols * 2, 2 * flops, WorkKind::Gemm}, [&] {
-                     blas.gemm(stream_, jit::BlasType::F16, rows, T, m.cols, weights, x, gu,
-                               sm_target);
-                 });
-        ++paths_.blas;
-        paths_.blas_beside_copies += sm_target > 0;
+        gemm_rows(copy_ahead(m), rows, uint64_t(rows) * m.cols * 2, ggml::Type::F16, gu,
+                  "ffn_gate|up");
         ++paths_.gate_up_merged;
         if (y_f16 == w_->xhalf.ptr()) normed_f16_ = false;
         const bool f16 = y_f16 != 0;

@@ -61,12 +61,12 @@ WorkLayout::WorkLayout(const GpuModel& m) {
     }
     dequant_bytes = m.dequant_scratch_bytes();
     // (Not for layers whose copies this session's chunks never make.)
-    for (const GpuLayer& l : m.layers())
+    for (const GpuLayer& l : m.layers()) {
         if (l.qkv_one_product && (l.q.spec_gemm.empty() || m.gemm_copies_made()))
             qkv_width = std::max(qkv_width, l.qkv_rows());
-    for (const GpuLayer& l : m.layers())
-        gate_up_pair = gate_up_pair ||
-                       (l.gate.up_follows && (l.gate.spec_gemm.empty() || m.gemm_copies_made()));
+        if (l.gate.up_follows && (l.gate.spec_gemm.empty() || m.gemm_copies_made()))
+            gate_up_pair = true;
+    }
     if (c.is_moe()) {
         moe_e = c.n_experts;
         moe_k = c.n_experts_used;
