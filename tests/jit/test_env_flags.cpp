@@ -90,6 +90,13 @@ TEST(EnvFlags, BadValuesNameTheFlagAndWhatIsAllowed) {
     EXPECT_NE(e.find("sm_<digits>"), std::string::npos) << e;
     e = error_for("GEMMAJIT_KV_TYPE", "f32");
     EXPECT_NE(e.find("f16|bf16|q8_0"), std::string::npos) << e;
+    // The tensor-parallel prefill push: ranks of one host, a grid that cannot be negative.
+    e = error_for("GEMMAJIT_TP_PREFILL_PUSH", "9");
+    EXPECT_NE(e.find("GEMMAJIT_TP_PREFILL_PUSH"), std::string::npos) << e;
+    EXPECT_NE(e.find("from 0 to 8"), std::string::npos) << e;
+    e = error_for("GEMMAJIT_TP_PUSH_BLOCKS", "-1");
+    EXPECT_NE(e.find("GEMMAJIT_TP_PUSH_BLOCKS"), std::string::npos) << e;
+    EXPECT_NE(e.find("from 0 to 1024"), std::string::npos) << e;
 }
 
 TEST(EnvFlags, UnknownNameGetsOneTypoWarningWithTheClosestName) {
