@@ -58,6 +58,40 @@ Collected collect(serve::Job& job) {
     }
 }
 
+// Reads a POST body whatever its Content-Type says. A plain httplib handler gets a body sent as
+// application/x-www-form-urlencoded (what `curl -d` sends without -H) parsed as a form and
+// refused past 8 KB (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH) with a 413, whatever
+// set_payload_max_length says; a content-reader handler gets the bytes as sent, and this caps
+// them at `max_bytes` (httplib caps only bodies that announce a Content-Length).
+std::string read_body(const httplib::Request& req, httplib::Response& res,
+                      const httplib::ContentReader& reader, size_t max_bytes) {
+    if (req.is_multipart_form_data()) {
+        // Drained, so the connection stays in step for the next request on it.
+        (void)reader([](const httplib::MultipartFormData&) { return true; },
+                     [](const char*, size_t) { return true; });
+        throw ApiError(400,
+                       "the request body must be JSON (Content-Type: application/json), not "
+                       "multipart/form-data");
+    }
+    std::string body;
+    const bool chunked =
+        req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+    // No body announced: an empty one, which parse_body then calls not JSON.
+    if (!req.has_header("Content-Length") && !chunked) return body;
+    bool too_large = false;
+    const bool ok = reader([&](const char* data, size_t n) {
+        too_large = body.size() + n > max_bytes;
+        if (!too_large) body.append(data, n);
+        return !too_large;
+    });
+    if (too_large || res.status == 413) {
+        throw ApiError(413, "the request body is too large (the limit is " +
+                                std::to_string(max_bytes) + " bytes)");
+    }
+    if (!ok) throw ApiError(400, "the request body could not be read");
+    return body;
+}
+
 void check_done(const serve::JobEvent& done) {
     if (done.finish == serve::Finish::Cancelled) {
         throw ApiError(503, "the request was cancelled: the server is shutting down", "", "",
@@ -174,17 +208,29 @@ void HttpServer::routes() {
                                           {"created", started_},
                                           {"owned_by", "gemmajit"}}})}});
     });
-    s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-        const Json body = serve::parse_body(req.body);
+    // Every POST route reads its body through read_body (see there for why).
+    const size_t max_body = config_.max_body_bytes;
+    auto post = [&s, max_body](const std::string& pattern, auto handler) {
+        s.Post(pattern, [handler, max_body](const httplib::Request& req, httplib::Response& res,
+                                            const httplib::ContentReader& reader) {
+            handler(serve::parse_body(read_body(req, res, reader, max_body)), res);
+        });
+    };
+    post("/tokenize", [this](const Json& body, httplib::Response& res) {
         if (!body.contains("content") || !body["content"].is_string()) {
             throw ApiError(400, "'content' must be a string", "content");
         }
-        const bool add_special = body.value("add_special", false);
+        bool add_special = false;
+        if (auto it = body.find("add_special"); it != body.end() && !it->is_null()) {
+            if (!it->is_boolean()) {
+                throw ApiError(400, "'add_special' must be a boolean", "add_special");
+            }
+            add_special = it->get<bool>();
+        }
         const auto ids = file_->tokenizer().encode(body["content"].get<std::string>(), add_special);
         send_json(res, 200, {{"tokens", ids}});
     });
-    s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-        const Json body = serve::parse_body(req.body);
+    post("/detokenize", [this](const Json& body, httplib::Response& res) {
         if (!body.contains("tokens") || !body["tokens"].is_array()) {
             throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
         }
@@ -229,14 +275,20 @@ void HttpServer::routes() {
     });
 
     // The two generating endpoints share everything but the prompt and the JSON shapes.
-    auto generate = [this](const httplib::Request& req, httplib::Response& res, bool chat_api) {
-        const Json body = serve::parse_body(req.body);
+    auto generate = [this](const Json& body, httplib::Response& res, bool chat_api) {
         serve::GenJob g;
         serve::GenerationParams params;
         const tok::Tokenizer& tokenizer = file_->tokenizer();
         if (chat_api) {
             serve::ChatRequest cr = serve::parse_chat_request(body, config_.sampling);
-            const std::string rendered = chat::render(cr.messages, cr.options, style_);
+            std::string rendered;
+            try {
+                rendered = chat::render(cr.messages, cr.options, style_);
+            } catch (const chat::ChatError& e) {
+                // parse_chat_request rendered it once already; the model's style changes no
+                // check, but a render error is the request's all the same.
+                throw ApiError(400, e.what(), "messages");
+            }
             g.prompt = tokenizer.encode(rendered, /*add_bos=*/false);  // the text starts <bos>
             g.parse_chat = true;
             g.tools = !cr.options.tools.empty();
@@ -330,12 +382,10 @@ void HttpServer::routes() {
                 if (!success) sched->cancel(job);
             });
     };
-    s.Post("/v1/chat/completions", [generate](const httplib::Request& req, httplib::Response& res) {
-        generate(req, res, true);
-    });
-    s.Post("/v1/completions", [generate](const httplib::Request& req, httplib::Response& res) {
-        generate(req, res, false);
-    });
+    post("/v1/chat/completions",
+         [generate](const Json& body, httplib::Response& res) { generate(body, res, true); });
+    post("/v1/completions",
+         [generate](const Json& body, httplib::Response& res) { generate(body, res, false); });
 }
 
 }  // namespace gj::tools

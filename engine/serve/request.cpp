@@ -4,12 +4,14 @@
 #include <limits>
 
 #include "engine/serve/api_error.h"
+#include "engine/serve/json_depth.h"
 
 namespace gj::serve {
 
 namespace {
 
 using Json = nlohmann::json;
+using OJson = nlohmann::ordered_json;
 
 const Json* field(const Json& obj, const char* key) {
     auto it = obj.find(key);
@@ -145,14 +147,63 @@ std::string content_text(const Json& m, const std::string& where) {
         throw ApiError(400, where + ": 'content' must be a string or a list of parts", "messages");
     }
     std::string out;
-    for (const Json& part : *c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string()) {
-            throw ApiError(400, where + ": only text content parts are supported", "messages");
+    for (size_t k = 0; k < c->size(); ++k) {
+        const Json& part = (*c)[k];
+        const std::string at = where + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object()) throw ApiError(400, at + " must be an object", "messages");
+        const Json* type = field(part, "type");
+        if (!type || !type->is_string()) {
+            throw ApiError(400, at + ": 'type' must be a string", "messages");
         }
-        out += part["text"].get<std::string>();
+        if (type->get_ref<const std::string&>() != "text") {
+            throw ApiError(400,
+                           at + ": only text content parts are supported, not '" +
+                               type->get<std::string>() + "'",
+                           "messages");
+        }
+        const Json* text = field(part, "text");
+        if (!text || !text->is_string()) {
+            throw ApiError(400, at + ": 'text' must be a string", "messages");
+        }
+        out += text->get<std::string>();
     }
     return out;
+}
+
+// A tool result that is a JSON object is written as k:v pairs; anything else (other JSON, plain
+// text) as one string value.
+OJson tool_result(const std::string& text, const std::string& where) {
+    try {
+        OJson parsed = parse_json_depth_limited<OJson>(text, where + ": the tool result 'content'",
+                                                       "messages");
+        if (parsed.is_object()) return parsed;
+    } catch (const OJson::exception&) {
+        // Not JSON (or a number no double holds): plain text. A too-deep result is an ApiError,
+        // which is no nlohmann exception and goes on to the client.
+    }
+    return OJson(text);
+}
+
+// Tool-call arguments given as a string: the JSON it holds, or the string itself when it is not
+// JSON (written as is).
+OJson tool_arguments(const std::string& text, const std::string& where) {
+    try {
+        return parse_json_depth_limited<OJson>(text, where + ": 'arguments'", "messages");
+    } catch (const OJson::exception&) {
+        return OJson(text);
+    }
+}
+
+// A request shape none of the checks here anticipated can still make nlohmann throw (a
+// type_error, say, or an invalid_iterator): the request is at fault, so it is a 400 that says
+// what nlohmann found, not the 500 an unknown exception becomes.
+template <class Parse>
+auto json_errors_are_client_errors(Parse&& parse) -> decltype(parse()) {
+    try {
+        return parse();
+    } catch (const Json::exception& e) {
+        throw ApiError(400, std::string("the request has an unexpected shape: ") + e.what());
+    }
 }
 
 }  // namespace
@@ -161,15 +212,23 @@ Json parse_body(std::string_view body) {
     Json j;
     try {
         // nlohmann's parser rejects ill-formed UTF-8 inside strings, so invalid UTF-8 lands here.
-        j = Json::parse(body);
+        j = parse_json_depth_limited<Json>(body, "the request body");
     } catch (const Json::parse_error& e) {
         throw ApiError(400, std::string("the request body is not valid JSON (UTF-8): ") + e.what());
+    } catch (const Json::out_of_range& e) {
+        // Well-formed JSON, but a number such as 1e400 that no double holds.
+        throw ApiError(400,
+                       std::string("the request body holds a number out of range: ") + e.what());
+    } catch (const Json::exception& e) {
+        throw ApiError(400, std::string("the request body could not be read as JSON: ") + e.what());
     }
     if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
     return j;
 }
 
-std::vector<chat::Message> messages_from_openai(const Json& messages) {
+namespace {
+
+std::vector<chat::Message> openai_messages(const Json& messages) {
     if (!messages.is_array()) throw ApiError(400, "'messages' must be an array", "messages");
     if (messages.empty()) throw ApiError(400, "'messages' must not be empty", "messages");
     std::vector<chat::Message> out;
@@ -202,10 +261,7 @@ std::vector<chat::Message> messages_from_openai(const Json& messages) {
             if (name.empty() && call_names.size() == 1) name = call_names[0].second;
             chat::ToolResponse r;
             if (!name.empty()) r.name = name;
-            // A result that is a JSON object is written as k:v pairs; anything else as a value.
-            Json parsed = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-            r.response = parsed.is_object() ? nlohmann::ordered_json::parse(text)
-                                            : nlohmann::ordered_json(text);
+            r.response = tool_result(text, where);
             out[static_cast<size_t>(open_call_turn)].tool_responses.push_back(std::move(r));
             continue;
         }
@@ -227,27 +283,22 @@ std::vector<chat::Message> messages_from_openai(const Json& messages) {
         if (const Json* calls = field(m, "tool_calls"); calls && role == "assistant") {
             if (!calls->is_array())
                 throw ApiError(400, where + ": 'tool_calls' must be an array", "messages");
-            for (const Json& call : *calls) {
+            for (size_t k = 0; k < calls->size(); ++k) {
+                const Json& call = (*calls)[k];
+                const std::string at = where + ".tool_calls[" + std::to_string(k) + "]";
                 const Json* fn = call.is_object() ? field(call, "function") : nullptr;
                 if (!fn || !fn->is_object() || !fn->contains("name") ||
                     !(*fn)["name"].is_string()) {
-                    throw ApiError(400, where + ": each tool call needs {\"function\": {\"name\"}}",
-                                   "messages");
+                    throw ApiError(400, at + " needs {\"function\": {\"name\"}}", "messages");
                 }
                 chat::ToolCall tc;
                 tc.name = (*fn)["name"].get<std::string>();
                 if (const Json* args = field(*fn, "arguments")) {
-                    if (args->is_string()) {
-                        auto parsed =
-                            nlohmann::ordered_json::parse(args->get<std::string>(), nullptr, false);
-                        tc.arguments = parsed.is_discarded()
-                                           ? nlohmann::ordered_json(args->get<std::string>())
-                                           : parsed;
-                    } else {
-                        tc.arguments = nlohmann::ordered_json::parse(args->dump());
-                    }
+                    // The body's own depth limit already bounds arguments given as JSON.
+                    tc.arguments = args->is_string() ? tool_arguments(args->get<std::string>(), at)
+                                                     : OJson::parse(args->dump());
                 }
-                call_names.emplace_back(call.is_object() ? call.value("id", "") : "", tc.name);
+                call_names.emplace_back(string_field(call, "id", at + ": "), tc.name);
                 msg.tool_calls.push_back(std::move(tc));
             }
             if (!msg.tool_calls.empty()) open_call_turn = static_cast<long>(out.size());
@@ -260,21 +311,25 @@ std::vector<chat::Message> messages_from_openai(const Json& messages) {
     return out;
 }
 
-ChatRequest parse_chat_request(const Json& body, const sample::SamplerParams& defaults) {
+ChatRequest chat_request(const Json& body, const sample::SamplerParams& defaults) {
     ChatRequest r;
     if (!field(body, "messages")) throw ApiError(400, "'messages' is required", "messages");
-    r.messages = messages_from_openai(body["messages"]);
+    r.messages = openai_messages(body["messages"]);
     r.gen = common_params(body, defaults);
     if (const Json* rf = field(body, "response_format")) {
-        const std::string type = rf->is_object() ? rf->value("type", "") : "";
-        if (type != "text") {
-            throw ApiError(
-                400,
-                "'response_format' " +
-                    (type.empty() ? std::string("must be an object") : "'" + type + "'") +
-                    ": constrained (JSON) decoding is not implemented yet; only "
-                    "{\"type\": \"text\"}",
-                "response_format", "unsupported_parameter");
+        if (!rf->is_object()) {
+            throw ApiError(400, "'response_format' must be an object", "response_format");
+        }
+        const Json* type = field(*rf, "type");
+        if (!type || !type->is_string()) {
+            throw ApiError(400, "'response_format.type' must be a string", "response_format");
+        }
+        if (type->get_ref<const std::string&>() != "text") {
+            throw ApiError(400,
+                           "'response_format' '" + type->get<std::string>() +
+                               "': constrained (JSON) decoding is not implemented yet; only "
+                               "{\"type\": \"text\"}",
+                           "response_format", "unsupported_parameter");
         }
     }
     if (const Json* effort = field(body, "reasoning_effort")) {
@@ -316,8 +371,9 @@ ChatRequest parse_chat_request(const Json& body, const sample::SamplerParams& de
                                "tools");
             }
         }
-        // tool_choice "none": the model is not told about the tools at all.
-        if (tool_choice != "none") r.options.tools = nlohmann::ordered_json::parse(tools->dump());
+        // tool_choice "none": the model is not told about the tools at all. The body's depth
+        // limit bounds the recursion of dump() here and of the rendering below.
+        if (tool_choice != "none") r.options.tools = OJson::parse(tools->dump());
     }
     // Render once here so a tool declaration the template cannot write is this request's 400.
     try {
@@ -328,8 +384,7 @@ ChatRequest parse_chat_request(const Json& body, const sample::SamplerParams& de
     return r;
 }
 
-CompletionRequest parse_completion_request(const Json& body,
-                                           const sample::SamplerParams& defaults) {
+CompletionRequest completion_request(const Json& body, const sample::SamplerParams& defaults) {
     CompletionRequest r;
     const Json* p = field(body, "prompt");
     if (!p) throw ApiError(400, "'prompt' is required", "prompt");
@@ -345,6 +400,21 @@ CompletionRequest parse_completion_request(const Json& body,
         throw ApiError(400, "'suffix' is not supported", "suffix", "unsupported_parameter");
     r.gen = common_params(body, defaults);
     return r;
+}
+
+}  // namespace
+
+std::vector<chat::Message> messages_from_openai(const Json& messages) {
+    return json_errors_are_client_errors([&] { return openai_messages(messages); });
+}
+
+ChatRequest parse_chat_request(const Json& body, const sample::SamplerParams& defaults) {
+    return json_errors_are_client_errors([&] { return chat_request(body, defaults); });
+}
+
+CompletionRequest parse_completion_request(const Json& body,
+                                           const sample::SamplerParams& defaults) {
+    return json_errors_are_client_errors([&] { return completion_request(body, defaults); });
 }
 
 }  // namespace gj::serve

@@ -1,7 +1,8 @@
 // OpenAI request bodies turned into typed requests. Everything a client can get wrong (malformed
 // JSON, invalid UTF-8, a field of the wrong type, an unknown role, an empty conversation, an
 // option this server does not implement) is an ApiError(400) that names the field, thrown before
-// any work is queued; a request that parses is one the scheduler can run.
+// any work is queued; a request that parses is one the scheduler can run. An nlohmann exception
+// that a shape no check anticipated still raises leaves these functions as an ApiError(400) too.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -35,8 +36,8 @@ struct CompletionRequest {
     std::string prompt;  // raw text, tokenized as is (with <bos>)
 };
 
-// Parses a request body: malformed JSON, invalid UTF-8 or a body that is not a JSON object are
-// ApiError(400).
+// Parses a request body: malformed JSON, invalid UTF-8, a number no double holds, nesting deeper
+// than kMaxJsonDepth (json_depth.h) or a body that is not a JSON object are ApiError(400).
 nlohmann::json parse_body(std::string_view body);
 
 // `defaults` are the server's sampling settings (command line); a request overrides them.

@@ -119,7 +119,8 @@ std::string ascii_lower(std::string s) {
     return s;
 }
 
-// Jinja's dictsort: by key, case-insensitively, stable for keys equal up to case.
+// Jinja's dictsort: by key, case-insensitively, stable for keys equal up to case. `obj` is an
+// object (callers check: only an object's iterators have keys).
 std::vector<std::pair<std::string, const Json*>> dictsort(const Json& obj) {
     std::vector<std::pair<std::string, const Json*>> items;
     for (auto it = obj.begin(); it != obj.end(); ++it) items.emplace_back(it.key(), &it.value());
@@ -129,8 +130,18 @@ std::vector<std::pair<std::string, const Json*>> dictsort(const Json& obj) {
     return items;
 }
 
+// The recursive writers below recurse once per level of nesting; deeper input is refused before
+// it can run the stack out. `depth` is the number of objects and arrays around the value.
+void check_depth(int depth, const char* what) {
+    if (depth >= kMaxNesting) {
+        throw ChatError(std::string(what) + " nests objects and arrays deeper than " +
+                        std::to_string(kMaxNesting) + " levels");
+    }
+}
+
 // The template's format_argument macro.
-void format_argument(const Json& v, bool escape_keys, std::string& out) {
+void format_argument(const Json& v, bool escape_keys, std::string& out, int depth = 0) {
+    if (v.is_structured()) check_depth(depth, "a tool call argument or tool result");
     switch (v.type()) {
         case Json::value_t::string:
             out.append(kQuote).append(v.get_ref<const std::string&>()).append(kQuote);
@@ -150,7 +161,7 @@ void format_argument(const Json& v, bool escape_keys, std::string& out) {
                     out += key;
                 }
                 out += ':';
-                format_argument(*value, escape_keys, out);
+                format_argument(*value, escape_keys, out, depth + 1);
             }
             out += '}';
             return;
@@ -159,7 +170,7 @@ void format_argument(const Json& v, bool escape_keys, std::string& out) {
             out += '[';
             for (size_t i = 0; i < v.size(); ++i) {
                 if (i) out += ',';
-                format_argument(v[i], escape_keys, out);
+                format_argument(v[i], escape_keys, out, depth + 1);
             }
             out += ']';
             return;
@@ -249,7 +260,11 @@ void quoted_list(const Json& items, std::string& out) {
     }
 }
 
-void format_parameters(const Json& properties, std::string& out) {
+void format_parameters(const Json& properties, std::string& out, int depth = 0) {
+    check_depth(depth, "a tool's parameters");
+    if (!properties.is_object()) {
+        throw ChatError("a tool's parameter 'properties' must be an object (name -> schema)");
+    }
     static const char* standard[] = {"description", "type", "properties", "required", "nullable"};
     bool found_first = false;
     for (const auto& [key, value_ptr] : dictsort(properties)) {
@@ -292,9 +307,10 @@ void format_parameters(const Json& properties, std::string& out) {
         } else if (upper == "OBJECT") {
             out += ",properties:{";
             if (const Json* props = member(value, "properties"); props && props->is_object()) {
-                format_parameters(*props, out);
+                format_parameters(*props, out, depth + 1);
             } else {
-                format_parameters(value, out);  // as the template does: the schema's own keys
+                // As the template does: the schema's own keys.
+                format_parameters(value, out, depth + 1);
             }
             out += '}';
             if (const Json* req = member(value, "required"); truthy(req)) {
@@ -313,7 +329,9 @@ void format_parameters(const Json& properties, std::string& out) {
                     items_first = false;
                     if (item_key == "properties") {
                         out += "properties:{";
-                        if (item_value->is_object()) format_parameters(*item_value, out);
+                        if (item_value->is_object()) {
+                            format_parameters(*item_value, out, depth + 1);
+                        }
                         out += '}';
                     } else if (item_key == "required") {
                         out += "required:[";
@@ -356,6 +374,10 @@ std::string format_function_declaration(const Json& tool) {
     if (const Json* params = member(*fn, "parameters"); truthy(params)) {
         out += ",parameters:{";
         if (const Json* props = member(*params, "properties"); truthy(props)) {
+            if (!props->is_object()) {
+                throw ChatError("tool '" + name->get<std::string>() +
+                                "': 'parameters.properties' must be an object (name -> schema)");
+            }
             out += "properties:{";
             format_parameters(*props, out);
             out += "},";
@@ -438,7 +460,7 @@ std::string render(const std::vector<Message>& messages, const ChatOptions& opti
                     if (!first_arg) out += ',';
                     first_arg = false;
                     out += key + ":";
-                    format_argument(*value, false, out);
+                    format_argument(*value, false, out, 1);
                 }
             } else if (call.arguments.is_string()) {
                 out += call.arguments.get_ref<const std::string&>();
@@ -453,7 +475,7 @@ std::string render(const std::vector<Message>& messages, const ChatOptions& opti
                     if (!first_key) out += ',';
                     first_key = false;
                     out += key + ":";
-                    format_argument(*value, false, out);
+                    format_argument(*value, false, out, 1);
                 }
             } else {
                 out += "value:";

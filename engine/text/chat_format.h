@@ -24,6 +24,11 @@ struct ChatError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// The most levels of objects and arrays render() writes in one tool call's arguments, one tool
+// result or one tool's parameter schema: it walks them recursively, so deeper input is a
+// ChatError rather than a stack overflow.
+constexpr int kMaxNesting = 64;
+
 struct ToolCall {
     std::string name;
     nlohmann::ordered_json arguments;  // an object (rendered k:v) or a string (copied as is)
@@ -61,8 +66,9 @@ struct ChatStyle {
     static ChatStyle from_template(std::string_view jinja_source);  // "" -> defaults
 };
 
-// Throws ChatError for an empty conversation, a message without a role, or a tool declaration the
-// template could not render (no function name, a parameter without a type).
+// Throws ChatError for an empty conversation, a message without a role, a tool declaration the
+// template could not render (no function name, a parameter without a type, 'properties' that are
+// not an object), or a value nested deeper than kMaxNesting.
 std::string render(const std::vector<Message>& messages, const ChatOptions& options,
                    const ChatStyle& style = {});
 

@@ -114,14 +114,73 @@ TEST(ChatFormat, BadInputIsAClearError) {
     expect_error(R"([{"role":"tool","tool_responses":{}}])", "'tool_responses' must be an array");
 }
 
-TEST(ChatFormat, RenderedPromptTokenizesWithSpecialTokens) {
-    gj::tok::Tokenizer tok(gj::tok::make_synthetic_vocab(2048, 0));
-    std::vector<Message> m = {{"system", "Be brief.", {}, {}}, {"user", "Hello world", {}, {}}};
-    auto ids = tok.encode(gj::chat::render(m, {}), /*add_bos=*/false);
-    ASSERT_GE(ids.size(), 10u);
-    EXPECT_EQ(ids[0], 2);                                   // <bos>
-    EXPECT_EQ(ids[1], 105);                                 // <|turn>
-    EXPECT_EQ(std::count(ids.begin(), ids.end(), 106), 2);  // two closed turns
-    EXPECT_EQ(ids.back(), 101);                             // <channel|>
-    EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 1);    // exactly one BOS
+TEST(ChatFormat, NonObjectPropertiesAreAChatError) {
+    ChatOptions opt;
+    opt.tools = Json::parse(R"([{"function": {"name": "f",
+        "parameters": {"type": "object", "properties": [1, 2]}}}])");
+    try {
+        gj::chat::render({{"user", "x", {}, {}}}, opt);
+        FAIL() << "no error for list-valued properties";
+    } catch (const ChatError& e) {
+        EXPECT_NE(std::string(e.what()).find("'parameters.properties' must be an object"),
+                  std::string::npos)
+            << e.what();
+    }
+    // Nested one level down, the schema's own 'properties' are checked as well.
+    opt.tools = Json::parse(R"([{"function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"a": {"type": "array", "items": {"type": "object"}},
+                       "b": {"type": "object", "properties": {"c": {"type": "string"}}}}}}}])");
+    EXPECT_NO_THROW(gj::chat::render({{"user", "x", {}, {}}}, opt));
+}
+
+namespace {
+
+// `levels` arrays, one inside the other, built without recursion (nlohmann's parser is iterative).
+Json nested_arrays(int levels) {
+    return Json::parse(std::string(static_cast<size_t>(levels), '[') +
+                       std::string(static_cast<size_t>(levels), ']'));
+}
+
+std::string render_error(const std::vector<Message>& messages, const ChatOptions& opt) {
+    try {
+        gj::chat::render(messages, opt);
+    } catch (const ChatError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+// The renderer recurses once per level: past kMaxNesting it is a ChatError, not a stack overflow
+// (the server refuses such JSON when it parses a request; this is the second line). The deep
+// values are moved into place, never copied: nlohmann's copy recurses too.
+TEST(ChatFormat, DeepNestingIsAChatErrorNotACrash) {
+    const int deep = 200000;
+    std::vector<Message> call = {{"user", "x", {}, {}}, {"assistant", "", {{"f", {}}}, {}}};
+    Json& args = call[1].tool_calls[0].arguments;
+    args["a"] = nested_arrays(deep);
+    EXPECT_NE(render_error(call, {}).find("deeper than 64 levels"), std::string::npos);
+
+    std::vector<Message> result = {{"user", "x", {}, {}}, {"assistant", "", {}, {{"f", {}}}}};
+    result[1].tool_responses[0].response["a"] = nested_arrays(deep);
+    EXPECT_NE(render_error(result, {}).find("deeper than 64 levels"), std::string::npos);
+
+    // A schema nested through 'properties' again and again.
+    std::string schema;
+    for (int i = 0; i < 2000; ++i) schema += R"({"type": "object", "properties": {"p": )";
+    schema += R"({"type": "string"})";
+    for (int i = 0; i < 2000; ++i) schema += "}}";
+    ChatOptions opt;
+    opt.tools = Json::parse(R"([{"function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"p": )" +
+                            schema + "}}}}]");
+    EXPECT_NE(render_error({{"user", "x", {}, {}}}, opt).find("deeper than 64 levels"),
+              std::string::npos);
+
+    // The limit itself renders: kMaxNesting levels, counting the arguments object.
+    args["a"] = nested_arrays(gj::chat::kMaxNesting - 1);
+    EXPECT_EQ(render_error(call, {}), "");
+    args["a"] = nested_arrays(gj::chat::kMaxNesting);
+    EXPECT_NE(render_error(call, {}).find("deeper than 64 levels"), std::string::npos);
 }

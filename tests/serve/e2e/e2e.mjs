@@ -166,6 +166,19 @@ test('bad requests get their 4xx and the server keeps answering', async ({ base 
     ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'word '.repeat(400) }] }), 400],
     ['POST', '/v1/completions', JSON.stringify({ prompt: 12 }), 400],
     ['POST', '/detokenize', JSON.stringify({ tokens: [-1] }), 400],
+    ['POST', '/detokenize', '{"tokens":[1e400]}', 400],
+    ['POST', '/tokenize', JSON.stringify({ content: 'hi', add_special: 1 }), 400],
+    ['POST', '/v1/chat/completions', `{"messages":[{"role":"user","content":"x"}],"temperature":1e400}`, 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: [{ type: 5, text: 'x' }] }] }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: user, response_format: { type: 1 } }), 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: user, tools: [{ type: 'function',
+      function: { name: 'f', parameters: { type: 'object', properties: [1, 2] } } }] }), 400],
+    // Nested 100000 deep: once a stack overflow that took the whole server down.
+    ['POST', '/v1/chat/completions', `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",
+      "function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"string","x":${
+      '['.repeat(100000)}${']'.repeat(100000)}}}}}}]}`, 400],
+    ['POST', '/v1/chat/completions', JSON.stringify({ messages: [...user, { role: 'assistant', tool_calls: [{ id: 'c',
+      function: { name: 'f', arguments: '{"a":'.repeat(100000) + '1' + '}'.repeat(100000) } }] }] }), 400],
     ['GET', '/v1/nope', undefined, 404],
   ];
   for (const [method, path, body, status] of cases) {
@@ -183,6 +196,17 @@ test('bad requests get their 4xx and the server keeps answering', async ({ base 
   assert.equal((await fetch(base + '/health')).status, 200);
   const models = await (await fetch(base + '/v1/models', { headers: auth })).json();
   assert.equal(models.data[0].id, 'tiny');
+});
+
+test('a body over 8 KB sent as a form (curl -d without -H) is read as JSON', async ({ base }) => {
+  // httplib caps form-urlencoded bodies at 8 KB in plain handlers; the routes read bodies raw.
+  const body = `{"prompt":"Once upon a time","max_tokens":2${' '.repeat(20000)}}`;
+  for (const type of ['application/x-www-form-urlencoded', 'text/plain']) {
+    const r = await fetch(`${base}/v1/completions`, { method: 'POST', body,
+      headers: { Authorization: `Bearer ${API_KEY}`, 'Content-Type': type } });
+    assert.equal(r.status, 200, `${type}: ${await r.clone().text()}`);
+    assert.equal((await r.json()).usage.completion_tokens, 2);
+  }
 });
 
 const { proc, base, log } = await startServer();
