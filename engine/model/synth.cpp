@@ -216,6 +216,7 @@ ggml::Type tensor_type(TensorRole role, ggml::Type wtype) {
 Config config_for(const Options& opts) {
     Config c = Config::preset(opts.variant);
     if (opts.layers > 0) c = c.first_layers(opts.layers);
+    if (opts.context > 0) c.context_length = opts.context;
     return c;
 }
 

@@ -42,6 +42,7 @@ struct Options {
     ggml::Type wtype = ggml::Type::Q8_0;  // q8_0, q4_0, bf16, f16 or f32
     std::string mix;                      // a quant mix name; when set it decides, not wtype
     int layers = 0;                       // keep only the first N layers (0 = all)
+    int context = 0;  // the context length the file states (0: the preset's); tests of long runs
     uint64_t seed = 1;
     int threads = 0;                                   // <= 0: one per hardware thread
     std::function<void(const std::string&)> progress;  // progress lines for big files; may be null

@@ -165,6 +165,20 @@ TEST(Synth, RejectsUnknownVariantAndUnsupportedType) {
     EXPECT_FALSE(std::filesystem::exists(dir.path() / "x.gguf"));
 }
 
+// A file may state a longer context than its preset (the GPU tests' long runs need more than the
+// tiny presets' 4096); the loaded config reads it back.
+TEST(Synth, StatesTheContextAskedFor) {
+    gj::test::ScratchDir dir("synth-context");
+    gj::synth::Options o;
+    o.variant = "tiny";
+    EXPECT_EQ(gj::synth::config_for(o).context_length, 4096);
+    o.context = 8192;
+    EXPECT_EQ(gj::synth::config_for(o).context_length, 8192);
+    gj::synth::write_model(o, dir.path() / "long.gguf");
+    auto f = gj::gguf::File::open(dir.path() / "long.gguf");
+    EXPECT_EQ(gj::gemma4::Config::from_gguf(*f).context_length, 8192);
+}
+
 TEST(Synth, FirstLayersOfARealShape) {
     // Real E2B widths, two layers only (the PLE table and embeddings still have V = 262144
     // rows, so keep the type small): checks real-shape metadata without a multi-GB file.
