@@ -32,7 +32,8 @@ struct ServeArgs {
     int prefill_chunk = 0;
     bool cpu = false;
     int threads = 0;
-    int tp = 0;  // --tp (0: GEMMAJIT_TP)
+    int tp = 0;            // --tp (0: GEMMAJIT_TP)
+    int http_threads = 0;  // --http-threads (0: default_http_threads(parallel))
 };
 
 // The GPU backend settings of a server, alike on every tensor-parallel rank (the same model
@@ -69,6 +70,17 @@ void run_serve(ServeArgs a) {
                                     std::to_string(a.parallel));
     }
     if (a.context < 0) throw std::invalid_argument("--ctx must be >= 0");
+    // Every slot's request holds a thread, and kFreeHttpThreads more stay free for /health and
+    // /metrics; fewer threads would leave slots idle while clients are turned away.
+    const int min_threads = a.parallel + kFreeHttpThreads;
+    if (a.http_threads != 0 && (a.http_threads < min_threads || a.http_threads > 4096)) {
+        throw std::invalid_argument(
+            "--http-threads must be 0 (automatic) or in [" + std::to_string(min_threads) +
+            ", 4096] (--parallel + " + std::to_string(kFreeHttpThreads) +
+            " at least: one thread per slot and " + std::to_string(kFreeHttpThreads) +
+            " kept free for /health and /metrics); got " + std::to_string(a.http_threads));
+    }
+    a.http.http_threads = a.http_threads != 0 ? a.http_threads : default_http_threads(a.parallel);
     if (!std::filesystem::is_regular_file(a.model)) {
         throw std::runtime_error("model file " + a.model + " does not exist or is not a file");
     }
@@ -192,6 +204,11 @@ void add_serve_command(CLI::App& app) {
                     "prompt tokens per prefill step of a slot (0: 32 on the CPU; on the GPU "
                     "GEMMAJIT_PREFILL_CHUNK when set, else 512)")
         ->check(CLI::Range(0, 4096));
+    cmd->add_option("--http-threads", a->http_threads,
+                    "HTTP threads, one per open connection (0: max(32, 4 x --parallel + 8)); "
+                    "past this minus 4 generation requests in flight (running or queued) a new "
+                    "one is answered 503 'server busy' with Retry-After: 1")
+        ->capture_default_str();
     add_sampling_options(cmd, a->http.sampling);
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
     cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");

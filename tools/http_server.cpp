@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
+#include <stdexcept>
 
 #include "engine/serve/api_error.h"
 #include "engine/serve/openai_json.h"
@@ -40,24 +42,6 @@ void send_error(httplib::Response& res, const ApiError& e) {
     send_json(res, e.status, e.to_json());
 }
 
-// Collects a job's events until it is done (a non-streamed reply).
-struct Collected {
-    serve::ParsedDelta reply;
-    serve::JobEvent done;
-};
-Collected collect(serve::Job& job) {
-    Collected c;
-    for (;;) {
-        for (auto& e : job.wait(std::chrono::milliseconds(200))) {
-            c.reply.append(std::move(e.delta));
-            if (e.done) {
-                c.done = std::move(e);
-                return c;
-            }
-        }
-    }
-}
-
 // Reads a POST body whatever its Content-Type says. A plain httplib handler gets a body sent as
 // application/x-www-form-urlencoded (what `curl -d` sends without -H) parsed as a form and
 // refused past 8 KB (CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH) with a 413, whatever
@@ -92,21 +76,45 @@ std::string read_body(const httplib::Request& req, httplib::Response& res,
     return body;
 }
 
-void check_done(const serve::JobEvent& done) {
+// The error a job that did not finish normally ends with (none for a normal finish). A job is
+// cancelled with a live client only when the server shuts down: a client that left gets nothing.
+std::optional<ApiError> job_error(const serve::JobEvent& done) {
     if (done.finish == serve::Finish::Cancelled) {
-        throw ApiError(503, "the request was cancelled: the server is shutting down", "", "",
-                       "server_error");
+        return ApiError(503, "the request was cancelled: the server is shutting down", "", "",
+                        "server_error");
     }
     if (done.finish == serve::Finish::Error) {
-        throw ApiError(500, "generation failed: " + done.error, "", "", "server_error");
+        return ApiError(500, "generation failed: " + done.error, "", "", "server_error");
     }
+    return std::nullopt;
 }
 
+// The answer past the in-flight bound. Connection: close because an idle keep-alive connection
+// holds a server thread (for httplib's keep-alive timeout), and the threads are what the bound
+// keeps free; the client closes on seeing it (httplib does not look at a response's header).
+void reject_busy(httplib::Response& res, int in_flight) {
+    send_error(res, ApiError(503,
+                             "server busy: " + std::to_string(in_flight) +
+                                 " requests in flight; retry later",
+                             "", "server_busy", "server_error"));
+    res.set_header("Retry-After", "1");
+    res.set_header("Connection", "close");
+}
+
+int in_flight_limit(const ServeConfig& c) {
+    if (c.http_threads <= kFreeHttpThreads) {
+        throw std::invalid_argument("the server needs more than " +
+                                    std::to_string(kFreeHttpThreads) + " HTTP threads; got " +
+                                    std::to_string(c.http_threads));
+    }
+    return c.http_threads - kFreeHttpThreads;
+}
 }  // namespace
 
 HttpServer::HttpServer(ServeConfig config)
     : config_(std::move(config)),
       server_(std::make_unique<httplib::Server>()),
+      in_flight_(in_flight_limit(config_)),
       started_(unix_now()) {
     routes();
 }
@@ -262,6 +270,9 @@ void HttpServer::routes() {
         metric("generated_tokens_per_second", "gauge", "generated tokens per second of decoding",
                st.decode_seconds > 0 ? static_cast<double>(st.generated_tokens) / st.decode_seconds
                                      : 0.0);
+        metric("requests_in_flight", "gauge",
+               "generation requests running or queued (past the bound: 503 server busy)",
+               in_flight_.in_flight());
         metric("queue_length", "gauge", "requests waiting for a slot", st.queued);
         metric("slots_busy", "gauge", "slots running a request", st.slots_busy);
         metric("slots", "gauge", "slots (--parallel)", st.slots);
@@ -276,6 +287,9 @@ void HttpServer::routes() {
 
     // The two generating endpoints share everything but the prompt and the JSON shapes.
     auto generate = [this](const Json& body, httplib::Response& res, bool chat_api) {
+        // Held until the reply is written: the providers below keep it alive past this call.
+        serve::InFlightLimit::Ticket ticket = in_flight_.try_acquire();
+        if (!ticket) return reject_busy(res, in_flight_.limit());
         serve::GenJob g;
         serve::GenerationParams params;
         const tok::Tokenizer& tokenizer = file_->tokenizer();
@@ -305,18 +319,70 @@ void HttpServer::routes() {
                                      "-" + std::to_string(++next_id_),
                                  unix_now(),
                                  params.model.empty() ? config_.model_name : params.model};
+        // Everything up to here answers with its own status (400, 503, ...); from here on the
+        // reply is a 200 written by a content provider.
         std::shared_ptr<serve::Job> job = scheduler_->submit(std::move(g));
+        serve::Scheduler* sched = scheduler_;
+        // The content providers must be copyable (std::function) and the ticket is not.
+        auto held = std::make_shared<serve::InFlightLimit::Ticket>(std::move(ticket));
 
         if (!params.stream) {
-            Collected c = collect(*job);
-            check_done(c.done);
-            send_json(res, 200,
-                      chat_api ? serve::chat_completion(meta, c.reply, c.done.finish, c.done.usage)
-                               : serve::text_completion(meta, c.reply.content, c.done.finish,
-                                                        c.done.usage));
+            // A non-streamed reply is a chunked 200 too, so that the wait for the job notices a
+            // client that went away: httplib 0.11 tells a handler nothing about its connection,
+            // a provider's sink does. While the job runs the body gets a space about once a
+            // second (whitespace before a JSON value is valid JSON, so every client parses the
+            // body as before); it keeps proxies and read timeouts from taking an idle connection
+            // for a dead one, and a space that cannot be written is a client that left. Then
+            // the JSON. "; charset=utf-8" because httplib compresses exactly "application/json"
+            // for a client that accepts gzip or br, and a compressor holds the spaces back.
+            struct Pending {
+                serve::ParsedDelta reply;
+                bool finished = false;
+                std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+            };
+            auto p = std::make_shared<Pending>();
+            res.set_chunked_content_provider(
+                "application/json; charset=utf-8",
+                [this, p, job, sched, meta, chat_api, held](size_t, httplib::DataSink& sink) {
+                    for (serve::JobEvent& e : job->wait(std::chrono::milliseconds(100))) {
+                        p->reply.append(std::move(e.delta));
+                        if (!e.done) continue;
+                        p->finished = true;
+                        Json out;
+                        if (std::optional<ApiError> err = job_error(e)) {
+                            // The 200 header went out when the job was queued, so a job that
+                            // fails or is cancelled (the server shutting down) can only say so
+                            // in the body: an OpenAI error object, as a streamed reply sends.
+                            ++errors_;
+                            out = err->to_json();
+                        } else {
+                            out = chat_api
+                                      ? serve::chat_completion(meta, p->reply, e.finish, e.usage)
+                                      : serve::text_completion(meta, p->reply.content, e.finish,
+                                                               e.usage);
+                        }
+                        const std::string body = serve::dump_json(out);
+                        if (!sink.write(body.data(), body.size())) return false;
+                        sink.done();
+                        return true;
+                    }
+                    // is_writable peeks at the socket: a client that closed it is seen at once.
+                    bool alive = sink.is_writable();
+                    const auto now = std::chrono::steady_clock::now();
+                    if (alive && now - p->last_write >= std::chrono::seconds(1)) {
+                        p->last_write = now;
+                        alive = sink.write(" ", 1);
+                    }
+                    if (!alive) sched->cancel(job);  // queued or running, it goes
+                    return alive;
+                },
+                // Torn down before the job finished (a failed write, the server stopping): the
+                // job must not run on for nobody.
+                [p, job, sched](bool) {
+                    if (!p->finished) sched->cancel(job);
+                });
             return;
         }
-        serve::Scheduler* sched = scheduler_;
         auto started = std::make_shared<bool>(false);
         auto tool_index = std::make_shared<int>(0);
         const bool include_usage = params.include_usage;
@@ -349,14 +415,8 @@ void HttpServer::routes() {
                         ok = send(serve::text_completion_chunk(meta, e.delta.content));
                     }
                     if (ok && e.done) {
-                        if (e.finish == serve::Finish::Cancelled ||
-                            e.finish == serve::Finish::Error) {
-                            const ApiError err(e.finish == serve::Finish::Error ? 500 : 503,
-                                               e.finish == serve::Finish::Error
-                                                   ? "generation failed: " + e.error
-                                                   : "cancelled: the server is shutting down",
-                                               "", "", "server_error");
-                            ok = send(err.to_json());
+                        if (std::optional<ApiError> err = job_error(e)) {
+                            ok = send(err->to_json());
                         } else {
                             const char* why = serve::finish_reason_name(e.finish);
                             ok = send(chat_api ? serve::chat_chunk(meta, Json::object(), why)
@@ -378,7 +438,8 @@ void HttpServer::routes() {
                 }
                 return true;
             },
-            [=](bool success) {
+            // `held`, the in-flight ticket, goes with the response.
+            [job, sched, held](bool success) {
                 if (!success) sched->cancel(job);
             });
     };

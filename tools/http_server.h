@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/model/model_file.h"
+#include "engine/serve/in_flight.h"
 #include "engine/serve/scheduler.h"
 #include "engine/text/chat_format.h"
 #include "engine/text/sampler.h"
@@ -26,8 +27,20 @@ struct ServeConfig {
     sample::SamplerParams sampling;
     size_t max_body_bytes = 8u << 20;
     int read_timeout_s = 30, write_timeout_s = 30;
-    int http_threads = 32;  // concurrent connections (each stream holds one)
+    // Concurrent connections: each open one holds a thread, a generation request until its
+    // reply is written. At most http_threads - kFreeHttpThreads generation requests are in flight
+    // (running or queued); more are answered 503 at once, so the cheap endpoints always find a
+    // thread.
+    int http_threads = 32;
 };
+
+// Threads that waiting generation requests never take (see ServeConfig::http_threads).
+inline constexpr int kFreeHttpThreads = 4;
+// --http-threads 0: room for every slot plus a queue three times as long, and never fewer than
+// the 32 threads the server always had.
+inline int default_http_threads(int parallel) {
+    return parallel * 4 + 8 > 32 ? parallel * 4 + 8 : 32;
+}
 
 class HttpServer {
   public:
@@ -44,6 +57,7 @@ class HttpServer {
     void routes();
     ServeConfig config_;
     std::unique_ptr<httplib::Server> server_;
+    serve::InFlightLimit in_flight_;  // generation requests (see ServeConfig::http_threads)
     std::shared_ptr<const gemma4::ModelFile> file_;
     serve::Scheduler* scheduler_ = nullptr;
     chat::ChatStyle style_;

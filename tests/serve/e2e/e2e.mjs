@@ -8,9 +8,9 @@ const [exe, model] = process.argv.slice(2);
 const API_KEY = 'e2e-secret';
 
 // Starts the server on a free port and resolves with its base URL once /health is 200.
-async function startServer() {
-  const proc = spawn(exe, ['serve', '--model', model, '--cpu', '--port', '0', '--parallel', '4',
-                           '--ctx', '256', '--api-key', API_KEY, '--temp', '0', '--threads', '2'],
+async function startServer(args) {
+  const proc = spawn(exe, ['serve', '--model', model, '--cpu', '--port', '0', '--api-key', API_KEY,
+                           '--temp', '0', '--threads', '2', ...args],
                      { stdio: ['ignore', 'ignore', 'pipe'] });
   let log = '';
   const port = await new Promise((resolve, reject) => {
@@ -32,8 +32,39 @@ async function startServer() {
   return { proc, base, log: () => log };
 }
 
+const sleep = (ms) => new Promise((res) => setTimeout(res, ms));
+
+// The server's /metrics as { name: value } (the gemmajit_ prefix dropped).
+async function metrics(base) {
+  const text = await (await fetch(`${base}/metrics`, { headers: { Authorization: `Bearer ${API_KEY}` } })).text();
+  const m = {};
+  for (const line of text.split('\n')) {
+    const r = line.match(/^gemmajit_(\w+) (\S+)$/);
+    if (r) m[r[1]] = Number(r[2]);
+  }
+  return m;
+}
+
+// Polls /metrics until `pred` holds; fails naming `what` after a deadline generous enough for a
+// loaded machine (each step it waits for takes milliseconds on an idle one).
+async function until(base, what, pred, ms = 30000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const m = await metrics(base);
+    if (pred(m)) return m;
+    if (Date.now() > deadline) assert.fail(`timed out waiting until ${what}; metrics: ${JSON.stringify(m)}`);
+    await sleep(20);
+  }
+}
+
+// The main server: 4 slots of 256 tokens.
 const tests = [];
 const test = (name, fn) => tests.push({ name, fn });
+// A second server, one slot of the model's 4096 tokens (a request without max_tokens runs for
+// seconds) and 8 HTTP threads, so at most 8 - 4 = 4 generation requests in flight.
+const oneSlotTests = [];
+const oneSlotTest = (name, fn) => oneSlotTests.push({ name, fn });
+const BOUND = 4;
 
 test('non-streaming chat', async ({ client }) => {
   const r = await client.chat.completions.create({
@@ -142,12 +173,8 @@ test('a client that aborts mid-stream frees its slot', async ({ client, base }) 
   try {
     for await (const _ of stream) { if (++n === 3) ac.abort(); }
   } catch (e) { assert.ok(/abort/i.test(String(e.name) + String(e.message))); }
-  for (let i = 0; i < 50; ++i) {
-    const m = await (await fetch(`${base}/metrics`, { headers: { Authorization: `Bearer ${API_KEY}` } })).text();
-    if (/gemmajit_slots_busy 0(\.0+)?\n/.test(m)) return;
-    await new Promise((res) => setTimeout(res, 100));
-  }
-  assert.fail('the aborted stream still holds its slot');
+  // Its place among the requests in flight comes back too.
+  await until(base, 'the aborted stream frees its slot', (m) => m.slots_busy === 0 && m.requests_in_flight === 0);
 });
 
 test('bad requests get their 4xx and the server keeps answering', async ({ base }) => {
@@ -209,21 +236,112 @@ test('a body over 8 KB sent as a form (curl -d without -H) is read as JSON', asy
   }
 });
 
-const { proc, base, log } = await startServer();
-const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: API_KEY, maxRetries: 0, timeout: 60000 });
-let failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn({ client, base });
-    console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${t.name}: ${e.stack ?? e}`);
+test('--http-threads that leaves no thread per slot is refused, naming the bound', async () => {
+  const r = spawnSync(exe, ['serve', '--model', model, '--cpu', '--parallel', '2', '--http-threads', '5'],
+                      { encoding: 'utf8' });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /--http-threads must be 0 \(automatic\) or in \[6, 4096\].*got 5/);
+});
+
+oneSlotTest('a non-streamed reply that takes seconds starts with spaces and still parses', async ({ client, base }) => {
+  // No max_tokens: it runs to the end of the context, seconds, so the wait shows as leading spaces.
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST',
+    headers: { Authorization: `Bearer ${API_KEY}`, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ prompt: 'Once upon a time' }) });
+  assert.equal(r.status, 200);
+  assert.match(r.headers.get('content-type'), /^application\/json/);
+  const text = await r.text();
+  assert.match(text, /^ +\{/, 'a reply that took over a second should start with spaces');
+  const raw = JSON.parse(text);
+  assert.equal(raw.choices[0].finish_reason, 'length');
+  // The same request through the openai client: the spaces are invisible to it.
+  const viaClient = await client.completions.create({ model: 'tiny', prompt: 'Once upon a time' });
+  assert.equal(viaClient.choices[0].text, raw.choices[0].text);
+  assert.equal(viaClient.usage.completion_tokens, raw.usage.completion_tokens);
+});
+
+oneSlotTest('a non-streamed request whose client aborts stops generating, running or queued', async ({ client, base }) => {
+  const before = await metrics(base);
+  const ask = (content, signal) => client.chat.completions.create(
+    { model: 'tiny', messages: [{ role: 'user', content }] }, { signal }).then(() => 'finished', (e) => e);
+  const [acA, acB] = [new AbortController(), new AbortController()];
+  const a = ask('Go on forever', acA.signal);
+  const running = await until(base, 'A generates', (m) => m.generated_tokens_total > before.generated_tokens_total);
+  const b = ask('And ever and ever', acB.signal);
+  await until(base, 'B waits in the queue', (m) => m.queue_length === 1);
+  acB.abort();
+  await until(base, 'the aborted B leaves the queue', (m) => m.queue_length === 0 && m.requests_in_flight === 1);
+  acA.abort();
+  const stopped = await until(base, 'the aborted A frees its slot', (m) => m.slots_busy === 0 && m.requests_in_flight === 0);
+  // A stopped long before the end of its 4096-token context, and B never ran (no prompt of its
+  // prefilled; A's was all in before A's first token).
+  const generated = stopped.generated_tokens_total - before.generated_tokens_total;
+  assert.ok(generated < 3500, `A ran on to ${generated} tokens after its client left`);
+  assert.equal(stopped.prompt_tokens_total, running.prompt_tokens_total, 'the aborted queued request ran');
+  await sleep(500);
+  assert.equal((await metrics(base)).generated_tokens_total, stopped.generated_tokens_total, 'generation goes on');
+  for (const r of [await a, await b]) assert.ok(/abort/i.test(String(r?.name) + String(r?.message)), String(r));
+});
+
+oneSlotTest(`past ${BOUND} generation requests in flight: 503 with Retry-After at once, /health stays quick`, async ({ client, base }) => {
+  const headers = { Authorization: `Bearer ${API_KEY}`, 'Content-Type': 'application/json' };
+  const extra = 3;
+  const acs = Array.from({ length: BOUND + extra }, () => new AbortController());
+  // fetch resolves with the headers: a 200 goes out once the job is queued, a 503 at once.
+  const t0 = performance.now();
+  const rs = await Promise.all(acs.map((ac, i) => fetch(`${base}/v1/completions`, { method: 'POST', headers,
+    signal: ac.signal, body: JSON.stringify({ prompt: `Request ${i} goes on and on` }) })));
+  const answered = performance.now() - t0;
+  const busy = rs.filter((r) => r.status === 503);
+  assert.equal(rs.filter((r) => r.status === 200).length, BOUND, rs.map((r) => r.status).join(' '));
+  assert.equal(busy.length, extra);
+  for (const r of busy) {
+    assert.equal(r.headers.get('retry-after'), '1');
+    const e = (await r.json()).error;
+    assert.equal(e.message, `server busy: ${BOUND} requests in flight; retry later`);
+    assert.equal(e.type, 'server_error');
+    assert.equal(e.code, 'server_busy');
   }
+  assert.ok(answered < 10000, `the 503s took ${answered} ms`);
+  // The cheap endpoints answer while the one slot works through the queue (each request runs for
+  // seconds): before the bound, /health waited for a request to end.
+  for (let i = 0; i < 3; ++i) {
+    const h0 = performance.now();
+    assert.equal((await fetch(`${base}/health`)).status, 200);
+    const took = performance.now() - h0;
+    assert.ok(took < 1000, `/health took ${took} ms`);
+  }
+  const m = await metrics(base);
+  assert.equal(m.requests_in_flight, BOUND);
+  assert.equal(m.slots_busy, 1);
+  // Every admitted client leaves; the running request and the queued ones all go, and their
+  // places come back: as many requests as the bound then succeed at once.
+  for (const ac of acs) ac.abort();
+  await until(base, 'every aborted request is gone', (m) => m.requests_in_flight === 0 && m.slots_busy === 0 && m.queue_length === 0);
+  const again = await Promise.all(Array.from({ length: BOUND }, (_, i) =>
+    client.completions.create({ model: 'tiny', prompt: `Short ${i}`, max_tokens: 2 })));
+  for (const r of again) assert.equal(r.usage.completion_tokens, 2);
+});
+
+let failed = 0;
+async function runTests(args, list) {
+  const { proc, base, log } = await startServer(args);
+  const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: API_KEY, maxRetries: 0, timeout: 60000 });
+  for (const t of list) {
+    const t0 = Date.now();
+    try {
+      await t.fn({ client, base });
+      console.log(`ok   ${t.name} (${Date.now() - t0} ms)`);
+    } catch (e) {
+      failed++;
+      console.log(`FAIL ${t.name}: ${e.stack ?? e}`);
+    }
+  }
+  // SIGTERM ends the server cleanly with status 0.
+  const code = await new Promise((res) => { proc.on('exit', (c) => res(c)); proc.kill('SIGTERM'); });
+  if (code !== 0) { failed++; console.log(`FAIL server exit status ${code}\n${log()}`); }
 }
-// SIGTERM ends the server cleanly with status 0.
-const code = await new Promise((res) => { proc.on('exit', (c) => res(c)); proc.kill('SIGTERM'); });
-if (code !== 0) { failed++; console.log(`FAIL server exit status ${code}\n${log()}`); }
+await runTests(['--parallel', '4', '--ctx', '256'], tests);
+await runTests(['--parallel', '1', '--http-threads', '8'], oneSlotTests);
 console.log(failed ? `${failed} failed` : 'all passed');
 process.exit(failed ? 1 : 0);
