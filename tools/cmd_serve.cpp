@@ -190,7 +190,9 @@ void add_serve_command(CLI::App& app) {
         "serve", "OpenAI-compatible HTTP server (chat, completions, SSE streaming)");
     cmd->add_option("--model,-m", a->model, "GGUF model file")->required();
     cmd->add_option("--host", a->http.host, "address to listen on")->capture_default_str();
+    // Range-checked: the socket layer would take 70000 modulo 65536 and listen elsewhere.
     cmd->add_option("--port", a->http.port, "port to listen on (0: any free port)")
+        ->check(CLI::Range(0, 65535))
         ->capture_default_str();
     cmd->add_option("--parallel", a->parallel, "slots: requests run at the same time")
         ->capture_default_str();

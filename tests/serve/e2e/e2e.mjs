@@ -243,6 +243,13 @@ test('--http-threads that leaves no thread per slot is refused, naming the bound
   assert.match(r.stderr, /--http-threads must be 0 \(automatic\) or in \[6, 4096\].*got 5/);
 });
 
+test('a --port past 65535 is refused (the socket would listen on it modulo 65536)', async () => {
+  const r = spawnSync(exe, ['serve', '--model', model, '--cpu', '--port', '70000'], { encoding: 'utf8' });
+  assert.notEqual(r.status, 0);
+  assert.match(r.stderr, /--port/);
+  assert.match(r.stderr, /65535/);
+});
+
 oneSlotTest('a non-streamed reply that takes seconds starts with spaces and still parses', async ({ client, base }) => {
   // No max_tokens: it runs to the end of the context, seconds, so the wait shows as leading spaces.
   const r = await fetch(`${base}/v1/completions`, { method: 'POST',
