@@ -49,24 +49,46 @@ bool is_hidden(const fs::path& p) {
     return p.filename().string().starts_with(".");
 }
 
+bool is_lower_hex(std::string_view s) {
+    return std::all_of(s.begin(), s.end(),
+                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+bool is_digits(std::string_view s) {
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// What the file type of `p` itself is (a symbolic link is a link, never what it points to).
+fs::file_type own_type(const fs::path& p) {
+    std::error_code ec;
+    fs::file_status st = fs::symlink_status(p, ec);
+    return ec ? fs::file_type::not_found : st.type();
+}
+
+// Real subfolders only: a symbolic link to a folder is never walked into, so upkeep cannot reach
+// outside the root through one.
 std::vector<fs::path> subdirs(const fs::path& dir) {
     std::vector<fs::path> out;
     std::error_code ec;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
         std::error_code ec2;
-        if (it->is_directory(ec2) && !ec2) out.push_back(it->path());
+        if (it->symlink_status(ec2).type() == fs::file_type::directory && !ec2)
+            out.push_back(it->path());
     }
     std::sort(out.begin(), out.end());
     return out;
+}
+
+bool is_version_dir_name(const std::string& n) {
+    return n.size() >= 2 && n[0] == 'v' && is_digits(std::string_view(n).substr(1));
 }
 
 // The family directories of every partition: <root>/v*/<arch>/<compiler>/<family>.
 std::vector<fs::path> family_dirs(const fs::path& root) {
     std::vector<fs::path> out;
     for (const auto& v : subdirs(root)) {
-        std::string n = v.filename().string();
-        if (n.size() < 2 || n[0] != 'v' || !std::all_of(n.begin() + 1, n.end(), ::isdigit))
-            continue;
+        if (!is_version_dir_name(v.filename().string())) continue;
         for (const auto& arch : subdirs(v))
             for (const auto& compiler : subdirs(arch))
                 for (const auto& family : subdirs(compiler))
@@ -75,14 +97,63 @@ std::vector<fs::path> family_dirs(const fs::path& root) {
     return out;
 }
 
-// The lock files in a family directory (entry_lock.h): regular files named `*.lock`.
+// Whether a folder holds regular files only, as every folder the store writes does (entries and
+// their temp and trash forms). One with a subfolder, link or special file is someone else's.
+bool holds_only_files(const fs::path& dir) {
+    std::error_code ec;
+    fs::directory_iterator it(dir, ec), end;
+    if (ec) return false;
+    for (; it != end; it.increment(ec)) {
+        if (ec) return false;
+        std::error_code ec2;
+        if (it->symlink_status(ec2).type() != fs::file_type::regular || ec2) return false;
+    }
+    return !ec;
+}
+
+// Removes the regular files in `dir`, then `dir` itself when that emptied it: never a subfolder or
+// anything a link points to. True when `dir` is gone.
+bool remove_files_then_dir(const fs::path& dir) {
+    std::error_code ec;
+    std::vector<fs::path> files;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        std::error_code ec2;
+        if (it->symlink_status(ec2).type() == fs::file_type::regular && !ec2)
+            files.push_back(it->path());
+    }
+    for (const auto& f : files) fs::remove(f, ec);
+    fs::remove(dir, ec);  // fails, leaving it, when anything else is inside
+    return own_type(dir) == fs::file_type::not_found;
+}
+
+// `<prefix><entry name>-<pid>-<12 hex>`: a temp (".tmp-") or trash (".trash-") folder the store
+// made for an entry (unique_suffix()).
+bool is_work_dir_name(std::string_view n, std::string_view prefix) {
+    if (!n.starts_with(prefix)) return false;
+    n.remove_prefix(prefix.size());
+    size_t dash = n.rfind('-');
+    if (dash == std::string_view::npos || n.size() - dash - 1 != 12 ||
+        !is_lower_hex(n.substr(dash + 1)))
+        return false;
+    n = n.substr(0, dash);
+    dash = n.rfind('-');
+    if (dash == std::string_view::npos || !is_digits(n.substr(dash + 1))) return false;
+    return is_entry_name(n.substr(0, dash));
+}
+
+// The lock files in a family directory (entry_lock.h): empty regular files named
+// `<entry name>.lock`.
 std::vector<fs::path> lock_files(const fs::path& family) {
     std::vector<fs::path> out;
     std::error_code ec;
     for (fs::directory_iterator it(family, ec), end; !ec && it != end; it.increment(ec)) {
-        std::error_code ec2;
-        if (it->is_regular_file(ec2) && !ec2 &&
-            it->path().filename().string().ends_with(kLockSuffix))
+        std::string n = it->path().filename().string();
+        std::string_view stem(n);
+        if (!stem.ends_with(kLockSuffix)) continue;
+        stem.remove_suffix(std::strlen(kLockSuffix));
+        std::error_code ec2, ec3;
+        if (is_entry_name(stem) && it->symlink_status(ec2).type() == fs::file_type::regular &&
+            !ec2 && it->file_size(ec3) == 0 && !ec3)
             out.push_back(it->path());
     }
     return out;
@@ -95,6 +166,17 @@ int64_t mtime_seconds(const fs::path& p) {
 }
 
 }  // namespace
+
+bool is_entry_name(std::string_view name) {
+    constexpr size_t kKeyChars = 16;
+    if (name.size() < kKeyChars + 2 || name[name.size() - kKeyChars - 1] != '-') return false;
+    if (!is_lower_hex(name.substr(name.size() - kKeyChars))) return false;
+    std::string_view spec = name.substr(0, name.size() - kKeyChars - 1);
+    return !spec.starts_with(".") && std::all_of(spec.begin(), spec.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '_' || c == '.' || c == '-';
+    });
+}
 
 std::optional<std::string> read_file(const fs::path& path) {
     // One allocation of the file's size and plain reads: a warm start reads every payload of the
@@ -183,11 +265,28 @@ EntrySummary Store::inspect(const fs::path& dir, const std::string* expected_key
         s.problem = "meta.json is not a valid entry description";
         return s;
     }
-    if (meta.contains("last_used") && meta["last_used"].is_number_integer())
-        s.last_used = meta["last_used"].get<int64_t>();
+    // The stamps the store writes: anything but an integer was not written by it.
+    for (const char* stamp : {"created", "last_used"})
+        if (meta.contains(stamp) && !meta[stamp].is_number_integer()) {
+            s.problem = fmt::format("meta.json field {} is not an integer", stamp);
+            return s;
+        }
+    if (meta.contains("last_used")) s.last_used = meta["last_used"].get<int64_t>();
     if (expected_key && meta["key"].get<std::string>() != *expected_key) {
         s.problem = "meta.json belongs to another key";
         return s;
+    }
+    if (config_.check_meta) {
+        std::string problem;
+        try {
+            problem = config_.check_meta(meta);
+        } catch (const std::exception& e) {  // a checker that trips over a field faults it too
+            problem = e.what();
+        }
+        if (!problem.empty()) {
+            s.problem = "meta.json " + problem;
+            return s;
+        }
     }
     Entry entry;
     for (const auto& [file, info] : meta["payload"].items()) {
@@ -240,7 +339,7 @@ EntrySummary Store::inspect(const fs::path& dir, const std::string* expected_key
 }
 
 Lookup Store::probe(const EntryId& id) const {
-    if (!enabled()) return Lookup::Missing;
+    if (!enabled() || !is_entry_name(id.relative_dir().filename().string())) return Lookup::Missing;
     fs::path dir = entry_dir(id);
     std::error_code ec;
     if (!fs::exists(dir, ec)) return Lookup::Missing;
@@ -248,7 +347,8 @@ Lookup Store::probe(const EntryId& id) const {
 }
 
 std::optional<Entry> Store::load(const EntryId& id) {
-    if (!enabled()) return std::nullopt;
+    // An id that cannot name an entry finds none: its folder, if any, is not the store's.
+    if (!enabled() || !is_entry_name(id.relative_dir().filename().string())) return std::nullopt;
     fs::path dir = entry_dir(id);
     std::error_code ec;
     if (!fs::exists(dir, ec)) return std::nullopt;
@@ -281,8 +381,38 @@ void Store::touch(const fs::path& dir, nlohmann::json meta) {
     }
 }
 
+void Store::tag_root() {
+    {
+        std::lock_guard lock(mutex_);
+        if (tagged_) return;
+        tagged_ = true;
+    }
+    fs::path tag = config_.root / kCacheDirTag;
+    if (own_type(tag) != fs::file_type::not_found) return;
+    // Temp file + rename: a reader never sees half a tag. Failing only costs backups the skip.
+    fs::path tmp = config_.root / fmt::format(".{}.tmp-{}", kCacheDirTag, unique_suffix());
+    try {
+        write_file_synced(
+            tmp,
+            "Signature: 8a477f597d28d172789f06886806bc55\n"
+            "# This file is a cache directory tag created by gemmajit (kernel cache).\n"
+            "# For information about cache directory tags, see https://bford.info/cachedir/\n");
+        fs::rename(tmp, tag);
+    } catch (const std::exception&) {
+        std::error_code ec;
+        fs::remove(tmp, ec);
+    }
+}
+
 std::optional<fs::path> Store::publish(const EntryId& id, const Entry& entry) {
     if (config_.mode != Mode::ReadWrite) return std::nullopt;
+    // Upkeep recognizes entries by their folder's name; one it would not recognize must not be
+    // written, or it would never be pruned.
+    if (!is_entry_name(id.relative_dir().filename().string()))
+        throw std::invalid_argument(
+            fmt::format("cache entry id {} is not valid: its folder name must be <name>-<16 "
+                        "lowercase hex> with a name of [A-Za-z0-9_.-] not starting with '.'",
+                        id.relative_dir().string()));
     {
         std::lock_guard lock(mutex_);
         if (unwritable_) return std::nullopt;
@@ -302,6 +432,7 @@ std::optional<fs::path> Store::publish(const EntryId& id, const Entry& entry) {
     meta["last_used"] = now;
     try {
         fs::create_directories(parent);
+        tag_root();
         fs::create_directory(tmp);
         for (const auto& [file, bytes] : entry.files) write_file_synced(tmp / file, bytes);
         write_file_synced(tmp / kMeta, meta.dump(2));  // last: it is what makes an entry exist
@@ -346,19 +477,30 @@ std::optional<fs::path> Store::publish(const EntryId& id, const Entry& entry) {
     return std::nullopt;
 }
 
-void Store::delete_dir(const fs::path& dir) {
+bool Store::delete_dir(const fs::path& dir) {
+    fs::file_type type = own_type(dir);
+    if (type == fs::file_type::not_found) return true;
+    if (type != fs::file_type::directory || !is_entry_name(dir.filename().string()) ||
+        !holds_only_files(dir)) {
+        warn_once("foreign:" + dir.string(),
+                  fmt::format("{} is left in place: it has a cache entry's name but holds a "
+                              "folder, link or special file, which the kernel cache never writes",
+                              dir.string()));
+        return false;
+    }
     // Rename first so no reader ever sees a half-deleted entry, then remove at leisure.
     fs::path trash =
         dir.parent_path() / fmt::format(".trash-{}-{}", dir.filename().string(), unique_suffix());
-    std::error_code ec;
-    if (::rename(dir.c_str(), trash.c_str()) == 0)
-        fs::remove_all(trash, ec);
-    else
-        fs::remove_all(dir, ec);
+    if (::rename(dir.c_str(), trash.c_str()) == 0) {
+        remove_files_then_dir(trash);  // a folder someone put in meanwhile stays, in the trash
+        return true;
+    }
+    return remove_files_then_dir(dir);
 }
 
 void Store::remove(const EntryId& id, std::string_view reason) {
     fs::path dir = entry_dir(id);
+    if (!is_entry_name(dir.filename().string())) return;  // not an entry the store could write
     bool ro = config_.mode != Mode::ReadWrite;
     warn_once("damaged:" + dir.string(),
               fmt::format("cache entry {} is damaged ({}); {}", dir.string(), reason,
@@ -402,9 +544,12 @@ EntryLock Store::lock(const EntryId& id, std::chrono::milliseconds timeout) {
 std::vector<EntrySummary> Store::list(bool checksums) const {
     std::vector<EntrySummary> out;
     if (config_.root.empty()) return out;
+    // Only folders named and made as the store makes entries: anything else is not the cache's,
+    // so it is neither counted nor ever deleted.
     for (const auto& family : family_dirs(config_.root))
         for (const auto& dir : subdirs(family))
-            if (!is_hidden(dir)) out.push_back(inspect(dir, nullptr, nullptr, checksums));
+            if (is_entry_name(dir.filename().string()) && holds_only_files(dir))
+                out.push_back(inspect(dir, nullptr, nullptr, checksums));
     return out;
 }
 
@@ -433,24 +578,25 @@ std::vector<EntrySummary> Store::verify(bool remove_damaged) {
     return damaged;
 }
 
+void Store::remove_leftovers(const fs::path& family, bool all_temps) {
+    // Lock files nobody holds (left by a holder that was killed; removing them is safe, see
+    // entry_lock.h), leftover trash, and temp dirs of crashed writers (all of them for `clear`,
+    // which may cost a writer publishing at that moment its publish, as clearing always could).
+    int64_t now = now_seconds();
+    for (const auto& lock_file : lock_files(family)) EntryLock::remove_if_unheld(lock_file);
+    for (const auto& dir : subdirs(family)) {
+        std::string n = dir.filename().string();
+        bool trash = is_work_dir_name(n, ".trash-");
+        bool tmp = is_work_dir_name(n, ".tmp-") &&
+                   (all_temps || now - mtime_seconds(dir) > kAbandonedTempAge);
+        if ((trash || tmp) && holds_only_files(dir)) remove_files_then_dir(dir);
+    }
+}
+
 PruneResult Store::prune(uint64_t max_bytes) {
     PruneResult r;
-    if (config_.root.empty()) return r;
-    // Abandoned temp dirs of crashed writers, leftover trash, and lock files nobody holds (left by
-    // a holder that was killed; removing them is safe, see entry_lock.h).
-    int64_t now = now_seconds();
-    for (const auto& family : family_dirs(config_.root)) {
-        for (const auto& lock_file : lock_files(family)) EntryLock::remove_if_unheld(lock_file);
-        for (const auto& dir : subdirs(family)) {
-            std::string n = dir.filename().string();
-            bool trash = n.starts_with(".trash-");
-            bool stale_tmp = n.starts_with(".tmp-") && now - mtime_seconds(dir) > kAbandonedTempAge;
-            if (trash || stale_tmp) {
-                std::error_code ec;
-                fs::remove_all(dir, ec);
-            }
-        }
-    }
+    if (config_.root.empty() || config_.mode != Mode::ReadWrite) return r;
+    for (const auto& family : family_dirs(config_.root)) remove_leftovers(family, false);
     std::vector<EntrySummary> entries = list();
     // Damaged entries go first, then least recently used.
     std::sort(entries.begin(), entries.end(), [](const EntrySummary& a, const EntrySummary& b) {
@@ -462,7 +608,7 @@ PruneResult Store::prune(uint64_t max_bytes) {
     for (const auto& e : entries) {
         bool over = max_bytes > 0 && total > max_bytes;
         if (e.valid && !over) break;
-        delete_dir(e.dir);
+        if (!delete_dir(e.dir)) continue;
         ++r.removed;
         r.freed_bytes += e.bytes;
         total -= e.bytes;
@@ -472,17 +618,22 @@ PruneResult Store::prune(uint64_t max_bytes) {
 }
 
 size_t Store::clear() {
+    if (config_.root.empty() || config_.mode != Mode::ReadWrite) return 0;
     size_t n = 0;
+    std::set<fs::path> families;
     for (const auto& e : list()) {
-        delete_dir(e.dir);
-        ++n;
+        if (delete_dir(e.dir)) ++n;
+        families.insert(e.dir.parent_path());
     }
-    std::error_code ec;
-    for (const auto& v : subdirs(config_.root)) {
-        std::string name = v.filename().string();
-        if (name.size() >= 2 && name[0] == 'v' &&
-            std::all_of(name.begin() + 1, name.end(), ::isdigit))
-            fs::remove_all(v, ec);
+    for (const auto& family : family_dirs(config_.root)) remove_leftovers(family, true);
+    // The partition folders that held entries, each once it is empty (fs::remove never removes a
+    // folder with anything in it): <family>, <compiler>, <arch>, v<abi>.
+    for (const auto& family : families) {
+        fs::path dir = family;
+        for (int level = 0; level < 4 && dir != config_.root; ++level, dir = dir.parent_path()) {
+            std::error_code ec;
+            if (!fs::remove(dir, ec)) break;
+        }
     }
     return n;
 }

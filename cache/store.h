@@ -8,6 +8,14 @@
 // instead of compiling the same entry; nothing depends on that lock for correctness. An entry whose
 // meta.json is missing or invalid does not exist; one whose payload fails its checksum is deleted
 // with a warning.
+//
+// Upkeep (prune, verify, clear, damage repair) only ever deletes what the store itself writes, as
+// the root may be shared with or mistyped onto other files: entry folders named
+// `<name>-<16 lowercase hex>` that hold nothing but files (the store never writes a folder inside
+// an entry), its own `.tmp-`/`.trash-` folders of entries, and empty `<entry>.lock` files. Anything
+// else under the root is left alone, and `clear` removes entries and the folders they emptied,
+// never whole trees. The root gets a CACHEDIR.TAG (bford.info/cachedir) on the first publish so
+// that backup tools skip it; caches made before it are read and maintained as before.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -37,6 +45,10 @@ struct StoreConfig {
     Mode mode = Mode::ReadWrite;
     uint64_t max_bytes = 0;  // 0: no cap
     WarningSink warn;        // receives each warning once (nullptr: stderr)
+    // The caller's own meta.json fields, checked on every inspection: what is wrong with them
+    // (empty: nothing). An entry it faults is damaged like one that fails a checksum (deleted and
+    // rebuilt, counted by verify). nullptr: not checked.
+    std::function<std::string(const nlohmann::json& meta)> check_meta = nullptr;
 };
 
 struct EntryId {
@@ -45,9 +57,16 @@ struct EntryId {
     std::string compiler;  // "nvrtc-13.0.88"
     std::string family;
     std::string name;  // readable spec name
-    std::string key;   // hex digest, at least 16 characters
+    std::string key;   // lowercase hex digest, at least 16 characters
     std::filesystem::path relative_dir() const;
 };
+
+// Whether `name` is an entry folder's name as the store writes it: `<name>-<16 lowercase hex>`,
+// the name being 1+ characters of [A-Za-z0-9_.-] that do not start with '.'.
+bool is_entry_name(std::string_view name);
+
+// The Cache Directory Tagging file the store writes into its root.
+inline constexpr const char* kCacheDirTag = "CACHEDIR.TAG";
 
 struct Entry {
     std::map<std::string, std::string> files;  // payload: file name -> bytes
@@ -94,6 +113,7 @@ class Store {
     std::optional<Entry> load(const EntryId& id);
     // Publishes atomically; returns the entry dir (ours, or another writer's that won the race),
     // or nullopt when nothing was written (cache off, read-only, or unwritable: warned once).
+    // Throws std::invalid_argument for an id whose folder name is not is_entry_name.
     std::optional<std::filesystem::path> publish(const EntryId& id, const Entry& entry);
     // Deletes an entry that a later stage rejected (e.g. the driver refused its binary).
     void remove(const EntryId& id, std::string_view reason);
@@ -114,22 +134,29 @@ class Store {
     std::vector<EntrySummary> verify(bool remove_damaged);  // returns the damaged ones
     // Deletes least recently used entries until the total is at most max_bytes; also removes
     // abandoned temp dirs and lock files nobody holds. max_bytes 0 keeps every valid entry.
+    // Removes nothing unless the cache is read-write.
     PruneResult prune(uint64_t max_bytes);
     PruneResult prune_to_cap() { return prune(config_.max_bytes); }
-    size_t clear();  // removes every entry; returns how many
+    // Removes every entry, the leftovers prune removes, and the partition folders that held them
+    // once empty; returns how many entries. Removes nothing unless the cache is read-write.
+    size_t clear();
 
   private:
     void warn_once(const std::string& topic, const std::string& message);
     EntrySummary inspect(const std::filesystem::path& dir, const std::string* expected_key,
                          Entry* out, bool checksums = true) const;
-    void delete_dir(const std::filesystem::path& dir);
+    // Deletes an entry folder (false, with one warning, when it holds more than files).
+    bool delete_dir(const std::filesystem::path& dir);
     void touch(const std::filesystem::path& dir, nlohmann::json meta);
+    void tag_root();
+    void remove_leftovers(const std::filesystem::path& family, bool all_temps);
 
     StoreConfig config_;
     std::mutex mutex_;
     std::set<std::string> warned_;
     bool unwritable_ = false;
     bool no_flock_ = false;  // the file system refused flock once: do not try again
+    bool tagged_ = false;    // CACHEDIR.TAG checked (written when missing) by this store
 };
 
 // Reads a whole file; nullopt when it cannot be opened.

@@ -100,6 +100,7 @@ nlohmann::json resources_json(const KernelResources& r) {
             {"stack_bytes", r.stack_bytes}};
 }
 
+// The types were checked with the entry (kernel_meta_problem); this only fills in what is there.
 KernelResources resources_from_json(const nlohmann::json& j) {
     KernelResources r;
     r.registers = j.value("registers", -1);
@@ -131,6 +132,28 @@ std::string target_arch(const KernelSpec& spec, std::string_view arch) {
         "for {}; plan for {} instead, or set GEMMAJIT_MMQ_VARIANT=mma and "
         "GEMMAJIT_FLASH_WGMMA=off)",
         spec.name, want, arch, want, arch));
+}
+
+// GEMMAJIT_TEMPLATE_DIR, which must be a folder when set: a mistyped one would otherwise be
+// silently ignored and every template taken from the build.
+fs::path template_dir(const Flags& f) {
+    fs::path dir = f.get_string("GEMMAJIT_TEMPLATE_DIR");
+    if (dir.empty()) return dir;
+    std::error_code ec;
+    fs::file_status st = fs::status(dir, ec);
+    if (!fs::is_directory(st))
+        throw std::invalid_argument(fmt::format(
+            "GEMMAJIT_TEMPLATE_DIR={} {}: set it to a folder of kernel templates, or unset it",
+            dir.string(),
+            fs::exists(st) ? "is not a directory" : "does not exist (or cannot be read)"));
+    return dir;
+}
+
+// The kernel cache's configuration with the Jit's own meta.json fields checked on every read.
+cache::StoreConfig kernel_cache_config(const Flags& f, cache::WarningSink warn) {
+    cache::StoreConfig c = cache_config(f, std::move(warn));
+    c.check_meta = kernel_meta_problem;
+    return c;
 }
 
 // Thrown through the in-process dedupe when the owner of a key put it off because another process
@@ -173,8 +196,8 @@ struct Jit::Impl {
                    : [](const std::string&
                             line) { std::fprintf(stderr, "gemmajit: %s\n", line.c_str()); }),
           debug(static_cast<int>(f.get_int("GEMMAJIT_DEBUG"))),
-          templates(f.get_string("GEMMAJIT_TEMPLATE_DIR")),
-          store(cache_config(f, [this](const std::string& m) { log("warning: " + m); })),
+          templates(template_dir(f)),
+          store(kernel_cache_config(f, [this](const std::string& m) { log("warning: " + m); })),
           require_cached(f.get_bool("GEMMAJIT_REQUIRE_CACHED")),
           lock_timeout(std::chrono::seconds(f.get_int("GEMMAJIT_CACHE_LOCK_TIMEOUT"))),
           dump_dir(f.get_string("GEMMAJIT_DUMP_DIR")) {
@@ -236,6 +259,8 @@ struct Jit::Impl {
         return p;
     }
 
+    // The kernel an entry holds, or nullopt when its files do not match. Its meta.json fields
+    // have the types read here: the store checked them (kernel_meta_problem) before loading it.
     std::optional<CompiledKernel> from_entry(const Prepared& p, cache::Entry& e) {
         auto file = [&](const char* name) -> std::string* {
             auto it = e.files.find(name);
@@ -444,6 +469,46 @@ struct Jit::Impl {
         }
     }
 };
+
+std::string kernel_meta_problem(const nlohmann::json& meta) {
+    using J = nlohmann::json;
+    if (!meta.is_object()) return "is not an object";
+    // A field that is there in another type than the one it is read as: what is wrong with it,
+    // `where` being the path of the object holding it ("" for the top, "resources[0]." below).
+    auto check = [](const J& obj, const std::string& where, const char* field,
+                    bool (J::*is)() const noexcept, const char* want) -> std::string {
+        auto it = obj.find(field);
+        if (it == obj.end() || ((*it).*is)()) return {};
+        return fmt::format("field {}{} is {}, expected {}", where, field, it->type_name(), want);
+    };
+    // Each field the Jit (nvrtc_log, resources) or `gemmajit show` reads.
+    for (const std::string& bad : {check(meta, "", "nvrtc_log", &J::is_string, "a string"),
+                                   check(meta, "", "compile_ms", &J::is_number, "a number"),
+                                   check(meta, "", "resources", &J::is_array, "an array"),
+                                   check(meta, "", "key_record", &J::is_object, "an object")})
+        if (!bad.empty()) return bad;
+    if (auto res = meta.find("resources"); res != meta.end())
+        for (size_t i = 0; i < res->size(); ++i) {
+            const J& r = (*res)[i];
+            const std::string where = fmt::format("resources[{}]", i);
+            if (!r.is_object())
+                return fmt::format("field {} is {}, expected an object", where, r.type_name());
+            for (const char* f : {"registers", "spill_store_bytes", "spill_load_bytes",
+                                  "shared_static_bytes", "stack_bytes"})
+                if (std::string bad = check(r, where + ".", f, &J::is_number_integer, "an integer");
+                    !bad.empty())
+                    return bad;
+        }
+    if (auto kr = meta.find("key_record"); kr != meta.end())
+        for (const std::string& bad :
+             {check(*kr, "key_record.", "abi", &J::is_number_integer, "an integer"),
+              check(*kr, "key_record.", "source_bytes", &J::is_number_integer, "an integer"),
+              check(*kr, "key_record.", "nvrtc", &J::is_string, "a string"),
+              check(*kr, "key_record.", "source_sha256", &J::is_string, "a string"),
+              check(*kr, "key_record.", "flags", &J::is_object, "an object")})
+            if (!bad.empty()) return bad;
+    return {};
+}
 
 Jit::Jit() : Jit(Flags::process()) {}
 

@@ -1,6 +1,8 @@
 // Public face of the JIT: render -> key -> cache lookup -> NVRTC -> cache publish -> load.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -76,6 +78,12 @@ struct PlanProgress {
 
 // Receives warnings, progress and GEMMAJIT_DEBUG lines (one line each, no trailing newline).
 using LogSink = std::function<void(const std::string&)>;
+
+// What is wrong with the fields the Jit and `gemmajit show` read from a kernel cache entry's
+// meta.json (nvrtc_log, resources, compile_ms, key_record): "field X is <type>, expected <type>",
+// empty when nothing is. The Jit's cache store treats an entry it faults as damaged (deleted and
+// rebuilt, counted by `cache verify`): the `cache` CLI sets it as the store's check_meta too.
+std::string kernel_meta_problem(const nlohmann::json& meta);
 
 // Compiles and caches kernels. Thread-safe: compile() may run concurrently for distinct specs.
 // The target architecture a plan is made for: GEMMAJIT_ARCH, else the local GPU's, else "sm_90".

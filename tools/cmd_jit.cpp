@@ -1,11 +1,16 @@
 // JIT and cache commands: env, kernels, precompile, show, src, ptx, sass, cache.
 #include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -25,6 +30,8 @@
 #include "jit/env_flags.h"
 #include "jit/jit.h"
 #include "tools/commands.h"
+
+extern char** environ;  // what a disassembler runs with (run_tool)
 
 namespace fs = std::filesystem;
 
@@ -81,11 +88,27 @@ std::optional<gemma4::FusedNormPlan> plan_fused_norms(const jit::Flags& flags, i
     return fused;
 }
 
+// An --arch value, checked as GEMMAJIT_ARCH would be but reported as the option it came from
+// (it reaches the plan through that variable, whose name would only mislead).
+void check_arch_option(const std::string& arch) {
+    try {
+        jit::Flags::parse({{"GEMMAJIT_ARCH", arch}});
+    } catch (const jit::FlagError&) {
+        throw std::invalid_argument(
+            fmt::format("--arch '{}' is not valid: expected sm_<digits> with an optional a/f "
+                        "suffix, e.g. sm_90a (several, comma separated, for precompile)",
+                        arch));
+    }
+}
+
 // The process's flags with the target arch set to `arch` (empty: unchanged): a plan depends on its
 // target (the prefill GEMM variant), so each arch gets its own.
 jit::Flags flags_for_arch(const std::string& arch) {
     jit::EnvMap env = jit::process_environment();
-    if (!arch.empty()) env["GEMMAJIT_ARCH"] = arch;
+    if (!arch.empty()) {
+        check_arch_option(arch);
+        env["GEMMAJIT_ARCH"] = arch;
+    }
     return jit::Flags::parse(env);
 }
 
@@ -234,6 +257,7 @@ void cmd_precompile(const PlanSource& src, const std::string& archs, int jobs, b
     jit::Jit jit;
     std::vector<std::string> arch_list = split_list(archs);
     if (arch_list.empty()) arch_list.push_back(jit.default_arch());
+    for (const auto& arch : arch_list) check_arch_option(arch);  // all before compiling any
     auto t0 = std::chrono::steady_clock::now();
     size_t hits = 0, misses = 0;
     fmt::print("{:<48} {:<7} {:>5} {:>11} {:>9} {:>10} {}\n", "SPEC", "ARCH", "REGS",
@@ -286,29 +310,54 @@ jit::CompiledKernel compiled_spec(const PlanSource& src, const std::string& name
     return jit.compile(find_spec(plan, name), arch);
 }
 
+// A field of a cache entry's meta.json that `show` cannot print: an error naming the entry.
+[[noreturn]] void bad_meta_field(const std::string& entry_dir, const std::string& field,
+                                 const std::string& why) {
+    throw std::runtime_error(
+        fmt::format("cache entry {}: meta.json field {} {} (the cache never writes that; "
+                    "remove the entry's folder and its next use rebuilds it)",
+                    entry_dir, field, why));
+}
+
 void cmd_show(const jit::CompiledKernel& k) {
     nlohmann::json meta;
     if (!k.entry_dir.empty())
         if (auto text = cache::read_file(fs::path(k.entry_dir) / "meta.json"))
             meta = nlohmann::json::parse(*text, nullptr, false);
+    // The store and the Jit have checked these fields, but the file is read again here and may
+    // have changed since: each is checked before it is read.
+    if (meta.is_object())
+        if (std::string bad = jit::kernel_meta_problem(meta); !bad.empty())
+            throw std::runtime_error(fmt::format("cache entry {}: meta.json {}", k.entry_dir, bad));
     fmt::print("spec      {}\nfamily    {}\narch      {}\nkey       {}\nentry     {}\n",
                k.spec.name, k.spec.family, k.arch, k.key,
                k.entry_dir.empty() ? std::string("(not cached)") : k.entry_dir);
     if (meta.is_object()) {
         auto when = [&](const char* field) {
             if (!meta.contains(field)) return std::string("-");
-            std::time_t t = meta[field].get<int64_t>();
+            if (!meta[field].is_number_integer())
+                bad_meta_field(
+                    k.entry_dir, field,
+                    fmt::format("is {}, expected Unix seconds", meta[field].type_name()));
+            // A value past what time_t or the calendar can hold (localtime gives NULL for it).
+            const int64_t seconds = meta[field].get<int64_t>();
+            std::time_t t = static_cast<std::time_t>(seconds);
+            std::tm tm{};
             char buf[64];
-            std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+            if (static_cast<int64_t>(t) != seconds || !::localtime_r(&t, &tm) ||
+                std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm) == 0)
+                bad_meta_field(k.entry_dir, field,
+                               fmt::format("({}) is not a time this system can show", seconds));
             return std::string(buf);
         };
-        fmt::print("created   {}\nlast used {}\ncompile   {:.0f} ms\n", when("created"),
-                   when("last_used"), meta.value("compile_ms", 0.0));
+        const std::string created = when("created"), last_used = when("last_used");
+        fmt::print("created   {}\nlast used {}\ncompile   {:.0f} ms\n", created, last_used,
+                   meta.value("compile_ms", 0.0));
         if (meta.contains("key_record")) {
             const auto& kr = meta["key_record"];
             fmt::print("key record:\n  abi {}\n  nvrtc {}\n  source sha256 {} ({} bytes)\n",
                        kr.value("abi", 0), kr.value("nvrtc", ""), kr.value("source_sha256", ""),
-                       kr.value("source_bytes", 0));
+                       kr.value("source_bytes", uint64_t{0}));
             const nlohmann::json flags = kr.value("flags", nlohmann::json::object());
             for (const auto& [name, value] : flags.items())
                 fmt::print("  {}={}\n", name,
@@ -346,35 +395,93 @@ std::string find_disassembler() {
     return {};
 }
 
+// Runs `argv` (argv[0] a path) with this process's stdout and stderr, no shell in between, so no
+// character of a path can change the command; its exit status, or -(signal) when killed.
+int run_tool(const std::vector<std::string>& argv) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    pid_t pid = 0;
+    if (int err = ::posix_spawn(&pid, args[0], nullptr, nullptr, args.data(), environ); err != 0)
+        throw std::runtime_error(fmt::format("cannot run {}: {}", argv[0], std::strerror(err)));
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            throw std::runtime_error(
+                fmt::format("waiting for {}: {}", argv[0], std::strerror(errno)));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+// A new file holding `bytes` in the temp folder ($TMPDIR), created by mkstemps (O_EXCL, a random
+// name, mode 0600) so that nothing already there, such as a link planted under a name guessed
+// in advance, is followed or overwritten.
+fs::path scratch_file(const std::string& stem, const std::string& suffix, std::string_view bytes) {
+    std::string name = (fs::temp_directory_path() / (stem + "-XXXXXX" + suffix)).string();
+    int fd = ::mkstemps(name.data(), static_cast<int>(suffix.size()));
+    if (fd < 0)
+        throw std::runtime_error(
+            fmt::format("cannot create a scratch file {}: {}", name, std::strerror(errno)));
+    size_t done = 0;
+    while (done < bytes.size()) {
+        ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            int err = errno;
+            ::close(fd);
+            ::unlink(name.c_str());
+            throw std::runtime_error(
+                fmt::format("cannot write scratch file {}: {}", name, std::strerror(err)));
+        }
+        done += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    return name;
+}
+
 void cmd_sass(const jit::CompiledKernel& k) {
     std::string tool = find_disassembler();
     fs::path cubin = k.entry_dir.empty() ? fs::path() : fs::path(k.entry_dir) / "kernel.cubin";
-    std::optional<fs::path> scratch;
-    if (cubin.empty() || !fs::exists(cubin)) {
-        scratch = fs::temp_directory_path() /
-                  fmt::format("gemmajit-{}-{}.cubin", k.spec.name, ::getpid());
-        cache::write_file_synced(*scratch, k.cubin);
-        cubin = *scratch;
-    }
+    const bool cached = !cubin.empty() && fs::exists(cubin);
     if (tool.empty())
         throw std::runtime_error(fmt::format(
             "no SASS disassembler: neither cuobjdump nor nvdisasm is on PATH or in "
             "/usr/local/cuda/bin. Install the CUDA toolkit's cuobjdump/nvdisasm (packages "
             "cuda-cuobjdump-13-0 / cuda-nvdisasm-13-0) and run `cuobjdump -sass {}`",
-            cubin.string()));
-    std::string cmd = tool.ends_with("cuobjdump")
-                          ? fmt::format("'{}' -sass '{}'", tool, cubin.string())
-                          : fmt::format("'{}' '{}'", tool, cubin.string());
-    std::fflush(stdout);
-    int rc = std::system(cmd.c_str());
-    if (scratch) fs::remove(*scratch);
-    if (rc != 0) throw std::runtime_error(fmt::format("`{}` failed (status {})", cmd, rc));
+            cached ? cubin.string() : std::string("<the kernel's cubin>")));
+    std::optional<fs::path> scratch;
+    if (!cached) {
+        scratch = scratch_file("gemmajit-" + k.spec.name, ".cubin", k.cubin);
+        cubin = *scratch;
+    }
+    struct RemoveOnExit {  // the scratch file goes whatever happens next
+        const std::optional<fs::path>& path;
+        ~RemoveOnExit() {
+            std::error_code ec;
+            if (path) fs::remove(*path, ec);
+        }
+    } cleanup{scratch};
+    std::vector<std::string> argv = {tool};
+    if (tool.ends_with("cuobjdump")) argv.push_back("-sass");
+    argv.push_back(cubin.string());
+    int rc = run_tool(argv);
+    if (rc != 0) {
+        std::string cmd;
+        for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+        throw std::runtime_error(fmt::format("`{}` failed ({} {})", cmd,
+                                             rc < 0 ? "killed by signal" : "exit status",
+                                             rc < 0 ? -rc : rc));
+    }
 }
 
 cache::Store open_store() {
-    return cache::Store(jit::cache_config(jit::Flags::process(), [](const std::string& m) {
+    cache::StoreConfig config = jit::cache_config(jit::Flags::process(), [](const std::string& m) {
         std::fprintf(stderr, "gemmajit: warning: %s\n", m.c_str());
-    }));
+    });
+    // The fields the Jit reads count as part of an entry, as they do when it loads one.
+    config.check_meta = jit::kernel_meta_problem;
+    return cache::Store(std::move(config));
 }
 
 void cmd_cache(const std::string& action, const std::string& max_size) {
@@ -382,6 +489,14 @@ void cmd_cache(const std::string& action, const std::string& max_size) {
     if (store.config().root.empty())
         throw std::runtime_error("the kernel cache has no root directory");
     const fs::path& root = store.config().root;
+    // Removing entries writes the cache, which GEMMAJIT_CACHE=ro and =0 forbid.
+    if ((action == "prune" || action == "clear") && store.config().mode != cache::Mode::ReadWrite)
+        throw std::runtime_error(fmt::format(
+            "cache {} removes entries, but the kernel cache {} is {} (GEMMAJIT_CACHE={}); "
+            "nothing was removed: run it with GEMMAJIT_CACHE=1",
+            action, root.string(),
+            store.config().mode == cache::Mode::ReadOnly ? "read-only" : "off",
+            store.config().mode == cache::Mode::ReadOnly ? "ro" : "0"));
     if (action == "stat") {
         cache::StoreStats st = store.stat();
         const char* mode = store.config().mode == cache::Mode::Off        ? "off (GEMMAJIT_CACHE=0)"
@@ -394,8 +509,9 @@ void cmd_cache(const std::string& action, const std::string& max_size) {
         for (const auto& [partition, n] : st.entries_per_partition)
             fmt::print("  {:<40} {} entries\n", partition, n);
     } else if (action == "verify") {
+        // Counted before: verify removes the damaged entries only on a read-write cache.
+        const size_t total = store.list().size();
         auto damaged = store.verify(store.config().mode == cache::Mode::ReadWrite);
-        size_t total = store.list().size() + damaged.size();
         for (const auto& e : damaged) fmt::print("damaged: {} ({})\n", e.dir.string(), e.problem);
         fmt::print("{} entries checked, {} damaged{}\n", total, damaged.size(),
                    damaged.empty() || store.config().mode != cache::Mode::ReadWrite
@@ -404,7 +520,15 @@ void cmd_cache(const std::string& action, const std::string& max_size) {
         if (!damaged.empty() && store.config().mode != cache::Mode::ReadWrite)
             throw std::runtime_error("damaged entries left in place (cache is not read-write)");
     } else if (action == "prune") {
-        uint64_t cap = max_size.empty() ? store.config().max_bytes : jit::parse_size(max_size);
+        uint64_t cap = store.config().max_bytes;
+        if (!max_size.empty()) {
+            try {
+                cap = jit::parse_size(max_size);
+            } catch (const std::invalid_argument& e) {
+                throw std::invalid_argument(
+                    fmt::format("--max-size '{}' is not valid: {}", max_size, e.what()));
+            }
+        }
         cache::PruneResult r = store.prune(cap);
         fmt::print("removed {} entries ({}); {} remain under {}\n", r.removed,
                    jit::format_size(r.freed_bytes), jit::format_size(r.remaining_bytes),

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <fstream>
 #include <thread>
 
@@ -252,7 +254,7 @@ TEST(CacheStore, PruneRemovesLeastRecentlyUsedUntilUnderTheCap) {
     Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
     std::vector<EntryId> ids;
     for (int i = 0; i < 5; ++i) {
-        ids.push_back(make_id("k" + std::to_string(i)));
+        ids.push_back(make_id(fmt::format("k{}", i)));
         auto dir = store.publish(ids.back(), make_entry("s", 10000));
         ASSERT_TRUE(dir);
         // k2 is the most recently used, k0 the least; the others in between.
@@ -396,4 +398,194 @@ TEST(CacheStore, LockIsUnavailableWhereNothingMayBeWritten) {
     EXPECT_FALSE(bad.publish(id, make_entry("x")));
     EXPECT_EQ(bad.lock(id, std::chrono::seconds(10)).state(), EntryLock::State::Unavailable);
     EXPECT_EQ(w.lines.size(), 1u);
+}
+
+namespace {
+void write_text(const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+}
+}  // namespace
+
+TEST(CacheStore, EntryNamesAreTheOnesTheStoreWrites) {
+    EXPECT_TRUE(is_entry_name("k.a-0123456789abcdef"));
+    EXPECT_TRUE(is_entry_name("matvec_q4_0.k10752.split-0123456789abcdef"));
+    EXPECT_TRUE(is_entry_name("a-b-0123456789abcdef"));
+    EXPECT_FALSE(is_entry_name("beach"));
+    EXPECT_FALSE(is_entry_name("-0123456789abcdef"));        // no name
+    EXPECT_FALSE(is_entry_name(".k-0123456789abcdef"));      // hidden
+    EXPECT_FALSE(is_entry_name("k-0123456789ABCDEF"));       // upper case
+    EXPECT_FALSE(is_entry_name("k-0123456789abcde"));        // 15 hex
+    EXPECT_FALSE(is_entry_name("k_0123456789abcdef"));       // no dash
+    EXPECT_FALSE(is_entry_name("k x-0123456789abcdef"));     // a space
+    EXPECT_FALSE(is_entry_name("k-0123456789abcdef.lock"));  // a lock file
+    // Publishing an id upkeep would not recognize is refused rather than left unprunable.
+    gj::test::ScratchDir tmp("badid");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    EntryId id = make_id("k");
+    id.name = ".hidden";
+    EXPECT_THROW(store.publish(id, make_entry("x")), std::invalid_argument);
+    id = make_id("k");
+    id.key = "ABCDEF0123456789ABCDEF";
+    EXPECT_THROW(store.publish(id, make_entry("x")), std::invalid_argument);
+    EXPECT_FALSE(store.load(id));
+    EXPECT_EQ(store.probe(id), Lookup::Missing);
+}
+
+// Files and folders under the root that the store did not write survive stat, verify, prune and
+// clear: folders five levels down, lock-like files, entry-named folders holding a folder, work
+// folder look-alikes, and whatever a link to a folder leads to.
+TEST(CacheStore, UpkeepNeverDeletesWhatTheStoreDidNotWrite) {
+    gj::test::ScratchDir tmp("foreign");
+    const fs::path root = tmp.path() / "root";
+    const fs::path outside = tmp.path() / "outside";
+    const std::vector<fs::path> foreign = {
+        root / "v2/photos/2023/summer/beach/img.jpg",
+        root / "v2/docs/a/b/notes.lock",
+        root / "v1/sm_90/nvrtc-13.0.88/fam/holiday/pic.jpg",
+        root / "v1/sm_90/nvrtc-13.0.88/fam/k.nested-0123456789abcdef/sub/file.txt",
+        root / "v1/sm_90/nvrtc-13.0.88/fam/k.nested-0123456789abcdef/meta.json",
+        root / "v1/sm_90/nvrtc-13.0.88/fam/.trash-mine/keep.txt",
+        root / "v1/sm_90/nvrtc-13.0.88/fam/.tmp-k-0123456789abcdef-12-0123456789ab/sub/x",
+        root / "v1/sm_90/nvrtc-13.0.88/fam/k.full-0123456789abcdef.lock",  // not empty
+        root / "v1/sm_90/nvrtc-13.0.88/fam/readme.txt",
+        root / "notes.txt",
+        outside / "sm_90/nvrtc/fam/k.out-0123456789abcdef/meta.json",
+        outside / "sm_90/nvrtc/fam/k.out-0123456789abcdef/kernel.cubin",
+    };
+    for (const auto& f : foreign) write_text(f, "mine");
+    fs::create_directories(root / "v1/sm_90/nvrtc-13.0.88/fam/empty-folder");
+    fs::create_directory_symlink(outside, root / "v3");  // a link is never walked into
+
+    Warnings w;
+    Store store({root, Mode::ReadWrite, 0, w.sink()});
+    EntryId good = make_id("k.good"), bad = make_id("k.bad");
+    ASSERT_TRUE(store.publish(good, make_entry("s")));
+    ASSERT_TRUE(store.publish(bad, make_entry("s")));
+    fs::resize_file(store.entry_dir(bad) / "kernel.cubin", 1);
+    EXPECT_TRUE(fs::exists(root / kCacheDirTag));
+
+    EXPECT_EQ(store.list().size(), 2u);
+    EXPECT_EQ(store.stat().entries, 1u);
+    auto damaged = store.verify(true);
+    ASSERT_EQ(damaged.size(), 1u);
+    EXPECT_EQ(damaged[0].dir, store.entry_dir(bad));
+    EXPECT_EQ(store.prune(0).removed, 0u);
+    EXPECT_EQ(store.prune(1).removed, 1u);  // the valid entry, over the cap
+    ASSERT_TRUE(store.publish(good, make_entry("s")));
+    EXPECT_EQ(store.clear(), 1u);
+    EXPECT_EQ(store.list().size(), 0u);
+    for (const auto& f : foreign) EXPECT_TRUE(fs::exists(f)) << f;
+    EXPECT_TRUE(fs::exists(root / "v1/sm_90/nvrtc-13.0.88/fam/empty-folder"));
+    EXPECT_TRUE(fs::exists(root / kCacheDirTag));
+    EXPECT_FALSE(fs::exists(store.entry_dir(good)));
+}
+
+// A damaged entry the store would repair, but which holds a folder, is reported and left alone.
+TEST(CacheStore, AnEntryHoldingAFolderIsNeverDeleted) {
+    gj::test::ScratchDir tmp("nested");
+    Warnings w;
+    Store store({tmp.path(), Mode::ReadWrite, 0, w.sink()});
+    EntryId id = make_id("k.n");
+    auto dir = store.publish(id, make_entry("s"));
+    ASSERT_TRUE(dir);
+    write_text(*dir / "sub" / "precious.txt", "mine");
+    fs::resize_file(*dir / "kernel.cubin", 1);
+    EXPECT_FALSE(store.load(id));
+    EXPECT_TRUE(fs::exists(*dir / "sub" / "precious.txt"));
+    EXPECT_TRUE(fs::exists(*dir / "kernel.cubin"));
+    EXPECT_FALSE(store.publish(id, make_entry("s")));  // cannot replace it either
+    EXPECT_TRUE(fs::exists(*dir / "sub" / "precious.txt"));
+    bool left = false;
+    for (const auto& l : w.lines) left |= l.find("left in place") != std::string::npos;
+    EXPECT_TRUE(left);
+}
+
+// The clear of a cache removes the partition folders its entries emptied, not folders it finds
+// empty, and keeps the root's tag.
+TEST(CacheStore, ClearRemovesOnlyTheFoldersItsEntriesEmptied) {
+    gj::test::ScratchDir tmp("clearfolders");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    ASSERT_TRUE(store.publish(make_id("a"), make_entry("s")));
+    EntryId other = make_id("b");
+    other.arch = "sm_80";
+    ASSERT_TRUE(store.publish(other, make_entry("s")));
+    fs::create_directories(tmp.path() / "v1" / "sm_70" / "empty");
+    EXPECT_EQ(store.clear(), 2u);
+    EXPECT_FALSE(fs::exists(tmp.path() / "v1" / "sm_90"));
+    EXPECT_FALSE(fs::exists(tmp.path() / "v1" / "sm_80"));
+    EXPECT_TRUE(fs::exists(tmp.path() / "v1" / "sm_70" / "empty"));
+    EXPECT_TRUE(fs::exists(tmp.path() / kCacheDirTag));
+}
+
+// A cache made before the tag existed keeps working: read, maintained, and tagged by its next
+// publish.
+TEST(CacheStore, AnUntaggedCacheIsReadAndTaggedOnItsNextPublish) {
+    gj::test::ScratchDir tmp("untagged");
+    Store store({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    ASSERT_TRUE(store.publish(make_id("a"), make_entry("s")));
+    fs::remove(tmp.path() / kCacheDirTag);
+    Store again({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    EXPECT_TRUE(again.load(make_id("a")));
+    EXPECT_EQ(again.stat().entries, 1u);
+    EXPECT_FALSE(fs::exists(tmp.path() / kCacheDirTag));
+    ASSERT_TRUE(again.publish(make_id("b"), make_entry("s")));
+    auto tag = read_file(tmp.path() / kCacheDirTag);
+    ASSERT_TRUE(tag);
+    EXPECT_TRUE(tag->starts_with("Signature: 8a477f597d28d172789f06886806bc55")) << *tag;
+    EXPECT_EQ(again.prune(0).removed, 0u);
+    EXPECT_EQ(again.clear(), 2u);
+}
+
+TEST(CacheStore, ReadOnlyAndOffStoresNeverPruneOrClear) {
+    gj::test::ScratchDir tmp("romaint");
+    EntryId id = make_id("k");
+    Store rw({tmp.path(), Mode::ReadWrite, 0, nullptr});
+    ASSERT_TRUE(rw.publish(id, make_entry("s")));
+    for (Mode mode : {Mode::ReadOnly, Mode::Off}) {
+        Store store({tmp.path(), mode, 0, nullptr});
+        EXPECT_EQ(store.prune(1).removed, 0u);
+        EXPECT_EQ(store.clear(), 0u);
+        EXPECT_EQ(rw.probe(id), Lookup::Hit);
+    }
+}
+
+// The caller's meta.json fields (check_meta) and the store's own stamps in another type make an
+// entry damaged: probe says so, load deletes it with one warning naming the field, verify counts
+// it, and a new publish restores it.
+TEST(CacheStore, WrongTypedMetaFieldsMakeAnEntryDamaged) {
+    gj::test::ScratchDir tmp("metatypes");
+    Warnings w;
+    StoreConfig config{tmp.path(), Mode::ReadWrite, 0, w.sink()};
+    config.check_meta = [](const nlohmann::json& meta) -> std::string {
+        return meta.contains("note") && !meta["note"].is_string() ? "field note is not a string"
+                                                                  : "";
+    };
+    EntryId id = make_id("k.m");
+    const std::vector<std::pair<const char*, nlohmann::json>> cases = {
+        {"note", 5}, {"created", "x"}, {"last_used", 1.5}, {"note", nlohmann::json::array()}};
+    for (const auto& [field, value] : cases) {
+        w.lines.clear();
+        Store store(config);  // a new one each time: a store warns once per entry
+        ASSERT_TRUE(store.publish(id, make_entry("s")));
+        EXPECT_EQ(store.probe(id), Lookup::Hit);
+        auto meta = nlohmann::json::parse(*read_file(store.entry_dir(id) / "meta.json"));
+        meta[field] = value;
+        std::ofstream(store.entry_dir(id) / "meta.json") << meta.dump();
+        EXPECT_EQ(store.probe(id), Lookup::Damaged) << field;
+        auto bad = store.verify(false);
+        ASSERT_EQ(bad.size(), 1u) << field;
+        EXPECT_NE(bad[0].problem.find(field), std::string::npos) << bad[0].problem;
+        EXPECT_FALSE(store.load(id));
+        ASSERT_EQ(w.lines.size(), 1u);
+        EXPECT_NE(w.lines[0].find(field), std::string::npos) << w.lines[0];
+        EXPECT_FALSE(fs::exists(store.entry_dir(id)));
+    }
+    // A checker that throws faults the entry instead of failing the load.
+    config.check_meta = [](const nlohmann::json& meta) -> std::string {
+        return meta.at("missing_field").get<std::string>();
+    };
+    Store throwing(config);
+    ASSERT_TRUE(throwing.publish(id, make_entry("s")));
+    EXPECT_EQ(throwing.probe(id), Lookup::Damaged);
 }

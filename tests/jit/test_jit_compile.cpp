@@ -365,3 +365,93 @@ TEST(GridDependency, FindsTheWaitInTheNamedEntryOnly) {
     EXPECT_FALSE(ptx_entry_waits_on_grid(ptx, "softcap"));       // absent
     EXPECT_FALSE(ptx_entry_waits_on_grid("", "matvec"));
 }
+
+// A meta.json field the Jit reads, in another type, makes the entry damaged: the Jit's store says
+// so, deletes it with one warning naming the field and compiles it again (instead of failing
+// with a JSON type error naming no file, on every run).
+TEST(JitCompile, WrongTypedMetaFieldsAreDamagedAndRebuilt) {
+    gj::test::ScratchDir tmp("metatypes");
+    fs::path dir;
+    {
+        Jit jit(flags_with(tmp.path()), [](const std::string&) {});
+        dir = jit.compile(selftest_spec(), "sm_90").entry_dir;
+    }
+    ASSERT_FALSE(dir.empty());
+    const std::vector<std::pair<std::string, nlohmann::json>> cases = {
+        {"resources", "x"},
+        {"nvrtc_log", 5},
+        {"resources", nlohmann::json::array({7})},
+        {"resources", nlohmann::json::array({{{"registers", "x"}}})},
+        {"compile_ms", "x"},
+        {"key_record", {{"abi", "x"}}},
+        {"created", "x"},
+    };
+    for (const auto& [field, value] : cases) {
+        auto meta = nlohmann::json::parse(*gj::cache::read_file(dir / "meta.json"));
+        meta[field] = value;
+        std::ofstream(dir / "meta.json") << meta.dump();
+        Logged log;
+        {
+            // Read-only: reported, never a type error, left in place.
+            Jit ro(flags_with(tmp.path(), {{"GEMMAJIT_CACHE", "ro"}}), log.sink());
+            EXPECT_EQ(ro.cache_state(selftest_spec(), "sm_90"), CacheState::Damaged) << field;
+            EXPECT_FALSE(ro.compile(selftest_spec(), "sm_90").cache_hit) << field;
+            EXPECT_TRUE(fs::exists(dir / "meta.json"));
+        }
+        Jit jit(flags_with(tmp.path()), log.sink());
+        CompiledKernel k = jit.compile(selftest_spec(), "sm_90");
+        EXPECT_FALSE(k.cache_hit) << field;
+        EXPECT_EQ(k.entry_dir, dir.string());
+        EXPECT_EQ(log.count("is damaged"), 2u) << field;
+        EXPECT_EQ(log.count("meta.json field " + field), 2u) << field << ": " << log.lines.at(0);
+        Jit again(flags_with(tmp.path()), [](const std::string&) {});
+        EXPECT_TRUE(again.compile(selftest_spec(), "sm_90").cache_hit) << field;
+    }
+    nlohmann::json ok = nlohmann::json::parse(*gj::cache::read_file(dir / "meta.json"));
+    EXPECT_EQ(kernel_meta_problem(ok), "");
+    EXPECT_EQ(kernel_meta_problem({{"nvrtc_log", 5}}),
+              "field nvrtc_log is number, expected a string");
+    EXPECT_EQ(kernel_meta_problem({{"resources", {{{"registers", 32}}, {{"stack_bytes", "x"}}}}}),
+              "field resources[1].stack_bytes is string, expected an integer");
+    EXPECT_EQ(kernel_meta_problem({{"key_record", {{"flags", 1}}}}),
+              "field key_record.flags is number, expected an object");
+}
+
+// The prune after a compile (GEMMAJIT_CACHE_MAX_SIZE) removes entries and nothing else of what is
+// under the cache root, even inside the partition folders the Jit writes to.
+TEST(JitCompile, TheAutoPruneLeavesForeignFilesAlone) {
+    gj::test::ScratchDir tmp("autoprune");
+    fs::path partition;
+    {
+        Jit jit(flags_with(tmp.path()), [](const std::string&) {});
+        partition = fs::path(jit.compile(selftest_spec(), "sm_90").entry_dir).parent_path();
+    }
+    const std::vector<fs::path> foreign = {
+        tmp.path() / "v2/photos/2023/summer/beach/img.jpg",
+        tmp.path() / "v2/docs/a/b/notes.lock",
+        partition / "holiday/pic.jpg",
+        partition / "todo.lock",
+    };
+    for (const auto& f : foreign) write(f, "mine");
+    Jit jit(flags_with(tmp.path(), {{"GEMMAJIT_CACHE_MAX_SIZE", "1"}}), [](const std::string&) {});
+    auto out = jit.compile_plan({selftest_spec(5, 0)}, "sm_90", 1);  // publishes, then prunes
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_FALSE(fs::exists(out[0].entry_dir)) << "pruned to the 1-byte cap";
+    for (const auto& f : foreign) EXPECT_TRUE(fs::exists(f)) << f;
+}
+
+TEST(JitCompile, ATemplateDirThatIsNoFolderIsAnErrorNamingTheVariable) {
+    gj::test::ScratchDir tmp("tpldir");
+    write(tmp.path() / "a_file", "x");
+    for (const fs::path& bad : {tmp.path() / "missing", tmp.path() / "a_file"}) {
+        try {
+            Jit jit(flags_with(tmp.path() / "cache", {{"GEMMAJIT_TEMPLATE_DIR", bad.string()}}),
+                    [](const std::string&) {});
+            ADD_FAILURE() << "expected an error for " << bad;
+        } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("GEMMAJIT_TEMPLATE_DIR=" + bad.string()),
+                      std::string::npos)
+                << e.what();
+        }
+    }
+}

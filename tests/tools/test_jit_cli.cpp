@@ -1,7 +1,10 @@
 // The JIT/cache CLI: env, cache stat/verify/prune/clear, flag errors, kernels/precompile/show.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <fstream>
+#include <functional>
 #include <future>
 #include <regex>
 
@@ -215,4 +218,191 @@ TEST(JitCli, KernelsOfASplitHoldTheNcclDeviceForms) {
     r = run_command("GEMMAJIT_TP_PUSH=0 " + cli(tmp.path(), plan));
     EXPECT_NE(r.out.find("rmsnorm.n5376.w1.add.n2.q8.lsa2 "), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find(".push"), std::string::npos) << r.out;
+}
+
+namespace {
+// `s` as one shell word, whatever it holds.
+std::string shq(const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+std::string cli_q(const fs::path& cache, const std::string& args, const std::string& env = "") {
+    return "env -u XDG_CACHE_HOME GEMMAJIT_CACHE_DIR=" + shq(cache.string()) + " " + env + " " +
+           gj::test::gemmajit_exe() + " " + args;
+}
+void write_file(const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+}
+// An entry folder as the store names them, whose meta.json says nothing valid: damaged.
+fs::path damaged_entry(const fs::path& root) {
+    fs::path dir = root / "v1/sm_90/nvrtc-13.0.88/fam/k.x-0123456789abcdef";
+    write_file(dir / "meta.json", "{}");
+    return dir;
+}
+// The first rmsnorm spec of the e2b plan (a small kernel that compiles quickly).
+std::string small_spec(const fs::path& cache) {
+    auto r = run_command(cli_q(cache, "kernels --variant e2b"));
+    std::smatch m;
+    if (!std::regex_search(r.out, m, std::regex(R"(\n0 +(rmsnorm\.\S+))"))) return {};
+    return m[1].str();
+}
+}  // namespace
+
+// What the cache did not write survives every upkeep command (the reviewer's repro: prune used to
+// delete img.jpg and notes.lock as damaged entries and lock files).
+TEST(JitCli, CacheUpkeepLeavesForeignFilesAlone) {
+    gj::test::ScratchDir tmp("cliforeign");
+    const fs::path root = tmp.path() / "U";
+    const std::vector<fs::path> foreign = {root / "v2/photos/2023/summer/beach/img.jpg",
+                                           root / "v2/docs/a/b/notes.lock",
+                                           root / "v1/sm_90/nvrtc-13.0.88/fam/notes/todo.txt"};
+    for (const auto& f : foreign) write_file(f, "mine");
+    const fs::path entry = damaged_entry(root);
+    auto r = run_command(cli_q(root, "cache prune"));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("removed 1 entries"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(entry));
+    damaged_entry(root);
+    r = run_command(cli_q(root, "cache verify"));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("1 entries checked, 1 damaged"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(entry));
+    damaged_entry(root);
+    r = run_command(cli_q(root, "cache clear"));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("removed 1 entries"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(entry));
+    r = run_command(cli_q(root, "cache stat"));
+    EXPECT_NE(r.out.find("entries    0"), std::string::npos) << r.out;
+    for (const auto& f : foreign) EXPECT_TRUE(fs::exists(f)) << f;
+}
+
+TEST(JitCli, PruneAndClearRefuseAReadOnlyOrOffCache) {
+    gj::test::ScratchDir tmp("clirefuse");
+    const fs::path entry = damaged_entry(tmp.path());
+    for (const std::string mode : {"ro", "0"})
+        for (const std::string action : {"prune", "clear"}) {
+            auto r = run_command(cli_q(tmp.path(), "cache " + action, "GEMMAJIT_CACHE=" + mode));
+            EXPECT_EQ(r.exit_code, 1) << r.out;
+            EXPECT_NE(r.out.find("(GEMMAJIT_CACHE=" + mode + ")"), std::string::npos) << r.out;
+            EXPECT_NE(r.out.find("nothing was removed"), std::string::npos) << r.out;
+            EXPECT_TRUE(fs::exists(entry / "meta.json")) << mode << " " << action;
+        }
+    // Read-only verify reports the damaged entry once, and leaves it.
+    auto r = run_command(cli_q(tmp.path(), "cache verify", "GEMMAJIT_CACHE=ro"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("1 entries checked, 1 damaged\n"), std::string::npos) << r.out;
+    EXPECT_TRUE(fs::exists(entry / "meta.json"));
+}
+
+TEST(JitCli, OptionAndTemplateDirErrorsNameTheirSource) {
+    gj::test::ScratchDir tmp("clioptions");
+    auto r = run_command(cli_q(tmp.path(), "cache prune --max-size 12Q"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("--max-size '12Q' is not valid"), std::string::npos) << r.out;
+    r = run_command(cli_q(tmp.path(), "kernels --variant e2b --arch bogus"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("--arch 'bogus' is not valid"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("GEMMAJIT_ARCH"), std::string::npos) << r.out;
+    r = run_command(cli_q(tmp.path(), "precompile --variant e2b --arch sm_90,sm_x"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("--arch 'sm_x' is not valid"), std::string::npos) << r.out;
+    write_file(tmp.path() / "a_file", "x");
+    for (const fs::path& dir : {tmp.path() / "missing", tmp.path() / "a_file"}) {
+        r = run_command(cli_q(tmp.path() / "cache", "kernels --variant e2b",
+                              "GEMMAJIT_TEMPLATE_DIR=" + shq(dir.string())));
+        EXPECT_EQ(r.exit_code, 1) << r.out;
+        EXPECT_NE(r.out.find("GEMMAJIT_TEMPLATE_DIR=" + dir.string()), std::string::npos) << r.out;
+    }
+}
+
+// Crafted meta.json fields: a wrong type makes the entry damaged (rebuilt, with one warning naming
+// the field), and a stamp no calendar can show is an error naming the entry: never a crash or a
+// bare JSON type error.
+TEST(JitCli, ShowAndPtxOnCraftedMetaFields) {
+    gj::test::ScratchDir tmp("clicrafted");
+    const std::string spec = small_spec(tmp.path());
+    ASSERT_FALSE(spec.empty());
+    const std::string show = "show " + spec + " --variant e2b";
+    auto r = run_command(cli_q(tmp.path(), show));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(\nentry +(\S+)\n)"))) << r.out;
+    const std::string entry = m[1].str();  // m points into r.out, which is reused below
+    const fs::path meta = fs::path(entry) / "meta.json";
+    auto patch = [&](const std::function<void(nlohmann::json&)>& change) {
+        std::ifstream in(meta);
+        nlohmann::json j = nlohmann::json::parse(in);
+        change(j);
+        std::ofstream(meta) << j.dump();
+    };
+    for (const char* field : {"created", "last_used"}) {
+        patch([&](nlohmann::json& j) { j[field] = int64_t{1} << 62; });
+        r = run_command(cli_q(tmp.path(), show));
+        EXPECT_EQ(r.exit_code, 1) << r.out;
+        EXPECT_NE(r.out.find("cache entry " + entry + ": meta.json field " + field),
+                  std::string::npos)
+            << r.out;
+        patch([&](nlohmann::json& j) { j[field] = 1'700'000'000; });
+    }
+    const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> cases = {
+        {"created", [](nlohmann::json& j) { j["created"] = "x"; }},
+        {"compile_ms", [](nlohmann::json& j) { j["compile_ms"] = "x"; }},
+        {"key_record.abi", [](nlohmann::json& j) { j["key_record"]["abi"] = "x"; }},
+        {"resources", [](nlohmann::json& j) { j["resources"] = "x"; }},
+        {"nvrtc_log", [](nlohmann::json& j) { j["nvrtc_log"] = 5; }},
+    };
+    const std::string ptx = "ptx " + spec + " --variant e2b";
+    for (const auto& [field, change] : cases)
+        for (const std::string& cmd : {show, ptx, std::string("cache verify")}) {
+            if (!fs::exists(meta)) {  // cache verify removed it
+                ASSERT_EQ(run_command(cli_q(tmp.path(), ptx)).exit_code, 0);
+            }
+            patch(change);
+            r = run_command(cli_q(tmp.path(), cmd));
+            EXPECT_EQ(r.exit_code, 0) << cmd << ": " << r.out;
+            EXPECT_NE(r.out.find("meta.json field " + field), std::string::npos)
+                << cmd << ": " << r.out;
+            EXPECT_NE(r.out.find(cmd == ptx || cmd == show ? "is damaged" : "1 damaged"),
+                      std::string::npos)
+                << cmd << ": " << r.out;
+        }
+}
+
+// `sass` hands the tool the cubin's path as one argument, with no shell in between: a cache
+// folder or TMPDIR holding quotes or shell syntax is just a name.
+TEST(JitCli, SassPassesPathsAsArgumentsWithoutAShell) {
+    gj::test::ScratchDir tmp("clisass");
+    write_file(tmp.path() / "bin/cuobjdump",
+               "#!/bin/sh\nfor a in \"$@\"; do echo \"arg[$a]\"; done\n"
+               "for a in \"$@\"; do last=\"$a\"; done\ntest -f \"$last\" && echo 'cubin exists'\n"
+               "exit ${FAKE_STATUS:-0}\n");
+    fs::permissions(tmp.path() / "bin/cuobjdump", fs::perms::owner_all);
+    const fs::path cache = tmp.path() / "c'; touch INJECTED; echo '";
+    const std::string spec = small_spec(cache);
+    ASSERT_FALSE(spec.empty());
+    const std::string path = "PATH=" + shq((tmp.path() / "bin").string()) + ":\"$PATH\"";
+    const std::string sass = "sass " + spec + " --variant e2b";
+    auto r = run_command("cd " + shq(tmp.path().string()) + " && " + cli_q(cache, sass, path));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("arg[-sass]\narg[" + cache.string() + "/v"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("kernel.cubin]\ncubin exists"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(tmp.path() / "INJECTED"));
+    // Cache off: the cubin goes to a scratch file in TMPDIR, made there and removed afterwards.
+    const fs::path tmpdir = tmp.path() / "t'x";
+    fs::create_directories(tmpdir);
+    const std::string env = path + " TMPDIR=" + shq(tmpdir.string()) + " GEMMAJIT_CACHE=0";
+    r = run_command(cli_q(cache, sass, env));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("arg[" + tmpdir.string() + "/gemmajit-" + spec + "-"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("cubin exists"), std::string::npos) << r.out;
+    EXPECT_TRUE(fs::is_empty(tmpdir));
+    // A failing tool is an error naming its command; the scratch file still goes.
+    r = run_command(cli_q(cache, sass, env + " FAKE_STATUS=3"));
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    EXPECT_NE(r.out.find("failed (exit status 3)"), std::string::npos) << r.out;
+    EXPECT_TRUE(fs::is_empty(tmpdir));
 }
