@@ -23,6 +23,7 @@
 #include "jit/cuda_driver.h"
 #include "jit/device.h"
 #include "jit/env_flags.h"
+#include "tools/cmd_options.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -347,7 +348,9 @@ void add_bench_command(CLI::App& app) {
     cmd->add_option("-r,--repetitions", a->reps, "measured runs per test")->capture_default_str();
     cmd->add_flag("--profile", a->profile,
                   "kernel-time breakdown of each prompt and of one decode step per depth");
-    cmd->add_option("--seed", a->seed, "seed of the random token ids")->capture_default_str();
+    cmd->add_option("--seed", a->seed, "seed of the random token ids")
+        ->capture_default_str()
+        ->check(seed_check());
     add_tp_option(cmd, a->tp);
     cmd->callback([a, p, n, d, b] {
         BenchArgs args = *a;

@@ -5,8 +5,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "engine/generate/backend.h"
@@ -15,6 +19,7 @@
 #include "engine/text/chat_format.h"
 #include "engine/text/sampler.h"
 #include "engine/text/tokenizer.h"
+#include "tools/cmd_options.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -48,13 +53,21 @@ void run_chat(ChatArgs a) {
     if (a.n_predict < -1)
         throw std::invalid_argument("-n must be >= 0, or -1 for no limit; got " +
                                     std::to_string(a.n_predict));
+    // Checked here rather than by a CLI11 validator, so a bad path is the same
+    // "gemmajit: error: ..." with exit code 1 as in run and the other commands.
+    if (!std::filesystem::is_regular_file(a.model))
+        throw std::runtime_error("model file " + a.model + " does not exist or is not a file");
     // One open and parse of the file; the tokenizer first, so a bad vocabulary fails before the
     // weights are loaded.
     const std::shared_ptr<const gemma4::ModelFile> file = gemma4::ModelFile::open(a.model);
     const tok::Tokenizer& tokenizer = file->tokenizer();
+    check_context_option(a.context, file->config());
     auto backend = gen::Backend::open(file, backend_options(a.cpu, a.threads, a.context));
     const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
-    gen::Forward& forward = backend->forward();
+    // On the GPU --ctx sized the KV cache; the CPU reference is held to it here.
+    std::optional<ContextLimit> cpu_limit;
+    if (!backend->on_gpu() && a.context > 0) cpu_limit.emplace(backend->forward(), a.context);
+    gen::Forward& forward = cpu_limit ? *cpu_limit : backend->forward();
     sample::Sampler sampler(a.sampling);
     chat::ChatOptions chat_opts;
     chat_opts.enable_thinking = a.think;
@@ -70,10 +83,14 @@ void run_chat(ChatArgs a) {
     for (;;) {
         if (interactive) std::fprintf(stderr, "> ");
         if (!std::getline(std::cin, line)) break;
+        // Input with CRLF line ends (a Windows file, some terminals) must read as the same
+        // commands and messages.
+        if (!line.empty() && line.back() == '\r') line.pop_back();
         if (line.empty()) continue;
         if (line == "/quit" || line == "/exit") break;
         if (line == "/reset") {
             backend->reset();
+            sampler.clear_history();  // the repetition penalty must not reach into the old one
             first = true;
             std::fprintf(stderr, "gemmajit: conversation reset\n");
             continue;
@@ -89,18 +106,17 @@ void run_chat(ChatArgs a) {
             text = "<turn|>\n" + user_turn(line, chat_opts, style);
         }
         const std::vector<int32_t> tokens = tokenizer.encode(text, /*add_bos=*/false);
-        gen::Forward& f = backend->forward();
-        if (size_t(f.position()) + tokens.size() >= size_t(f.context_length())) {
+        if (size_t(forward.position()) + tokens.size() >= size_t(forward.context_length())) {
             std::fprintf(stderr,
                          "gemmajit: this message (%zu tokens) does not fit the %d positions left "
                          "of the context; /reset starts a new conversation\n",
-                         tokens.size(), f.context_length() - f.position());
+                         tokens.size(), forward.context_length() - forward.position());
             continue;
         }
         gen::GenerateOptions go;
         go.max_tokens = a.n_predict;
         const gen::GenerateResult r =
-            gen::generate(f, tokenizer, sampler, tokens, go, [](std::string_view t) {
+            gen::generate(forward, tokenizer, sampler, tokens, go, [](std::string_view t) {
                 std::fwrite(t.data(), 1, t.size(), stdout);
                 std::fflush(stdout);
             });
@@ -112,7 +128,7 @@ void run_chat(ChatArgs a) {
                 stderr, "gemmajit: %zu tokens, %.1f tokens/s (%s); %d of %d positions used\n",
                 r.tokens.size(),
                 r.generate_seconds > 0 ? double(r.tokens.size()) / r.generate_seconds : 0.0,
-                gen::stop_reason_name(r.reason), f.position(), f.context_length());
+                gen::stop_reason_name(r.reason), forward.position(), forward.context_length());
     }
 }
 
@@ -124,18 +140,19 @@ void add_chat_command(CLI::App& app) {
         "chat",
         "interactive multi-turn chat (one message per line; the KV cache is kept across "
         "turns)");
-    cmd->add_option("--model,-m", a->model, "GGUF model file")
-        ->required()
-        ->check(CLI::ExistingFile);
+    cmd->add_option("--model,-m", a->model, "GGUF model file")->required();
     cmd->add_option("--system", a->system, "system message");
     cmd->add_option("-n,--n-predict", a->n_predict, "tokens per reply at most (-1 = no limit)")
         ->capture_default_str();
     add_sampling_options(cmd, a->sampling);
     cmd->add_flag("--think", a->think, "let the model reason first (<|think|> in the system turn)");
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward");
-    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)")
+        ->check(threads_check());
     cmd->add_option("--ctx", a->context,
-                    "GPU context in tokens (0: the model's, reduced to what fits in memory)");
+                    "context in tokens (0: the model's; on the GPU reduced to what fits in "
+                    "memory)")
+        ->check(CLI::Range(0, std::numeric_limits<int>::max()));
     cmd->callback([a] { run_chat(*a); });
 }
 

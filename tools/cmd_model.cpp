@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,7 @@
 #include "engine/model/requantize.h"
 #include "engine/model/synth.h"
 #include "jit/device.h"
+#include "tools/cmd_options.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -249,9 +251,13 @@ void add_model_commands(CLI::App& app) {
                         "weight type: " + synth_wtype_list() +
                             " (k-quants and _m mixes as llama-quantize writes them)")
             ->capture_default_str();
-        cmd->add_option("--layers", opts->layers, "keep only the first N layers (0 = all)");
-        cmd->add_option("--seed", opts->seed, "random seed")->capture_default_str();
-        cmd->add_option("--threads", opts->threads, "worker threads (0 = all cores)");
+        cmd->add_option("--layers", opts->layers, "keep only the first N layers (0 = all)")
+            ->check(CLI::Range(0, std::numeric_limits<int>::max()));
+        cmd->add_option("--seed", opts->seed, "random seed")
+            ->capture_default_str()
+            ->check(seed_check());
+        cmd->add_option("--threads", opts->threads, "worker threads (0 = all cores)")
+            ->check(threads_check());
         cmd->add_option("-o,--output", *out, "output GGUF path")->required();
         cmd->callback([=] { cmd_synth(*opts, *wtype, *out); });
     }
@@ -268,7 +274,8 @@ void add_model_commands(CLI::App& app) {
             ->required();
         cmd->add_option("TYPE", *type, "type or mix: " + gemma4::quant_mix_names_text())
             ->required();
-        cmd->add_option("--threads", *threads, "worker threads (0 = all cores)");
+        cmd->add_option("--threads", *threads, "worker threads (0 = all cores)")
+            ->check(threads_check());
         cmd->callback([=] { cmd_quantize(*in, *out, *type, *threads); });
     }
     {
@@ -288,7 +295,8 @@ void add_model_commands(CLI::App& app) {
         cmd->add_option("--model,-m", *model, "GGUF file")->required();
         cmd->add_option("--tokens", *tokens, "comma-separated token ids, e.g. 2,10,20")->required();
         cmd->add_flag("--cpu", *cpu, "use the CPU fp32 reference forward");
-        cmd->add_option("--threads", *threads, "CPU worker threads (0 = all cores)");
+        cmd->add_option("--threads", *threads, "CPU worker threads (0 = all cores)")
+            ->check(threads_check());
         cmd->add_option("-o,--output", *out,
                         "write all logits: FILE.json, or FILE.bin (GJLG binary, see source)");
         cmd->callback([=] { cmd_logits(*model, *tokens, *cpu, *threads, *out); });

@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
-#include <sstream>
+#include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include "engine/generate/backend.h"
 #include "engine/generate/generate.h"
@@ -18,6 +20,7 @@
 #include "engine/text/tokenizer.h"
 #include "engine/text/vocab_json.h"
 #include "jit/env_flags.h"
+#include "tools/cmd_options.h"
 #include "tools/commands.h"
 
 namespace gj::tools {
@@ -35,6 +38,11 @@ struct TokenizeArgs {
     std::string text;      // -p/--prompt
     std::string text_arg;  // the same, given as the positional argument
 };
+
+// --synthetic-vocab: make_synthetic_vocab needs 1024 tokens for its fixed ids; the top is 4x
+// Gemma 4's 262144, ample for tests and small enough to build in seconds.
+constexpr int kMinSyntheticVocab = 1024;
+constexpr int kMaxSyntheticVocab = 1 << 20;
 
 tok::VocabData load_vocab(const TokenizeArgs& a) {
     if (!a.model.empty() && a.synthetic_vocab > 0) {
@@ -95,8 +103,9 @@ void add_tokenize_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("tokenize", "show how text tokenizes (ids and token texts)");
     cmd->add_option("--model,-m", a->model, "GGUF file whose tokenizer to use");
     cmd->add_option("--synthetic-vocab", a->synthetic_vocab,
-                    "use the synthetic Gemma 4 vocabulary of N tokens instead of a model");
-    cmd->add_option("--seed", a->seed, "seed of the synthetic vocabulary");
+                    "use the synthetic Gemma 4 vocabulary of N tokens instead of a model")
+        ->check(CLI::Range(kMinSyntheticVocab, kMaxSyntheticVocab));
+    cmd->add_option("--seed", a->seed, "seed of the synthetic vocabulary")->check(seed_check());
     cmd->add_flag("--no-bos", a->no_bos, "do not prepend <bos>");
     cmd->add_flag("--no-special", a->no_special,
                   "treat control-token text (<|turn>, <bos>, ...) as plain text");
@@ -124,12 +133,28 @@ struct RunArgs {
     int tp = 0;  // --tp (0: GEMMAJIT_TP)
 };
 
+// A prompt file larger than this cannot be a prompt (the largest context, 262144 tokens, is
+// about 1 MiB of text); the cap stops a device such as /dev/zero from being read until memory
+// runs out.
+constexpr size_t kMaxPromptFileBytes = size_t(64) << 20;
+
 std::string read_text_file(const std::string& path) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        throw std::runtime_error("prompt file " + path + " is a directory");
     std::ifstream f(path, std::ios::binary);
     if (!f) throw std::runtime_error("cannot read prompt file " + path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
+    std::string text;
+    std::vector<char> buf(size_t(1) << 16);
+    while (f.read(buf.data(), std::streamsize(buf.size())) || f.gcount() > 0) {
+        text.append(buf.data(), size_t(f.gcount()));
+        if (text.size() > kMaxPromptFileBytes)
+            throw std::runtime_error("prompt file " + path + " holds more than " +
+                                     std::to_string(kMaxPromptFileBytes >> 20) +
+                                     " MiB; a prompt must fit the model's context");
+    }
+    if (f.bad()) throw std::runtime_error("error reading prompt file " + path);
+    return text;
 }
 
 void run_generate(RunArgs a) {
@@ -174,7 +199,7 @@ void run_generate(RunArgs a) {
     // The rendered text starts with "<bos>" itself, so no BOS is added.
     const std::vector<int32_t> prompt = tokenizer.encode(rendered, /*add_bos=*/false);
     gen::check_prompt_fits(prompt.size(), cfg.context_length);
-
+    check_context_option(a.context, cfg);
     if (a.context > 0) gen::check_prompt_fits(prompt.size(), a.context);
 
     // Tensor parallelism: the workers are forked here, before anything touches the GPU; every
@@ -186,6 +211,10 @@ void run_generate(RunArgs a) {
     if (is_worker()) bo.prefill_progress = nullptr;  // rank 0 shows the prompt's progress
     if (ranks > 1) bo.tp = group.connect(jit::Flags::process());
     auto backend = gen::Backend::open(file, bo);
+    // On the GPU --ctx sized the KV cache; the CPU reference is held to it here.
+    std::optional<ContextLimit> cpu_limit;
+    if (!backend->on_gpu() && a.context > 0) cpu_limit.emplace(backend->forward(), a.context);
+    gen::Forward& forward = cpu_limit ? *cpu_limit : backend->forward();
     sample::Sampler sampler(a.sampling);
     gen::GenerateOptions gen_opts;
     gen_opts.max_tokens = a.n_predict;
@@ -193,8 +222,8 @@ void run_generate(RunArgs a) {
     // a UTF-8 character) to the callback right after sampling it, so its first call is the first
     // token's; with no token generated the only call is the final flush.
     double first_token_s = -1;
-    const gen::GenerateResult r = gen::generate(
-        backend->forward(), tokenizer, sampler, prompt, gen_opts, [&](std::string_view text) {
+    const gen::GenerateResult r =
+        gen::generate(forward, tokenizer, sampler, prompt, gen_opts, [&](std::string_view text) {
             std::fwrite(text.data(), 1, text.size(), stdout);
             std::fflush(stdout);
             if (first_token_s < 0) first_token_s = seconds_since_start();
@@ -232,8 +261,11 @@ void add_run_command(CLI::App& app) {
     cmd->add_flag("--no-think", a->no_think, "no reasoning (the default)");
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
     cmd->add_option("--ctx", a->context,
-                    "GPU context in tokens (0: the model's, reduced to what fits in memory)");
-    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+                    "context in tokens (0: the model's; on the GPU reduced to what fits in "
+                    "memory)")
+        ->check(CLI::Range(0, std::numeric_limits<int>::max()));
+    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)")
+        ->check(threads_check());
     add_tp_option(cmd, a->tp);
     cmd->callback([a] { run_generate(*a); });
 }
@@ -265,7 +297,7 @@ void add_sampling_options(CLI::App* cmd, sample::SamplerParams& s) {
         ->capture_default_str();
     cmd->add_option("--repeat-last-n", s.repeat_last_n, "tokens the repetition penalty looks at")
         ->capture_default_str();
-    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str();
+    cmd->add_option("--seed", s.seed, "sampling seed")->capture_default_str()->check(seed_check());
 }
 
 void add_run_commands(CLI::App& app) {

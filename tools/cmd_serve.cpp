@@ -17,6 +17,7 @@
 #include "engine/model/model_file.h"
 #include "engine/serve/scheduler.h"
 #include "jit/env_flags.h"
+#include "tools/cmd_options.h"
 #include "tools/commands.h"
 #include "tools/http_server.h"
 
@@ -213,7 +214,8 @@ void add_serve_command(CLI::App& app) {
         ->capture_default_str();
     add_sampling_options(cmd, a->http.sampling);
     cmd->add_flag("--cpu", a->cpu, "use the CPU reference forward (default: the GPU when present)");
-    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)");
+    cmd->add_option("--threads", a->threads, "CPU worker threads (0 = all cores)")
+        ->check(threads_check());
     add_tp_option(cmd, a->tp);
     cmd->callback([a] { run_serve(*a); });
 }

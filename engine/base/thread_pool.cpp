@@ -1,19 +1,44 @@
 #include "engine/base/thread_pool.h"
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
 namespace gj {
 
 ThreadPool::ThreadPool(int n_threads) {
-    if (n_threads <= 0) n_threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    if (n_threads > kMaxThreads)
+        throw std::invalid_argument("thread pool: " + std::to_string(n_threads) +
+                                    " threads requested; at most " + std::to_string(kMaxThreads) +
+                                    " are allowed");
+    if (n_threads <= 0)
+        n_threads = std::min(kMaxThreads, int(std::max(1u, std::thread::hardware_concurrency())));
+    workers_.reserve(size_t(n_threads - 1));  // so only the thread's start can throw below
+    try {
+        for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::exception& e) {  // std::system_error; std::bad_alloc
+        // The workers already running wait on work_cv_: they must be stopped and joined before
+        // the members they use are destroyed (a joinable std::thread's destructor terminates).
+        const size_t started = workers_.size();
+        stop_workers();
+        throw std::runtime_error(
+            "thread pool: cannot start worker thread " + std::to_string(started + 1) + " of " +
+            std::to_string(n_threads - 1) + ": " + e.what() + " (ask for fewer threads)");
+    }
 }
 
 ThreadPool::~ThreadPool() {
+    stop_workers();
+}
+
+void ThreadPool::stop_workers() noexcept {
     {
         std::lock_guard<std::mutex> lock(mu_);
         stop_ = true;
     }
     work_cv_.notify_all();
     for (auto& w : workers_) w.join();
+    workers_.clear();
 }
 
 void ThreadPool::run_items() {

@@ -13,9 +13,16 @@
 
 namespace gj {
 
+// The most threads a pool may have: the upper bound of GEMMAJIT_THREADS (jit/env_flags.cpp), which
+// every --threads option shares. Far beyond any useful CPU count, yet low enough that a typo
+// cannot exhaust the system's process limit.
+inline constexpr int kMaxThreads = 1024;
+
 class ThreadPool {
   public:
-    // n_threads <= 0: one per hardware thread.
+    // n_threads <= 0: one per hardware thread (at most kMaxThreads). Throws std::invalid_argument
+    // for n_threads > kMaxThreads, and std::runtime_error when a worker thread cannot be started
+    // (the workers already started are stopped and joined first).
     explicit ThreadPool(int n_threads = 0);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
@@ -32,6 +39,7 @@ class ThreadPool {
   private:
     void worker_loop();
     void run_items();
+    void stop_workers() noexcept;  // sets stop_, wakes and joins every worker
 
     std::vector<std::thread> workers_;
     std::mutex mu_;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <utility>
 
@@ -142,6 +143,32 @@ void pwrite_all(int fd, const uint8_t* p, uint64_t n, uint64_t offset, const std
         n -= static_cast<uint64_t>(w);
         offset += static_cast<uint64_t>(w);
     }
+}
+
+// Creates "<path>.partial-XXXXXX" (XXXXXX random) beside `path` with O_EXCL and returns its
+// descriptor. A fixed name such as "<path>.partial" would be truncated if it already existed,
+// which destroys a user's file of that name, or the writer's own input when the input is that
+// file (quantize m.gguf.partial m.gguf). O_EXCL never opens an existing file: a name that is
+// taken just draws another. The mode is 0644 less the umask, as for any file the tool writes
+// (mkstemp would give 0600).
+int create_unique_partial(const std::filesystem::path& path, std::filesystem::path& partial) {
+    static constexpr char kChars[] =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    std::random_device rd;
+    std::mt19937_64 rng((uint64_t(rd()) << 32) ^ rd());
+    int err = 0;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        std::string suffix = ".partial-";
+        for (int i = 0; i < 6; ++i) suffix += kChars[rng() % (sizeof kChars - 1)];
+        partial = path;
+        partial += suffix;
+        const int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) return fd;
+        err = errno;
+        if (err != EEXIST) break;
+    }
+    throw std::runtime_error(fmt::format("{}: cannot create a temporary file beside it ({}): {}",
+                                         path.string(), partial.string(), std::strerror(err)));
 }
 
 }  // namespace
@@ -355,13 +382,12 @@ void Writer::begin(const std::filesystem::path& path) {
     enc.bytes.resize(m.data_start, 0);
     const uint64_t total = m.data_start + m.data_size;
 
+    // finish() renames over `path`, which fails for a directory: say so before any writing.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        throw std::runtime_error(fmt::format("{}: is a directory, not a file name", path.string()));
     m.final_path = path;
-    m.partial_path = path;
-    m.partial_path += ".partial";
-    m.fd = ::open(m.partial_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (m.fd < 0)
-        throw std::runtime_error(
-            fmt::format("{}: cannot create: {}", m.partial_path.string(), std::strerror(errno)));
+    m.fd = create_unique_partial(path, m.partial_path);
     m.begun = true;
     try {
         // Size the file up front: tensor payloads land at their offsets in any order, and the

@@ -19,9 +19,10 @@ namespace gj::gguf {
 // Payloads may be produced in parallel into caller buffers and written with write_tensor_data.
 // The layout is gguf-py's, which llama.cpp loads: header, metadata, tensor table, padding to the
 // alignment, then each tensor at the running offset, padded to the alignment. (Nested arrays are
-// valid GGUF and written as given, but llama.cpp's reader refuses them.) The file is written as
-// "<path>.partial" and renamed to <path> by finish(); on error, or destruction without finish(),
-// the partial file is removed. Misuse (bad key, shape or value; calls out of order) throws
+// valid GGUF and written as given, but llama.cpp's reader refuses them.) The file is written as a
+// new temporary "<path>.partial-XXXXXX" (created exclusively, so no existing file is ever opened
+// for writing) and renamed to <path> by finish(); on error, or destruction without finish(), the
+// temporary is removed. Misuse (bad key, shape or value; calls out of order) throws
 // std::invalid_argument / std::logic_error, I/O failure std::runtime_error naming the path.
 class Writer {
   public:

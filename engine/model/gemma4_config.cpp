@@ -279,6 +279,24 @@ void Config::validate() const {
     if (n_kv_shared_layers < 0 || n_kv_shared_layers >= n_layers)
         fail(fmt::format("shared_kv_layers = {} must be in [0, {})", n_kv_shared_layers, n_layers));
     if (sliding_window < 1) fail("sliding window must be positive");
+    // Settings that only ever enter arithmetic: a NaN, an infinity or a non-positive value here
+    // would not fail anywhere, the forward pass would just produce NaN logits. The messages name
+    // the GGUF keys the values are read from.
+    if (context_length < 1)
+        fail(fmt::format("context length (gemma4.context_length) {} must be positive",
+                         context_length));
+    auto require_positive = [&](float v, const char* what, const char* key) {
+        if (!std::isfinite(v) || v <= 0.0f)
+            fail(fmt::format("{} ({}) is {}; it must be a finite number > 0", what, key, v));
+    };
+    require_positive(rms_eps, "RMS norm epsilon", "gemma4.attention.layer_norm_rms_epsilon");
+    require_positive(rope_base_global, "global RoPE base", "gemma4.rope.freq_base");
+    require_positive(rope_base_swa, "sliding RoPE base", "gemma4.rope.freq_base_swa");
+    if (!std::isfinite(final_softcap))  // <= 0 turns the cap off; infinity would give inf * 0
+        fail(fmt::format(
+            "final logit softcap (gemma4.final_logit_softcapping) is {}; it must be finite (0: "
+            "no softcap)",
+            final_softcap));
     if (ple_dim < 0) fail("PLE width must not be negative");
     if (is_moe() && (n_experts_used < 1 || n_experts_used > n_experts || expert_ffn_dim < 1))
         fail(

@@ -61,9 +61,9 @@ RequantizeResult requantize(const std::filesystem::path& in, const std::filesyst
         result.tensors_by_type[ggml::type_name(types[i])] += 1;
     }
     result.bytes_out = total;
+    ThreadPool pool(opts.threads);  // before begin(): a bad thread count creates no file
     w.begin(out);
 
-    ThreadPool pool(opts.threads);
     const bool verbose = opts.progress && total > (uint64_t(256) << 20);
     uint64_t done = 0, next_report = total / 10;
     for (size_t ti = 0; ti < tensors.size(); ++ti) {

@@ -24,8 +24,9 @@ struct RequantizeResult {
 // Throws std::invalid_argument for an unknown mix name (listing the known ones), an input that
 // holds block-quantized tensors (naming one), or `out` naming the same file as `in`;
 // gguf::FormatError / ConfigError for an input that is not a Gemma 4 GGUF; std::runtime_error for
-// I/O failures. `out` is written as <out>.partial and renamed when complete, so it never holds a
-// half-written model and `in` is never touched.
+// I/O failures. `out` is written as a new temporary <out>.partial-XXXXXX and renamed when
+// complete (gguf::Writer), so it never holds a half-written model, and neither `in` nor any other
+// existing file is opened for writing (not even an input named <out>.partial).
 RequantizeResult requantize(const std::filesystem::path& in, const std::filesystem::path& out,
                             const std::string& mix_name, const RequantizeOptions& opts = {});
 

@@ -133,18 +133,33 @@ int32_t Sampler::finish(std::vector<Cand>& c, bool top_k_done, bool top_p_done) 
         c.resize(keep);
     }
     if (params_.temperature == 0.0f) return c.front().id;
-    for (Cand& x : c) x.logit /= params_.temperature;
+    // Weights exp((logit - max) / T) in double, the maximum subtracted before the division: the
+    // exponent is then <= 0 for every candidate and exactly 0 for the best, so each weight is in
+    // [0, 1], the best one's is 1 and the total is finite and >= 1 for any T > 0. (Dividing first
+    // overflows for a tiny T, e.g. 1e-39: inf - inf is NaN, no partial sum ever exceeds the
+    // target and the draw fell through to the worst candidate.) A T so small that every other
+    // weight underflows to 0 is greedy, as it should be.
     const double max = c.front().logit;
+    const double temp = params_.temperature;
+    auto weight = [&](const Cand& x) {
+        return std::exp((static_cast<double>(x.logit) - max) / temp);
+    };
     double total = 0.0;
-    for (const Cand& x : c) total += std::exp(static_cast<double>(x.logit) - max);
+    for (const Cand& x : c) total += weight(x);
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // [0, 1)
     const double target = u * total;
     double cum = 0.0;
-    for (const Cand& x : c) {
-        cum += std::exp(static_cast<double>(x.logit) - max);
-        if (cum > target) return x.id;
+    size_t last_positive = 0;  // the best candidate's weight is 1
+    for (size_t i = 0; i < c.size(); ++i) {
+        const double w = weight(c[i]);
+        if (w > 0.0) last_positive = i;
+        cum += w;
+        if (cum > target) return c[i].id;
     }
-    return c.back().id;  // only reachable through rounding at the very end
+    // The same sums in the same order reach `total` > target, so this is unreachable; should
+    // rounding ever land here, the pick is the last candidate with any weight, never one of
+    // weight 0.
+    return c[last_positive].id;
 }
 
 int32_t Sampler::sample_full() {

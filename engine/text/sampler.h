@@ -57,6 +57,8 @@ class Sampler {
     int32_t sample(std::span<const float> logits, bool force_full = false);
     // Records a token (prompt or generated) for the repetition penalty window.
     void accept(int32_t token);
+    // Empties the repetition penalty window (a new conversation); the random stream goes on.
+    void clear_history() { history_.clear(); }
 
     Path last_path() const { return last_path_; }
     const SamplerParams& params() const { return params_; }

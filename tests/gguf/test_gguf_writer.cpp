@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -22,6 +24,19 @@ using gj::gguf::ValueType;
 using gj::gguf_test::pattern;
 using gj::gguf_test::read_all;
 using ::testing::HasSubstr;
+
+namespace {
+
+// The writer's temporaries beside `path`: "<path>.partial-XXXXXX".
+std::vector<std::filesystem::path> temporaries_of(const std::filesystem::path& path) {
+    std::vector<std::filesystem::path> found;
+    const std::string prefix = path.filename().string() + ".partial-";
+    for (const auto& e : std::filesystem::directory_iterator(path.parent_path()))
+        if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path());
+    return found;
+}
+
+}  // namespace
 
 TEST(GgufWriter, RoundTripsEveryMetadataType) {
     gj::test::ScratchDir dir("gguf_rt");
@@ -139,7 +154,7 @@ TEST(GgufWriter, TensorTableFollowsTheLlamaCppLayout) {
                 w.write_tensor_data(decls[i].name, pattern(decls[i].bytes, uint8_t(i)));
             w.finish();
         }
-        EXPECT_FALSE(std::filesystem::exists(path.string() + ".partial"));
+        EXPECT_TRUE(temporaries_of(path).empty());
         const auto file_bytes = read_all(path);
         auto f = gj::gguf::File::open(path);
         EXPECT_EQ(f->alignment(), alignment);
@@ -207,7 +222,6 @@ TEST(GgufWriter, ChunksFromSeveralThreadsLandAtTheirOffsets) {
 TEST(GgufWriter, RefusesMisuseAndRemovesThePartialFile) {
     gj::test::ScratchDir dir("gguf_werr");
     const auto path = dir.path() / "w.gguf";
-    const auto partial = std::filesystem::path(path.string() + ".partial");
     {
         gj::gguf::Writer w;
         EXPECT_THROW(w.add_tensor("bad.q8", Type::Q8_0, {33}), std::invalid_argument);
@@ -225,7 +239,7 @@ TEST(GgufWriter, RefusesMisuseAndRemovesThePartialFile) {
         EXPECT_THROW(w.add_tensor("a", Type::F32, {4}), std::invalid_argument);
         EXPECT_THROW(w.write_tensor_data("a", pattern(16, 0)), std::logic_error);  // before begin
         w.begin(path);
-        EXPECT_TRUE(std::filesystem::exists(partial));
+        EXPECT_EQ(temporaries_of(path).size(), 1u);
         EXPECT_FALSE(std::filesystem::exists(path));
         EXPECT_THROW(w.set_u32("late", 1), std::logic_error);
         EXPECT_THROW(w.add_tensor("late", Type::F32, {1}), std::logic_error);
@@ -238,16 +252,16 @@ TEST(GgufWriter, RefusesMisuseAndRemovesThePartialFile) {
         // "b" is half written: finish() names it and removes the partial file.
         EXPECT_THAT([&] { w.finish(); },
                     ::testing::ThrowsMessage<std::logic_error>(HasSubstr("'b' (8 of 16 bytes)")));
-        EXPECT_FALSE(std::filesystem::exists(partial));
+        EXPECT_TRUE(temporaries_of(path).empty());
         EXPECT_FALSE(std::filesystem::exists(path));
     }
     {
         gj::gguf::Writer w;
         w.add_tensor("a", Type::F32, {4});
         w.begin(path);
-        EXPECT_TRUE(std::filesystem::exists(partial));
+        EXPECT_EQ(temporaries_of(path).size(), 1u);
     }  // destroyed without finish()
-    EXPECT_FALSE(std::filesystem::exists(partial));
+    EXPECT_TRUE(temporaries_of(path).empty());
     EXPECT_FALSE(std::filesystem::exists(path));
 
     EXPECT_THROW(gj::gguf::Writer(48), std::invalid_argument);
@@ -271,5 +285,63 @@ TEST(GgufWriter, RefusesMisuseAndRemovesThePartialFile) {
         gj::gguf::Writer w;
         EXPECT_THROW(w.begin(dir.path() / "no_such_dir" / "x.gguf"), std::runtime_error);
     }
+    {
+        // A directory cannot be renamed over: refused before anything is written.
+        gj::gguf::Writer w;
+        EXPECT_THAT([&] { w.begin(dir.path()); },
+                    ::testing::ThrowsMessage<std::runtime_error>(HasSubstr("is a directory")));
+    }
     EXPECT_FALSE(std::filesystem::exists(path));
+    EXPECT_TRUE(temporaries_of(path).empty());
+}
+
+// The temporary is a new file: an existing "<path>.partial" (a user's file, or the very input a
+// requantization reads) is never opened for writing, whether the write succeeds or fails.
+TEST(GgufWriter, NeverTouchesAnExistingPartialFile) {
+    gj::test::ScratchDir dir("gguf_wpartial");
+    const auto path = dir.path() / "m.gguf";
+    const auto users = std::filesystem::path(path.string() + ".partial");
+    const auto payload = pattern(1000, 7);
+    {
+        std::ofstream f(users, std::ios::binary);
+        f.write(reinterpret_cast<const char*>(payload.data()), std::streamsize(payload.size()));
+    }
+    {
+        gj::gguf::Writer w;
+        w.add_tensor("a", Type::F32, {4});
+        w.begin(path);
+        w.write_tensor_data("a", pattern(16, 1));
+        w.finish();
+    }
+    EXPECT_EQ(read_all(users), payload);
+    EXPECT_EQ(gj::gguf::File::open(path)->tensors().size(), 1u);
+    {
+        gj::gguf::Writer w;
+        w.add_tensor("a", Type::F32, {4});
+        w.begin(path);
+        EXPECT_THROW(w.finish(), std::logic_error);  // no tensor data: the write fails
+    }
+    EXPECT_EQ(read_all(users), payload);
+    // Only the earlier complete file, the user's file, and no temporary.
+    EXPECT_EQ(gj::gguf::File::open(path)->tensors().size(), 1u);
+    EXPECT_TRUE(temporaries_of(path).empty());
+    size_t entries = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path()))
+        ++entries;
+    EXPECT_EQ(entries, 2u);
+}
+
+// Several writers of one output at once each get their own temporary.
+TEST(GgufWriter, TemporariesOfOneOutputAreDistinct) {
+    gj::test::ScratchDir dir("gguf_wdistinct");
+    const auto path = dir.path() / "m.gguf";
+    std::vector<std::unique_ptr<gj::gguf::Writer>> writers;
+    for (int i = 0; i < 8; ++i) {
+        writers.push_back(std::make_unique<gj::gguf::Writer>());
+        writers.back()->add_tensor("a", Type::F32, {4});
+        writers.back()->begin(path);
+    }
+    EXPECT_EQ(temporaries_of(path).size(), 8u);
+    writers.clear();
+    EXPECT_TRUE(temporaries_of(path).empty());
 }

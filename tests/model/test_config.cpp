@@ -344,3 +344,39 @@ TEST_F(FromGguf, KeqvFollowsTheMissingVProjection) {
     EXPECT_FALSE(c.layers[1].has_v_proj);
     EXPECT_TRUE(c.layers[0].has_v_proj);
 }
+
+// Settings that only enter arithmetic are checked too: NaN, an infinity or a non-positive value
+// would otherwise load silently and make every logit NaN. The error names the GGUF key.
+TEST_F(FromGguf, NonFiniteOrNonPositiveSettingsAreNamed) {
+    using gj::gguf::Value;
+    struct Case {
+        std::string key;
+        Value value;
+    };
+    const float nan = std::nanf("");
+    const std::vector<Case> cases = {
+        {"gemma4.attention.layer_norm_rms_epsilon", Value::make_f32(nan)},
+        {"gemma4.attention.layer_norm_rms_epsilon", Value::make_f32(-1.0f)},
+        {"gemma4.attention.layer_norm_rms_epsilon", Value::make_f32(0.0f)},
+        {"gemma4.rope.freq_base", Value::make_f32(nan)},
+        {"gemma4.rope.freq_base", Value::make_f32(0.0f)},
+        {"gemma4.rope.freq_base", Value::make_f32(INFINITY)},
+        {"gemma4.rope.freq_base_swa", Value::make_f32(-10000.0f)},
+        {"gemma4.context_length", Value::make_u32(0)},
+        {"gemma4.final_logit_softcapping", Value::make_f32(INFINITY)},
+        {"gemma4.final_logit_softcapping", Value::make_f32(nan)},
+    };
+    for (const auto& c : cases) {
+        rewrite(
+            model(), bad(), [&](auto& m) { m[c.key] = c.value; }, nullptr);
+        const std::string e = config_error(bad());
+        EXPECT_NE(e.find(c.key), std::string::npos) << e;
+        EXPECT_NE(e.find("bad.gguf"), std::string::npos) << e;
+    }
+    // A softcap of 0 is a valid "no softcap".
+    rewrite(
+        model(), bad(),
+        [](auto& m) { m["gemma4.final_logit_softcapping"] = gj::gguf::Value::make_f32(0.0f); },
+        nullptr);
+    EXPECT_EQ(config_error(bad()), "(no ConfigError)");
+}

@@ -2,11 +2,14 @@
 // (the same as `synth --wtype q4_k_m`), all metadata, and clear errors for bad inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "engine/gguf/reader.h"
+#include "tests/gguf/gguf_test_bytes.h"
 #include "tests/support/test_env.h"
 
 using gj::test::gemmajit_exe;
@@ -90,6 +93,55 @@ TEST(QuantizeCli, BadInputsFailClearly) {
     EXPECT_NE(r.out.find("missing.gguf"), std::string::npos) << r.out;
     EXPECT_FALSE(std::filesystem::exists(out));
     EXPECT_FALSE(std::filesystem::exists(out + ".partial"));
+}
+
+namespace {
+
+// Every file in `dir`, by name.
+std::vector<std::string> files_in(const std::filesystem::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+}  // namespace
+
+// OUT is written to a fresh temporary beside it, never to a fixed "OUT.partial": an input of that
+// name (which the fixed name used to truncate while it was mmapped: SIGBUS and a destroyed input)
+// and an unrelated user's file of that name stay as they were, and failures leave nothing.
+TEST(QuantizeCli, ExistingPartialFilesAreNeverOverwritten) {
+    gj::test::ScratchDir dir("quantize-cli-partial");
+    const auto f32 = dir.path() / "f32.gguf";
+    ASSERT_EQ(run_command(gemmajit_exe() + " synth --variant tiny --wtype f32 -o " + f32.string())
+                  .exit_code,
+              0);
+    const auto in = dir.path() / "m.gguf.partial";
+    std::filesystem::copy_file(f32, in);
+    const auto out = dir.path() / "m.gguf";
+    auto r = run_command(gemmajit_exe() + " quantize " + in.string() + " " + out.string() +
+                         " q8_0 --threads 2");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_EQ(gj::gguf_test::read_all(in), gj::gguf_test::read_all(f32));
+    EXPECT_EQ(gj::gguf::File::open(out)->tensor("token_embd.weight").type, gj::ggml::Type::Q8_0);
+    EXPECT_EQ(files_in(dir.path()),
+              (std::vector<std::string>{"f32.gguf", "m.gguf", "m.gguf.partial"}));
+
+    // A failed write (OUT is a directory; too many threads) leaves no file behind.
+    const auto sub = dir.path() / "sub";
+    std::filesystem::create_directory(sub);
+    r = run_command(gemmajit_exe() + " quantize " + f32.string() + " " + sub.string() + " q8_0");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("is a directory"), std::string::npos) << r.out;
+    r = run_command(gemmajit_exe() + " quantize " + f32.string() + " " +
+                    (dir.path() / "t.gguf").string() + " q8_0 --threads 100000");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("--threads"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("1024"), std::string::npos) << r.out;
+    EXPECT_TRUE(files_in(sub).empty());
+    EXPECT_EQ(files_in(dir.path()),
+              (std::vector<std::string>{"f32.gguf", "m.gguf", "m.gguf.partial", "sub"}));
 }
 
 TEST(QuantizeCli, KernelsPlanOfAMix) {

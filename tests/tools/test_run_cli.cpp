@@ -180,3 +180,101 @@ TEST(RunCli, TensorParallelArgumentsAreChecked) {
         EXPECT_NE(r.err.find("needs GPUs"), std::string::npos) << r.err;
     }
 }
+
+// Option values outside their range are refused by the parser, before any work: thread counts
+// past the thread pool's limit (a typo such as 100000 used to start 32k threads and exhaust the
+// process limit), negative --ctx / --layers, seeds that are not unsigned 64-bit numbers (CLI11's
+// strtoull turned -1 and overflowing numbers into 2^64 - 1), synthetic vocabularies out of range.
+TEST(RunCli, OutOfRangeOptionValuesAreRefused) {
+    gj::test::ScratchDir dir("run-cli-range");
+    const std::string out = (dir.path() / "x.gguf").string();
+    struct Case {
+        std::string args, needle;
+    };
+    const std::string m = model_arg();
+    const std::vector<Case> cases = {
+        {"run " + m + " -p hi --cpu --threads 100000", "--threads"},
+        {"run " + m + " -p hi --cpu --threads -1", "--threads"},
+        {"chat " + m + " --cpu --threads 1025", "--threads"},
+        {"synth --variant tiny --threads 100000 -o " + out, "--threads"},
+        {"quantize " + tiny_model().string() + " " + out + " q8_0 --threads 5000", "--threads"},
+        {"logits " + m + " --cpu --tokens 2 --threads 100000", "--threads"},
+        {"run " + m + " -p hi --cpu --ctx -5", "--ctx"},
+        {"chat " + m + " --cpu --ctx -5", "--ctx"},
+        {"run " + m + " -p hi --cpu --seed -1", "--seed"},
+        {"run " + m + " -p hi --cpu --seed 18446744073709551616", "--seed"},
+        {"chat " + m + " --cpu --seed 0x10", "--seed"},
+        {"synth --variant tiny --seed -3 -o " + out, "--seed"},
+        {"tokenize --synthetic-vocab 1024 --seed -1 hi", "--seed"},
+        {"bench " + m + " --seed -1", "--seed"},
+        {"tokenize --synthetic-vocab -5 hi", "--synthetic-vocab"},
+        {"tokenize --synthetic-vocab 2000000000 hi", "--synthetic-vocab"},
+        {"synth --variant tiny --layers -1 -o " + out, "--layers"},
+    };
+    for (const auto& c : cases) {
+        auto r = run_split(c.args + " < /dev/null");
+        EXPECT_NE(r.exit_code, 0) << c.args << "\n" << r.err;
+        EXPECT_NE(r.err.find(c.needle), std::string::npos) << c.args << "\n" << r.err;
+        EXPECT_EQ(r.err.find("generation:"), std::string::npos) << c.args;
+    }
+    EXPECT_FALSE(std::filesystem::exists(out));
+    // The largest seed is a seed.
+    auto r = run_split("tokenize --synthetic-vocab 1024 --seed 18446744073709551615 --ids hi");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(RunCli, PromptFilesThatAreNotPromptsAreClearErrors) {
+    gj::test::ScratchDir dir("run-cli-file");
+    auto r = run_split("run " + model_arg() + " --cpu -f " + dir.path().string());
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("is a directory"), std::string::npos) << r.err;
+    // A device without end: read up to the cap, then refused (it used to die of bad_alloc).
+    r = run_split("run " + model_arg() + " --cpu -f /dev/zero");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("holds more than 64 MiB"), std::string::npos) << r.err;
+}
+
+// --ctx on the CPU reference holds the sequence to that many positions, as on the GPU (it used to
+// be ignored: --ctx 64 generated thousands of tokens); more than the model's context is an error.
+TEST(RunCli, CtxLimitsTheCpuSequence) {
+    auto r = run_split("run " + model_arg() + " -p hi --cpu --temp 0 -n 500 --ctx 64");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const size_t at = r.err.find("prompt: ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    const int prompt = std::stoi(r.err.substr(at + 8));
+    // Positions prompt .. 63 are decoded; the token sampled at the last one needs none.
+    EXPECT_NE(r.err.find("generation: " + std::to_string(64 - prompt + 1) + " tokens"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("stopped by context full"), std::string::npos) << r.err;
+    r = run_split("run " + model_arg() + " -p hi --cpu -n 2 --ctx 5000");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("--ctx 5000 exceeds the 4096 positions"), std::string::npos) << r.err;
+    r = run_split("run " + model_arg() + " -p 'Tell me a story.' --cpu -n 2 --ctx 8");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("holds 8"), std::string::npos) << r.err;
+}
+
+// chat: CRLF input reads as the same commands and messages; /reset also empties the repetition
+// penalty's window, so the same message after it gets the reply of a fresh start; a bad --model
+// is a "gemmajit: error" with exit code 1 like everywhere else (it was CLI11's, exit 105).
+TEST(ChatCli, CrlfInputPenaltyResetAndBadModel) {
+    gj::test::ScratchDir dir("chat-cli-crlf");
+    const auto input = dir.path() / "input.txt";
+    std::ofstream(input) << "hi\r\n/reset\r\nhi\r\n/quit\r\nnever sent\r\n";
+    auto r =
+        run_split("chat " + model_arg() +
+                  " --cpu -n 8 --temp 0 --repeat-penalty 3 --repeat-last-n 64 < " + input.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("conversation reset"), std::string::npos) << r.err;
+    const size_t nl = r.out.find('\n');
+    ASSERT_NE(nl, std::string::npos) << r.out;
+    EXPECT_EQ(r.out, r.out.substr(0, nl + 1) + r.out.substr(0, nl + 1));
+
+    for (const std::string& bad : {std::string("/nonexistent/m.gguf"), dir.path().string()}) {
+        r = run_split("chat --model " + bad + " --cpu < /dev/null");
+        EXPECT_EQ(r.exit_code, 1) << r.err;
+        EXPECT_NE(r.err.find("gemmajit: error: "), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find(bad), std::string::npos) << r.err;
+    }
+}
