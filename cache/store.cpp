@@ -181,11 +181,18 @@ bool is_entry_name(std::string_view name) {
 std::optional<std::string> read_file(const fs::path& path) {
     // One allocation of the file's size and plain reads: a warm start reads every payload of the
     // plan (megabytes), and a stream that grows by doubling copies and faults it in several times.
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Only a regular file the store wrote: a FIFO or device put in an entry's place would block
+    // the open or the reads (a load that never returns), or read without end, and a link points
+    // at something the store did not write. O_NONBLOCK keeps the open itself from waiting.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
     if (fd < 0) return std::nullopt;
     struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        return std::nullopt;
+    }
     std::string bytes;
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) bytes.resize(static_cast<size_t>(st.st_size));
+    if (st.st_size > 0) bytes.resize(static_cast<size_t>(st.st_size));
     size_t done = 0;
     char tail[4096];  // past the size fstat gave: confirms the end, or takes what grew since
     for (;;) {
@@ -301,7 +308,7 @@ EntrySummary Store::inspect(const fs::path& dir, const std::string* expected_key
             std::error_code ec;
             uint64_t size = fs::file_size(dir / file, ec);
             if (ec) {
-                s.problem = file + " is missing";
+                s.problem = file + " is missing or not a regular file";
                 return s;
             }
             s.bytes += size;
@@ -314,7 +321,7 @@ EntrySummary Store::inspect(const fs::path& dir, const std::string* expected_key
         }
         auto bytes = read_file(dir / file);
         if (!bytes) {
-            s.problem = file + " is missing";
+            s.problem = file + " is missing or not a regular file";
             return s;
         }
         s.bytes += bytes->size();

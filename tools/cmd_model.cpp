@@ -197,6 +197,12 @@ void cmd_logits(const std::string& path, const std::string& token_text, bool cpu
         fmt::print(stderr,
                    "gemmajit: no usable GPU ({}); computing logits with the CPU reference\n", why);
     const auto file = gemma4::ModelFile::open(path);  // the one open and parse of the file
+    // Every position must be one the model was trained for, on the CPU as on the GPU (whose load
+    // refuses a longer context).
+    if (const int trained = file->config().context_length; tokens.size() > size_t(trained))
+        throw std::invalid_argument(
+            fmt::format("--tokens: {} tokens are more than the {} positions of {}'s context",
+                        tokens.size(), trained, path));
     std::vector<float> logits;
     int vocab = 0;
     auto check_vocab = [&](int v) {

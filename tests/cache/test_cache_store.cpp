@@ -2,11 +2,13 @@
 // and the per-entry lock files (entry_lock.h).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -134,6 +136,30 @@ TEST(CacheStore, BitFlippedPayloadIsDeletedAndRebuilt) {
 
 TEST(CacheStore, MissingPayloadFileIsDeletedAndRebuilt) {
     expect_damage_is_repaired([](const fs::path& d) { fs::remove(d / "kernel.cu"); }, "missing");
+}
+
+// A payload replaced by a FIFO: its open would wait for a writer and its reads never end, so a
+// load hung. Now it is not a regular file: the entry is damaged and loads nothing. (Its folder,
+// holding something the store never writes, is left where it is: upkeep deletes only what the
+// store wrote.) In a child with an alarm, so that a regression fails instead of hanging the suite.
+TEST(CacheStore, APayloadThatIsNoRegularFileIsDamagedNotWaitedOn) {
+    gj::test::ScratchDir tmp("fifo");
+    const int status = gj::test::run_in_child([&] {
+        ::alarm(30);
+        Warnings w;
+        Store store({tmp.path(), Mode::ReadWrite, 0, w.sink()});
+        const EntryId id = make_id("k.fifo");
+        const auto dir = store.publish(id, make_entry("the source", 4096));
+        if (!dir) return 2;
+        fs::remove(*dir / "kernel.cubin");
+        if (::mkfifo((*dir / "kernel.cubin").c_str(), 0644) != 0) return 3;
+        if (store.probe(id) != Lookup::Damaged) return 4;
+        if (store.load(id)) return 5;
+        if (w.lines.empty() || w.lines[0].find("not a regular file") == std::string::npos) return 6;
+        return 0;
+    });
+    EXPECT_EQ(status, 0) << "2: no publish, 3: no FIFO, 4: not damaged, 5: it loaded, 6: the "
+                            "warning does not say why; >= 128: killed (142: the load hung)";
 }
 
 TEST(CacheStore, GarbledMetaIsDeletedAndRebuilt) {

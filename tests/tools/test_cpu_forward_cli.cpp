@@ -98,6 +98,14 @@ TEST_F(LogitsCli, BadInputFailsClearly) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.out.find("'-3' is not a token id"), std::string::npos) << r.out;
 
+    // More positions than the context (the tiny presets': 4096).
+    std::string many = "2";
+    for (int i = 0; i < 4096; ++i) many += ",5";
+    r = run_command(logits_cmd("--tokens " + many));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.out.find("4097 tokens are more than the 4096 positions"), std::string::npos)
+        << r.out.substr(0, 400);
+
     r = run_command(gemmajit_exe() + " logits --cpu --model /nonexistent/m.gguf --tokens 2");
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.out.find("/nonexistent/m.gguf"), std::string::npos) << r.out;
