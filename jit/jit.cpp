@@ -482,10 +482,13 @@ std::string kernel_meta_problem(const nlohmann::json& meta) {
         return fmt::format("field {}{} is {}, expected {}", where, field, it->type_name(), want);
     };
     // Each field the Jit (nvrtc_log, resources) or `gemmajit show` reads.
-    for (const std::string& bad : {check(meta, "", "nvrtc_log", &J::is_string, "a string"),
-                                   check(meta, "", "compile_ms", &J::is_number, "a number"),
-                                   check(meta, "", "resources", &J::is_array, "an array"),
-                                   check(meta, "", "key_record", &J::is_object, "an object")})
+    for (const std::string& bad :
+         {check(meta, "", "nvrtc_log", &J::is_string, "a string"),
+          check(meta, "", "compile_ms", &J::is_number, "a number"),
+          check(meta, "", "created", &J::is_number_integer, "an integer (Unix seconds)"),
+          check(meta, "", "last_used", &J::is_number_integer, "an integer (Unix seconds)"),
+          check(meta, "", "resources", &J::is_array, "an array"),
+          check(meta, "", "key_record", &J::is_object, "an object")})
         if (!bad.empty()) return bad;
     if (auto res = meta.find("resources"); res != meta.end())
         for (size_t i = 0; i < res->size(); ++i) {

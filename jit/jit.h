@@ -80,9 +80,10 @@ struct PlanProgress {
 using LogSink = std::function<void(const std::string&)>;
 
 // What is wrong with the fields the Jit and `gemmajit show` read from a kernel cache entry's
-// meta.json (nvrtc_log, resources, compile_ms, key_record): "field X is <type>, expected <type>",
-// empty when nothing is. The Jit's cache store treats an entry it faults as damaged (deleted and
-// rebuilt, counted by `cache verify`): the `cache` CLI sets it as the store's check_meta too.
+// meta.json (nvrtc_log, resources, compile_ms, created, last_used, key_record): "field X is
+// <type>, expected <type>", empty when nothing is. The Jit's cache store treats an entry it faults
+// as damaged (deleted and rebuilt, counted by `cache verify`): the `cache` CLI sets it as the
+// store's check_meta too.
 std::string kernel_meta_problem(const nlohmann::json& meta);
 
 // Compiles and caches kernels. Thread-safe: compile() may run concurrently for distinct specs.

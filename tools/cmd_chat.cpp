@@ -9,7 +9,6 @@
 #include <iostream>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -64,10 +63,7 @@ void run_chat(ChatArgs a) {
     check_context_option(a.context, file->config());
     auto backend = gen::Backend::open(file, backend_options(a.cpu, a.threads, a.context));
     const chat::ChatStyle style = chat::ChatStyle::from_template(tokenizer.vocab().chat_template);
-    // On the GPU --ctx sized the KV cache; the CPU reference is held to it here.
-    std::optional<ContextLimit> cpu_limit;
-    if (!backend->on_gpu() && a.context > 0) cpu_limit.emplace(backend->forward(), a.context);
-    gen::Forward& forward = cpu_limit ? *cpu_limit : backend->forward();
+    gen::Forward& forward = backend->forward();
     sample::Sampler sampler(a.sampling);
     chat::ChatOptions chat_opts;
     chat_opts.enable_thinking = a.think;

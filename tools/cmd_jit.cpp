@@ -335,11 +335,8 @@ void cmd_show(const jit::CompiledKernel& k) {
     if (meta.is_object()) {
         auto when = [&](const char* field) {
             if (!meta.contains(field)) return std::string("-");
-            if (!meta[field].is_number_integer())
-                bad_meta_field(
-                    k.entry_dir, field,
-                    fmt::format("is {}, expected Unix seconds", meta[field].type_name()));
-            // A value past what time_t or the calendar can hold (localtime gives NULL for it).
+            // An integer (kernel_meta_problem, above); a value past what time_t or the calendar can
+            // hold (localtime gives NULL for it).
             const int64_t seconds = meta[field].get<int64_t>();
             std::time_t t = static_cast<std::time_t>(seconds);
             std::tm tm{};
@@ -423,20 +420,20 @@ fs::path scratch_file(const std::string& stem, const std::string& suffix, std::s
     if (fd < 0)
         throw std::runtime_error(
             fmt::format("cannot create a scratch file {}: {}", name, std::strerror(errno)));
-    size_t done = 0;
-    while (done < bytes.size()) {
-        ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-            int err = errno;
-            ::close(fd);
-            ::unlink(name.c_str());
-            throw std::runtime_error(
-                fmt::format("cannot write scratch file {}: {}", name, std::strerror(err)));
-        }
-        done += static_cast<size_t>(n);
+    std::FILE* f = ::fdopen(fd, "wb");
+    bool ok = f != nullptr && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    int err = errno;
+    if (f == nullptr) {
+        ::close(fd);
+    } else if (std::fclose(f) != 0 && ok) {  // the buffered tail failed to reach the file
+        ok = false;
+        err = errno;
     }
-    ::close(fd);
+    if (!ok) {
+        ::unlink(name.c_str());
+        throw std::runtime_error(
+            fmt::format("cannot write scratch file {}: {}", name, std::strerror(err)));
+    }
     return name;
 }
 

@@ -5,13 +5,10 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdint>
-#include <span>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "engine/base/thread_pool.h"
-#include "engine/generate/generate.h"
 #include "engine/model/gemma4_config.h"
 
 namespace gj::tools {
@@ -46,33 +43,5 @@ inline void check_context_option(int context, const gemma4::Config& cfg) {
                                     std::to_string(cfg.context_length) + " positions " + cfg.name +
                                     " was trained for");
 }
-
-// The CPU reference forward keeps the model's whole context; --ctx N limits `run` and `chat` on
-// the CPU to N positions by reporting N as the context length, so the prompt check, generate()'s
-// context-full stop and chat's fit check all hold there as they do on the GPU (whose KV cache is
-// N positions long).
-class ContextLimit final : public gen::Forward {
-  public:
-    ContextLimit(gen::Forward& inner, int context) : inner_(inner), context_(context) {}
-    int vocab_size() const override { return inner_.vocab_size(); }
-    int context_length() const override { return context_; }
-    int position() const override { return inner_.position(); }
-    std::vector<float> prefill(std::span<const int32_t> tokens) override {
-        return inner_.prefill(tokens);
-    }
-    std::vector<float> decode(int32_t token) override { return inner_.decode(token); }
-    bool reduces_on_device() const override { return inner_.reduces_on_device(); }
-    gen::StepResult prefill_step(std::span<const int32_t> tokens, const gen::Readout& r) override {
-        return inner_.prefill_step(tokens, r);
-    }
-    gen::StepResult decode_step(int32_t token, const gen::Readout& r) override {
-        return inner_.decode_step(token, r);
-    }
-    bool rewind(int keep) override { return inner_.rewind(keep); }
-
-  private:
-    gen::Forward& inner_;
-    int context_;
-};
 
 }  // namespace gj::tools

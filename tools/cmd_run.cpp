@@ -7,7 +7,6 @@
 #include <fstream>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -211,10 +210,7 @@ void run_generate(RunArgs a) {
     if (is_worker()) bo.prefill_progress = nullptr;  // rank 0 shows the prompt's progress
     if (ranks > 1) bo.tp = group.connect(jit::Flags::process());
     auto backend = gen::Backend::open(file, bo);
-    // On the GPU --ctx sized the KV cache; the CPU reference is held to it here.
-    std::optional<ContextLimit> cpu_limit;
-    if (!backend->on_gpu() && a.context > 0) cpu_limit.emplace(backend->forward(), a.context);
-    gen::Forward& forward = cpu_limit ? *cpu_limit : backend->forward();
+    gen::Forward& forward = backend->forward();
     sample::Sampler sampler(a.sampling);
     gen::GenerateOptions gen_opts;
     gen_opts.max_tokens = a.n_predict;

@@ -28,7 +28,9 @@ std::unique_ptr<Backend> Backend::open(std::shared_ptr<const gemma4::ModelFile> 
         gemma4::CpuOptions co;
         co.threads = opts.threads;
         b->cpu_model_ = gemma4::CpuModel::load(b->file_, co);
-        if (opts.default_sequence) b->cpu_ = std::make_unique<CpuForward>(*b->cpu_model_);
+        b->cpu_context_ = opts.context;
+        if (opts.default_sequence)
+            b->cpu_ = std::make_unique<CpuForward>(*b->cpu_model_, opts.context);
         b->batch_ = std::make_unique<SequentialBatchDecoder>();
         return b;
     }
@@ -56,7 +58,7 @@ Forward& Backend::forward() {
 }
 
 std::unique_ptr<Forward> Backend::new_sequence() {
-    if (cpu_model_) return std::make_unique<CpuForward>(*cpu_model_);
+    if (cpu_model_) return std::make_unique<CpuForward>(*cpu_model_, cpu_context_);
     if (next_seq_ >= session_->sequences())
         throw std::logic_error("the GPU backend holds " + std::to_string(session_->sequences()) +
                                " sequences, all handed out (BackendOptions::sequences)");

@@ -21,7 +21,9 @@ namespace gj::gen {
 struct BackendOptions {
     bool cpu = false;  // force the CPU reference forward
     int threads = 0;   // CPU worker threads
-    int context = 0;   // GPU context; 0: the model's (reduced to what fits, with a notice)
+    // Positions a sequence holds; 0: the model's (on the GPU reduced to what fits, with a
+    // notice; the CPU holds each sequence to it: CpuForward).
+    int context = 0;
     // GPU tokens per prefill chunk; 0: GEMMAJIT_PREFILL_CHUNK (its default shrinks to fit).
     int prefill_chunk = 0;
     // One-line notices: why there is no GPU, loading and compiling progress, the loaded model's
@@ -74,7 +76,8 @@ class Backend {
     std::unique_ptr<gemma4::GpuSession> session_;
     std::unique_ptr<GpuForward> gpu_;
     std::unique_ptr<BatchDecoder> batch_;
-    int next_seq_ = 0;  // the GPU session's next sequence for new_sequence()
+    int next_seq_ = 0;     // the GPU session's next sequence for new_sequence()
+    int cpu_context_ = 0;  // BackendOptions::context, for the CPU's sequences
     std::function<void(int, int)> prefill_progress_;
 };
 

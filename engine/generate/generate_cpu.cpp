@@ -1,8 +1,19 @@
 #include "engine/generate/generate_cpu.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace gj::gen {
+
+CpuForward::CpuForward(const gemma4::CpuModel& model, int context)
+    : model_(model), session_(model), context_(model.config().context_length) {
+    if (context > context_)
+        throw std::invalid_argument("a context of " + std::to_string(context) +
+                                    " positions exceeds the " + std::to_string(context_) +
+                                    " positions " + model.config().name + " was trained for");
+    if (context > 0) context_ = context;
+}
 
 std::vector<float> CpuForward::prefill(std::span<const int32_t> tokens) {
     std::vector<float> rows;

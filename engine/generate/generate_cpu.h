@@ -8,9 +8,11 @@ namespace gj::gen {
 
 class CpuForward : public Forward {
   public:
-    explicit CpuForward(const gemma4::CpuModel& model) : model_(model), session_(model) {}
+    // `context` > 0 holds the sequence to that many positions (--ctx), as the GPU's KV cache
+    // does; the reference itself keeps the model's whole context. At most the model's.
+    explicit CpuForward(const gemma4::CpuModel& model, int context = 0);
     int vocab_size() const override { return model_.config().vocab_size; }
-    int context_length() const override { return model_.config().context_length; }
+    int context_length() const override { return context_; }
     int position() const override { return session_.position(); }
     // The session returns logits for every prefilled position; prefilling in chunks keeps that to
     // kPrefillChunk rows (64 MiB on a 262144-token vocabulary) instead of one per prompt token.
@@ -28,6 +30,7 @@ class CpuForward : public Forward {
   private:
     const gemma4::CpuModel& model_;
     gemma4::CpuSession session_;
+    int context_;
 };
 
 }  // namespace gj::gen

@@ -149,17 +149,13 @@ int32_t Sampler::finish(std::vector<Cand>& c, bool top_k_done, bool top_p_done) 
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // [0, 1)
     const double target = u * total;
     double cum = 0.0;
-    size_t last_positive = 0;  // the best candidate's weight is 1
-    for (size_t i = 0; i < c.size(); ++i) {
-        const double w = weight(c[i]);
-        if (w > 0.0) last_positive = i;
-        cum += w;
-        if (cum > target) return c[i].id;
+    for (const Cand& x : c) {
+        cum += weight(x);
+        if (cum > target) return x.id;
     }
-    // The same sums in the same order reach `total` > target, so this is unreachable; should
-    // rounding ever land here, the pick is the last candidate with any weight, never one of
-    // weight 0.
-    return c[last_positive].id;
+    // The same sums in the same order reach `total` > target, so this is unreachable; the best
+    // candidate (weight 1) rather than one that may weigh 0.
+    return c.front().id;
 }
 
 int32_t Sampler::sample_full() {

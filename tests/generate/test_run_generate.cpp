@@ -2,6 +2,7 @@
 // streaming text, and the checks made before any work; the CPU forward adapter's chunked prefill.
 #include <gtest/gtest.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "engine/generate/generate.h"
@@ -182,4 +183,24 @@ TEST(GenerateCpu, ChunkedPrefillGivesTheWholePrefillsLogits) {
     ASSERT_EQ(last.size(), 1024u);
     EXPECT_TRUE(std::equal(last.begin(), last.end(), all.end() - 1024));
     EXPECT_EQ(chunked.decode(5), whole.decode(5));
+}
+
+// --ctx on the CPU (run, chat and serve's slots): a sequence holds that many positions, as the
+// GPU's KV cache would; more than the model's context is refused.
+TEST(GenerateCpu, ContextLimitHoldsTheSequenceToIt) {
+    gj::test::ScratchDir dir("generate-cpu-ctx");
+    const auto path = dir.path() / "tiny.gguf";
+    gj::synth::Options o;
+    o.variant = "tiny";
+    gj::synth::write_model(o, path);
+    auto model = gj::gemma4::CpuModel::load(path);
+    EXPECT_EQ(gj::gen::CpuForward(*model).context_length(), 4096);
+    EXPECT_EQ(gj::gen::CpuForward(*model, 64).context_length(), 64);
+    try {
+        gj::gen::CpuForward too_long(*model, 4097);
+        FAIL() << "a context past the model's was taken";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("4097 positions exceeds the 4096"), std::string::npos)
+            << e.what();
+    }
 }
