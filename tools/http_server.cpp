@@ -303,9 +303,12 @@ void HttpServer::routes() {
                 // check, but a render error is the request's all the same.
                 throw ApiError(400, e.what(), "messages");
             }
-            g.prompt = tokenizer.encode(rendered, /*add_bos=*/false);  // the text starts <bos>
+            // The text starts <bos>. A forced tool call (tool_choice): the prompt ends with the
+            // call's opening, whose marker spelling encodes as the marker token.
+            g.prompt = tokenizer.encode(rendered + cr.reply_prefix, /*add_bos=*/false);
             g.parse_chat = true;
             g.tools = !cr.options.tools.empty();
+            g.reply_prefix = std::move(cr.reply_prefix);
             params = std::move(cr.gen);
         } else {
             serve::CompletionRequest cr = serve::parse_completion_request(body, config_.sampling);

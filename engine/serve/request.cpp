@@ -1,5 +1,6 @@
 #include "engine/serve/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -349,7 +350,12 @@ ChatRequest chat_request(const Json& body, const sample::SamplerParams& defaults
         if (field(*kw, "enable_thinking"))
             r.options.enable_thinking = boolean(*kw, "enable_thinking");
     }
-    std::string tool_choice = "auto";
+    // tool_choice: "auto" (the model decides), "none" (it is not told about the tools),
+    // "required" (its reply opens with a call) or {"type": "function", "function": {"name"}} (its
+    // reply opens with a call of that function). The last two force the reply's first tokens:
+    // Gemma 4 writes a call as <|tool_call>call:NAME{...}<tool_call|>, so once the prompt ends
+    // with the call's opening the model can only go on with the call (reply_prefix).
+    std::string tool_choice = "auto", forced_name;
     if (const Json* tc = field(body, "tool_choice")) {
         if (tc->is_string()) {
             tool_choice = tc->get<std::string>();
@@ -357,11 +363,24 @@ ChatRequest chat_request(const Json& body, const sample::SamplerParams& defaults
                 throw ApiError(400, "'tool_choice' must be auto, none, required or a function",
                                "tool_choice");
             }
-        } else if (!tc->is_object()) {
+        } else if (tc->is_object()) {
+            const Json* fn = field(*tc, "function");
+            const Json* type = field(*tc, "type");
+            if ((type && (!type->is_string() || type->get<std::string>() != "function")) || !fn ||
+                !fn->is_object() || !field(*fn, "name") || !(*fn)["name"].is_string()) {
+                throw ApiError(400,
+                               "'tool_choice' as an object must be {\"type\": \"function\", "
+                               "\"function\": {\"name\": ...}}",
+                               "tool_choice");
+            }
+            tool_choice = "function";
+            forced_name = (*fn)["name"].get<std::string>();
+        } else {
             throw ApiError(400, "'tool_choice' must be a string or an object", "tool_choice");
         }
     }
-    if (const Json* tools = field(body, "tools")) {
+    const Json* tools = field(body, "tools");
+    if (tools) {
         if (!tools->is_array()) throw ApiError(400, "'tools' must be an array", "tools");
         for (const Json& t : *tools) {
             if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
@@ -374,6 +393,29 @@ ChatRequest chat_request(const Json& body, const sample::SamplerParams& defaults
         // tool_choice "none": the model is not told about the tools at all. The body's depth
         // limit bounds the recursion of dump() here and of the rendering below.
         if (tool_choice != "none") r.options.tools = OJson::parse(tools->dump());
+    }
+    if (tool_choice == "required" || tool_choice == "function") {
+        if (!tools || tools->empty()) {
+            throw ApiError(
+                400,
+                "'tool_choice' " +
+                    std::string(tool_choice == "required" ? "\"required\"" : "naming a function") +
+                    " needs 'tools'",
+                "tool_choice");
+        }
+        if (tool_choice == "function") {
+            const bool declared = std::any_of(tools->begin(), tools->end(), [&](const Json& t) {
+                return t["function"]["name"].get<std::string>() == forced_name;
+            });
+            if (!declared) {
+                throw ApiError(
+                    400, "'tool_choice' names '" + forced_name + "', which is not one of 'tools'",
+                    "tool_choice");
+            }
+            r.reply_prefix = "<|tool_call>call:" + forced_name + "{";
+        } else {
+            r.reply_prefix = "<|tool_call>call:";
+        }
     }
     // Render once here so a tool declaration the template cannot write is this request's 400.
     try {

@@ -29,6 +29,10 @@ struct ChatRequest {
     GenerationParams gen;
     std::vector<chat::Message> messages;  // in the chat format's shape (tool results attached)
     chat::ChatOptions options;            // thinking, tools
+    // What the reply is made to begin with, markers spelled out (tool_choice "required":
+    // "<|tool_call>call:", a named function: "<|tool_call>call:NAME{"): the prompt ends with it,
+    // so the model writes the rest of that call, and the reply's parser reads it first.
+    std::string reply_prefix;
 };
 
 struct CompletionRequest {

@@ -160,6 +160,10 @@ void Scheduler::admit(std::unique_lock<std::mutex>&) {
         s.sampler = std::make_unique<sample::Sampler>(job->gen.sampling);
         s.decoder = std::make_unique<tok::StreamDecoder>(tokenizer_);
         s.parser = std::make_unique<OutputParser>(job->gen.tools);
+        if (!job->gen.reply_prefix.empty()) {
+            ParsedDelta d = s.parser->push_rendered(job->gen.reply_prefix);
+            if (!d.empty()) job->push({std::move(d), false, Finish::Stop, {}, ""});
+        }
         s.stops = std::make_unique<StopStrings>(job->gen.stop);
         s.readout =
             s.forward->reduces_on_device() ? gen::readout_for(job->gen.sampling) : gen::Readout{};

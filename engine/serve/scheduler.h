@@ -51,6 +51,9 @@ struct GenJob {
     std::vector<std::string> stop;
     bool parse_chat = false;  // split thinking and tool calls (chat); else all text is content
     bool tools = false;       // recognize tool calls
+    // The reply's forced beginning (ChatRequest::reply_prefix), already the end of `prompt`: the
+    // parser reads it before the first generated token.
+    std::string reply_prefix;
 };
 
 struct JobEvent {

@@ -131,6 +131,46 @@ TEST(ChatRequest, ToolChoiceNoneHidesTheTools) {
     EXPECT_TRUE(r.options.tools.empty());
 }
 
+// tool_choice "required" or a named function: the reply is made to begin with the call's opening
+// (the prompt ends with it); a name that is not a declared tool, or either form without tools, is
+// the request's 400.
+TEST(ChatRequest, ToolChoiceRequiredOrNamedForcesTheCallsOpening) {
+    const std::string msgs = R"("messages": [{"role": "user", "content": "x"}])";
+    const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}},
+                                           {"type": "function", "function": {"name": "get_w"}}])";
+    auto parse = [&](const std::string& rest) {
+        return gj::serve::parse_chat_request(Json::parse("{" + msgs + ", " + rest + "}"),
+                                             defaults());
+    };
+    EXPECT_EQ(parse(tools).reply_prefix, "");
+    EXPECT_EQ(parse(tools + R"(, "tool_choice": "auto")").reply_prefix, "");
+    EXPECT_EQ(parse(tools + R"(, "tool_choice": "none")").reply_prefix, "");
+    const auto req = parse(tools + R"(, "tool_choice": "required")");
+    EXPECT_EQ(req.reply_prefix, "<|tool_call>call:");
+    EXPECT_EQ(req.options.tools.size(), 2u);
+    EXPECT_EQ(
+        parse(tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_w"}})")
+            .reply_prefix,
+        "<|tool_call>call:get_w{");
+    for (const std::string& bad :
+         {tools + R"(, "tool_choice": {"type": "function", "function": {"name": "g"}})",
+          tools + R"(, "tool_choice": {"type": "function", "function": {}})",
+          tools + R"(, "tool_choice": {"type": "code", "function": {"name": "f"}})",
+          tools + R"(, "tool_choice": {"function": "f"})",
+          std::string(R"("tool_choice": "required")"),
+          std::string(R"("tools": [], "tool_choice": "required")"),
+          std::string(R"("tool_choice": {"type": "function", "function": {"name": "f"}})")}) {
+        SCOPED_TRACE(bad);
+        try {
+            parse(bad);
+            ADD_FAILURE() << "accepted";
+        } catch (const ApiError& e) {
+            EXPECT_EQ(e.status, 400);
+            EXPECT_EQ(e.param, "tool_choice") << e.what();
+        }
+    }
+}
+
 TEST(CompletionRequest, ParsesPrompt) {
     auto r = gj::serve::parse_completion_request(
         Json::parse(R"({"prompt":["abc"],"max_tokens":3})"), defaults());

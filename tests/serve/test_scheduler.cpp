@@ -277,3 +277,20 @@ TEST(Scheduler, AFailingBatchEndsOnlyTheRequestThatBreaks) {
     EXPECT_EQ(out[2].done.finish, Finish::Length);
     EXPECT_EQ(out[2].text, alone[1]);
 }
+
+// A forced reply beginning (tool_choice): the parser reads it before the first generated token.
+// The fake model never closes the call it was made to open, so at the end the call comes out as
+// content, as written: the prefix, then the generated text.
+TEST(Scheduler, AReplyPrefixIsReadBeforeTheFirstToken) {
+    Scheduler sched(tokenizer(), fakes(1));
+    GenJob forced = greedy({2, 10, 20}, 4);
+    forced.parse_chat = forced.tools = true;
+    forced.reply_prefix = "<|tool_call>call:f{";
+    GenJob plain = greedy({2, 10, 20}, 4);
+    plain.parse_chat = plain.tools = true;
+    const Outcome a = drain(*sched.submit(forced));
+    const Outcome b = drain(*sched.submit(plain));
+    EXPECT_EQ(a.text, "<|tool_call>call:f{" + b.text);
+    EXPECT_FALSE(b.text.empty());
+    EXPECT_EQ(a.done.finish, Finish::Length);
+}

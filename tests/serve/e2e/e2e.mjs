@@ -142,6 +142,26 @@ test('tool call round trip through the API', async ({ client }) => {
   assert.ok(r.usage.prompt_tokens > 20);
 });
 
+test('tool_choice naming a function makes the reply a call of it', async ({ client }) => {
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'weather',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+  const auto = await client.chat.completions.create({ model: 'tiny', tools, messages, max_tokens: 4 });
+  const named = await client.chat.completions.create({ model: 'tiny', tools, messages, max_tokens: 4,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+  // The prompt ends with the call's opening: <|tool_call> (one token), then call:get_weather{.
+  assert.ok(named.usage.prompt_tokens > auto.usage.prompt_tokens + 1);
+  // The tiny random model rarely closes the call it was made to open: then the call comes back
+  // as content, as written; a closed one comes back as a tool call of that function.
+  const m = named.choices[0].message;
+  assert.ok(m.tool_calls?.[0]?.function?.name === 'get_weather' ||
+            (m.content ?? '').startsWith('<|tool_call>call:get_weather{'), JSON.stringify(m));
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', tools, messages,
+    tool_choice: { type: 'function', function: { name: 'not_a_tool' } } }), (e) => e.status === 400);
+  await assert.rejects(client.chat.completions.create({ model: 'tiny', messages, tool_choice: 'required' }),
+    (e) => e.status === 400);
+});
+
 test('8 concurrent greedy streams each equal the prompt run alone (server and gemmajit run)', async ({ client }) => {
   const prompts = Array.from({ length: 8 }, (_, i) => `Prompt number ${i} says hi`);
   const ask = async (p, stream) => {
