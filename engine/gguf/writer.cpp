@@ -20,6 +20,7 @@
 
 #include "engine/gguf/checked_math.h"
 #include "engine/gguf/format.h"
+#include "engine/gguf/partial_cleanup.h"
 
 namespace gj::gguf {
 
@@ -192,6 +193,7 @@ struct Writer::Impl {
 
     std::filesystem::path final_path, partial_path;
     int fd = -1;
+    int cleanup = -1;  // partial_path's registration for removal on a fatal signal
     uint64_t data_start = 0;
     bool begun = false, finished = false;
 
@@ -217,6 +219,8 @@ struct Writer::Impl {
             std::error_code ec;
             std::filesystem::remove(partial_path, ec);
         }
+        unregister_partial_file(cleanup);
+        cleanup = -1;
     }
 };
 
@@ -388,6 +392,7 @@ void Writer::begin(const std::filesystem::path& path) {
         throw std::runtime_error(fmt::format("{}: is a directory, not a file name", path.string()));
     m.final_path = path;
     m.fd = create_unique_partial(path, m.partial_path);
+    m.cleanup = register_partial_file(m.partial_path.c_str());
     m.begun = true;
     try {
         // Size the file up front: tensor payloads land at their offsets in any order, and the
@@ -467,6 +472,8 @@ void Writer::finish() {
                                                  m.final_path.string(), m.partial_path.string(),
                                                  ec.message()));
         }
+        unregister_partial_file(m.cleanup);
+        m.cleanup = -1;
     } catch (...) {
         m.abandon();
         throw;

@@ -21,8 +21,9 @@ namespace gj::gguf {
 // alignment, then each tensor at the running offset, padded to the alignment. (Nested arrays are
 // valid GGUF and written as given, but llama.cpp's reader refuses them.) The file is written as a
 // new temporary "<path>.partial-XXXXXX" (created exclusively, so no existing file is ever opened
-// for writing) and renamed to <path> by finish(); on error, or destruction without finish(), the
-// temporary is removed. Misuse (bad key, shape or value; calls out of order) throws
+// for writing) and renamed to <path> by finish(); on error, destruction without finish(), or the
+// process dying of SIGINT / SIGTERM / SIGHUP meanwhile (partial_cleanup.h), the temporary is
+// removed. Misuse (bad key, shape or value; calls out of order) throws
 // std::invalid_argument / std::logic_error, I/O failure std::runtime_error naming the path.
 class Writer {
   public:

@@ -1,7 +1,12 @@
 // GGUF writer: round trips of every metadata type, the tensor table layout llama.cpp expects,
-// payload chunks written from several threads, and misuse that must throw and leave no file.
+// payload chunks written from several threads, and misuse or a fatal signal that must leave no
+// file.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <cmath>
 #include <filesystem>
@@ -344,4 +349,55 @@ TEST(GgufWriter, TemporariesOfOneOutputAreDistinct) {
     EXPECT_EQ(temporaries_of(path).size(), 8u);
     writers.clear();
     EXPECT_TRUE(temporaries_of(path).empty());
+}
+
+// A process killed while it writes (Ctrl-C, SIGTERM, a closed terminal) leaves no temporary, and
+// still dies of that signal; a signal the program handles itself is left to it. Each case runs
+// in a child process that signals itself halfway through a write.
+TEST(GgufWriter, AFatalSignalRemovesTheTemporary) {
+    gj::test::ScratchDir dir("gguf_wsignal");
+    for (const int sig : {SIGTERM, SIGINT, SIGHUP}) {
+        SCOPED_TRACE(sig);
+        const auto path = dir.path() / ("m" + std::to_string(sig) + ".gguf");
+        const pid_t child = ::fork();
+        ASSERT_GE(child, 0);
+        if (child == 0) {
+            gj::gguf::Writer w;
+            w.add_tensor("a", Type::F32, {1024});
+            w.begin(path);
+            w.write_tensor_chunk("a", 0, pattern(64, 3));
+            if (temporaries_of(path).size() != 1) ::_exit(3);
+            ::raise(sig);
+            ::_exit(4);  // not reached: the signal ends the process
+        }
+        int status = 0;
+        ASSERT_EQ(::waitpid(child, &status, 0), child);
+        ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << WEXITSTATUS(status);
+        EXPECT_EQ(WTERMSIG(status), sig);
+        EXPECT_TRUE(temporaries_of(path).empty());
+        EXPECT_FALSE(std::filesystem::exists(path));
+    }
+    // A program's own handler stays: the temporary is then the writer's to remove as usual.
+    const auto path = dir.path() / "handled.gguf";
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        static volatile sig_atomic_t seen = 0;
+        ::signal(SIGUSR1, SIG_IGN);  // unrelated; only the three signals are taken
+        struct sigaction sa {};
+        sa.sa_handler = [](int) { seen = 1; };
+        ::sigaction(SIGTERM, &sa, nullptr);
+        {
+            gj::gguf::Writer w;
+            w.add_tensor("a", Type::F32, {4});
+            w.begin(path);
+            ::raise(SIGTERM);
+            if (!seen || temporaries_of(path).size() != 1) ::_exit(5);
+        }  // destroyed without finish(): removed
+        ::_exit(temporaries_of(path).empty() ? 0 : 6);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
 }
