@@ -87,8 +87,9 @@ TEST(KernelPlan, E4bQ8HasEveryDecodeSpecializationOnce) {
 
 TEST(KernelPlan, PerVariantWidths) {
     auto e2b = names_of(build_kernel_plan(Config::preset("e2b"), ggml::Type::Q4_0));
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144.split"));   // layers 0-14
-    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288.split"));  // double-wide KV-shared layers
+    // FFN down of layers 0-14 and of the double-wide KV-shared layers (1536 rows: Short).
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k6144.split.short"));
+    EXPECT_TRUE(e2b.count("matvec_q4_0.k12288.split.short"));
     EXPECT_TRUE(e2b.count("matvec_q4_0.k1536.split"));
     EXPECT_TRUE(e2b.count("rmsnorm.n1536.w1.q8"));
     EXPECT_TRUE(e2b.count("embed_rows.q4_0.n8960.v262144"));  // PLE table: 35 * 256
@@ -245,6 +246,22 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
         EXPECT_EQ(e4b.threads, gj::gemma4::spec_util::is_kquant(t) ? 96u : 128u);
         EXPECT_EQ(e4b.rows, 2u);
     }
+    // E2B's FFN down projections (1536 rows: Short) take 64 threads over 1 row, 2 units per
+    // batch; E4B's (2560 rows) and E2B's global attention output (k 4096) keep theirs.
+    for (const int k : {6144, 12288}) {
+        const auto down = matvec_spec(ggml::Type::Q4_0, k, 1, MatvecLayout::Split, 1536);
+        EXPECT_EQ(down.name, "matvec_q4_0.k" + std::to_string(k) + ".split.short");
+        EXPECT_EQ(spec_constant(down, "THREADS"), 64);
+        EXPECT_EQ(spec_constant(down, "ROWS"), 1);
+        EXPECT_EQ(spec_constant(down, "UNROLL"), 2);
+    }
+    const auto e4b_down = matvec_spec(ggml::Type::Q4_0, 10240, 1, MatvecLayout::Split, 2560);
+    EXPECT_EQ(e4b_down.name, "matvec_q4_0.k10240.split");
+    EXPECT_EQ(spec_constant(e4b_down, "THREADS"), 32);
+    EXPECT_EQ(matvec_spec(ggml::Type::Q4_0, 4096, 1, MatvecLayout::Split, 1536).name,
+              "matvec_q4_0.k4096.split");
+    EXPECT_EQ(matvec_spec(ggml::Type::Q8_0, 6144, 1, MatvecLayout::Split, 1536).name,
+              "matvec_q8_0.k6144.split");
     const auto q4_0_tall = matvec_spec(ggml::Type::Q4_0, 21504, 1, MatvecLayout::Split, 5376);
     EXPECT_EQ(q4_0_tall.name, "matvec_q4_0.k21504.split.tall");
     EXPECT_EQ(spec_constant(q4_0_tall, "ROWS"), 2);
@@ -433,10 +450,11 @@ TEST(KernelPlan, TinyPresetsArePlannableForEveryWeightType) {
             const std::string mv = quant ? "matvec_" + ggml::type_name(t) + ".k"
                                          : "matvec_f." + ggml::type_name(t) + ".k";
             const std::string sfx = quant ? ".split" : "";
-            // A decode spec, or its ".tall" form for matrices of many rows (matvec_spec).
+            // A decode spec, or its ".tall" / ".short" form for matrices of many / 1024-2048 rows
+            // (matvec_spec).
             auto has_decode = [&](int k) {
                 const std::string n = mv + std::to_string(k) + sfx;
-                return names.count(n) + names.count(n + ".tall") > 0;
+                return names.count(n) + names.count(n + ".tall") + names.count(n + ".short") > 0;
             };
             EXPECT_TRUE(has_decode(cfg.d_model));
             for (size_t l = 0; l < cfg.layers.size(); ++l) {

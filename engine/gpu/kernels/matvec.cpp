@@ -49,16 +49,22 @@ void check_matvec_shape(const std::string& what, int k, int ncols) {
 
 // Output-row classes that change a single-column launch shape (the spec name's suffix). Tall:
 // more one-row blocks of 32 threads than an H100/H200 holds at once (132 SMs x 32 blocks), so
-// such a launch would run a second, mostly empty wave.
-enum class Rows { Any, Few, Tall, Wide };
+// such a launch would run a second, mostly empty wave. Short: 1024-2048 rows (E2B's d 1536), too
+// few one-row blocks of 32 threads to keep every SM's loads in flight.
+enum class Rows { Any, Few, Short, Tall, Wide };
 Rows row_class(int n_rows) {
-    return n_rows >= 65536               ? Rows::Wide
-           : n_rows > 4096               ? Rows::Tall
-           : n_rows > 0 && n_rows < 1024 ? Rows::Few
-                                         : Rows::Any;
+    return n_rows >= 65536                    ? Rows::Wide
+           : n_rows > 4096                    ? Rows::Tall
+           : n_rows > 0 && n_rows < 1024      ? Rows::Few
+           : n_rows >= 1024 && n_rows <= 2048 ? Rows::Short
+                                              : Rows::Any;
 }
 const char* row_suffix(Rows r) {
-    return r == Rows::Wide ? ".wide" : r == Rows::Tall ? ".tall" : r == Rows::Few ? ".few" : "";
+    return r == Rows::Wide    ? ".wide"
+           : r == Rows::Tall  ? ".tall"
+           : r == Rows::Few   ? ".few"
+           : r == Rows::Short ? ".short"
+                              : "";
 }
 
 // `s` built for row class `rows`: the class's suffix on its name when its constants differ from
@@ -228,7 +234,17 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     if (!kq_blocks && !q32_blocks && ncols == 1) {
         const bool dense_split = !moe && layout == MatvecLayout::Split;
         const bool q4_0 = weight_type == ggml::Type::Q4_0;
-        if (dense_split && k >= 8192) {
+        if (dense_split && q4_0 && row_class == Rows::Short && k >= 6144) {
+            // E2B's FFN down projections (1536 rows of 6144 / 12288): 64 threads over 1 row, 2
+            // units per batch (H200, tg128 whole model, E2B Q4_0, 2026-11-30: k 12288 32 x 1 x 2
+            // 843.7 / 844.9 / 838.8 -> 866.4 (+2.8%), 128 x 1 x 1 862.5, 64 x 2 x 1 852.9, 32 x
+            // 2 x 1 819.1; k 6144 64 x 4 x 1 -> 853.6 (+1.3%), 32 x 2 x 2 850.6, 128 x 1 x 1
+            // 848.7, 32 x 4 x 1 833.7). E4B's 2560 rows of 10240 keep 32 x 1 x 2 (635.1 /
+            // 628.8 against 621.0 at 64 x 1 x 2).
+            threads_used = 64;
+            rows = 1;
+            unroll = 2;
+        } else if (dense_split && k >= 8192) {
             threads_used = q4_split ? 32 : 64;
             const bool tall_two_rows = (q4_0 || is_kquant(weight_type)) && row_class == Rows::Tall;
             rows = q4_split && !tall_two_rows ? 1 : 2;

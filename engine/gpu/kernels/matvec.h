@@ -51,8 +51,8 @@ uint64_t matrix_bytes(ggml::Type type, MatvecLayout layout, uint64_t rows, uint6
 // of a float type or ncols outside 1..8.
 // n_rows (0: not known) is the matrix's output rows: single-column launch shapes depend on it
 // for a few types (a vocabulary-sized LM head, float matrices of few rows), and a spec whose
-// shape it changed carries ".wide" (>= 65536 rows), ".tall" (> 4096) or ".few" (< 1024) in its
-// name.
+// shape it changed carries ".wide" (>= 65536 rows), ".tall" (> 4096), ".short" (1024-2048) or
+// ".few" (< 1024) in its name.
 // ple: a PLE model's gate or projection, whose single-column spec also gets the entry that
 // makes its input in each block (matvec_common.cuh): the gate's _norm_in (matvec_f:
 // _gelu_mul_norm_in; name suffix ".ple_gate"), a quantized projection's _gelu_in (".ple_proj").
