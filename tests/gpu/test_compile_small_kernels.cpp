@@ -141,3 +141,25 @@ TEST(KernelTemplates, PleClusterProbeCompilesWithItsClusterBarrier) {
             }
         });
 }
+
+// The FFN probe (tests/gpu/gpu_test_ffn_probe.cpp) at the four dense models' widths: its down
+// slice (and gate|up rows, in the shared-memory form) streams in with cp.async ahead of the grid
+// wait, and its partial products go into y as fp32 reductions, 4 floats each on sm_90 (the
+// timing-only entry has none), summed first over a cluster's blocks where it has one (sm_90).
+TEST(KernelTemplates, FfnProbeCompilesWithItsCopiesAheadAndItsReductions) {
+    compile_and_check(all_specs_of({"ffn_probe"}), [](const CompiledKernel& c,
+                                                      const std::string& arch) {
+        const std::string ptx = entry_ptx(c.ptx, "ffn_geglu_down");
+        const size_t copy = ptx.find("cp.async.cg.shared.global");
+        ASSERT_NE(copy, std::string::npos);
+        if (arch == "sm_90") {
+            EXPECT_LT(copy, ptx.find("griddepcontrol.wait"));
+        }
+        EXPECT_NE(ptx.find(arch == "sm_90" ? "red.global.add.v4.f32" : "red.global.add.f32"),
+                  std::string::npos);
+        const bool clustered = arch == "sm_90" && gj::gemma4::spec_constant(c.spec, "CLUSTER") > 1;
+        EXPECT_EQ(ptx.find("ld.shared::cluster") != std::string::npos, clustered);
+        EXPECT_EQ(entry_ptx(c.ptx, "ffn_geglu_down_noadd").find("red.global.add"),
+                  std::string::npos);
+    });
+}

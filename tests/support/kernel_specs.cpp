@@ -85,6 +85,26 @@ jit::KernelSpec ple_cluster_probe_spec(int d, int cluster) {
     return s;
 }
 
+jit::KernelSpec ffn_probe_spec(int k, int c, int depth, bool gu_smem, int cluster) {
+    KernelSpec s;
+    s.family = "ffn_probe";
+    s.name = (gu_smem ? fmt::format("ffn_probe.k{}.c{}.smem", k, c)
+                      : fmt::format("ffn_probe.k{}.c{}.d{}", k, c, depth)) +
+             (cluster > 1 ? fmt::format(".x{}", cluster) : "");
+    // The block's down slice (and with GU_SMEM its gate|up rows, with a cluster its partial
+    // product) in shared memory.
+    const int smem = c / 32 * k * 18 + (gu_smem ? c * k / 8 * 9 : 0) + (cluster > 1 ? k * 4 : 0);
+    s.constants = {{"K", k},
+                   {"C", c},
+                   {"THREADS", 256},
+                   {"DEPTH", gu_smem ? 1 : depth},
+                   {"GU_SMEM", gu_smem ? 1 : 0},
+                   {"CLUSTER", cluster},
+                   {"SMEM", smem}};
+    s.entries = {"ffn_geglu_down", "ffn_geglu_down_noadd"};
+    return s;
+}
+
 namespace {
 
 // The mmq (int8 tensor-core GEMM) specs of a model's dense matrices: (k, n_rows) of the Q, K, V,
@@ -141,6 +161,13 @@ std::vector<KernelSpec> all_specs() {
     add(chain_probe_spec());
     for (int k : {1536, 2560, 3840, 5376}) add(stream_probe_spec(k, 128, 4));
     for (int d : {1536, 2560}) add(ple_cluster_probe_spec(d, 8));
+    for (int k : {1536, 2560, 3840, 5376})
+        for (int c : {32, 64}) {
+            add(ffn_probe_spec(k, c, 2, false, 1));
+            add(ffn_probe_spec(k, c, 2, false, 8));
+            if (c / 32 * k * 18 + c * k / 8 * 9 <= 227 * 1024)
+                add(ffn_probe_spec(k, c, 1, true, 1));
+        }
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));

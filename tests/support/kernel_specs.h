@@ -35,6 +35,12 @@ jit::KernelSpec stream_probe_spec(int k, int threads, int stages);
 // (kernel_templates/ple_cluster_probe.cu, tests/gpu/gpu_test_ple_cluster_probe.cpp): a PLE
 // projection of 256 inputs and its post-norm.
 jit::KernelSpec ple_cluster_probe_spec(int d, int cluster);
+// The FFN probe's spec for model width k, c intermediate rows per block, and either `depth` gate|up
+// rows in flight per warp in registers or (gu_smem) the block's gate|up rows in shared memory
+// (kernel_templates/ffn_probe.cu, tests/gpu/gpu_test_ffn_probe.cpp), its blocks in clusters of
+// `cluster` (1 or 8) that sum their partial products before adding them into y; its blocks take
+// SMEM bytes of dynamic shared memory.
+jit::KernelSpec ffn_probe_spec(int k, int c, int depth, bool gu_smem, int cluster);
 // The specs of all_specs() whose family is one of `families`.
 std::vector<jit::KernelSpec> all_specs_of(const std::set<std::string>& families);
 
