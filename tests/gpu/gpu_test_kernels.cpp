@@ -335,10 +335,16 @@ INSTANTIATE_TEST_SUITE_P(
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
         MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
         MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 1536, 1027, 32, 4, 1, 1},
-        // E2B's Q4_0 FFN down rows (1536 rows, a Short matrix: 64 threads over 1 row, 2 units
-        // per batch), k 6144 and 12288.
+        // E2B's FFN down rows (1536 rows, a Short matrix: 64 threads over 1 row, 2 units per
+        // batch), k 6144 and 12288, in every type that takes that shape.
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 6144, 1536, 64, 1, 1, 2},
         MatvecCase{ggml::Type::Q4_0, MatvecLayout::Split, 12288, 1536, 64, 1, 1, 2},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 6144, 1536, 64, 1, 1, 2},
+        MatvecCase{ggml::Type::Q8_0, MatvecLayout::Split, 12288, 1536, 64, 1, 1, 2},
+        MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 6144, 1536, 64, 1, 1, 2},
+        MatvecCase{ggml::Type::Q5_K, MatvecLayout::Split, 12288, 1536, 64, 1, 1, 2},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 6144, 1536, 64, 1, 1, 2},
+        MatvecCase{ggml::Type::Q6_K, MatvecLayout::Split, 12288, 1536, 64, 1, 1, 2},
         // The split K-quants' GeGLU shape of rows of 65-96 units (E4B's d 2560: 80 units over
         // 96 threads, two rows), ragged rows.
         MatvecCase{ggml::Type::Q4_K, MatvecLayout::Split, 2560, 1001, 96, 2, 1, 1},

@@ -247,21 +247,28 @@ TEST(KernelPlan, KQuantMatricesTakeTheSplitLayout) {
         EXPECT_EQ(e4b.rows, 2u);
     }
     // E2B's FFN down projections (1536 rows: Short) take 64 threads over 1 row, 2 units per
-    // batch; E4B's (2560 rows) and E2B's global attention output (k 4096) keep theirs.
-    for (const int k : {6144, 12288}) {
-        const auto down = matvec_spec(ggml::Type::Q4_0, k, 1, MatvecLayout::Split, 1536);
-        EXPECT_EQ(down.name, "matvec_q4_0.k" + std::to_string(k) + ".split.short");
-        EXPECT_EQ(spec_constant(down, "THREADS"), 64);
-        EXPECT_EQ(spec_constant(down, "ROWS"), 1);
-        EXPECT_EQ(spec_constant(down, "UNROLL"), 2);
+    // batch in every split type with such a rule (not the 32-block fallbacks); E4B's (2560 rows)
+    // and E2B's global attention output (k 4096) keep theirs.
+    for (auto t : {ggml::Type::Q4_0, ggml::Type::Q8_0, ggml::Type::Q4_K, ggml::Type::Q5_K,
+                   ggml::Type::Q6_K}) {
+        for (const int k : {6144, 12288}) {
+            const auto down = matvec_spec(t, k, 1, MatvecLayout::Split, 1536);
+            EXPECT_EQ(down.name,
+                      "matvec_" + ggml::type_name(t) + ".k" + std::to_string(k) + ".split.short");
+            EXPECT_EQ(spec_constant(down, "THREADS"), 64);
+            EXPECT_EQ(spec_constant(down, "ROWS"), 1);
+            EXPECT_EQ(spec_constant(down, "UNROLL"), 2);
+        }
     }
+    EXPECT_EQ(matvec_spec(ggml::Type::Q4_1, 6144, 1, MatvecLayout::Split, 1536).name,
+              "matvec_q4_1.k6144.split");
+    EXPECT_EQ(matvec_spec(ggml::Type::Q4_K, 6144, 1, MatvecLayout::Ggml, 1536).name,
+              "matvec_q4_k.k6144");
     const auto e4b_down = matvec_spec(ggml::Type::Q4_0, 10240, 1, MatvecLayout::Split, 2560);
     EXPECT_EQ(e4b_down.name, "matvec_q4_0.k10240.split");
     EXPECT_EQ(spec_constant(e4b_down, "THREADS"), 32);
     EXPECT_EQ(matvec_spec(ggml::Type::Q4_0, 4096, 1, MatvecLayout::Split, 1536).name,
               "matvec_q4_0.k4096.split");
-    EXPECT_EQ(matvec_spec(ggml::Type::Q8_0, 6144, 1, MatvecLayout::Split, 1536).name,
-              "matvec_q8_0.k6144.split");
     const auto q4_0_tall = matvec_spec(ggml::Type::Q4_0, 21504, 1, MatvecLayout::Split, 5376);
     EXPECT_EQ(q4_0_tall.name, "matvec_q4_0.k21504.split.tall");
     EXPECT_EQ(spec_constant(q4_0_tall, "ROWS"), 2);
