@@ -234,23 +234,7 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
     if (!kq_blocks && !q32_blocks && ncols == 1) {
         const bool dense_split = !moe && layout == MatvecLayout::Split;
         const bool q4_0 = weight_type == ggml::Type::Q4_0;
-        const bool short_rows_type =
-            q4_0 || weight_type == ggml::Type::Q8_0 || is_kquant(weight_type);
-        if (dense_split && short_rows_type && row_class == Rows::Short && k >= 6144) {
-            // E2B's FFN down projections (1536 rows of 6144 / 12288): 64 threads over 1 row, 2
-            // units per batch (H200, tg128 whole model, E2B, 2026-11-30). Q4_0 k 12288 32 x 1 x 2
-            // 843.7 / 844.9 / 838.8 -> 866.4 (+2.8%), 128 x 1 x 1 862.5, 64 x 2 x 1 852.9, 32 x
-            // 2 x 1 819.1; Q4_0 k 6144 64 x 4 x 1 -> 853.6 (+1.3%), 32 x 2 x 2 850.6, 128 x 1 x
-            // 1 848.7, 32 x 4 x 1 833.7. Q4_K_M (Q4_K and Q6_K downs) 756.4 / 748.1 / 748.2 /
-            // 751.1 -> 772.3 / 768.0 / 760.7 (Q6_K alone 763.9 / 763.9, Q4_K alone 753.7 /
-            // 761.6); Q5_K_M 681.7 / 682.8 -> 692.3 / 689.1; Q8_0 k 6144 64 x 4 x 1 727.5 / 729.5
-            // / 724.1 / 722.0 -> 736.9 / 737.0 / 733.4 (128 x 1 x 1 737.8 / 734.3 / 735.7), k
-            // 12288 64 x 2 x 2 729.5 / 725.0 -> 725.9 (kept by the one rule). E4B's 2560 rows of
-            // 10240 keep 32 x 1 x 2 (Q4_0 635.1 / 628.8 against 621.0 at 64 x 1 x 2).
-            threads_used = 64;
-            rows = 1;
-            unroll = 2;
-        } else if (dense_split && k >= 8192) {
+        if (dense_split && k >= 8192) {
             threads_used = q4_split ? 32 : 64;
             const bool tall_two_rows = (q4_0 || is_kquant(weight_type)) && row_class == Rows::Tall;
             rows = q4_split && !tall_two_rows ? 1 : 2;
@@ -293,6 +277,26 @@ jit::KernelSpec make_matvec_spec(ggml::Type weight_type, int k, int ncols, Matve
             unroll = 1;
         } else if (units <= 4 * threads) {
             rows = moe ? 4 : 2;
+        }
+        const bool short_rows_type =
+            q4_0 || weight_type == ggml::Type::Q8_0 || is_kquant(weight_type);
+        if (dense_split && short_rows_type && row_class == Rows::Short && k >= 6144) {
+            // E2B's FFN down projections (1536 rows of 6144 / 12288): 64 threads over 1 row, 2
+            // units per batch (H200, tg128 whole model, E2B, 2026-11-30). Q4_0 k 12288 32 x 1 x 2
+            // 843.7 / 844.9 / 838.8 -> 866.4 (+2.8%), 128 x 1 x 1 862.5, 64 x 2 x 1 852.9, 32 x
+            // 2 x 1 819.1; Q4_0 k 6144 64 x 4 x 1 -> 853.6 (+1.3%), 32 x 2 x 2 850.6, 128 x 1 x
+            // 1 848.7, 32 x 4 x 1 833.7. Q4_K_M (Q4_K and Q6_K downs) 756.4 / 748.1 / 748.2 /
+            // 751.1 -> 772.3 / 768.0 / 760.7 (Q6_K alone 763.9 / 763.9, Q4_K alone 753.7 /
+            // 761.6); Q5_K_M 681.7 / 682.8 -> 692.3 / 689.1; Q8_0 k 6144 64 x 4 x 1 727.5 / 729.5
+            // / 724.1 / 722.0 -> 736.9 / 737.0 / 733.4 (128 x 1 x 1 737.8 / 734.3 / 735.7), k
+            // 12288 64 x 2 x 2 729.5 / 725.0 -> 725.9 (kept by the one rule). E4B's 2560 rows of
+            // 10240 keep 32 x 1 x 2 (Q4_0 635.1 / 628.8 against 621.0 at 64 x 1 x 2).
+            // The _geglu entry, which no model launches at these widths, keeps the shape it had
+            // (at the plain shape, split Q4_0's spilled 8 bytes at k 6144 on sm_90).
+            if (geglu.threads == 0) geglu = {threads_used, rows, unroll};
+            threads_used = 64;
+            rows = 1;
+            unroll = 2;
         }
     }
     jit::KernelSpec s;
