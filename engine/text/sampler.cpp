@@ -139,19 +139,21 @@ int32_t Sampler::finish(std::vector<Cand>& c, bool top_k_done, bool top_p_done) 
     // overflows for a tiny T, e.g. 1e-39: inf - inf is NaN, no partial sum ever exceeds the
     // target and the draw fell through to the worst candidate.) A T so small that every other
     // weight underflows to 0 is greedy, as it should be.
+    // Each weight is computed once: the draw walks the same values the total summed.
     const double max = c.front().logit;
     const double temp = params_.temperature;
-    auto weight = [&](const Cand& x) {
-        return std::exp((static_cast<double>(x.logit) - max) / temp);
-    };
+    weights_.resize(c.size());
     double total = 0.0;
-    for (const Cand& x : c) total += weight(x);
+    for (size_t i = 0; i < c.size(); ++i) {
+        weights_[i] = std::exp((static_cast<double>(c[i].logit) - max) / temp);
+        total += weights_[i];
+    }
     const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // [0, 1)
     const double target = u * total;
     double cum = 0.0;
-    for (const Cand& x : c) {
-        cum += weight(x);
-        if (cum > target) return x.id;
+    for (size_t i = 0; i < c.size(); ++i) {
+        cum += weights_[i];
+        if (cum > target) return c[i].id;
     }
     // The same sums in the same order reach `total` > target, so this is unreachable; the best
     // candidate (weight 1) rather than one that may weigh 0.

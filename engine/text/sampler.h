@@ -81,6 +81,7 @@ class Sampler {
     std::deque<int32_t> history_;
     std::vector<float> work_;  // penalized logits of the current step
     std::vector<Cand> cands_;
+    std::vector<double> weights_;  // the draw's weight of each candidate (finish)
     Path last_path_ = Path::Full;
 };
 

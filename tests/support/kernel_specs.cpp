@@ -17,6 +17,7 @@
 #include "engine/gpu/kernels/matvec.h"
 #include "engine/gpu/kernels/mmq.h"
 #include "engine/gpu/kernels/rmsnorm.h"
+#include "engine/gpu/kernels/spec_util.h"
 #include "engine/gpu/shard_plan.h"
 #include "engine/model/gemma4_config.h"
 #include "engine/model/quant_mix.h"
@@ -165,8 +166,9 @@ std::vector<KernelSpec> all_specs() {
         for (int c : {32, 64}) {
             add(ffn_probe_spec(k, c, 2, false, 1));
             add(ffn_probe_spec(k, c, 2, false, 8));
-            if (c / 32 * k * 18 + c * k / 8 * 9 <= 227 * 1024)
-                add(ffn_probe_spec(k, c, 1, true, 1));
+            // The shared-memory form where a block may hold it (an H100/H200's 227 KiB).
+            const KernelSpec smem = ffn_probe_spec(k, c, 1, true, 1);
+            if (gemma4::spec_constant(smem, "SMEM") <= 227 * 1024) add(smem);
         }
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
