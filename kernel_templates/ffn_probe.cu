@@ -31,6 +31,7 @@
 // Entries:
 //   ffn_geglu_down(gate, up, down, xq, xds, y, g_out): g_out (optional) gets the GeGLU products;
 //   ffn_geglu_down_noadd: the same without the reductions into y (timing only: what they cost).
+#include "gj_cluster.cuh"
 #include "gj_ptx.cuh"
 
 #define D K
@@ -86,11 +87,6 @@ GJ_DEVICE void ffn_red_add4(float* p, float4 v) {
 }
 
 #if FFN_CLUSTERED
-GJ_DEVICE unsigned ffn_cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
 // The float4 at `p` (shared memory) of block `rank` of the cluster.
 GJ_DEVICE float4 ffn_cluster_load4(const float4* p, unsigned rank) {
     uint32 remote;
@@ -103,12 +99,6 @@ GJ_DEVICE float4 ffn_cluster_load4(const float4* p, unsigned rank) {
                  : "r"(remote)
                  : "memory");
     return v;
-}
-GJ_DEVICE void ffn_cluster_sync() {
-    asm volatile(
-        "barrier.cluster.arrive.release.aligned;\n"
-        "barrier.cluster.wait.acquire.aligned;" ::
-            : "memory");
 }
 #endif
 
@@ -257,9 +247,9 @@ GJ_DEVICE void ffn_geglu_down_body(const uint8* __restrict__ gate, const uint8* 
     }
 #if FFN_CLUSTERED
     // The cluster's partials summed in rank order, this block's eighth of the rows each.
-    ffn_cluster_sync();
+    gj_cluster_sync();
     constexpr int kShare = GROUPS / CLUSTER;
-    const int first = (int)ffn_cluster_rank() * kShare;
+    const int first = (int)gj_cluster_rank() * kShare;
     for (int t = threadIdx.x; t < kShare; t += THREADS) {
         float4 v = ffn_cluster_load4(part + first + t, 0);
 #pragma unroll
@@ -272,7 +262,7 @@ GJ_DEVICE void ffn_geglu_down_body(const uint8* __restrict__ gate, const uint8* 
         else if (v.x == 12345.0f)
             ((float4*)y)[first + t] = v;
     }
-    ffn_cluster_sync();  // no block leaves while another reads its partial
+    gj_cluster_sync();  // no block leaves while another reads its partial
 #endif
 }
 

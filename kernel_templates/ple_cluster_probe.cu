@@ -17,6 +17,7 @@
 // (a multiple of 32, at least P / 4 and D / CLUSTER / 4), SMEM (the weight bytes of a block).
 // Launch: grid CLUSTER, block THREADS, dynamic shared memory SMEM. sm_90 (clusters); on older
 // targets the entry traps.
+#include "gj_cluster.cuh"
 #include "gj_ptx.cuh"
 
 #define WARPS (THREADS / 32)
@@ -33,11 +34,6 @@ static_assert(THREADS % 32 == 0 && THREADS >= P / 4 && THREADS >= RPB / 4,
               "ple_cluster_probe: a float4 of the input and of the block's rows per thread");
 
 #if __CUDA_ARCH__ >= 900
-GJ_DEVICE unsigned gj_cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
 // v into `slot` (a shared variable) of block `rank` of the cluster.
 GJ_DEVICE void gj_cluster_store(float* slot, unsigned rank, float v) {
     uint32 remote;
@@ -45,12 +41,6 @@ GJ_DEVICE void gj_cluster_store(float* slot, unsigned rank, float v) {
                  : "=r"(remote)
                  : "r"(smem_addr(slot)), "r"(rank));
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
-}
-GJ_DEVICE void gj_cluster_sync() {
-    asm volatile(
-        "barrier.cluster.arrive.release.aligned;\n"
-        "barrier.cluster.wait.acquire.aligned;" ::
-            : "memory");
 }
 // The sum of v over the cluster's threads, the same in every block (partials added in rank
 // order). `wred`: WARPS floats; `cred`: CLUSTER floats; both this reduction's own.

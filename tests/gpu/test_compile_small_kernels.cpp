@@ -163,3 +163,22 @@ TEST(KernelTemplates, FfnProbeCompilesWithItsCopiesAheadAndItsReductions) {
                   std::string::npos);
     });
 }
+
+// The fused decode attention probe (tests/gpu/gpu_test_attn_fused_probe.cpp) at E2B's and E4B's
+// sliding layers: on sm_90 a cluster of 16 whose weight and cache copies come before the grid wait
+// and whose blocks read each other's results through distributed shared memory (mapped
+// addresses); on sm_80 it traps.
+TEST(KernelTemplates, AttnFusedProbeCompilesAsAClusterWithItsCopiesAheadOfTheWait) {
+    compile_and_check(
+        all_specs_of({"attn_fused_probe"}), [](const CompiledKernel& c, const std::string& arch) {
+            const std::string ptx = entry_ptx(c.ptx, "attn_fused");
+            if (arch == "sm_90") {
+                EXPECT_LT(ptx.find("cp.async.cg.shared.global"), ptx.find("griddepcontrol.wait"));
+                EXPECT_NE(ptx.find("barrier.cluster.arrive.release"), std::string::npos);
+                EXPECT_NE(ptx.find("mapa.u64"), std::string::npos);
+                EXPECT_NE(ptx.find(".reqnctapercluster 16"), std::string::npos);
+            } else {
+                EXPECT_NE(ptx.find("trap"), std::string::npos);
+            }
+        });
+}

@@ -106,6 +106,26 @@ jit::KernelSpec ffn_probe_spec(int k, int c, int depth, bool gu_smem, int cluste
     return s;
 }
 
+jit::KernelSpec attn_fused_probe_spec(int k, int group, int n_kv_heads, int window, int cluster) {
+    KernelSpec s;
+    s.family = "attn_fused_probe";
+    s.name =
+        fmt::format("attn_fused_probe.k{}.g{}.kv{}.w{}.c{}", k, group, n_kv_heads, window, cluster);
+    constexpr int hd = 256, threads = 512;
+    // The pieces of attn_fused_probe.cu's shared memory, in its order: the block's weight rows,
+    // its K and V tile, h's Q8_1 form, its raw rows, head sums and scales, the normalized heads,
+    // the partial output, (max, sum) per query, the RoPE table, the scores, warp partials.
+    const int rpb = (group + 2) * hd / cluster, chunk = window / cluster;
+    const int smem = rpb * (k / 2) + rpb * (k / 16) + 2 * chunk * hd * 2 + k + k / 32 * 8 +
+                     rpb * 4 + 128 + (group + 2) * hd * 4 + group * hd * 4 + group * 8 +
+                     hd / 2 * 8 + group * 32 * 4 + threads / 32 * 8;
+    s.constants = {
+        {"K", k},           {"HEAD_DIM", hd}, {"GROUP", group},     {"N_KV_HEADS", n_kv_heads},
+        {"WINDOW", window}, {"CL", cluster},  {"THREADS", threads}, {"SMEM", smem}};
+    s.entries = {"attn_fused"};
+    return s;
+}
+
 namespace {
 
 // The mmq (int8 tensor-core GEMM) specs of a model's dense matrices: (k, n_rows) of the Q, K, V,
@@ -170,6 +190,8 @@ std::vector<KernelSpec> all_specs() {
             const KernelSpec smem = ffn_probe_spec(k, c, 1, true, 1);
             if (gemma4::spec_constant(smem, "SMEM") <= 227 * 1024) add(smem);
         }
+    add(attn_fused_probe_spec(1536, 8, 1, 512, 16));  // E2B's sliding layers
+    add(attn_fused_probe_spec(2560, 4, 2, 512, 16));  // E4B's
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));
@@ -367,15 +389,17 @@ void compile_and_check(
             ASSERT_FALSE(c.cubin.empty());
             for (const auto& e : s.entries)
                 EXPECT_FALSE(entry_ptx(c.ptx, e).empty()) << "entry " << e << " missing from PTX";
-            // attn_prep may keep a stack frame: sincosf's cold path for huge angles
-            // (Payne-Hanek) uses a local array; it must not spill.
-            if (s.family == "attn_prep")
+            // attn_prep (and the fused attention probe, which makes the same RoPE table) may
+            // keep a stack frame: sincosf's cold path for huge angles (Payne-Hanek) uses a local
+            // array; it must not spill.
+            const bool rope_table = s.family == "attn_prep" || s.family == "attn_fused_probe";
+            if (rope_table)
                 for (const auto& r : c.resources_per_entry) {
                     EXPECT_EQ(r.spill_store_bytes, 0);
                     EXPECT_EQ(r.spill_load_bytes, 0);
                 }
             // Every other model kernel is hot: no spills, no stack.
-            if (s.family != "ptx_selftest" && s.family != "attn_prep") {
+            if (s.family != "ptx_selftest" && !rope_table) {
                 ASSERT_EQ(c.resources_per_entry.size(), s.entries.size());
                 for (size_t i = 0; i < s.entries.size(); ++i) {
                     EXPECT_EQ(c.resources_per_entry[i].spill_store_bytes, 0) << s.entries[i];
