@@ -25,11 +25,15 @@
 // sm_90 only (clusters of 16: a non-portable size, opted in by the loader); on sm_80 the entry
 // traps. A probe: f16 cache, one sequence, decode (T = 1), sliding layers with a V projection.
 //
-// Constants: K (model width, a multiple of 256), HEAD_DIM (256), GROUP, N_KV_HEADS, WINDOW
-// (a multiple of CL * 32), CL (blocks per cluster), THREADS (512), SMEM.
+// RAW_IN 1: the two-launch form. The engine's Q|K|V matvec runs first (all SMs); step 1 reads
+// its fp32 outputs (q_raw, k_raw, v_raw: [H][HEAD_DIM], [N_KV_HEADS][HEAD_DIM] twice) instead of
+// multiplying, and no weights are copied.
+// Constants: K (model width, a multiple of 256), HEAD_DIM (256), GROUP (1, 2, 4 or 8),
+// N_KV_HEADS, WINDOW (a multiple of CL * 32), CL (blocks per cluster), THREADS (512), RAW_IN,
+// SMEM.
 // Launch: grid CL * N_KV_HEADS, block THREADS, dynamic shared memory SMEM.
 // Entry: attn_fused(wq, wk, wv, xq, xds, q_norm_w, k_norm_w, k_cache, v_cache, positions, slots,
-//                   rope_base, eps, out, outq, outds, stop)
+//                   rope_base, eps, out, outq, outds, stop, q_raw, k_raw, v_raw)
 // stop (timing only; 0 in use): 1, 2, 3 run steps 1 .. stop only, 5 none of them (every
 // barrier still runs, so the launch keeps its shape; the results are then incomplete).
 #include "gj_cluster.cuh"
@@ -45,14 +49,17 @@
 #define PV_SETS (THREADS / (HD / 2))  // query sets of the P V step
 
 static_assert(HD == 256, "attn_fused_probe: HEAD_DIM 256 (8 dims per lane)");
+static_assert(GROUP == 1 || GROUP == 2 || GROUP == 4 || GROUP == 8,
+              "attn_fused_probe: GROUP a power of two <= 8 (the scores' reduce-scatter)");
 static_assert(K % 256 == 0 && R_ROWS % CL == 0 && RPB <= HD, "attn_fused_probe: row split");
 static_assert(WINDOW % (CL * 32) == 0 && CHUNK <= 32, "attn_fused_probe: <= 32 keys per block");
 static_assert(E_OUT % (CL * 32) == 0 && E_OUT / CL <= THREADS, "attn_fused_probe: merge split");
 
 // Shared memory, in this order (16-byte aligned pieces).
+#define W_ROWS (RAW_IN ? 0 : RPB)  // weight rows in shared memory
 #define OFF_WQ 0
-#define OFF_WD (OFF_WQ + RPB * (K / 2))
-#define OFF_K (OFF_WD + RPB * (K / 16))
+#define OFF_WD (OFF_WQ + W_ROWS * (K / 2))
+#define OFF_K (OFF_WD + W_ROWS * (K / 16))
 #define OFF_V (OFF_K + CHUNK * HD * 2)
 #define OFF_XQ (OFF_V + CHUNK * HD * 2)
 #define OFF_XDS (OFF_XQ + K)
@@ -66,7 +73,7 @@ static_assert(E_OUT % (CL * 32) == 0 && E_OUT / CL <= THREADS, "attn_fused_probe
 #define OFF_P (OFF_ROT + HD / 2 * 8)
 #define OFF_WSUM (OFF_P + GROUP * 32 * 4)
 #define SMEM_NEEDED (OFF_WSUM + NWARPS * 8)
-static_assert(NWARPS * 2 >= 2 * CL && GROUP * 32 >= E_OUT / CL, "attn_fused_probe: merge scratch");
+static_assert(GROUP * 32 >= E_OUT / CL, "attn_fused_probe: merge scratch");
 static_assert(SMEM_NEEDED <= SMEM, "attn_fused_probe: SMEM too small");
 static_assert(GROUP + 2 <= 16, "attn_fused_probe: head sums fit 64 bytes");
 
@@ -104,7 +111,8 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
                const float* __restrict__ k_norm_w, uint8* __restrict__ k_cache,
                uint8* __restrict__ v_cache, const int* __restrict__ positions, int slots,
                float rope_base, float eps, float* __restrict__ out, int8* __restrict__ outq,
-               float2* __restrict__ outds, int stop) {
+               float2* __restrict__ outds, int stop, const float* __restrict__ q_raw,
+               const float* __restrict__ k_raw, const float* __restrict__ v_raw) {
 #if __CUDA_ARCH__ >= 900
     extern __shared__ __align__(16) uint8 smem[];
     const unsigned rank = gj_cluster_rank();
@@ -127,7 +135,7 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
     const int lo = max(0, pos - WINDOW + 1);
     const int k0 = lo + (int)rank * CHUNK, k1 = min(k0 + CHUNK, pos + 1);  // this block's keys
     const int r0 = (int)rank * RPB;
-    for (int c = tid; c < RPB * (UNITS + K / 256); c += THREADS) {
+    for (int c = tid; !RAW_IN && c < RPB * (UNITS + K / 256); c += THREADS) {
         const int row = c < RPB * UNITS ? c / UNITS : (c - RPB * UNITS) / (K / 256);
         const uint8 *q, *d;
         afp_row(wq, wk, wv, kvh, r0 + row, q, d);
@@ -159,7 +167,7 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
     gj_grid_sync();
 
     // h's Q8_1 form, written by the kernel before.
-    for (int c = tid; c < K / 16 + UNITS / 2; c += THREADS) {
+    for (int c = tid; !RAW_IN && c < K / 16 + UNITS / 2; c += THREADS) {
         if (c < K / 16)
             cp_async_cg16(smem_addr(smem + OFF_XQ + 16 * c), xq + 16 * c);
         else
@@ -172,24 +180,49 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
     // Timing only: the steps a block runs (all, or through step `stop`; stop 5: none).
     const int last = stop == 0 ? 4 : (stop == 5 ? 0 : stop);
     if (last >= 1) {
-        // 1. This block's rows.
+        // 1. This block's rows: its dot products with h, two rows a warp at a time (their loads and
+        // reductions interleaved); or, RAW_IN, read from the Q|K|V matvec's outputs.
+#if RAW_IN
+        if (tid < RPB) {
+            const int r = r0 + tid;
+            raw[tid] = r < GROUP * HD         ? q_raw[kvh * GROUP * HD + r]
+                       : r < (GROUP + 1) * HD ? k_raw[kvh * HD + r - GROUP * HD]
+                                              : v_raw[kvh * HD + r - (GROUP + 1) * HD];
+        }
+#else
         const int4* x4 = (const int4*)(smem + OFF_XQ);
         const float2* ds = (const float2*)(smem + OFF_XDS);
-        for (int row = warp; row < RPB; row += NWARPS) {
-            float acc = 0.0f;
+        for (int row = warp; row < RPB; row += 2 * NWARPS) {
+            const int row2 = min(row + NWARPS, RPB - 1);  // a repeat past the end, not stored
+            float acc = 0.0f, acc2 = 0.0f;
 #pragma unroll 1
             for (int u = lane; u < UNITS; u += 32) {
+                const int4 a = x4[2 * u], b = x4[2 * u + 1];
+                const float2 xd = ds[u];
                 const uint4 w = *(const uint4*)(smem + OFF_WQ + ((size_t)row * UNITS + u) * 16);
+                const uint4 w2 = *(const uint4*)(smem + OFF_WQ + ((size_t)row2 * UNITS + u) * 16);
                 const float dw =
                     f16_to_f32(*(const f16_bits*)(smem + OFF_WD + ((size_t)row * UNITS + u) * 2));
-                const int4 a = x4[2 * u], b = x4[2 * u + 1];
-                int32 s = gj_q4_dot8(w.x, w.y, a.x, a.y, b.x, b.y, 0);
-                s = gj_q4_dot8(w.z, w.w, a.z, a.w, b.z, b.w, s);
-                acc += dw * (ds[u].x * (float)s - 8.0f * ds[u].y);
+                const float dw2 =
+                    f16_to_f32(*(const f16_bits*)(smem + OFF_WD + ((size_t)row2 * UNITS + u) * 2));
+                int32 s1 = gj_q4_dot8(w.x, w.y, a.x, a.y, b.x, b.y, 0);
+                int32 s2 = gj_q4_dot8(w2.x, w2.y, a.x, a.y, b.x, b.y, 0);
+                s1 = gj_q4_dot8(w.z, w.w, a.z, a.w, b.z, b.w, s1);
+                s2 = gj_q4_dot8(w2.z, w2.w, a.z, a.w, b.z, b.w, s2);
+                acc += dw * (xd.x * (float)s1 - 8.0f * xd.y);
+                acc2 += dw2 * (xd.x * (float)s2 - 8.0f * xd.y);
             }
-            acc = warp_sum(acc);
-            if (lane == 0) raw[row] = acc;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                acc += __shfl_xor_sync(GJ_FULL_MASK, acc, o);
+                acc2 += __shfl_xor_sync(GJ_FULL_MASK, acc2, o);
+            }
+            if (lane == 0) {
+                raw[row] = acc;
+                if (row + NWARPS < RPB) raw[row + NWARPS] = acc2;
+            }
         }
+#endif
         __syncthreads();
         // Sums of squares of the (at most two) heads this block's rows touch.
         const int head_a = r0 / HD;
@@ -227,13 +260,23 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
         __syncthreads();
         const int owner = (pos - lo) / CHUNK;  // the block whose split holds the new position
         const int heads_here = rank == (unsigned)owner ? GROUP + 2 : GROUP;
-        for (int i = tid; i < heads_here * (HD / 2); i += THREADS) {
+        constexpr int kPairIters = ((GROUP + 2) * (HD / 2) + THREADS - 1) / THREADS;
+        float pa[kPairIters], pb[kPairIters];
+#pragma unroll
+        for (int it = 0; it < kPairIters; ++it) {  // every remote load first, then the math
+            const int i = tid + it * THREADS;
+            if (i < heads_here * (HD / 2)) {
+                const int ra = (i / (HD / 2)) * HD + i % (HD / 2), rb = ra + HD / 2;
+                pa[it] = gj_cluster_map(raw, (unsigned)(ra / RPB))[ra % RPB];
+                pb[it] = gj_cluster_map(raw, (unsigned)(rb / RPB))[rb % RPB];
+            }
+        }
+#pragma unroll
+        for (int it = 0; it < kPairIters; ++it) {
+            const int i = tid + it * THREADS;
+            if (i >= heads_here * (HD / 2)) continue;
             const int h = i / (HD / 2), j = i % (HD / 2);
-            const int ra = h * HD + j, rb = ra + HD / 2;
-            float a = gj_cluster_map(raw, (unsigned)(ra / RPB))[ra % RPB];
-            float b = gj_cluster_map(raw, (unsigned)(rb / RPB))[rb % RPB];
-            a *= head_scale[h];
-            b *= head_scale[h];
+            float a = pa[it] * head_scale[h], b = pb[it] * head_scale[h];
             if (h <= GROUP) {  // a query or K: weighted and rotated (V: neither)
                 const float* w = h < GROUP ? q_norm_w : k_norm_w;
                 a *= w[j];
@@ -265,17 +308,36 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
     if (last >= 3) {
         // 3. Attention of the group's queries over this split.
         const int nk = max(0, k1 - k0);
-        for (int idx = warp; idx < GROUP * nk; idx += NWARPS) {
-            const int g = idx / nk, j = idx % nk;
-            const float4* q = (const float4*)(qn + g * HD + 8 * lane);
+        // Scores: a warp per key, each lane 8 dims of it against the same 8 dims of every query,
+        // the GROUP partial sums then reduce-scattered over the lanes (GROUP - 1 + log2(32 /
+        // GROUP) shuffles for all of them, as flash_decode reduces its scores).
+        for (int j = warp; j < nk; j += NWARPS) {
             const uint4 kv = *(const uint4*)(k_tile + j * HD + 8 * lane);
             const float2 k01 = unpack_f16x2(kv.x), k23 = unpack_f16x2(kv.y),
                          k45 = unpack_f16x2(kv.z), k67 = unpack_f16x2(kv.w);
-            const float4 qa = q[0], qb = q[1];
-            float s = qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y + qb.x * k45.x +
-                      qb.y * k45.y + qb.z * k67.x + qb.w * k67.y;
-            s = warp_sum(s);
-            if (lane == 0) p_sc[g * 32 + j] = s;
+            float v[GROUP];
+#pragma unroll
+            for (int g = 0; g < GROUP; ++g) {
+                const float4* q = (const float4*)(qn + g * HD + 8 * lane);
+                const float4 qa = q[0], qb = q[1];
+                v[g] = qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y + qb.x * k45.x +
+                       qb.y * k45.y + qb.z * k67.x + qb.w * k67.y;
+            }
+            // Halve the values each step: lanes with the offset bit set keep the upper half.
+            int o = 16;
+#pragma unroll
+            for (int n = GROUP; n > 1; n /= 2, o /= 2) {
+                const bool upper = lane & o;
+#pragma unroll
+                for (int i = 0; i < n / 2; ++i) {
+                    const float send = upper ? v[i] : v[i + n / 2];
+                    const float keep = upper ? v[i + n / 2] : v[i];
+                    v[i] = keep + __shfl_xor_sync(GJ_FULL_MASK, send, o);
+                }
+            }
+            for (; o > 0; o /= 2) v[0] += __shfl_xor_sync(GJ_FULL_MASK, v[0], o);
+            // Lane L now holds query (L / (32 / GROUP))'s score.
+            if (lane % (32 / GROUP) == 0) p_sc[(lane / (32 / GROUP)) * 32 + j] = v[0];
         }
         __syncthreads();
         if (warp < GROUP) {
@@ -321,34 +383,37 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
         // 4. Merge this block's slice of the outputs over the splits (the slice lies in one query
         // head): each split's weight exp(m_b - M) / sum_b' exp(m_b' - M) l_b' once, then 4 threads
         // an output, 4 splits each; fp32 and Q8_1 (as flash_combine).
-        float* split_w = wsum;  // CL weights
-        float* slice = p_sc;    // the slice's outputs, for its Q8_1 form
+        // 4 threads an output, 4 splits each: their (max, sum) and partials read in one round,
+        // the maximum and both sums completed over the 4 lanes.
+        float* slice = p_sc;  // the slice's outputs, for its Q8_1 form
         const int e0 = (int)rank * (E_OUT / CL), g_slice = e0 / HD;
-        if (tid < CL) split_w[tid] = gj_cluster_map(ml, (unsigned)tid)[g_slice].x;
-        if (tid >= 32 && tid < 32 + CL)
-            split_w[tid - 32 + CL] = gj_cluster_map(ml, (unsigned)(tid - 32))[g_slice].y;
-        __syncthreads();
-        if (warp == 0) {
-            const float m = lane < CL ? split_w[lane] : neg_inf_f();
-            const float l = lane < CL ? split_w[CL + lane] : 0.0f;
-            const float m_all = warp_max(m);
-            const float w = l > 0.0f ? expf(m - m_all) : 0.0f;
-            const float den = warp_sum(w * l);
-            __syncwarp();
-            if (lane < CL) split_w[lane] = w / den;
-        }
-        __syncthreads();
         if (tid < 4 * (E_OUT / CL)) {
             const int e = e0 + tid / 4, part = tid % 4;
-            float acc = 0.0f;
+            float2 mb[CL / 4];
+            float ob[CL / 4];
 #pragma unroll
             for (int i = 0; i < CL / 4; ++i) {
-                const int b = part * (CL / 4) + i;
-                acc += split_w[b] * gj_cluster_map(o_part, (unsigned)b)[e];
+                const unsigned b = (unsigned)(part * (CL / 4) + i);
+                mb[i] = gj_cluster_map(ml, b)[g_slice];
+                ob[i] = gj_cluster_map(o_part, b)[e];
             }
-            acc += __shfl_xor_sync(GJ_FULL_MASK, acc, 1);
-            acc += __shfl_xor_sync(GJ_FULL_MASK, acc, 2);
-            if (part == 0) slice[tid / 4] = acc;
+            float m = neg_inf_f();
+#pragma unroll
+            for (int i = 0; i < CL / 4; ++i) m = fmaxf(m, mb[i].x);
+            m = fmaxf(m, __shfl_xor_sync(GJ_FULL_MASK, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(GJ_FULL_MASK, m, 2));
+            float num = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int i = 0; i < CL / 4; ++i) {
+                const float w = mb[i].y > 0.0f ? expf(mb[i].x - m) : 0.0f;
+                num += w * ob[i];
+                den += w * mb[i].y;
+            }
+            num += __shfl_xor_sync(GJ_FULL_MASK, num, 1);
+            num += __shfl_xor_sync(GJ_FULL_MASK, num, 2);
+            den += __shfl_xor_sync(GJ_FULL_MASK, den, 1);
+            den += __shfl_xor_sync(GJ_FULL_MASK, den, 2);
+            if (part == 0) slice[tid / 4] = num / den;
         }
         __syncthreads();
         if (tid < E_OUT / CL) {

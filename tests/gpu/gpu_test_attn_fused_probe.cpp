@@ -50,9 +50,9 @@ struct Fused {
     gj::jit::KernelSpec spec;
     const gj::jit::Kernel* k = nullptr;
     unsigned smem = 0;
-    explicit Fused(const Shape& s)
+    Fused(const Shape& s, bool raw_in)
         : spec(gj::test::attn_fused_probe_spec(s.k, s.heads / s.kv_heads, s.kv_heads, kWindow,
-                                               kCluster)) {
+                                               kCluster, raw_in)) {
         smem = unsigned(gj::gemma4::spec_constant(spec, "SMEM"));
         k = &kernels_for(spec).get(spec.name, "attn_fused");
         gj::jit::check_driver(
@@ -193,17 +193,19 @@ void enqueue_fused(const Shape& s, const Fused& f, const Layer& l, Io& io, CUstr
                 xds = io.xds.ptr(), qn = io.qn.ptr(), kn = io.kn.ptr(), kc = l.kc.ptr(),
                 vc = l.vc.ptr(), pos = io.pos.ptr(), out = io.out.ptr(), outq = io.outq.ptr(),
                 outds = io.outds.ptr();
+    CUdeviceptr q = io.q.ptr(), kraw = io.kraw.ptr(), vraw = io.vraw.ptr();
     int slots = kSlots;
     float base = kBase, eps = kEps;
-    void* a[] = {&wq,  &wk,    &wv,   &xq,  &xds, &qn,   &kn,    &kc,  &vc,
-                 &pos, &slots, &base, &eps, &out, &outq, &outds, &stop};
+    void* a[] = {&wq,    &wk,   &wv,  &xq,  &xds,  &qn,    &kn,   &kc, &vc,   &pos,
+                 &slots, &base, &eps, &out, &outq, &outds, &stop, &q,  &kraw, &vraw};
     f.k->launch({unsigned(kCluster * s.kv_heads)}, {512}, f.smem, stream, a, dependent);
 }
 
 }  // namespace
 
 // The probe's output and appended K/V rows against the engine's four launches from the same
-// state, at positions inside the first split, across the window and past it (ring slots).
+// state, at positions inside the first split, across the window and past it (ring slots), in
+// both forms (its own projections; the engine's Q|K|V matvec, then the probe reading its rows).
 TEST(AttnFusedProbe, MatchesTheEngineLaunches) {
     GJ_REQUIRE_GPU();
     auto& dev = gj::jit::Device::get();
@@ -212,59 +214,62 @@ TEST(AttnFusedProbe, MatchesTheEngineLaunches) {
         SCOPED_TRACE(s.model);
         std::mt19937 rng(5);
         const Engine e(s);
-        const Fused f(s);
+        const Fused fused(s, false), raw_in(s, true);
         Layer l = make_layer(s, rng);
         Io io = make_io(s, e, rng);
         const size_t qdim = size_t(s.heads) * kHd, plane = size_t(kSlots) * s.kv_heads * kHd;
         const auto k0 = from_device<uint16_t>(l.kc, plane), v0 = from_device<uint16_t>(l.vc, plane);
-        for (const int pos : {5, 40, 300, 511, 1000, 1337}) {
-            SCOPED_TRACE("pos " + std::to_string(pos));
-            set_pos(io, pos);
-            l.kc.upload(k0.data(), plane * 2);
-            l.vc.upload(v0.data(), plane * 2);
-            dev.synchronize();
-            enqueue_engine(s, e, l, io, dev.stream(), false);
-            dev.synchronize();
-            const auto want = from_device<float>(io.out, qdim);
-            const auto want_k = from_device<uint16_t>(l.kc, plane),
-                       want_v = from_device<uint16_t>(l.vc, plane);
-            l.kc.upload(k0.data(), plane * 2);
-            l.vc.upload(v0.data(), plane * 2);
-            io.out.zero();
-            dev.synchronize();
-            enqueue_fused(s, f, l, io, dev.stream(), false);
-            dev.synchronize();
-            const auto got = from_device<float>(io.out, qdim);
-            const auto got_k = from_device<uint16_t>(l.kc, plane),
-                       got_v = from_device<uint16_t>(l.vc, plane);
-            float scale = 0;
-            for (float x : want) scale = std::max(scale, std::abs(x));
-            ASSERT_GT(scale, 0.0f);
-            for (size_t i = 0; i < qdim; ++i)
-                ASSERT_NEAR(got[i], want[i], 2e-3f * scale) << "output " << i;
-            // The appended rows: equal but for the last bit of a rounding the two sums order
-            // differently; every other row untouched.
-            const size_t row0 = size_t(pos % kSlots) * s.kv_heads * kHd;
-            for (size_t i = 0; i < plane; ++i) {
-                const bool appended = i >= row0 && i < row0 + size_t(s.kv_heads) * kHd;
-                if (!appended) {
-                    ASSERT_EQ(got_k[i], k0[i]) << "K row untouched " << i;
-                    ASSERT_EQ(got_v[i], v0[i]) << "V row untouched " << i;
-                    continue;
+        for (const int pos : {5, 40, 300, 511, 1000, 1337})
+            for (const Fused* f : {&fused, &raw_in}) {
+                SCOPED_TRACE("pos " + std::to_string(pos) + " " + f->spec.name);
+                set_pos(io, pos);
+                l.kc.upload(k0.data(), plane * 2);
+                l.vc.upload(v0.data(), plane * 2);
+                dev.synchronize();
+                enqueue_engine(s, e, l, io, dev.stream(), false);
+                dev.synchronize();
+                const auto want = from_device<float>(io.out, qdim);
+                const auto want_k = from_device<uint16_t>(l.kc, plane),
+                           want_v = from_device<uint16_t>(l.vc, plane);
+                l.kc.upload(k0.data(), plane * 2);
+                l.vc.upload(v0.data(), plane * 2);
+                io.out.zero();
+                dev.synchronize();
+                if (f == &raw_in) enqueue_engine(s, e, l, io, dev.stream(), false, true, false);
+                enqueue_fused(s, *f, l, io, dev.stream(), false);
+                dev.synchronize();
+                const auto got = from_device<float>(io.out, qdim);
+                const auto got_k = from_device<uint16_t>(l.kc, plane),
+                           got_v = from_device<uint16_t>(l.vc, plane);
+                float scale = 0;
+                for (float x : want) scale = std::max(scale, std::abs(x));
+                ASSERT_GT(scale, 0.0f);
+                for (size_t i = 0; i < qdim; ++i)
+                    ASSERT_NEAR(got[i], want[i], 2e-3f * scale) << "output " << i;
+                // The appended rows: equal but for the last bit of a rounding the two sums order
+                // differently; every other row untouched.
+                const size_t row0 = size_t(pos % kSlots) * s.kv_heads * kHd;
+                for (size_t i = 0; i < plane; ++i) {
+                    const bool appended = i >= row0 && i < row0 + size_t(s.kv_heads) * kHd;
+                    if (!appended) {
+                        ASSERT_EQ(got_k[i], k0[i]) << "K row untouched " << i;
+                        ASSERT_EQ(got_v[i], v0[i]) << "V row untouched " << i;
+                        continue;
+                    }
+                    ASSERT_NEAR(gj::f16_to_f32(got_k[i]), gj::f16_to_f32(want_k[i]), 4e-3f)
+                        << "appended K " << i - row0;
+                    ASSERT_NEAR(gj::f16_to_f32(got_v[i]), gj::f16_to_f32(want_v[i]), 4e-3f)
+                        << "appended V " << i - row0;
                 }
-                ASSERT_NEAR(gj::f16_to_f32(got_k[i]), gj::f16_to_f32(want_k[i]), 4e-3f)
-                    << "appended K " << i - row0;
-                ASSERT_NEAR(gj::f16_to_f32(got_v[i]), gj::f16_to_f32(want_v[i]), 4e-3f)
-                    << "appended V " << i - row0;
             }
-        }
     }
 }
 
 // us per layer of a chain of 64 sliding decode layers' attention in one CUDA graph, every launch
 // a programmatic dependent of the one before, weights and caches per layer (more than L2
 // holds): the engine's four launches, its Q|K|V matvec alone, its three attention launches
-// alone, and the probe. Median of 5 replays, at a shallow and a full window.
+// alone, the probe, and the engine's matvec followed by the probe reading its rows. Median of 5
+// replays, at a shallow and a full window.
 TEST(AttnFusedProbe, DISABLED_ChainCost) {
     GJ_REQUIRE_GPU();
     auto& dev = gj::jit::Device::get();
@@ -272,11 +277,11 @@ TEST(AttnFusedProbe, DISABLED_ChainCost) {
     GraphTimer timer;
     const CUstream stream = timer.stream;
     const int layers = 64;
-    std::printf("%-5s %-6s %-36s %9s\n", "model", "pos", "form", "us/layer");
+    std::printf("%-5s %-6s %-40s %9s\n", "model", "pos", "form", "us/layer");
     for (const Shape& s : {kE2B, kE4B}) {
         std::mt19937 rng(3);
         const Engine e(s);
-        const Fused f(s);
+        const Fused f(s, false), raw_in(s, true);
         std::vector<Layer> ls;
         for (int i = 0; i < layers; ++i) ls.push_back(make_layer(s, rng));
         Io io = make_io(s, e, rng);
@@ -284,7 +289,7 @@ TEST(AttnFusedProbe, DISABLED_ChainCost) {
             set_pos(io, pos);
             auto time = [&](const char* form, const std::function<void()>& enqueue) {
                 const double us = timer.time_us(enqueue, layers, 5);
-                std::printf("%-5s %-6d %-36s %9.2f\n", s.model, pos, form, us);
+                std::printf("%-5s %-6d %-40s %9.2f\n", s.model, pos, form, us);
             };
             time("engine: 4 launches", [&] {
                 for (const Layer& l : ls) enqueue_engine(s, e, l, io, stream, true);
@@ -306,6 +311,18 @@ TEST(AttnFusedProbe, DISABLED_ChainCost) {
                     for (const Layer& l : ls) enqueue_fused(s, f, l, io, stream, true, stop);
                 });
             }
+            time("engine Q|K|V + probe reading its rows", [&] {
+                for (const Layer& l : ls) {
+                    enqueue_engine(s, e, l, io, stream, true, true, false);
+                    enqueue_fused(s, raw_in, l, io, stream, true);
+                }
+            });
+            time("the same, probe's barriers only", [&] {
+                for (const Layer& l : ls) {
+                    enqueue_engine(s, e, l, io, stream, true, true, false);
+                    enqueue_fused(s, raw_in, l, io, stream, true, 5);
+                }
+            });
         }
     }
     dev.synchronize();

@@ -106,22 +106,26 @@ jit::KernelSpec ffn_probe_spec(int k, int c, int depth, bool gu_smem, int cluste
     return s;
 }
 
-jit::KernelSpec attn_fused_probe_spec(int k, int group, int n_kv_heads, int window, int cluster) {
+jit::KernelSpec attn_fused_probe_spec(int k, int group, int n_kv_heads, int window, int cluster,
+                                      bool raw_in) {
     KernelSpec s;
     s.family = "attn_fused_probe";
-    s.name =
-        fmt::format("attn_fused_probe.k{}.g{}.kv{}.w{}.c{}", k, group, n_kv_heads, window, cluster);
+    s.name = fmt::format("attn_fused_probe.k{}.g{}.kv{}.w{}.c{}{}", k, group, n_kv_heads, window,
+                         cluster, raw_in ? ".raw" : "");
     constexpr int hd = 256, threads = 512;
     // The pieces of attn_fused_probe.cu's shared memory, in its order: the block's weight rows,
     // its K and V tile, h's Q8_1 form, its raw rows, head sums and scales, the normalized heads,
-    // the partial output, (max, sum) per query, the RoPE table, the scores, warp partials.
+    // the partial output, (max, sum) per query, the RoPE table, the scores, warp partials. The
+    // RAW_IN form holds no weights.
     const int rpb = (group + 2) * hd / cluster, chunk = window / cluster;
-    const int smem = rpb * (k / 2) + rpb * (k / 16) + 2 * chunk * hd * 2 + k + k / 32 * 8 +
+    const int w_rows = raw_in ? 0 : rpb;
+    const int smem = w_rows * (k / 2) + w_rows * (k / 16) + 2 * chunk * hd * 2 + k + k / 32 * 8 +
                      rpb * 4 + 128 + (group + 2) * hd * 4 + group * hd * 4 + group * 8 +
                      hd / 2 * 8 + group * 32 * 4 + threads / 32 * 8;
     s.constants = {
         {"K", k},           {"HEAD_DIM", hd}, {"GROUP", group},     {"N_KV_HEADS", n_kv_heads},
-        {"WINDOW", window}, {"CL", cluster},  {"THREADS", threads}, {"SMEM", smem}};
+        {"WINDOW", window}, {"CL", cluster},  {"THREADS", threads}, {"RAW_IN", raw_in ? 1 : 0},
+        {"SMEM", smem}};
     s.entries = {"attn_fused"};
     return s;
 }
@@ -190,8 +194,10 @@ std::vector<KernelSpec> all_specs() {
             const KernelSpec smem = ffn_probe_spec(k, c, 1, true, 1);
             if (gemma4::spec_constant(smem, "SMEM") <= 227 * 1024) add(smem);
         }
-    add(attn_fused_probe_spec(1536, 8, 1, 512, 16));  // E2B's sliding layers
-    add(attn_fused_probe_spec(2560, 4, 2, 512, 16));  // E4B's
+    for (const bool raw_in : {false, true}) {
+        add(attn_fused_probe_spec(1536, 8, 1, 512, 16, raw_in));  // E2B's sliding layers
+        add(attn_fused_probe_spec(2560, 4, 2, 512, 16, raw_in));  // E4B's
+    }
     for (auto t : {ggml::Type::Q8_0, ggml::Type::Q4_0}) {
         add(gemma4::matvec_spec(t, 2560, 1, MatvecLayout::Ggml));
         add(gemma4::matvec_spec(t, 2112, 2, MatvecLayout::Ggml));

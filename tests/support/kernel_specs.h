@@ -43,8 +43,9 @@ jit::KernelSpec ple_cluster_probe_spec(int d, int cluster);
 jit::KernelSpec ffn_probe_spec(int k, int c, int depth, bool gu_smem, int cluster);
 // The fused decode attention probe (kernel_templates/attn_fused_probe.cu): a sliding layer of
 // model width k, GROUP query heads per KV head, head dim 256, one cluster of `cluster` blocks
-// per KV head.
-jit::KernelSpec attn_fused_probe_spec(int k, int group, int n_kv_heads, int window, int cluster);
+// per KV head; raw_in: the two-launch form reading the Q|K|V matvec's outputs.
+jit::KernelSpec attn_fused_probe_spec(int k, int group, int n_kv_heads, int window, int cluster,
+                                      bool raw_in);
 // The specs of all_specs() whose family is one of `families`.
 std::vector<jit::KernelSpec> all_specs_of(const std::set<std::string>& families);
 
