@@ -219,22 +219,23 @@ TEST(AttnFusedProbe, MatchesTheEngineLaunches) {
         Io io = make_io(s, e, rng);
         const size_t qdim = size_t(s.heads) * kHd, plane = size_t(kSlots) * s.kv_heads * kHd;
         const auto k0 = from_device<uint16_t>(l.kc, plane), v0 = from_device<uint16_t>(l.vc, plane);
+        auto restore_cache = [&] {  // the state before the step, for each path
+            l.kc.upload(k0.data(), plane * 2);
+            l.vc.upload(v0.data(), plane * 2);
+            io.out.zero();
+            dev.synchronize();
+        };
         for (const int pos : {5, 40, 300, 511, 1000, 1337})
             for (const Fused* f : {&fused, &raw_in}) {
                 SCOPED_TRACE("pos " + std::to_string(pos) + " " + f->spec.name);
                 set_pos(io, pos);
-                l.kc.upload(k0.data(), plane * 2);
-                l.vc.upload(v0.data(), plane * 2);
-                dev.synchronize();
+                restore_cache();
                 enqueue_engine(s, e, l, io, dev.stream(), false);
                 dev.synchronize();
                 const auto want = from_device<float>(io.out, qdim);
                 const auto want_k = from_device<uint16_t>(l.kc, plane),
                            want_v = from_device<uint16_t>(l.vc, plane);
-                l.kc.upload(k0.data(), plane * 2);
-                l.vc.upload(v0.data(), plane * 2);
-                io.out.zero();
-                dev.synchronize();
+                restore_cache();
                 if (f == &raw_in) enqueue_engine(s, e, l, io, dev.stream(), false, true, false);
                 enqueue_fused(s, *f, l, io, dev.stream(), false);
                 dev.synchronize();
