@@ -35,7 +35,10 @@
 // Entry: attn_fused(wq, wk, wv, xq, xds, q_norm_w, k_norm_w, k_cache, v_cache, positions, slots,
 //                   rope_base, eps, out, outq, outds, stop, q_raw, k_raw, v_raw)
 // stop (timing only; 0 in use): 1, 2, 3 run steps 1 .. stop only, 5 none of them (every
-// barrier still runs, so the launch keeps its shape; the results are then incomplete).
+// barrier still runs, so the launch keeps its shape; the results are then incomplete). This
+// encoding, odd as it is, compiles without spills at E4B's shape; the plainer "number of steps"
+// (or 4 minus it, or it clamped) made ptxas spill 4 bytes there at 128 registers a thread.
+#include "attn_kv.cuh"
 #include "gj_cluster.cuh"
 #include "gj_ptx.cuh"
 
@@ -77,23 +80,25 @@ static_assert(GROUP * 32 >= E_OUT / CL, "attn_fused_probe: merge scratch");
 static_assert(SMEM_NEEDED <= SMEM, "attn_fused_probe: SMEM too small");
 static_assert(GROUP + 2 <= 16, "attn_fused_probe: head sums fit 64 bytes");
 
-GJ_DEVICE float neg_inf_f() {
-    return __int_as_float(0xff800000);
+#if __CUDA_ARCH__ >= 900
+// Where the cluster-local row r comes from: matrix `which` (0 Q, 1 K, 2 V) of `n_rows` rows, row
+// `row` of it.
+GJ_DEVICE void afp_source(int kvh, int r, int& which, int& n_rows, int& row) {
+    if (r < GROUP * HD) {
+        which = 0, n_rows = N_KV_HEADS * GROUP * HD, row = kvh * GROUP * HD + r;
+    } else if (r < (GROUP + 1) * HD) {
+        which = 1, n_rows = N_KV_HEADS * HD, row = kvh * HD + r - GROUP * HD;
+    } else {
+        which = 2, n_rows = N_KV_HEADS * HD, row = kvh * HD + r - (GROUP + 1) * HD;
+    }
 }
 
-#if __CUDA_ARCH__ >= 900
-// The cluster-local row r: its weight rows (nibbles, scales) in the split Q4_0 planes.
+// The cluster-local row r's weights (nibbles, scales) in the split Q4_0 planes.
 GJ_DEVICE void afp_row(const uint8* wq, const uint8* wk, const uint8* wv, int kvh, int r,
                        const uint8*& q, const uint8*& d) {
-    const uint8* w;
-    int n_rows, row;
-    if (r < GROUP * HD) {
-        w = wq, n_rows = N_KV_HEADS * GROUP * HD, row = kvh * GROUP * HD + r;
-    } else if (r < (GROUP + 1) * HD) {
-        w = wk, n_rows = N_KV_HEADS * HD, row = kvh * HD + r - GROUP * HD;
-    } else {
-        w = wv, n_rows = N_KV_HEADS * HD, row = kvh * HD + r - (GROUP + 1) * HD;
-    }
+    int which, n_rows, row;
+    afp_source(kvh, r, which, n_rows, row);
+    const uint8* w = which == 0 ? wq : which == 1 ? wk : wv;
     q = w + (size_t)row * (K / 2);
     d = w + (size_t)n_rows * (K / 2) + (size_t)row * (K / 16);
 }
@@ -157,13 +162,7 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
                       src);
     }
     cp_async_commit();
-    for (int j = tid; j < HD / 2; j += THREADS) {
-        const float e = (float)(2 * j) / (float)HD;
-        const float inv_freq = 1.0f / (float)pow((double)rope_base, (double)e);
-        float s, c;
-        sincosf((float)pos * inv_freq, &s, &c);
-        rot[j] = make_float2(s, c);
-    }
+    for (int j = tid; j < HD / 2; j += THREADS) rot[j] = rope_sin_cos(j, pos, rope_base);
     gj_grid_sync();
 
     // h's Q8_1 form, written by the kernel before.
@@ -184,10 +183,9 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
         // reductions interleaved); or, RAW_IN, read from the Q|K|V matvec's outputs.
 #if RAW_IN
         if (tid < RPB) {
-            const int r = r0 + tid;
-            raw[tid] = r < GROUP * HD         ? q_raw[kvh * GROUP * HD + r]
-                       : r < (GROUP + 1) * HD ? k_raw[kvh * HD + r - GROUP * HD]
-                                              : v_raw[kvh * HD + r - (GROUP + 1) * HD];
+            int which, n_rows, row;
+            afp_source(kvh, r0 + tid, which, n_rows, row);
+            raw[tid] = (which == 0 ? q_raw : which == 1 ? k_raw : v_raw)[row];
         }
 #else
         const int4* x4 = (const int4*)(smem + OFF_XQ);
@@ -342,12 +340,12 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
         __syncthreads();
         if (warp < GROUP) {
             const int g = warp;
-            const float s = lane < nk ? p_sc[g * 32 + lane] : neg_inf_f();
+            const float s = lane < nk ? p_sc[g * 32 + lane] : neg_inf();
             const float m = warp_max(s);
             const float p = lane < nk ? expf(s - m) : 0.0f;
             const float l = warp_sum(p);
             if (lane < nk) p_sc[g * 32 + lane] = p;
-            if (lane == 0) ml[g] = make_float2(nk > 0 ? m : neg_inf_f(), l);
+            if (lane == 0) ml[g] = make_float2(nk > 0 ? m : neg_inf(), l);
         }
         __syncthreads();
         // P V: a thread takes a pair of dims of every GROUP / (THREADS / (HD / 2))-th query, so one
@@ -397,7 +395,7 @@ extern "C" __global__ void AFP_CLUSTER __launch_bounds__(THREADS)
                 mb[i] = gj_cluster_map(ml, b)[g_slice];
                 ob[i] = gj_cluster_map(o_part, b)[e];
             }
-            float m = neg_inf_f();
+            float m = neg_inf();
 #pragma unroll
             for (int i = 0; i < CL / 4; ++i) m = fmaxf(m, mb[i].x);
             m = fmaxf(m, __shfl_xor_sync(GJ_FULL_MASK, m, 1));

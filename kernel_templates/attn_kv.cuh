@@ -32,6 +32,18 @@ GJ_DEVICE float neg_inf() {
     return __int_as_float(0xff800000);
 }
 
+// (sin, cos) of RoPE pair j at position pos (NeoX pairs j, j + HEAD_DIM / 2). The frequency is
+// the fp32 value of base^(-2j/HEAD_DIM), computed in double so that it equals the correctly
+// rounded powf of the CPU reference; the angle is float(pos) * freq in fp32 as HF computes it,
+// and sincosf is the accurate one. Callers make a table of these before their grid wait.
+GJ_DEVICE float2 rope_sin_cos(int j, int pos, float rope_base) {
+    const float e = (float)(2 * j) / (float)HEAD_DIM;
+    const float inv_freq = 1.0f / (float)pow((double)rope_base, (double)e);
+    float s, c;
+    sincosf((float)pos * inv_freq, &s, &c);
+    return make_float2(s, c);
+}
+
 // 16-byte cp.async that writes zeros instead when !live: tile rows past a key range must hold
 // zeros, never stale bits (P = 0 times a NaN is still NaN).
 GJ_DEVICE void cp_async16_or_zero(uint32 smem_dst, const void* gmem_src, bool live) {

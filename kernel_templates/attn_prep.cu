@@ -112,13 +112,8 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS)
     // critical path. Once per block and pair, shared by the block's rows.
     const int pos = positions[t];
     __shared__ float2 rot[ROPE_PAIRS > 0 ? ROPE_PAIRS : 1];  // (sin, cos)
-    for (int j = threadIdx.x; j < ROPE_PAIRS; j += 32 * WARPS) {
-        const float e = (float)(2 * j) / (float)HEAD_DIM;
-        const float inv_freq = 1.0f / (float)pow((double)rope_base, (double)e);
-        float s, c;
-        sincosf((float)pos * inv_freq, &s, &c);
-        rot[j] = make_float2(s, c);
-    }
+    for (int j = threadIdx.x; j < ROPE_PAIRS; j += 32 * WARPS)
+        rot[j] = rope_sin_cos(j, pos, rope_base);
     __syncthreads();
 
     const int row = blockIdx.x * WARPS + threadIdx.x / 32;
